@@ -1,0 +1,35 @@
+# The two commands a user needs: `make run` (set up, build, serve the default model) and `make test`.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DBELUGA_CUDA=AUTO
+
+.PHONY: setup build run test test-asan format clean
+
+setup:
+	bash scripts/setup.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: setup $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/beluga serve
+
+test: build
+	bash scripts/setup-test-tools.sh
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (a separate build tree).
+test-asan: setup
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBELUGA_SANITIZE=ON -DBELUGA_CUDA=OFF
+	cmake --build build-asan -j $(JOBS)
+	bash scripts/setup-test-tools.sh
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+format:
+	find src tests -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package Beluga's build and tests need. Idempotent; run as root or with sudo.
+# Test-only npm tools are installed by scripts/setup-test-tools.sh (called by `make test`).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libboost-dev libpcre2-dev libxxhash-dev libomp-dev
+  clang-format python3 curl
+  manpages-zh manpages-ja
+)
+# Node.js (for the npm test tools) may come from Debian or from NodeSource; only install when absent.
+command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all Debian packages present"
+fi

@@ -1,0 +1,365 @@
+#include "backend/cpu/cpu_ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace beluga {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+
+inline size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+
+inline unsigned char* aligned(unsigned char* p) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + kAlign - 1) & ~uintptr_t(kAlign - 1));
+}
+
+// Reads element i of a 1-D F32 or BF16 tensor (norm weights, biases).
+inline float elem(const Tensor& t, int64_t i) {
+  return t.dtype == DType::kF32 ? t.ptr<const float>()[i] : bf16_to_f32(t.ptr<const uint16_t>()[i]);
+}
+
+inline float* row_f32(const Tensor& t, int64_t r) { return t.ptr<float>() + r * t.stride[0]; }
+
+void check_f32_2d(const Tensor& t, const char* what) {
+  BELUGA_CHECK(t.dtype == DType::kF32 && t.ndim == 2 && t.stride[1] == 1, what, " must be a row-major F32 matrix, got ",
+               t.describe());
+}
+
+}  // namespace
+
+CpuOps::CpuOps(CpuOptions opt) : k_(&cpu::select_kernels()), bf16_act_(opt.bf16_activations) {
+  threads_ = opt.threads > 0 ? opt.threads : omp_get_max_threads();
+}
+
+CpuOps::~CpuOps() = default;
+
+Tensor CpuOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  size_t bytes = align_up(size_t(std::max<int64_t>(n, 1)) * dtype_size(dtype));
+  if (chunks_.empty() || used_ + bytes > chunk_size_.back()) {
+    size_t size = std::max(bytes, chunks_.empty() ? size_t(1) << 20 : chunk_size_.back() * 2);
+    chunks_.push_back(std::make_unique<unsigned char[]>(size + kAlign));
+    chunk_size_.push_back(size);
+    used_ = 0;
+  }
+  unsigned char* p = aligned(chunks_.back().get()) + used_;
+  used_ += bytes;
+  return Tensor::make(p, dtype, shape.begin(), int(shape.size()));
+}
+
+void CpuOps::reset_scratch() {
+  if (chunks_.size() > 1) {
+    size_t total = 0;
+    for (size_t s : chunk_size_) total += s;
+    chunks_.clear();
+    chunk_size_.clear();
+    chunks_.push_back(std::make_unique<unsigned char[]>(total + kAlign));
+    chunk_size_.push_back(total);
+  }
+  used_ = 0;
+}
+
+Tensor CpuOps::alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  size_t bytes = size_t(std::max<int64_t>(n, 1)) * dtype_size(dtype);
+  auto buf = std::make_unique<unsigned char[]>(bytes + kAlign);
+  unsigned char* p = aligned(buf.get());
+  std::memset(p, 0, bytes);
+  persistent_.push_back(std::move(buf));
+  return Tensor::make(p, dtype, shape.begin(), int(shape.size()));
+}
+
+void CpuOps::copy_to_host(const Tensor& src, void* dst) {
+  BELUGA_ASSERT(src.is_contiguous());
+  std::memcpy(dst, src.data, src.nbytes());
+}
+
+void CpuOps::copy_from_host(Tensor dst, const void* src) {
+  BELUGA_ASSERT(dst.is_contiguous());
+  std::memcpy(dst.data, src, dst.nbytes());
+}
+
+void CpuOps::embedding(Tensor out, const Tensor& table, const Tensor& ids) {
+  const int64_t T = ids.numel(), D = table.shape[1], V = table.shape[0];
+  const int32_t* id = ids.ptr<const int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    BELUGA_CHECK(id[t] >= 0 && id[t] < V, "token id ", id[t], " outside the vocabulary (", V, ")");
+    float* o = row_f32(out, t);
+    if (table.dtype == DType::kF32) {
+      std::memcpy(o, table.ptr<const float>() + id[t] * table.stride[0], D * sizeof(float));
+    } else {
+      const uint16_t* r = table.ptr<const uint16_t>() + id[t] * table.stride[0];
+      for (int64_t d = 0; d < D; ++d) o[d] = bf16_to_f32(r[d]);
+    }
+  }
+}
+
+void CpuOps::rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) {
+  const int64_t R = x.shape[0], D = x.shape[1];
+#pragma omp parallel for num_threads(threads_) if (R * D > 65536)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xi = row_f32(x, r);
+    float* o = row_f32(out, r);
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += double(xi[d]) * xi[d];
+    const float inv = 1.0f / std::sqrt(float(ss / double(D)) + eps);
+    for (int64_t d = 0; d < D; ++d) o[d] = elem(w, d) * (xi[d] * inv);
+  }
+}
+
+void CpuOps::add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Tensor& w, float eps) {
+  const int64_t R = x.shape[0], D = x.shape[1];
+  for (int64_t r = 0; r < R; ++r) {
+    float* res = row_f32(residual, r);
+    const float* xi = row_f32(x, r);
+    for (int64_t d = 0; d < D; ++d) res[d] += xi[d];
+  }
+  rmsnorm(out, residual, w, eps);
+}
+
+void CpuOps::add(Tensor out, const Tensor& a, const Tensor& b) {
+  const int64_t R = a.shape[0], D = a.shape[1];
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = row_f32(out, r);
+    const float* x = row_f32(a, r);
+    const float* y = row_f32(b, r);
+    for (int64_t d = 0; d < D; ++d) o[d] = x[d] + y[d];
+  }
+}
+
+void CpuOps::copy(Tensor out, const Tensor& x) {
+  BELUGA_ASSERT(out.ndim == x.ndim && out.dtype == DType::kF32 && x.dtype == DType::kF32);
+  // Collapses to at most 3 leading loops over a contiguous last dimension.
+  const int nd = x.ndim;
+  int64_t s0 = nd >= 3 ? x.shape[nd - 3] : 1, s1 = nd >= 2 ? x.shape[nd - 2] : 1, D = x.shape[nd - 1];
+  for (int64_t i = 0; i < s0; ++i)
+    for (int64_t j = 0; j < s1; ++j) {
+      const float* src = x.ptr<const float>() + (nd >= 3 ? i * x.stride[nd - 3] : 0) + (nd >= 2 ? j * x.stride[nd - 2] : 0);
+      float* dst = out.ptr<float>() + (nd >= 3 ? i * out.stride[nd - 3] : 0) + (nd >= 2 ? j * out.stride[nd - 2] : 0);
+      std::memcpy(dst, src, D * sizeof(float));
+    }
+}
+
+void CpuOps::silu_mul(Tensor out, const Tensor& gate_up) {
+  const int64_t R = out.shape[0], I = out.shape[1];
+  for (int64_t r = 0; r < R; ++r) {
+    const float* g = row_f32(gate_up, r);
+    float* o = row_f32(out, r);
+    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+  }
+}
+
+void CpuOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
+  const int64_t T = x.shape[0], H = x.shape[1];
+  const int half = tab.rotary_dim / 2;
+  const int32_t* pos = positions.ptr<const int32_t>();
+  const int64_t max_pos = tab.cos.shape[0];
+  for (int64_t t = 0; t < T; ++t) {
+    BELUGA_CHECK(pos[t] >= 0 && pos[t] < max_pos, "position ", pos[t], " beyond the rope table (", max_pos, ")");
+    const float* c = tab.cos.ptr<const float>() + int64_t(pos[t]) * half;
+    const float* s = tab.sin.ptr<const float>() + int64_t(pos[t]) * half;
+    for (int64_t h = 0; h < H; ++h) {
+      float* v = x.ptr<float>() + t * x.stride[0] + h * x.stride[1];
+      for (int i = 0; i < half; ++i) {
+        float* a = tab.interleaved ? v + 2 * i : v + i;
+        float* b = tab.interleaved ? v + 2 * i + 1 : v + i + half;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * c[i] - x1 * s[i];
+        *b = x1 * c[i] + x0 * s[i];
+      }
+    }
+  }
+}
+
+void CpuOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
+  const int64_t D = x.shape[1];
+  const int32_t* r = rows.ptr<const int32_t>();
+  for (int64_t i = 0; i < rows.numel(); ++i) std::memcpy(row_f32(out, i), row_f32(x, r[i]), D * sizeof(float));
+}
+
+void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int64_t, int N) {
+  cpu::GemmArgs a{};
+  a.x = x;
+  a.ldx = ldx;
+  a.M = M;
+  a.K = K;
+  a.w = w.w.data;
+  a.wtype = w.w.dtype;
+  a.ldw = w.w.stride[0];
+  a.out = out;
+  a.ldo = ldo;
+  if (w.w.dtype == DType::kF8E4M3) {
+    BELUGA_CHECK(!w.scale.empty(), "FP8 weight without weight_scale_inv");
+    a.scale = w.scale.ptr<const float>();
+    a.lds = w.scale.stride[0];
+    a.bn = w.block_n;
+    a.bk = w.block_k;
+  }
+  if (bf16_act_ && w.w.dtype == DType::kBF16) {
+    Tensor xb = scratch(DType::kBF16, {M, K});
+    for (int m = 0; m < M; ++m) k_->to_bf16(x + int64_t(m) * ldx, xb.ptr<uint16_t>() + int64_t(m) * K, K);
+    a.xb = xb.ptr<const uint16_t>();
+    a.ldxb = K;
+  }
+  // Small products are not worth waking the other threads.
+  const int nt = (int64_t(M) * N * K < (1 << 16)) ? 1 : std::min(threads_, std::max(1, N / 4));
+  if (nt == 1) {
+    k_->gemm(a, 0, N);
+    return;
+  }
+  const int per = ((N + nt - 1) / nt + 3) & ~3;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const int n0 = std::min(N, t * per), n1 = std::min(N, n0 + per);
+    if (n0 < n1) k_->gemm(a, n0, n1);
+  }
+}
+
+void CpuOps::linear(Tensor out, const Tensor& x, const Weight& w) {
+  check_f32_2d(x, "linear input");
+  check_f32_2d(out, "linear output");
+  const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.out_features());
+  BELUGA_CHECK(w.in_features() == K && out.shape[1] == N && out.shape[0] == M, "linear: shapes ", x.describe(), " x ",
+               w.w.describe(), " -> ", out.describe());
+  BELUGA_ASSERT(w.w.stride[1] == 1);
+  if (M == 0) return;
+  gemm(out.ptr<float>(), out.stride[0], x.ptr<const float>(), x.stride[0], M, K, w, 0, N);
+  if (!w.bias.empty())
+    for (int m = 0; m < M; ++m) {
+      float* o = row_f32(out, m);
+      for (int n = 0; n < N; ++n) o[n] += elem(w.bias, n);
+    }
+}
+
+void CpuOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w) {
+  const int64_t T = x.shape[0], H = x.shape[1], K = x.shape[2], N = w.shape[1];
+  BELUGA_CHECK(w.ndim == 3 && w.shape[0] == H && w.shape[2] == K && w.stride[2] == 1 && out.shape[2] == N &&
+                   x.stride[2] == 1 && out.stride[2] == 1,
+               "linear_heads: shapes ", x.describe(), " x ", w.describe(), " -> ", out.describe());
+  if (T == 0) return;
+#pragma omp parallel for num_threads(threads_) schedule(dynamic)
+  for (int64_t h = 0; h < H; ++h) {
+    cpu::GemmArgs a{};
+    a.x = x.ptr<const float>() + h * x.stride[1];
+    a.ldx = x.stride[0];
+    a.M = int(T);
+    a.K = int(K);
+    a.w = static_cast<const char*>(w.data) + h * w.stride[0] * int64_t(dtype_size(w.dtype));
+    a.wtype = w.dtype;
+    a.ldw = w.stride[1];
+    a.out = out.ptr<float>() + h * out.stride[1];
+    a.ldo = out.stride[0];
+    k_->gemm(a, 0, int(N));
+  }
+}
+
+void CpuOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias, const RouterParams& p) {
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  const int K = p.top_k, G = p.n_group;
+  BELUGA_CHECK(E % G == 0 && p.topk_group <= G && K <= E, "moe_route: bad router parameters");
+  std::vector<float> s(E), sel(E), gscore(G);
+  std::vector<int> order(std::max<int64_t>(E, G));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* z = row_f32(logits, t);
+    if (p.scoring == RouterScoring::kSoftmax) {
+      float mx = *std::max_element(z, z + E);
+      double sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += (s[e] = std::exp(z[e] - mx));
+      for (int64_t e = 0; e < E; ++e) s[e] = float(s[e] / sum);
+    } else {
+      for (int64_t e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-z[e]));
+    }
+    // Selection uses the biased scores; the weights are the unbiased ones.
+    for (int64_t e = 0; e < E; ++e) sel[e] = s[e] + (bias.empty() ? 0.0f : elem(bias, e));
+    if (G > 1) {
+      const int per = int(E / G);
+      for (int g = 0; g < G; ++g) {
+        const float* b = sel.data() + g * per;
+        if (p.group_by_top2_sum) {
+          float m1 = -INFINITY, m2 = -INFINITY;
+          for (int i = 0; i < per; ++i) {
+            if (b[i] > m1) {
+              m2 = m1;
+              m1 = b[i];
+            } else if (b[i] > m2) {
+              m2 = b[i];
+            }
+          }
+          gscore[g] = per > 1 ? m1 + m2 : m1;
+        } else {
+          gscore[g] = *std::max_element(b, b + per);
+        }
+      }
+      for (int g = 0; g < G; ++g) order[g] = g;
+      std::partial_sort(order.begin(), order.begin() + p.topk_group, order.begin() + G,
+                        [&](int a, int b) { return gscore[a] > gscore[b] || (gscore[a] == gscore[b] && a < b); });
+      std::vector<bool> keep(G, false);
+      for (int i = 0; i < p.topk_group; ++i) keep[order[i]] = true;
+      for (int64_t e = 0; e < E; ++e)
+        if (!keep[e / per]) sel[e] = -INFINITY;
+    }
+    for (int64_t e = 0; e < E; ++e) order[e] = int(e);
+    std::partial_sort(order.begin(), order.begin() + K, order.begin() + E,
+                      [&](int a, int b) { return sel[a] > sel[b] || (sel[a] == sel[b] && a < b); });
+    float sum = 0;
+    for (int i = 0; i < K; ++i) sum += s[order[i]];
+    for (int i = 0; i < K; ++i) {
+      float w = s[order[i]];
+      if (p.norm_topk_prob) w /= (sum + 1e-20f);
+      ids.ptr<int32_t>()[t * K + i] = order[i];
+      weights.ptr<float>()[t * K + i] = w * p.routed_scaling_factor;
+    }
+  }
+}
+
+void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                         std::span<const ExpertWeights> experts) {
+  const int64_t T = x.shape[0], D = x.shape[1], K = ids.shape[1];
+  const int64_t E = int64_t(experts.size());
+  // Bucket (token, slot) pairs by expert, then run each expert once over all its tokens.
+  std::vector<int> count(E + 1, 0);
+  const int32_t* id = ids.ptr<const int32_t>();
+  for (int64_t i = 0; i < T * K; ++i) {
+    BELUGA_ASSERT(id[i] >= 0 && id[i] < E);
+    count[id[i] + 1]++;
+  }
+  for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
+  std::vector<int> fill(count.begin(), count.end() - 1), entry(T * K);
+  for (int64_t i = 0; i < T * K; ++i) entry[fill[id[i]]++] = int(i);
+
+  for (int64_t r = 0; r < T; ++r) std::memset(row_f32(out, r), 0, D * sizeof(float));
+  int64_t max_n = 0;
+  for (int64_t e = 0; e < E; ++e) max_n = std::max<int64_t>(max_n, count[e + 1] - count[e]);
+  if (max_n == 0) return;
+  const int64_t I = experts[0].gate.out_features();
+  Tensor xe = scratch(DType::kF32, {max_n, D});
+  Tensor g = scratch(DType::kF32, {max_n, 2 * I});
+  Tensor h = scratch(DType::kF32, {max_n, I});
+  Tensor y = scratch(DType::kF32, {max_n, D});
+  for (int64_t e = 0; e < E; ++e) {
+    const int n = count[e + 1] - count[e];
+    if (n == 0) continue;
+    for (int i = 0; i < n; ++i) std::memcpy(row_f32(xe, i), row_f32(x, entry[count[e] + i] / K), D * sizeof(float));
+    Tensor xs = xe.rows(0, n), gs = g.rows(0, n), hs = h.rows(0, n), ys = y.rows(0, n);
+    linear(gs.cols(0, I), xs, experts[e].gate);
+    linear(gs.cols(I, 2 * I), xs, experts[e].up);
+    silu_mul(hs, gs);
+    linear(ys, hs, experts[e].down);
+    for (int i = 0; i < n; ++i) {
+      const int ent = entry[count[e] + i];
+      k_->axpy(weights.ptr<const float>()[ent], row_f32(ys, i), row_f32(out, ent / K), int(D));
+    }
+  }
+}
+
+}  // namespace beluga

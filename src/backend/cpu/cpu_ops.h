@@ -1,0 +1,79 @@
+// The CPU backend: F32 activations, weights read in their stored dtype (BF16, F32, FP8 with block
+// scales), OpenMP threads, SIMD kernels chosen at run time (kernels.h).
+// With bf16_activations, GEMM inputs are rounded to BF16 for BF16 weights (2x the arithmetic rate,
+// as llama.cpp does); accumulation stays F32 either way.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "backend/ops.h"
+
+namespace beluga {
+
+struct CpuOptions {
+  int threads = 0;  // 0: all cores OpenMP sees
+  bool bf16_activations = false;
+};
+
+class CpuOps final : public Ops {
+ public:
+  explicit CpuOps(CpuOptions opt = {});
+  ~CpuOps() override;
+
+  Device device() const override { return Device::kCpu; }
+  DType act_dtype() const override { return DType::kF32; }
+  int threads() const { return threads_; }
+  const cpu::Kernels& kernels() const { return *k_; }
+
+  Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
+  void reset_scratch() override;
+  Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) override;
+  Tensor upload(const Tensor& host) override { return host; }
+  void copy_to_host(const Tensor& src, void* dst) override;
+  void copy_from_host(Tensor dst, const void* src) override;
+  void synchronize() override {}
+
+  void embedding(Tensor out, const Tensor& table, const Tensor& ids) override;
+  void rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) override;
+  void add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Tensor& w, float eps) override;
+  void add(Tensor out, const Tensor& a, const Tensor& b) override;
+  void copy(Tensor out, const Tensor& x) override;
+  void silu_mul(Tensor out, const Tensor& gate_up) override;
+  void rope(Tensor x, const Tensor& positions, const RopeTable& table) override;
+  void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
+
+  void linear(Tensor out, const Tensor& x, const Weight& w) override;
+  void linear_heads(Tensor out, const Tensor& x, const Tensor& w) override;
+
+  void moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                 const RouterParams& p) override;
+  void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   std::span<const ExpertWeights> experts) override;
+
+  void cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m) override;
+  void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_rank,
+                              float scale) override;
+  void gather_context(Tensor out, const Tensor& cache, const AttnMeta& m) override;
+  void mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& k_pe, const AttnMeta& m,
+                              float scale) override;
+  void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,
+                     float scale) override;
+
+ private:
+  // Runs the GEMM for rows of x against W rows [0, N), split over threads by columns.
+  void gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int64_t w_offset_rows,
+            int N);
+
+  const cpu::Kernels* k_;
+  int threads_;
+  bool bf16_act_;
+  // Scratch arena: bump allocation; grows by adding chunks, merged into one at the next reset.
+  std::vector<std::unique_ptr<unsigned char[]>> chunks_;
+  std::vector<size_t> chunk_size_;
+  size_t used_ = 0;
+  std::vector<std::unique_ptr<unsigned char[]>> persistent_;
+};
+
+}  // namespace beluga

@@ -1,0 +1,126 @@
+// Ops: the closed set of operations a model needs. Models are written once against this interface;
+// backend/cpu and backend/cuda implement it. Tensors passed in live on the backend's device.
+// Activations are the backend's act_dtype() (F32 on the CPU); weights stay in their stored dtype.
+// Row-major [rows, cols] tensors may have a row stride larger than cols (views into wider tensors).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace beluga {
+
+// A linear layer's weight as stored: w [out, in] (F32, BF16 or F8E4M3 with block scales) + optional bias.
+struct Weight {
+  Tensor w;
+  Tensor scale;  // F32 [ceil(out/block_n), ceil(in/block_k)] when w is F8E4M3
+  Tensor bias;   // [out] or empty
+  int block_n = 128, block_k = 128;
+  int64_t out_features() const { return w.shape[0]; }
+  int64_t in_features() const { return w.shape[1]; }
+};
+
+struct ExpertWeights {
+  Weight gate, up, down;
+};
+
+// Positions of the step's tokens in the paged KV cache (vLLM V1 style: all tokens flattened).
+// All pointers are device memory of the backend, filled by the model runner each step.
+struct AttnMeta {
+  int num_seqs = 0;
+  int num_tokens = 0;
+  const int32_t* query_start = nullptr;  // [num_seqs + 1]: token rows of each sequence
+  const int32_t* context_len = nullptr;  // [num_seqs]: tokens already cached before this step
+  const int32_t* block_table = nullptr;  // [num_seqs, max_blocks]
+  int max_blocks = 0;
+  const int32_t* slot_mapping = nullptr;  // [num_tokens]: cache slot (block * block_size + offset) per token
+  const int32_t* positions = nullptr;     // [num_tokens]
+  int block_size = 64;
+  // Host-side copies for backends that schedule on the host (sizes are small).
+  std::vector<int32_t> h_query_start, h_context_len;
+};
+
+// Precomputed rotary tables: cos/sin [max_positions, rotary_dim/2] F32 on the device.
+struct RopeTable {
+  Tensor cos, sin;
+  int rotary_dim = 0;
+  bool interleaved = false;  // pairs (2i, 2i+1) as DeepSeek; otherwise (i, i + d/2) as Llama/Qwen
+};
+
+enum class RouterScoring { kSoftmax, kSigmoid };
+
+struct RouterParams {
+  RouterScoring scoring = RouterScoring::kSoftmax;
+  int top_k = 1;
+  int n_group = 1;
+  int topk_group = 1;
+  bool group_by_top2_sum = false;  // noaux_tc: group score = sum of top-2 biased scores; else the max
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  virtual Device device() const = 0;
+  virtual DType act_dtype() const = 0;
+
+  // ---- memory ----
+  // Scratch for one forward step; everything from it is released by reset_scratch().
+  virtual Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) = 0;
+  virtual void reset_scratch() = 0;
+  // Long-lived device memory (KV cache, derived weights); zero-filled; freed with the backend.
+  virtual Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) = 0;
+  // Makes a host tensor available to the device (weights). The CPU backend returns the same view.
+  virtual Tensor upload(const Tensor& host) = 0;
+  virtual void copy_to_host(const Tensor& src, void* dst) = 0;
+  virtual void copy_from_host(Tensor dst, const void* src) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- element-wise and normalisation ----
+  virtual void embedding(Tensor out, const Tensor& table, const Tensor& ids) = 0;  // ids I32 [T]
+  virtual void rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) = 0;
+  // residual += x; out = rmsnorm(residual)
+  virtual void add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Tensor& w, float eps) = 0;
+  virtual void add(Tensor out, const Tensor& a, const Tensor& b) = 0;
+  virtual void copy(Tensor out, const Tensor& x) = 0;  // same shape, any strides
+  // out [M, I] = silu(gate_up[:, :I]) * gate_up[:, I:]
+  virtual void silu_mul(Tensor out, const Tensor& gate_up) = 0;
+  // x [T, heads, dim] (dim >= rotary_dim; the first rotary_dim values rotate), in place.
+  virtual void rope(Tensor x, const Tensor& positions, const RopeTable& table) = 0;
+  virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;  // rows I32
+
+  // ---- matrix products (F32 accumulation) ----
+  virtual void linear(Tensor out, const Tensor& x, const Weight& w) = 0;  // out[M,N] = x[M,K] W^T + b
+  // Per-head products: out [T, H, N] = x [T, H, K] · w[h]^T with w [H, N, K] (may be strided).
+  virtual void linear_heads(Tensor out, const Tensor& x, const Tensor& w) = 0;
+
+  // ---- mixture of experts ----
+  // From router logits [T, E] (F32): top-k expert ids (I32 [T, k]) and weights (F32 [T, k]).
+  virtual void moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                         const RouterParams& p) = 0;
+  // out [T, D] = sum_i weights[t,i] * E_{ids[t,i]}(x[t]),  E(x) = down(silu(gate x) * up x)
+  virtual void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                           std::span<const ExpertWeights> experts) = 0;
+
+  // ---- attention over the paged cache; cache [num_blocks, block_size, entry_dim] ----
+  virtual void cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m) = 0;  // entries [T, entry_dim]
+  // MLA absorbed: q [T, H, r + rope] against cache rows [c_kv (r) | k_pe (rope)];
+  // out [T, H, r] = sum_j p_j c_kv_j (the latent output, before W_UV).
+  virtual void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                                      int kv_rank, float scale) = 0;
+  // Every sequence's whole context (cached + new) as cache rows, concatenated: [sum ctx, entry_dim].
+  virtual void gather_context(Tensor out, const Tensor& cache, const AttnMeta& m) = 0;
+  // MLA expanded: q [T, H, nope + rope]; kv [C, H, nope + v] (k_nope | v per head, from W_kvb·c_kv);
+  // k_pe [C, rope]; C indexes gather_context rows. out [T, H, v]. Causal within each sequence.
+  virtual void mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                                      const AttnMeta& m, float scale) = 0;
+  // GQA: q [T, H, D]; cache entries [K (kvh*D) | V (kvh*D)]; out [T, H, D].
+  virtual void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,
+                             float scale) = 0;
+};
+
+}  // namespace beluga

@@ -1,0 +1,99 @@
+// `beluga generate`, `beluga logits`, `beluga inspect`: run a model on token ids.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/model_args.h"
+#include "engine/generator.h"
+#include "loader/safetensors.h"
+#include "util/error.h"
+
+namespace beluga::cli {
+
+namespace {
+
+MlaMode parse_mla_mode(const Args& a) {
+  const std::string m = a.get_or("mla-mode", "auto");
+  if (m == "auto") return MlaMode::kAuto;
+  if (m == "expanded") return MlaMode::kExpanded;
+  if (m == "absorbed") return MlaMode::kAbsorbed;
+  fail("--mla-mode must be auto, expanded or absorbed");
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  Args a(argc, argv);
+  LoadedModel m = load_model_from_args(a);
+  GenerateParams p;
+  std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
+  p.max_tokens = int(a.get_int("max-tokens", 16));
+  p.temperature = float(a.get_double("temperature", 0.0));
+  p.seed = uint64_t(a.get_int("seed", 0));
+  p.prefill_chunk = int(a.get_int("prefill-chunk", 0));
+  p.mla_mode = parse_mla_mode(a);
+  if (a.has("stop-ids")) p.stop_ids = parse_int_list(a.require("stop-ids"));
+  const std::string format = a.get_or("format", "json");
+  BELUGA_CHECK(format == "json" || format == "text", "--format must be json or text");
+  BELUGA_CHECK(p.temperature >= 0, "--temperature must be >= 0");
+  a.check_all_used();
+  Generator gen(*m.model);
+  std::vector<int> out = gen.generate({prompt}, p)[0];
+  if (format == "json") {
+    nlohmann::json j = {{"prompt_tokens", prompt}, {"output_tokens", out}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int cmd_logits(int argc, char** argv) {
+  Args a(argc, argv);
+  LoadedModel m = load_model_from_args(a);
+  std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
+  const std::string out = a.require("out");
+  const MlaMode mode = parse_mla_mode(a);
+  a.check_all_used();
+  Generator gen(*m.model);
+  std::vector<float> logits = gen.prompt_logits(prompt, mode);
+  write_safetensors(out, {{"logits", DType::kF32, {int64_t(prompt.size()), m.cfg.vocab_size}, logits.data()}});
+  return 0;
+}
+
+int cmd_inspect(int argc, char** argv) {
+  Args a(argc, argv);
+  LoadedModel m = load_model_from_args(a);
+  a.check_all_used();
+  const ModelConfig& c = m.cfg;
+  nlohmann::json j;
+  j["model_dir"] = m.dir;
+  j["architecture"] = arch_name(c.arch);
+  j["parameters"] = m.model->num_parameters();
+  j["weight_bytes"] = m.weights->total_bytes();
+  j["layers"] = c.num_layers;
+  j["hidden_size"] = c.hidden_size;
+  j["heads"] = c.num_heads;
+  j["vocab_size"] = c.vocab_size;
+  j["kv_entry_values_per_layer"] = c.kv_entry_dim();
+  j["kv_bytes_per_token"] = m.model->kv_bytes_per_token();
+  j["kv_cache_dtype"] = std::string(dtype_name(m.ops->act_dtype()));
+  j["weights_fp8"] = c.fp8;
+  if (c.is_mla()) {
+    j["attention"] = "MLA";
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["q_lora_rank"] = c.q_lora_rank;
+    j["routed_experts"] = c.n_routed_experts;
+    j["experts_per_token"] = c.num_experts_per_tok;
+    j["shared_experts"] = c.n_shared_experts;
+  } else {
+    j["attention"] = "GQA";
+    j["kv_heads"] = c.num_kv_heads;
+    j["head_dim"] = c.head_dim;
+  }
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace beluga::cli

@@ -1,0 +1,15 @@
+// The `beluga` subcommands. Each takes the arguments after its name and returns the exit code.
+// Errors are thrown as beluga::Error and printed by main.
+#pragma once
+
+namespace beluga::cli {
+
+int cmd_generate(int argc, char** argv);
+int cmd_logits(int argc, char** argv);
+int cmd_inspect(int argc, char** argv);
+int cmd_bench(int argc, char** argv);  // dispatches `bench model`, `bench tokenizer`, ...
+int cmd_tokenize(int argc, char** argv);
+int cmd_detokenize(int argc, char** argv);
+int cmd_render(int argc, char** argv);
+
+}  // namespace beluga::cli

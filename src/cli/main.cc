@@ -1,0 +1,52 @@
+// `beluga` entry point: dispatches to a subcommand and turns errors into a message and exit code 1.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "cli/commands.h"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  int (*run)(int, char**);
+  const char* help;
+};
+
+constexpr Subcommand kCommands[] = {
+    {"generate", beluga::cli::cmd_generate, "greedy/sampled generation from token ids"},
+    {"logits", beluga::cli::cmd_logits, "write prefill logits for token ids to a safetensors file"},
+    {"inspect", beluga::cli::cmd_inspect, "print a model's architecture, parameters and KV bytes per token"},
+    {"bench", beluga::cli::cmd_bench, "benchmarks: `bench model`, `bench tokenizer`"},
+    {"tokenize", beluga::cli::cmd_tokenize, "text on stdin -> token ids"},
+    {"detokenize", beluga::cli::cmd_detokenize, "token ids on stdin -> text"},
+    {"render", beluga::cli::cmd_render, "API request -> prompt text and token ids"},
+};
+
+void usage() {
+  std::fprintf(stderr, "usage: beluga <command> [options]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(stderr, "  %-12s %s\n", c.name, c.help);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) == 0) {
+      try {
+        return c.run(argc - 2, argv + 2);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "beluga %s: error: %s\n", c.name, e.what());
+        return 1;
+      }
+    }
+  }
+  std::fprintf(stderr, "beluga: unknown command '%s'\n\n", argv[1]);
+  usage();
+  return 2;
+}

@@ -1,0 +1,31 @@
+// The options every model-running subcommand shares (--model, --load-format, --threads, --dtype,
+// --max-model-len) and the model they load.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/cpu/cpu_ops.h"
+#include "cli/args.h"
+#include "loader/weight_source.h"
+#include "model/model.h"
+
+namespace beluga::cli {
+
+struct LoadedModel {
+  std::string dir;
+  ModelConfig cfg;
+  std::unique_ptr<WeightSource> weights;
+  std::unique_ptr<CpuOps> ops;
+  std::unique_ptr<Model> model;
+  double load_seconds = 0;
+};
+
+// The built-in demo model, next to the binary's source tree (models/beluga-demo-coder).
+std::string default_model_dir();
+
+// --model DIR (or DIR/config.json; default: the built-in model), --load-format auto|dummy,
+// --threads N, --dtype float32|bfloat16 (activation rounding for BF16 GEMMs), --max-model-len N.
+LoadedModel load_model_from_args(const Args& args);
+
+}  // namespace beluga::cli

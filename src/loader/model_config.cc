@@ -1,0 +1,188 @@
+#include "loader/model_config.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+#include "util/file.h"
+
+namespace beluga {
+
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+T get_or(const json& j, const char* key, T def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  try {
+    return it->get<T>();
+  } catch (const std::exception&) {
+    fail("config.json: field '", key, "' has the wrong type (", it->type_name(), ")");
+  }
+}
+
+template <typename T>
+T require(const json& j, const char* key) {
+  auto it = j.find(key);
+  BELUGA_CHECK(it != j.end() && !it->is_null(), "config.json: missing field '", key, "'");
+  try {
+    return it->get<T>();
+  } catch (const std::exception&) {
+    fail("config.json: field '", key, "' has the wrong type (", it->type_name(), ")");
+  }
+}
+
+double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+RopeScaling parse_rope(const json& j, double* theta) {
+  RopeScaling r;
+  const json* rs = nullptr;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rs = &j["rope_parameters"];
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rs = &j["rope_scaling"];
+  if (!rs) return r;
+  *theta = get_or<double>(*rs, "rope_theta", *theta);
+  std::string type = get_or<std::string>(*rs, "rope_type", get_or<std::string>(*rs, "type", "default"));
+  if (type == "default") return r;
+  r.factor = get_or<double>(*rs, "factor", 1.0);
+  r.original_max_position_embeddings = get_or<int>(*rs, "original_max_position_embeddings", 0);
+  if (type == "yarn") {
+    r.type = RopeScaling::Type::kYarn;
+    r.beta_fast = get_or<double>(*rs, "beta_fast", 32.0);
+    r.beta_slow = get_or<double>(*rs, "beta_slow", 1.0);
+    r.mscale = get_or<double>(*rs, "mscale", 1.0);
+    r.mscale_all_dim = get_or<double>(*rs, "mscale_all_dim", 0.0);
+  } else if (type == "llama3") {
+    r.type = RopeScaling::Type::kLlama3;
+    r.low_freq_factor = get_or<double>(*rs, "low_freq_factor", 1.0);
+    r.high_freq_factor = get_or<double>(*rs, "high_freq_factor", 4.0);
+  } else if (type == "linear") {
+    r.type = RopeScaling::Type::kLinear;
+  } else {
+    fail("config.json: unsupported rope scaling type '", type, "'");
+  }
+  return r;
+}
+
+}  // namespace
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::kDeepseekV2: return "deepseek_v2";
+    case Arch::kDeepseekV3: return "deepseek_v3";
+    case Arch::kLlama: return "llama";
+    case Arch::kQwen2: return "qwen2";
+    case Arch::kQwen3: return "qwen3";
+  }
+  return "?";
+}
+
+double ModelConfig::attention_scale() const {
+  if (!is_mla()) return 1.0 / std::sqrt(double(head_dim));
+  double s = 1.0 / std::sqrt(double(qk_head_dim()));
+  if (rope.type == RopeScaling::Type::kYarn && rope.mscale_all_dim > 0) {
+    double m = yarn_mscale(rope.factor, rope.mscale_all_dim);
+    s *= m * m;
+  }
+  return s;
+}
+
+ModelConfig ModelConfig::from_json(const json& j) {
+  BELUGA_CHECK(j.is_object(), "config.json is not a JSON object");
+  ModelConfig c;
+  c.model_type = require<std::string>(j, "model_type");
+  if (c.model_type == "deepseek_v2") c.arch = Arch::kDeepseekV2;
+  else if (c.model_type == "deepseek_v3") c.arch = Arch::kDeepseekV3;
+  else if (c.model_type == "llama") c.arch = Arch::kLlama;
+  else if (c.model_type == "qwen2") c.arch = Arch::kQwen2;
+  else if (c.model_type == "qwen3") c.arch = Arch::kQwen3;
+  else fail("unsupported model_type '", c.model_type, "' (supported: deepseek_v2, deepseek_v3, llama, qwen2, qwen3)");
+
+  c.vocab_size = require<int>(j, "vocab_size");
+  c.hidden_size = require<int>(j, "hidden_size");
+  c.intermediate_size = require<int>(j, "intermediate_size");
+  c.num_layers = require<int>(j, "num_hidden_layers");
+  c.num_heads = require<int>(j, "num_attention_heads");
+  c.num_kv_heads = get_or<int>(j, "num_key_value_heads", c.num_heads);
+  c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6);
+  c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
+  c.rope = parse_rope(j, &c.rope_theta);
+  c.max_position_embeddings = get_or<int>(j, "max_position_embeddings", 4096);
+  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+  c.bos_token_id = get_or<int>(j, "bos_token_id", -1);
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
+    c.eos_token_ids = j["eos_token_id"].get<std::vector<int>>();
+  } else if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) {
+    c.eos_token_ids = {j["eos_token_id"].get<int>()};
+  }
+  BELUGA_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
+               "config.json: sizes must be positive");
+
+  if (c.is_mla()) {
+    c.q_lora_rank = get_or<int>(j, "q_lora_rank", 0);
+    c.kv_lora_rank = require<int>(j, "kv_lora_rank");
+    c.qk_nope_head_dim = require<int>(j, "qk_nope_head_dim");
+    c.qk_rope_head_dim = require<int>(j, "qk_rope_head_dim");
+    c.v_head_dim = require<int>(j, "v_head_dim");
+    c.n_routed_experts = get_or<int>(j, "n_routed_experts", 0);
+    c.n_shared_experts = get_or<int>(j, "n_shared_experts", 0);
+    c.num_experts_per_tok = get_or<int>(j, "num_experts_per_tok", 0);
+    c.moe_intermediate_size = get_or<int>(j, "moe_intermediate_size", 0);
+    c.first_k_dense_replace = get_or<int>(j, "first_k_dense_replace", 0);
+    c.moe_layer_freq = std::max(1, get_or<int>(j, "moe_layer_freq", 1));
+    c.n_group = std::max(1, get_or<int>(j, "n_group", 1));
+    c.topk_group = std::max(1, get_or<int>(j, "topk_group", 1));
+    std::string tm = get_or<std::string>(j, "topk_method", c.arch == Arch::kDeepseekV3 ? "noaux_tc" : "greedy");
+    if (tm == "greedy") c.topk_method = TopkMethod::kGreedy;
+    else if (tm == "group_limited_greedy") c.topk_method = TopkMethod::kGroupLimitedGreedy;
+    else if (tm == "noaux_tc") c.topk_method = TopkMethod::kNoauxTc;
+    else fail("config.json: unsupported topk_method '", tm, "'");
+    std::string sf = get_or<std::string>(j, "scoring_func", c.arch == Arch::kDeepseekV3 ? "sigmoid" : "softmax");
+    if (sf == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
+    else if (sf == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
+    else fail("config.json: unsupported scoring_func '", sf, "'");
+    c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false);
+    c.routed_scaling_factor = get_or<double>(j, "routed_scaling_factor", 1.0);
+    c.num_nextn_predict_layers = get_or<int>(j, "num_nextn_predict_layers", 0);
+    BELUGA_CHECK(c.kv_lora_rank > 0 && c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0 && c.v_head_dim > 0,
+                 "config.json: bad MLA dimensions");
+    if (c.n_routed_experts > 0) {
+      BELUGA_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts &&
+                       c.moe_intermediate_size > 0 && c.n_routed_experts % c.n_group == 0 &&
+                       c.topk_group <= c.n_group,
+                   "config.json: bad MoE dimensions");
+    }
+    c.head_dim = c.qk_head_dim();
+  } else {
+    c.head_dim = get_or<int>(j, "head_dim", c.hidden_size / c.num_heads);
+    c.qkv_bias = c.arch == Arch::kQwen2 ? true : get_or<bool>(j, "attention_bias", false);
+    c.qk_norm = c.arch == Arch::kQwen3;
+    BELUGA_CHECK(c.num_heads % c.num_kv_heads == 0, "config.json: num_attention_heads must be a multiple of num_key_value_heads");
+    BELUGA_CHECK(c.head_dim % 2 == 0, "config.json: head_dim must be even");
+  }
+
+  if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
+    const auto& q = j["quantization_config"];
+    std::string method = get_or<std::string>(q, "quant_method", "");
+    BELUGA_CHECK(method == "fp8", "unsupported quantization method '", method, "' (supported: fp8)");
+    c.fp8 = true;
+    if (q.contains("weight_block_size") && q["weight_block_size"].is_array() && q["weight_block_size"].size() == 2) {
+      c.fp8_block_n = q["weight_block_size"][0].get<int>();
+      c.fp8_block_k = q["weight_block_size"][1].get<int>();
+    }
+  }
+  return c;
+}
+
+ModelConfig ModelConfig::from_file(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": invalid JSON: ", e.what());
+  }
+  return from_json(j);
+}
+
+}  // namespace beluga

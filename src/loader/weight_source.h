@@ -1,0 +1,54 @@
+// WeightSource: where a model's tensors come from, by Hugging Face tensor name.
+// Checkpoint reads safetensors (one file or a sharded index); DummyWeights makes deterministic random
+// tensors of the requested shape (`--load-format dummy`, for benchmarking shapes we cannot download).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loader/safetensors.h"
+#include "tensor/tensor.h"
+
+namespace beluga {
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // The tensor `name` with exactly `shape`; throws naming the tensor when absent or misshapen.
+  // `dtype_hint` is the dtype a dummy source produces (a real checkpoint returns what it stores).
+  virtual Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint = DType::kBF16) = 0;
+  // Like get, but an absent tensor returns an empty Tensor (optional weights: biases, FP8 scales).
+  virtual Tensor find(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint = DType::kBF16) = 0;
+  virtual size_t total_bytes() const = 0;
+};
+
+class Checkpoint : public WeightSource {
+ public:
+  // `dir` holds model.safetensors, or model.safetensors.index.json and its shards.
+  explicit Checkpoint(const std::string& dir);
+  Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
+  Tensor find(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
+  size_t total_bytes() const override;
+  std::vector<std::string> names() const;
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorInfo*> index_;
+};
+
+class DummyWeights : public WeightSource {
+ public:
+  explicit DummyWeights(uint64_t seed = 0) : seed_(seed) {}
+  Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
+  Tensor find(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
+  size_t total_bytes() const override { return bytes_; }
+
+ private:
+  uint64_t seed_;
+  size_t bytes_ = 0;
+  std::vector<std::unique_ptr<unsigned char[]>> buffers_;
+};
+
+}  // namespace beluga

@@ -1,0 +1,258 @@
+// DeepSeek V2/V3: MLA attention over a latent KV cache, and MoE feed-forward layers.
+// MLA runs expanded (k_nope and v rebuilt from the cached latents: cheaper for long query chunks) or
+// absorbed (W_UK folded into the query, W_UV applied after attention: cheaper for decode). Both read
+// the same cache, so a sequence can switch between them from step to step.
+#include <cmath>
+#include <cstring>
+
+#include "model/layers.h"
+#include "model/model.h"
+#include "model/rope.h"
+#include "util/error.h"
+
+namespace beluga {
+
+namespace {
+
+struct MlaWeights {
+  Weight q_proj;  // when q_lora_rank == 0
+  Weight q_a, q_b;
+  Tensor q_a_norm;
+  Weight kv_a;
+  Tensor kv_a_norm;
+  Weight kv_b;
+  Weight o_proj;
+  Tensor w_uk_t;  // [H, kv_rank, nope]: W_UK per head, transposed (absorbed query)
+  Tensor w_uv;    // [H, v, kv_rank] (absorbed output)
+};
+
+struct MoeWeights {
+  Weight router;
+  Tensor bias;  // e_score_correction_bias (noaux_tc), selection only
+  std::vector<ExpertWeights> experts;
+  MlpWeights shared;
+};
+
+struct Layer {
+  Tensor input_norm, post_norm;
+  MlaWeights attn;
+  bool is_moe = false;
+  MlpWeights mlp;
+  MoeWeights moe;
+};
+
+class DeepseekModel final : public Model {
+ public:
+  DeepseekModel(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) : Model(cfg, ops) {
+    const auto& c = cfg_;
+    const int64_t D = c.hidden_size, H = c.num_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+                  v = c.v_head_dim, r = c.kv_lora_rank;
+    embed_ = ops.upload(src.get("model.embed_tokens.weight", {c.vocab_size, D}));
+    n_params_ += int64_t(c.vocab_size) * D;
+    for (int l = 0; l < c.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      Layer L;
+      L.input_norm = load_vector(src, p + "input_layernorm.weight", D);
+      L.post_norm = load_vector(src, p + "post_attention_layernorm.weight", D);
+      MlaWeights& a = L.attn;
+      if (c.q_lora_rank > 0) {
+        a.q_a = load_linear(src, p + "self_attn.q_a_proj", c.q_lora_rank, D);
+        a.q_a_norm = load_vector(src, p + "self_attn.q_a_layernorm.weight", c.q_lora_rank);
+        a.q_b = load_linear(src, p + "self_attn.q_b_proj", H * (nope + rope), c.q_lora_rank);
+      } else {
+        a.q_proj = load_linear(src, p + "self_attn.q_proj", H * (nope + rope), D);
+      }
+      a.kv_a = load_linear(src, p + "self_attn.kv_a_proj_with_mqa", r + rope, D);
+      a.kv_a_norm = load_vector(src, p + "self_attn.kv_a_layernorm.weight", r);
+      a.kv_b = load_linear(src, p + "self_attn.kv_b_proj", H * (nope + v), r);
+      a.o_proj = load_linear(src, p + "self_attn.o_proj", D, H * v);
+      absorb(a);
+      L.is_moe = c.is_moe_layer(l);
+      if (L.is_moe) {
+        const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+        L.moe.router = load_linear(src, p + "mlp.gate", E, D);
+        if (c.topk_method == ModelConfig::TopkMethod::kNoauxTc) {
+          Tensor b = src.get(p + "mlp.gate.e_score_correction_bias", {E}, DType::kF32);
+          L.moe.bias = ops.upload(b);
+          n_params_ += E;
+        }
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+          L.moe.experts.push_back({load_linear(src, ep + "gate_proj", I, D), load_linear(src, ep + "up_proj", I, D),
+                                   load_linear(src, ep + "down_proj", D, I)});
+        }
+        if (c.n_shared_experts > 0) {
+          const int64_t Is = I * c.n_shared_experts;
+          L.moe.shared = {load_linear(src, p + "mlp.shared_experts.gate_proj", Is, D),
+                          load_linear(src, p + "mlp.shared_experts.up_proj", Is, D),
+                          load_linear(src, p + "mlp.shared_experts.down_proj", D, Is)};
+        }
+      } else {
+        const int64_t I = c.intermediate_size;
+        L.mlp = {load_linear(src, p + "mlp.gate_proj", I, D), load_linear(src, p + "mlp.up_proj", I, D),
+                 load_linear(src, p + "mlp.down_proj", D, I)};
+      }
+      layers_.push_back(std::move(L));
+    }
+    final_norm_ = load_vector(src, "model.norm.weight", D);
+    lm_head_ = load_linear(src, "lm_head", c.vocab_size, D);
+
+    max_positions_ = max_positions;
+    std::vector<float> cs, sn;
+    rope_tables(c, int(rope), max_positions, &cs, &sn);
+    rope_.cos = ops.alloc_persistent(DType::kF32, {max_positions, rope / 2});
+    rope_.sin = ops.alloc_persistent(DType::kF32, {max_positions, rope / 2});
+    ops.copy_from_host(rope_.cos, cs.data());
+    ops.copy_from_host(rope_.sin, sn.data());
+    rope_.rotary_dim = int(rope);
+    rope_.interleaved = true;
+    scale_ = float(c.attention_scale());
+    router_.scoring = c.scoring_func == ModelConfig::ScoringFunc::kSigmoid ? RouterScoring::kSigmoid
+                                                                          : RouterScoring::kSoftmax;
+    router_.top_k = c.num_experts_per_tok;
+    router_.n_group = c.topk_method == ModelConfig::TopkMethod::kGreedy ? 1 : c.n_group;
+    router_.topk_group = c.topk_method == ModelConfig::TopkMethod::kGreedy ? 1 : c.topk_group;
+    router_.group_by_top2_sum = c.topk_method == ModelConfig::TopkMethod::kNoauxTc;
+    router_.norm_topk_prob = c.norm_topk_prob;
+    router_.routed_scaling_factor = float(c.routed_scaling_factor);
+  }
+
+ private:
+  // Splits W_kvb [H*(nope+v), r] into W_UK^T [H, r, nope] and W_UV [H, v, r] for the absorbed form.
+  // BF16/F32 keep their dtype; FP8 is dequantized to F32 (the reference dequantizes too).
+  void absorb(MlaWeights& a) {
+    const auto& c = cfg_;
+    const int64_t H = c.num_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, r = c.kv_lora_rank;
+    const Tensor& kvb = a.kv_b.w;
+    const DType dt = kvb.dtype == DType::kF8E4M3 ? DType::kF32 : kvb.dtype;
+    const int64_t rows = H * (nope + v);
+    std::vector<float> full(size_t(rows * r));
+    std::vector<unsigned char> raw(kvb.nbytes());
+    ops_.copy_to_host(kvb, raw.data());
+    std::vector<float> scale;
+    if (!a.kv_b.scale.empty()) {
+      scale.resize(size_t(a.kv_b.scale.numel()));
+      ops_.copy_to_host(a.kv_b.scale, scale.data());
+    }
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t k = 0; k < r; ++k) {
+        const int64_t idx = i * r + k;
+        float x;
+        if (kvb.dtype == DType::kF32) x = reinterpret_cast<const float*>(raw.data())[idx];
+        else if (kvb.dtype == DType::kBF16) x = bf16_to_f32(reinterpret_cast<const uint16_t*>(raw.data())[idx]);
+        else x = f8e4m3_to_f32(raw[idx]) * scale[(i / a.kv_b.block_n) * a.kv_b.scale.shape[1] + k / a.kv_b.block_k];
+        full[idx] = x;
+      }
+    auto store = [&](std::vector<float>& vals, std::initializer_list<int64_t> shape) {
+      Tensor t = ops_.alloc_persistent(dt, shape);
+      if (dt == DType::kF32) {
+        ops_.copy_from_host(t, vals.data());
+      } else {
+        std::vector<uint16_t> b(vals.size());
+        for (size_t i = 0; i < vals.size(); ++i) b[i] = f32_to_bf16(vals[i]);  // exact: values came from bf16
+        ops_.copy_from_host(t, b.data());
+      }
+      return t;
+    };
+    std::vector<float> uk(size_t(H * r * nope)), uv(size_t(H * v * r));
+    for (int64_t h = 0; h < H; ++h) {
+      const float* base = full.data() + h * (nope + v) * r;
+      for (int64_t d = 0; d < nope; ++d)
+        for (int64_t k = 0; k < r; ++k) uk[size_t((h * r + k) * nope + d)] = base[d * r + k];
+      std::memcpy(uv.data() + h * v * r, base + nope * r, size_t(v * r) * sizeof(float));
+    }
+    a.w_uk_t = store(uk, {H, r, nope});
+    a.w_uv = store(uv, {H, v, r});
+  }
+
+  LayerNorms layer_norms(int l) const override { return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm}; }
+
+  Tensor feed_forward(int l, const Tensor& x) override {
+    const Layer& L = layers_[size_t(l)];
+    return L.is_moe ? moe(L, x) : run_mlp(ops_, L.mlp, x);
+  }
+
+  Tensor attention(int l, const Tensor& x, const AttnMeta& meta, const Tensor& pos, Tensor cache,
+                   const ForwardOptions& opt, int max_query_len) override {
+    const auto& c = cfg_;
+    const Layer& L = layers_[size_t(l)];
+    // Decode steps attend in latent space; long chunks expand k/v once and reuse them per query.
+    bool absorbed = max_query_len < 16;
+    if (opt.mla_mode == MlaMode::kAbsorbed) absorbed = true;
+    if (opt.mla_mode == MlaMode::kExpanded) absorbed = false;
+    Ops& ops = ops_;
+    const DType act = ops.act_dtype();
+    const int64_t T = x.shape[0], H = c.num_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+                  v = c.v_head_dim, r = c.kv_lora_rank;
+    const MlaWeights& a = L.attn;
+    Tensor q = ops.scratch(act, {T, H * (nope + rope)});
+    if (c.q_lora_rank > 0) {
+      Tensor qa = ops.scratch(act, {T, c.q_lora_rank});
+      ops.linear(qa, x, a.q_a);
+      ops.rmsnorm(qa, qa, a.q_a_norm, float(c.rms_norm_eps));
+      ops.linear(q, qa, a.q_b);
+    } else {
+      ops.linear(q, x, a.q_proj);
+    }
+    Tensor kva = ops.scratch(act, {T, r + rope});
+    ops.linear(kva, x, a.kv_a);
+    Tensor latent = ops.scratch(act, {T, r + rope});
+    ops.rmsnorm(latent.cols(0, r), kva.cols(0, r), a.kv_a_norm, float(c.rms_norm_eps));
+    ops.copy(latent.cols(r, r + rope), kva.cols(r, r + rope));
+    ops.rope(split_heads(latent, 1, r + rope).cols(r, r + rope), pos, rope_);
+    Tensor q3 = split_heads(q, H, nope + rope);
+    ops.rope(q3.cols(nope, nope + rope), pos, rope_);
+    ops.cache_write(cache, latent, meta);
+
+    Tensor o = ops.scratch(act, {T, H, v});
+    if (absorbed) {
+      Tensor qlat = ops.scratch(act, {T, H, r + rope});
+      ops.linear_heads(qlat.cols(0, r), q3.cols(0, nope), a.w_uk_t);
+      ops.copy(qlat.cols(r, r + rope), q3.cols(nope, nope + rope));
+      Tensor olat = ops.scratch(act, {T, H, r});
+      ops.mla_attention_absorbed(olat, qlat, cache, meta, int(r), scale_);
+      ops.linear_heads(o, olat, a.w_uv);
+    } else {
+      int64_t C = 0;
+      for (int s = 0; s < meta.num_seqs; ++s)
+        C += meta.h_context_len[s] + meta.h_query_start[s + 1] - meta.h_query_start[s];
+      Tensor ctx = ops.scratch(act, {C, r + rope});
+      ops.gather_context(ctx, cache, meta);
+      Tensor kv = ops.scratch(act, {C, H * (nope + v)});
+      ops.linear(kv, ctx.cols(0, r), a.kv_b);
+      ops.mla_attention_expanded(o, q3, split_heads(kv, H, nope + v), ctx.cols(r, r + rope), meta, scale_);
+    }
+    Tensor out = ops.scratch(act, {T, c.hidden_size});
+    ops.linear(out, merge_heads(o), a.o_proj);
+    return out;
+  }
+
+  Tensor moe(const Layer& L, const Tensor& x) {
+    const auto& c = cfg_;
+    const int64_t T = x.shape[0], E = c.n_routed_experts, K = c.num_experts_per_tok;
+    Tensor logits = ops_.scratch(DType::kF32, {T, E});
+    ops_.linear(logits, x, L.moe.router);
+    Tensor ids = ops_.scratch(DType::kI32, {T, K});
+    Tensor w = ops_.scratch(DType::kF32, {T, K});
+    ops_.moe_route(ids, w, logits, L.moe.bias, router_);
+    Tensor out = ops_.scratch(ops_.act_dtype(), {T, c.hidden_size});
+    ops_.moe_experts(out, x, ids, w, L.moe.experts);
+    if (!L.moe.shared.empty()) {
+      Tensor s = run_mlp(ops_, L.moe.shared, x);
+      ops_.add(out, out, s);
+    }
+    return out;
+  }
+
+  std::vector<Layer> layers_;
+  float scale_ = 1.0f;
+  RouterParams router_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) {
+  return std::make_unique<DeepseekModel>(cfg, src, ops, max_positions);
+}
+
+}  // namespace beluga

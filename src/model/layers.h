@@ -1,0 +1,23 @@
+// Building blocks shared by the architectures: gated MLP, views of activation tensors.
+#pragma once
+
+#include "backend/ops.h"
+
+namespace beluga {
+
+struct MlpWeights {
+  Weight gate, up, down;
+  bool empty() const { return gate.w.empty(); }
+};
+
+// down(silu(gate x) * up x), in scratch memory.
+Tensor run_mlp(Ops& ops, const MlpWeights& w, const Tensor& x);
+
+// A 2-D [T, H*d] tensor (rows may be strided) seen as [T, H, d].
+Tensor split_heads(const Tensor& t, int64_t heads, int64_t dim);
+// Head h of a [T, H, d] tensor as a 2-D [T, d] view.
+Tensor head(const Tensor& t, int64_t h);
+// A [T, H, d] tensor with contiguous heads seen as [T, H*d].
+Tensor merge_heads(const Tensor& t);
+
+}  // namespace beluga

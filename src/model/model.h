@@ -1,0 +1,75 @@
+// Model: a checkpoint's weights on a backend, and one forward step over a Batch.
+// The architecture-specific parts (DeepSeek MLA+MoE, dense Llama/Qwen) implement this interface;
+// load_model picks one from the config.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/ops.h"
+#include "loader/model_config.h"
+#include "loader/weight_source.h"
+#include "model/batch.h"
+
+namespace beluga {
+
+enum class MlaMode { kAuto, kExpanded, kAbsorbed };
+
+struct ForwardOptions {
+  MlaMode mla_mode = MlaMode::kAuto;
+  // When set: the hidden state of token row `capture_row` after the embedding, after each layer and
+  // after the final norm (for layer-by-layer comparison with a reference).
+  std::vector<std::vector<float>>* hidden_capture = nullptr;
+  int capture_row = -1;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  const ModelConfig& config() const { return cfg_; }
+  Ops& ops() const { return ops_; }
+
+  // A zeroed paged cache with `num_blocks` blocks of kKvBlockSize tokens per layer.
+  KvCache make_kv_cache(int num_blocks) const;
+  size_t kv_bytes_per_token() const;  // across all layers, in the backend's cache dtype
+  int64_t num_parameters() const { return n_params_; }
+  int max_positions() const { return max_positions_; }
+
+  // Runs all tokens of `batch`, writing their KV into `kv` and the logits of batch.logit_rows
+  // to `logits` (host, [logit_rows, vocab] F32).
+  void forward(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt = {});
+
+ protected:
+  Model(const ModelConfig& cfg, Ops& ops);
+  // What each architecture supplies for decoder layer l (pre-norm residual blocks):
+  // h += attention(norm_in(h)); h += feed_forward(norm_post(h)).
+  struct LayerNorms {
+    const Tensor& input;
+    const Tensor& post;
+  };
+  virtual LayerNorms layer_norms(int l) const = 0;
+  virtual Tensor attention(int l, const Tensor& x, const AttnMeta& meta, const Tensor& positions, Tensor cache,
+                           const ForwardOptions& opt, int max_query_len) = 0;
+  virtual Tensor feed_forward(int l, const Tensor& x) = 0;
+  Weight load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in);
+  Tensor load_vector(WeightSource& src, const std::string& name, int64_t n);
+  void capture(const ForwardOptions& opt, const Tensor& h);
+  // From the embedded tokens to the final-normed hidden states [T, D].
+  Tensor run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& positions, KvCache& kv,
+                    const ForwardOptions& opt, int max_query_len);
+
+  ModelConfig cfg_;
+  Ops& ops_;
+  Tensor embed_;
+  Weight lm_head_;
+  Tensor final_norm_;
+  RopeTable rope_;
+  int64_t n_params_ = 0;
+  int max_positions_ = 0;
+};
+
+// Builds the model for `cfg` from `src` (a checkpoint or dummy weights) on `ops`.
+// `max_positions` bounds the rope tables (0: the config's max_position_embeddings, capped at 32768).
+std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions = 0);
+
+}  // namespace beluga
