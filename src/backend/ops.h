@@ -102,9 +102,10 @@ class Ops {
   // From router logits [T, E] (F32): top-k expert ids (I32 [T, k]) and weights (F32 [T, k]).
   virtual void moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
                          const RouterParams& p) = 0;
-  // out [T, D] = sum_i weights[t,i] * E_{ids[t,i]}(x[t]),  E(x) = down(silu(gate x) * up x)
+  // out [T, D] = sum_i weights[t,i] * E_{ids[t,i]}(x[t]) (+ shared(x[t]) when given),
+  // E(x) = down(silu(gate x) * up x).
   virtual void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                           std::span<const ExpertWeights> experts) = 0;
+                           std::span<const ExpertWeights> experts, const ExpertWeights* shared) = 0;
 
   // ---- attention over the paged cache; cache [num_blocks, block_size, entry_dim] ----
   virtual void cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m) = 0;  // entries [T, entry_dim]

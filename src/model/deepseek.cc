@@ -30,7 +30,7 @@ struct MoeWeights {
   Weight router;
   Tensor bias;  // e_score_correction_bias (noaux_tc), selection only
   std::vector<ExpertWeights> experts;
-  MlpWeights shared;
+  ExpertWeights shared;  // empty when the model has no shared experts
 };
 
 struct Layer {
@@ -73,8 +73,7 @@ class DeepseekModel final : public Model {
         L.moe.router = load_linear(src, p + "mlp.gate", E, D);
         if (c.topk_method == ModelConfig::TopkMethod::kNoauxTc) {
           Tensor b = src.get(p + "mlp.gate.e_score_correction_bias", {E}, DType::kF32);
-          L.moe.bias = ops.upload(b);
-          n_params_ += E;
+          L.moe.bias = ops.upload(b);  // a buffer, not a parameter (as transformers counts)
         }
         for (int64_t e = 0; e < E; ++e) {
           const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
@@ -236,11 +235,7 @@ class DeepseekModel final : public Model {
     Tensor w = ops_.scratch(DType::kF32, {T, K});
     ops_.moe_route(ids, w, logits, L.moe.bias, router_);
     Tensor out = ops_.scratch(ops_.act_dtype(), {T, c.hidden_size});
-    ops_.moe_experts(out, x, ids, w, L.moe.experts);
-    if (!L.moe.shared.empty()) {
-      Tensor s = run_mlp(ops_, L.moe.shared, x);
-      ops_.add(out, out, s);
-    }
+    ops_.moe_experts(out, x, ids, w, L.moe.experts, L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared);
     return out;
   }
 

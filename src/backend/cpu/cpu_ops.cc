@@ -89,6 +89,7 @@ void CpuOps::copy_from_host(Tensor dst, const void* src) {
 }
 
 void CpuOps::embedding(Tensor out, const Tensor& table, const Tensor& ids) {
+  cpu::OpProfile::Scope prof(profile_, "embedding");
   const int64_t T = ids.numel(), D = table.shape[1], V = table.shape[0];
   const int32_t* id = ids.ptr<const int32_t>();
   for (int64_t t = 0; t < T; ++t) {
@@ -104,6 +105,7 @@ void CpuOps::embedding(Tensor out, const Tensor& table, const Tensor& ids) {
 }
 
 void CpuOps::rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) {
+  cpu::OpProfile::Scope prof(profile_, "rmsnorm");
   const int64_t R = x.shape[0], D = x.shape[1];
 #pragma omp parallel for num_threads(threads_) if (R * D > 65536)
   for (int64_t r = 0; r < R; ++r) {
@@ -127,6 +129,7 @@ void CpuOps::add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Ten
 }
 
 void CpuOps::add(Tensor out, const Tensor& a, const Tensor& b) {
+  cpu::OpProfile::Scope prof(profile_, "add");
   const int64_t R = a.shape[0], D = a.shape[1];
   for (int64_t r = 0; r < R; ++r) {
     float* o = row_f32(out, r);
@@ -137,6 +140,7 @@ void CpuOps::add(Tensor out, const Tensor& a, const Tensor& b) {
 }
 
 void CpuOps::copy(Tensor out, const Tensor& x) {
+  cpu::OpProfile::Scope prof(profile_, "copy");
   BELUGA_ASSERT(out.ndim == x.ndim && out.dtype == DType::kF32 && x.dtype == DType::kF32);
   // Collapses to at most 3 leading loops over a contiguous last dimension.
   const int nd = x.ndim;
@@ -150,6 +154,7 @@ void CpuOps::copy(Tensor out, const Tensor& x) {
 }
 
 void CpuOps::silu_mul(Tensor out, const Tensor& gate_up) {
+  cpu::OpProfile::Scope prof(profile_, "silu_mul");
   const int64_t R = out.shape[0], I = out.shape[1];
   for (int64_t r = 0; r < R; ++r) {
     const float* g = row_f32(gate_up, r);
@@ -159,6 +164,7 @@ void CpuOps::silu_mul(Tensor out, const Tensor& gate_up) {
 }
 
 void CpuOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
+  cpu::OpProfile::Scope prof(profile_, "rope");
   const int64_t T = x.shape[0], H = x.shape[1];
   const int half = tab.rotary_dim / 2;
   const int32_t* pos = positions.ptr<const int32_t>();
@@ -181,17 +187,21 @@ void CpuOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
 }
 
 void CpuOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
+  cpu::OpProfile::Scope prof(profile_, "gather_rows");
   const int64_t D = x.shape[1];
   const int32_t* r = rows.ptr<const int32_t>();
   for (int64_t i = 0; i < rows.numel(); ++i) std::memcpy(row_f32(out, i), row_f32(x, r[i]), D * sizeof(float));
 }
 
-void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int64_t, int N) {
+namespace {
+
+cpu::GemmArgs gemm_args(const Weight& w, const float* x, int64_t ldx, const uint16_t* xb, int64_t ldxb, int M,
+                        float* out, int64_t ldo) {
   cpu::GemmArgs a{};
   a.x = x;
   a.ldx = ldx;
   a.M = M;
-  a.K = K;
+  a.K = int(w.in_features());
   a.w = w.w.data;
   a.wtype = w.w.dtype;
   a.ldw = w.w.stride[0];
@@ -204,12 +214,25 @@ void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, i
     a.bn = w.block_n;
     a.bk = w.block_k;
   }
-  if (bf16_act_ && w.w.dtype == DType::kBF16) {
-    Tensor xb = scratch(DType::kBF16, {M, K});
-    for (int m = 0; m < M; ++m) k_->to_bf16(x + int64_t(m) * ldx, xb.ptr<uint16_t>() + int64_t(m) * K, K);
-    a.xb = xb.ptr<const uint16_t>();
-    a.ldxb = K;
+  if (w.w.dtype == DType::kBF16 && xb) {
+    a.xb = xb;
+    a.ldxb = ldxb;
   }
+  return a;
+}
+
+}  // namespace
+
+const uint16_t* CpuOps::maybe_bf16(const float* x, int64_t ldx, int M, int K) {
+  if (!bf16_act_) return nullptr;
+  Tensor xb = scratch(DType::kBF16, {M, K});
+  for (int m = 0; m < M; ++m) k_->to_bf16(x + int64_t(m) * ldx, xb.ptr<uint16_t>() + int64_t(m) * K, K);
+  return xb.ptr<const uint16_t>();
+}
+
+void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int N) {
+  const uint16_t* xb = w.w.dtype == DType::kBF16 ? maybe_bf16(x, ldx, M, K) : nullptr;
+  const cpu::GemmArgs a = gemm_args(w, x, ldx, xb, K, M, out, ldo);
   // Small products are not worth waking the other threads.
   const int nt = (int64_t(M) * N * K < (1 << 16)) ? 1 : std::min(threads_, std::max(1, N / 4));
   if (nt == 1) {
@@ -226,6 +249,7 @@ void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, i
 }
 
 void CpuOps::linear(Tensor out, const Tensor& x, const Weight& w) {
+  cpu::OpProfile::Scope prof(profile_, "linear");
   check_f32_2d(x, "linear input");
   check_f32_2d(out, "linear output");
   const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.out_features());
@@ -233,7 +257,7 @@ void CpuOps::linear(Tensor out, const Tensor& x, const Weight& w) {
                w.w.describe(), " -> ", out.describe());
   BELUGA_ASSERT(w.w.stride[1] == 1);
   if (M == 0) return;
-  gemm(out.ptr<float>(), out.stride[0], x.ptr<const float>(), x.stride[0], M, K, w, 0, N);
+  gemm(out.ptr<float>(), out.stride[0], x.ptr<const float>(), x.stride[0], M, K, w, N);
   if (!w.bias.empty())
     for (int m = 0; m < M; ++m) {
       float* o = row_f32(out, m);
@@ -242,6 +266,7 @@ void CpuOps::linear(Tensor out, const Tensor& x, const Weight& w) {
 }
 
 void CpuOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w) {
+  cpu::OpProfile::Scope prof(profile_, "linear_heads");
   const int64_t T = x.shape[0], H = x.shape[1], K = x.shape[2], N = w.shape[1];
   BELUGA_CHECK(w.ndim == 3 && w.shape[0] == H && w.shape[2] == K && w.stride[2] == 1 && out.shape[2] == N &&
                    x.stride[2] == 1 && out.stride[2] == 1,
@@ -264,6 +289,7 @@ void CpuOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w) {
 }
 
 void CpuOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias, const RouterParams& p) {
+  cpu::OpProfile::Scope prof(profile_, "moe_route");
   const int64_t T = logits.shape[0], E = logits.shape[1];
   const int K = p.top_k, G = p.n_group;
   BELUGA_CHECK(E % G == 0 && p.topk_group <= G && K <= E, "moe_route: bad router parameters");
@@ -323,42 +349,94 @@ void CpuOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const T
 }
 
 void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                         std::span<const ExpertWeights> experts) {
+                         std::span<const ExpertWeights> experts, const ExpertWeights* shared) {
+  cpu::OpProfile::Scope prof(profile_, "moe_experts");
   const int64_t T = x.shape[0], D = x.shape[1], K = ids.shape[1];
-  const int64_t E = int64_t(experts.size());
-  // Bucket (token, slot) pairs by expert, then run each expert once over all its tokens.
-  std::vector<int> count(E + 1, 0);
+  const int E = int(experts.size());
+  const int NE = E + (shared ? 1 : 0);  // the shared expert runs as expert E over every token
+  // Rows grouped by expert: row r of expert e is entry[start[e] + r] (token = entry / K; entry >= T*K:
+  // the shared expert's token entry - T*K).
+  std::vector<int> start(NE + 1, 0);
   const int32_t* id = ids.ptr<const int32_t>();
   for (int64_t i = 0; i < T * K; ++i) {
     BELUGA_ASSERT(id[i] >= 0 && id[i] < E);
-    count[id[i] + 1]++;
+    start[id[i] + 1]++;
   }
-  for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
-  std::vector<int> fill(count.begin(), count.end() - 1), entry(T * K);
+  if (shared) start[E + 1] = int(T);
+  for (int e = 0; e < NE; ++e) start[e + 1] += start[e];
+  const int R = start[NE];
+  std::vector<int> fill(start.begin(), start.end() - 1), entry(R);
   for (int64_t i = 0; i < T * K; ++i) entry[fill[id[i]]++] = int(i);
+  if (shared)
+    for (int64_t t = 0; t < T; ++t) entry[fill[E]++] = int(T * K + t);
+  auto expert = [&](int e) -> const ExpertWeights& { return e < E ? experts[e] : *shared; };
+  auto token_of = [&](int ent) { return ent < T * K ? ent / K : ent - int(T * K); };
 
-  for (int64_t r = 0; r < T; ++r) std::memset(row_f32(out, r), 0, D * sizeof(float));
-  int64_t max_n = 0;
-  for (int64_t e = 0; e < E; ++e) max_n = std::max<int64_t>(max_n, count[e + 1] - count[e]);
-  if (max_n == 0) return;
-  const int64_t I = experts[0].gate.out_features();
-  Tensor xe = scratch(DType::kF32, {max_n, D});
-  Tensor g = scratch(DType::kF32, {max_n, 2 * I});
-  Tensor h = scratch(DType::kF32, {max_n, I});
-  Tensor y = scratch(DType::kF32, {max_n, D});
-  for (int64_t e = 0; e < E; ++e) {
-    const int n = count[e + 1] - count[e];
-    if (n == 0) continue;
-    for (int i = 0; i < n; ++i) std::memcpy(row_f32(xe, i), row_f32(x, entry[count[e] + i] / K), D * sizeof(float));
-    Tensor xs = xe.rows(0, n), gs = g.rows(0, n), hs = h.rows(0, n), ys = y.rows(0, n);
-    linear(gs.cols(0, I), xs, experts[e].gate);
-    linear(gs.cols(I, 2 * I), xs, experts[e].up);
-    silu_mul(hs, gs);
-    linear(ys, hs, experts[e].down);
-    for (int i = 0; i < n; ++i) {
-      const int ent = entry[count[e] + i];
-      k_->axpy(weights.ptr<const float>()[ent], row_f32(ys, i), row_f32(out, ent / K), int(D));
+  int64_t I_max = 0;
+  for (int e = 0; e < NE; ++e)
+    if (start[e + 1] > start[e]) I_max = std::max(I_max, expert(e).gate.out_features());
+  Tensor X = scratch(DType::kF32, {std::max(R, 1), D});
+  Tensor G = scratch(DType::kF32, {std::max(R, 1), 2 * I_max});
+  Tensor Hh = scratch(DType::kF32, {std::max(R, 1), I_max});
+  Tensor Y = scratch(DType::kF32, {std::max(R, 1), D});
+  for (int r = 0; r < R; ++r) std::memcpy(row_f32(X, r), row_f32(x, token_of(entry[r])), D * sizeof(float));
+  const uint16_t* Xb = maybe_bf16(X.ptr<const float>(), D, R, int(D));
+
+  // Work items: (expert, block of output columns), so all experts share one parallel region per GEMM
+  // phase and every thread stays busy whether a step has one token or thousands.
+  constexpr int kCols = 64;
+  struct Item {
+    int e, n0, n1;
+  };
+  std::vector<Item> items;
+  auto make_items = [&](bool down) {
+    items.clear();
+    for (int e = 0; e < NE; ++e) {
+      if (start[e + 1] == start[e]) continue;
+      const int N = int(down ? D : expert(e).gate.out_features());
+      for (int n0 = 0; n0 < N; n0 += kCols) items.push_back({e, n0, std::min(N, n0 + kCols)});
     }
+  };
+  make_items(false);
+#pragma omp parallel for num_threads(threads_) schedule(dynamic)
+  for (size_t it = 0; it < items.size(); ++it) {
+    const Item w = items[it];
+    const ExpertWeights& ex = expert(w.e);
+    const int I = int(ex.gate.out_features()), r0 = start[w.e], n = start[w.e + 1] - r0;
+    const float* xr = X.ptr<const float>() + int64_t(r0) * D;
+    const uint16_t* xbr = Xb ? Xb + int64_t(r0) * D : nullptr;
+    float* g = G.ptr<float>() + int64_t(r0) * G.stride[0];
+    k_->gemm(gemm_args(ex.gate, xr, D, xbr, D, n, g, G.stride[0]), w.n0, w.n1);
+    k_->gemm(gemm_args(ex.up, xr, D, xbr, D, n, g + I, G.stride[0]), w.n0, w.n1);
+    for (int r = 0; r < n; ++r) {
+      float* gr = g + int64_t(r) * G.stride[0];
+      float* hr = Hh.ptr<float>() + int64_t(r0 + r) * Hh.stride[0];
+      for (int c = w.n0; c < w.n1; ++c) hr[c] = gr[c] / (1.0f + std::exp(-gr[c])) * gr[I + c];
+    }
+  }
+  make_items(true);
+  // BF16 copies of each expert's hidden rows, when activations are rounded.
+  std::vector<const uint16_t*> hb(NE, nullptr);
+  if (bf16_act_)
+    for (int e = 0; e < NE; ++e)
+      if (start[e + 1] > start[e]) {
+        const int I = int(expert(e).gate.out_features());
+        hb[e] = maybe_bf16(Hh.ptr<const float>() + int64_t(start[e]) * Hh.stride[0], Hh.stride[0], start[e + 1] - start[e], I);
+      }
+#pragma omp parallel for num_threads(threads_) schedule(dynamic)
+  for (size_t it = 0; it < items.size(); ++it) {
+    const Item w = items[it];
+    const ExpertWeights& ex = expert(w.e);
+    const int I = int(ex.gate.out_features()), r0 = start[w.e], n = start[w.e + 1] - r0;
+    k_->gemm(gemm_args(ex.down, Hh.ptr<const float>() + int64_t(r0) * Hh.stride[0], Hh.stride[0], hb[w.e], I, n,
+                       Y.ptr<float>() + int64_t(r0) * D, D),
+             w.n0, w.n1);
+  }
+  for (int64_t t = 0; t < T; ++t) std::memset(row_f32(out, t), 0, D * sizeof(float));
+  for (int r = 0; r < R; ++r) {
+    const int ent = entry[r];
+    const float wgt = ent < T * K ? weights.ptr<const float>()[ent] : 1.0f;
+    k_->axpy(wgt, Y.ptr<const float>() + int64_t(r) * D, row_f32(out, token_of(ent)), int(D));
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/op_profile.h"
 #include "backend/ops.h"
 
 namespace beluga {
@@ -50,7 +51,7 @@ class CpuOps final : public Ops {
   void moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
                  const RouterParams& p) override;
   void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                   std::span<const ExpertWeights> experts) override;
+                   std::span<const ExpertWeights> experts, const ExpertWeights* shared) override;
 
   void cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m) override;
   void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_rank,
@@ -63,9 +64,11 @@ class CpuOps final : public Ops {
 
  private:
   // Runs the GEMM for rows of x against W rows [0, N), split over threads by columns.
-  void gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int64_t w_offset_rows,
-            int N);
+  void gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int N);
+  // x rounded to BF16 (row stride K) when bf16_activations is on, else null.
+  const uint16_t* maybe_bf16(const float* x, int64_t ldx, int M, int K);
 
+  cpu::OpProfile profile_;  // first member: destroyed last, after the ops it measured
   const cpu::Kernels* k_;
   int threads_;
   bool bf16_act_;

@@ -52,27 +52,37 @@ struct WF8 {
 template <int MR, int NR, typename W>
 inline void tile_f32(const float* x, int64_t ldx, int K, const W& w, float* out, int64_t ldo) {
   __m512 acc[MR][NR];
+  #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+    #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[NR];
+    #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = w.load(j, k, 0xffff);
+    #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+      #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   if (k < K) {
     __mmask16 m = __mmask16((1u << (K - k)) - 1);
     __m512 wv[NR];
+    #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = w.load(j, k, m);
+    #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+      #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
+  #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+    #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
@@ -80,27 +90,37 @@ template <int MR, int NR>
 inline void tile_bf16(const uint16_t* x, int64_t ldx, int K, const uint16_t* w, int64_t ldw, float* out,
                       int64_t ldo) {
   __m512 acc[MR][NR];
+  #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+    #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 32 <= K; k += 32) {
     __m512i wv[NR];
+    #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(w + j * ldw + k);
+    #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       __m512i xv = _mm512_loadu_si512(x + i * ldx + k);
+      #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wv[j]);
     }
   }
   if (k < K) {
     __mmask32 m = __mmask32((1ull << (K - k)) - 1);
     __m512i wv[NR];
+    #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_epi16(m, w + j * ldw + k);
+    #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       __m512i xv = _mm512_maskz_loadu_epi16(m, x + i * ldx + k);
+      #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wv[j]);
     }
   }
+  #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+    #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
