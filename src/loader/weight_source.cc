@@ -92,6 +92,12 @@ std::vector<std::string> Checkpoint::names() const {
   return r;
 }
 
+std::map<std::string, int64_t> Checkpoint::dtype_counts() const {
+  std::map<std::string, int64_t> r;
+  for (const auto& [name, t] : index_) r[std::string(dtype_name(t->dtype))] += int64_t(t->nbytes / dtype_size(t->dtype));
+  return r;
+}
+
 Tensor DummyWeights::find(const std::string& name, const std::vector<int64_t>& shape, DType hint) {
   // A dummy checkpoint has no optional tensors except those a real one always has.
   if (ends_with(name, "weight_scale_inv") || ends_with(name, ".bias")) return {};
@@ -119,7 +125,7 @@ Tensor DummyWeights::get(const std::string& name, const std::vector<int64_t>& sh
     hi = a;
   }
   const float span = hi - lo;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
   for (int64_t i = 0; i < n; ++i) {
     float v = center;
     if (span > 0) v = lo + span * float(mix(h + uint64_t(i)) >> 40) * (1.0f / float(1 << 24));

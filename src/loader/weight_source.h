@@ -32,6 +32,7 @@ class Checkpoint : public WeightSource {
   Tensor find(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
   size_t total_bytes() const override;
   std::vector<std::string> names() const;
+  std::map<std::string, int64_t> dtype_counts() const;  // elements stored per dtype name
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

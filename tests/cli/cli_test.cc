@@ -1,0 +1,120 @@
+// The `beluga` command line as a user runs it: generate, logits, inspect, dummy weights, and clear
+// errors (exit code 1 and a message) for bad input.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "loader/safetensors.h"
+
+namespace beluga {
+namespace {
+
+struct CmdResult {
+  int code;
+  std::string out;
+};
+
+CmdResult run(const std::string& args) {
+  const std::string cmd = std::string(BELUGA_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CmdResult r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const std::string kFixtures = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
+
+std::string ids_of(const TensorInfo& t) {
+  std::string s;
+  for (size_t i = 0; i < t.nbytes / 8; ++i) s += (i ? "," : "") + std::to_string(static_cast<const int64_t*>(t.data)[i]);
+  return s;
+}
+
+TEST(Cli, GenerateGreedyMatchesTransformers) {
+  SafetensorsFile ref(kFixtures + "qwen3-tiny/reference.safetensors");
+  CmdResult r = run("generate --model " + kFixtures + "qwen3-tiny --prompt-ids " + ids_of(ref.get("prompt_1")) +
+              " --max-tokens 24 --temperature 0 --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  const TensorInfo& g = ref.get("greedy_1");
+  std::vector<int> expect(static_cast<const int64_t*>(g.data), static_cast<const int64_t*>(g.data) + 24);
+  EXPECT_EQ(j["output_tokens"].get<std::vector<int>>(), expect);
+  EXPECT_EQ(j["prompt_tokens"].size(), ref.get("prompt_1").nbytes / 8);
+}
+
+TEST(Cli, LogitsFileMatchesTransformers) {
+  SafetensorsFile ref(kFixtures + "dsv2-lite-tiny/reference.safetensors");
+  const std::string out = ::testing::TempDir() + "/cli_logits.safetensors";
+  CmdResult r = run("logits --model " + kFixtures + "dsv2-lite-tiny --prompt-ids " + ids_of(ref.get("prompt_1")) + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  SafetensorsFile f(out);
+  const TensorInfo& ours = f.get("logits");
+  const TensorInfo& theirs = ref.get("logits_1");
+  ASSERT_EQ(ours.shape, theirs.shape);  // prompt_1 stores every position
+  const float* a = static_cast<const float*>(ours.data);
+  const float* b = static_cast<const float*>(theirs.data);
+  const int64_t V = ours.shape[1];
+  for (int64_t r0 = 0; r0 < ours.shape[0]; ++r0) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      num += std::pow(a[r0 * V + i] - b[r0 * V + i], 2);
+      den += std::pow(b[r0 * V + i], 2);
+    }
+    EXPECT_LE(std::sqrt(num / den), 1e-4) << "row " << r0;
+  }
+  std::remove(out.c_str());
+}
+
+TEST(Cli, InspectReportsArchitectureAndKvBytes) {
+  CmdResult r = run("inspect --model " + kFixtures + "dsv3-tiny-fp8");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["architecture"], "deepseek_v3");
+  EXPECT_EQ(j["parameters"], 2609024);  // reference.json's n_params
+  EXPECT_EQ(j["kv_bytes_per_token"], 2 * (128 + 16) * 4);
+  EXPECT_EQ(j["weights_fp8"], true);
+  EXPECT_TRUE(j["dtypes"].contains("F8_E4M3"));
+}
+
+TEST(Cli, DummyWeightsFromConfigAlone) {
+  CmdResult r = run("generate --model " + kFixtures + "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
+              "--max-tokens 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["output_tokens"].size(), 4u);
+  // Deterministic: the same command gives the same tokens.
+  EXPECT_EQ(run("generate --model " + kFixtures + "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
+                "--max-tokens 4")
+                .out,
+            r.out);
+}
+
+TEST(Cli, BadInputIsAClearError) {
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"generate --model /nonexistent --prompt-ids 1", "no config.json"},
+      {"generate --model " + kFixtures + "qwen3-tiny --prompt-ids 1,x", "not an integer list"},
+      {"generate --model " + kFixtures + "qwen3-tiny --prompt-ids 99999", "outside the vocabulary"},
+      {"generate --model " + kFixtures + "qwen3-tiny --prompt-ids 1 --bogus 3", "unknown option --bogus"},
+      {"generate --model " + kFixtures + "qwen3-tiny", "missing required option --prompt-ids"},
+      {"frobnicate", "unknown command"},
+  };
+  for (const auto& c : cases) {
+    CmdResult r = run(c.args);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << " -> " << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace beluga
