@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/bench_serve.h"
 #include "cli/bench_tokenizer.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
@@ -214,7 +215,8 @@ int cmd_bench(int argc, char** argv) {
   const std::string what = argv[0];
   if (what == "model") return bench_model(argc - 1, argv + 1);
   if (what == "tokenizer") return bench_tokenizer(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer)");
+  if (what == "serve") return bench_serve(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve)");
 }
 
 }  // namespace beluga::cli

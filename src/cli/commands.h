@@ -11,5 +11,6 @@ int cmd_bench(int argc, char** argv);  // dispatches `bench model`, `bench token
 int cmd_tokenize(int argc, char** argv);
 int cmd_detokenize(int argc, char** argv);
 int cmd_render(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 
 }  // namespace beluga::cli

@@ -1,0 +1,106 @@
+#include "engine/block_manager.h"
+
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "model/batch.h"
+#include "util/error.h"
+
+namespace beluga {
+
+BlockHash chain_hash(const BlockHash& prev, const int* tokens, const std::string& salt) {
+  unsigned char buf[16 + kKvBlockSize * 4];
+  std::memcpy(buf, &prev.lo, 8);
+  std::memcpy(buf + 8, &prev.hi, 8);
+  for (int i = 0; i < kKvBlockSize; ++i) {
+    const int32_t t = tokens[i];
+    std::memcpy(buf + 16 + 4 * i, &t, 4);
+  }
+  XXH3_state_t st;
+  XXH3_128bits_reset(&st);
+  XXH3_128bits_update(&st, buf, sizeof(buf));
+  XXH3_128bits_update(&st, salt.data(), salt.size());
+  const XXH128_hash_t h = XXH3_128bits_digest(&st);
+  return {h.low64, h.high64};
+}
+
+std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::string& salt, size_t max_blocks) {
+  std::vector<BlockHash> out;
+  const size_t n = std::min(max_blocks, tokens.size() / kKvBlockSize);
+  BlockHash prev;
+  for (size_t b = 0; b < n; ++b) out.push_back(prev = chain_hash(prev, tokens.data() + b * kKvBlockSize, salt));
+  return out;
+}
+
+BlockManager::BlockManager(int num_blocks, bool prefix_caching)
+    : caching_(prefix_caching),
+      ref_(num_blocks, 0),
+      has_hash_(num_blocks, false),
+      hash_(num_blocks),
+      free_pos_(num_blocks),
+      in_free_(num_blocks, true) {
+  BELUGA_CHECK(num_blocks > 0, "the KV cache needs at least one block");
+  for (int b = 0; b < num_blocks; ++b) free_pos_[b] = free_.insert(free_.end(), b);
+}
+
+int BlockManager::take_free() {
+  const int b = free_.front();
+  free_.pop_front();
+  in_free_[b] = false;
+  if (has_hash_[b]) {  // evict the LRU cached block: it is about to hold other tokens
+    auto it = index_.find(hash_[b]);
+    if (it != index_.end() && it->second == b) index_.erase(it);
+    has_hash_[b] = false;
+  }
+  ref_[b] = 1;
+  return b;
+}
+
+std::vector<int> BlockManager::acquire_prefix(const std::vector<BlockHash>& hashes) {
+  std::vector<int> blocks;
+  if (!caching_) return blocks;
+  for (const BlockHash& h : hashes) {
+    auto it = index_.find(h);
+    if (it == index_.end()) break;
+    const int b = it->second;
+    if (in_free_[b]) {
+      free_.erase(free_pos_[b]);
+      in_free_[b] = false;
+    }
+    ref_[b]++;
+    blocks.push_back(b);
+  }
+  return blocks;
+}
+
+bool BlockManager::grow(std::vector<int>& table, int tokens) {
+  const int need = (tokens + kKvBlockSize - 1) / kKvBlockSize - int(table.size());
+  if (need <= 0) return true;
+  if (need > num_free()) return false;
+  for (int i = 0; i < need; ++i) table.push_back(take_free());
+  return true;
+}
+
+void BlockManager::publish(int block, const BlockHash& hash) {
+  if (!caching_ || has_hash_[block]) return;
+  auto [it, inserted] = index_.emplace(hash, block);
+  if (!inserted) return;  // another block already holds this prefix; keep the first
+  has_hash_[block] = true;
+  hash_[block] = hash;
+}
+
+void BlockManager::release(std::vector<int>& table) {
+  for (int b : table) {
+    BELUGA_ASSERT(ref_[b] > 0);
+    if (--ref_[b] == 0) {
+      // Cached blocks wait at the back (least recently used first out); plain ones are reused first.
+      free_pos_[b] = has_hash_[b] ? free_.insert(free_.end(), b) : free_.insert(free_.begin(), b);
+      in_free_[b] = true;
+    }
+  }
+  table.clear();
+}
+
+}  // namespace beluga

@@ -1,0 +1,59 @@
+// BlockManager: the paged KV cache's blocks (kKvBlockSize tokens each), their reference counts, and
+// the prefix index. A full block's key is h_i = XXH3-128(h_{i-1} | tokens of block i | salt), so a key
+// names the whole prefix up to that block for one tenant. Freed blocks go to an LRU list and stay
+// findable until they are reused, uncached blocks first.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace beluga {
+
+struct BlockHash {
+  uint64_t lo = 0, hi = 0;
+  bool operator==(const BlockHash& o) const { return lo == o.lo && hi == o.hi; }
+};
+
+struct BlockHashHasher {
+  size_t operator()(const BlockHash& h) const { return size_t(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ull)); }
+};
+
+// The key of the block holding tokens[0..kKvBlockSize) after the prefix named `prev` ({} for none).
+BlockHash chain_hash(const BlockHash& prev, const int* tokens, const std::string& salt);
+// The chain of keys of the first `max_blocks` full blocks of `tokens`.
+std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::string& salt, size_t max_blocks);
+
+class BlockManager {
+ public:
+  BlockManager(int num_blocks, bool prefix_caching);
+
+  int num_blocks() const { return int(ref_.size()); }
+  int num_free() const { return int(free_.size()); }
+  int num_used() const { return num_blocks() - num_free(); }
+
+  // The longest run of cached blocks matching `hashes` from the start; takes a reference on each.
+  std::vector<int> acquire_prefix(const std::vector<BlockHash>& hashes);
+  // Grows `table` to hold `tokens` tokens; false (and no change) when not enough blocks are free.
+  bool grow(std::vector<int>& table, int tokens);
+  // Records that block `block` is full with the prefix named `hash` (later requests may share it).
+  void publish(int block, const BlockHash& hash);
+  // Drops one reference on every block of `table` and clears it.
+  void release(std::vector<int>& table);
+
+ private:
+  int take_free();
+
+  bool caching_;
+  std::vector<int> ref_;
+  std::vector<bool> has_hash_;
+  std::vector<BlockHash> hash_;
+  std::list<int> free_;  // front: reused first
+  std::vector<std::list<int>::iterator> free_pos_;
+  std::vector<bool> in_free_;
+  std::unordered_map<BlockHash, int, BlockHashHasher> index_;
+};
+
+}  // namespace beluga

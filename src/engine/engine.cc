@@ -1,0 +1,287 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <unordered_map>
+
+#include "engine/block_manager.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "util/error.h"
+
+namespace beluga {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+struct Engine::Impl {
+  struct Request {
+    EngineRequest req;
+    std::vector<std::unique_ptr<Seq>> seqs;
+    std::vector<int> stop_ids;
+    uint64_t seed = 0;
+    int unfinished = 0;
+  };
+
+  Impl(Model& m, const EngineConfig& cfg, int num_blocks)
+      : model(m),
+        blocks(num_blocks, cfg.enable_prefix_caching),
+        scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens),
+        kv(m.make_kv_cache(num_blocks)) {}
+
+  Model& model;
+  BlockManager blocks;
+  Scheduler scheduler;
+  KvCache kv;
+  std::unordered_map<int, Request> requests;  // by slot
+  std::unordered_map<std::string, int> slot_of;
+  int next_slot = 0;
+  int64_t next_order = 0;
+  std::mt19937_64 seed_source{std::random_device{}()};
+  std::vector<float> logits, scratch;
+  std::vector<int> index_scratch;
+  EngineStats stats;
+};
+
+namespace {
+
+int blocks_for_bytes(const Model& m, size_t bytes) {
+  const size_t per_block = m.kv_bytes_per_token() * kKvBlockSize;
+  return int(std::max<size_t>(1, bytes / std::max<size_t>(per_block, 1)));
+}
+
+}  // namespace
+
+Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg) {
+  max_model_len_ = cfg.max_model_len > 0 ? std::min(cfg.max_model_len, model.max_positions()) : model.max_positions();
+  const int num_blocks = cfg.num_kv_blocks > 0 ? cfg.num_kv_blocks : blocks_for_bytes(model, cfg.kv_cache_bytes);
+  BELUGA_CHECK(int64_t(num_blocks) * kKvBlockSize >= max_model_len_, "the KV cache (", num_blocks, " blocks of ",
+               kKvBlockSize, " tokens) cannot hold one sequence of max_model_len ", max_model_len_,
+               " tokens; give it more memory or lower --max-model-len");
+  impl_ = std::make_unique<Impl>(model, cfg, num_blocks);
+  impl_->stats.kv_blocks_total = num_blocks;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+SubmitStatus Engine::submit(EngineRequest req, std::string* why) {
+  auto say = [&](SubmitStatus s, std::string msg) {
+    if (why) *why = std::move(msg);
+    return s;
+  };
+  const int V = model_.config().vocab_size;
+  if (req.prompt.empty()) return say(SubmitStatus::kInvalid, "the prompt is empty");
+  for (int t : req.prompt)
+    if (t < 0 || t >= V) return say(SubmitStatus::kInvalid, str("token id ", t, " is outside the vocabulary"));
+  const SamplingParams& p = req.sampling;
+  if (p.n < 1 || p.n > 128) return say(SubmitStatus::kInvalid, "n must be between 1 and 128");
+  if (p.max_tokens < 1) return say(SubmitStatus::kInvalid, "max_tokens must be at least 1");
+  if (p.temperature < 0 || p.top_p <= 0 || p.top_p > 1 || p.top_k < 0 || p.min_p < 0 || p.min_p > 1 ||
+      p.repetition_penalty <= 0 || p.min_tokens < 0 || p.logprobs > 20)
+    return say(SubmitStatus::kInvalid, "sampling parameters out of range");
+  if (int64_t(req.prompt.size()) + p.max_tokens > max_model_len_)
+    return say(SubmitStatus::kPromptTooLong,
+               str("this model's maximum context length is ", max_model_len_, " tokens; the request has ",
+                   req.prompt.size(), " prompt tokens and asks for ", p.max_tokens, " more"));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (int(incoming_.size()) + waiting_count_ >= cfg_.max_queue_len)
+      return say(SubmitStatus::kQueueFull, "the server's request queue is full; retry later");
+    incoming_.push_back(std::move(req));
+  }
+  cv_.notify_one();
+  return SubmitStatus::kOk;
+}
+
+void Engine::abort(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    aborts_.push_back(id);
+  }
+  cv_.notify_one();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return published_stats_;
+}
+
+void Engine::loop() {
+  Impl& im = *impl_;
+  const int V = model_.config().vocab_size;
+  auto emit_final = [&](int slot, FinishReason why, const std::string& error) {
+    auto it = im.requests.find(slot);
+    if (it == im.requests.end()) return;
+    Impl::Request& r = it->second;
+    RequestOutput out;
+    out.request_id = r.req.id;
+    out.prompt_tokens = int(r.req.prompt.size());
+    out.cached_tokens = r.seqs.empty() ? 0 : r.seqs[0]->num_cached;
+    for (auto& s : r.seqs) {
+      if (s->finish != FinishReason::kNone) continue;
+      s->finish = why;
+      im.scheduler.remove(s.get());
+      SeqOutput so;
+      so.index = s->index;
+      so.finish = why;
+      out.seqs.push_back(std::move(so));
+    }
+    out.finished = true;
+    out.error = error;
+    if (r.req.on_output) r.req.on_output(std::move(out));
+    im.slot_of.erase(r.req.id);
+    im.requests.erase(it);
+    im.stats.requests_finished++;
+  };
+
+  for (;;) {
+    std::deque<EngineRequest> incoming;
+    std::vector<std::string> aborts;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
+      if (stop_) break;
+      incoming.swap(incoming_);
+      aborts.swap(aborts_);
+    }
+    for (auto& req : incoming) {
+      const int slot = im.next_slot++;
+      Impl::Request r;
+      r.req = std::move(req);
+      r.seed = r.req.sampling.seed ? *r.req.sampling.seed : im.seed_source();
+      r.stop_ids = r.req.sampling.stop_token_ids;
+      if (!r.req.sampling.ignore_eos)
+        for (int e : model_.config().eos_token_ids) r.stop_ids.push_back(e);
+      im.slot_of[r.req.id] = slot;
+      auto [it, ok] = im.requests.emplace(slot, std::move(r));
+      Impl::Request& rr = it->second;
+      for (int i = 0; i < rr.req.sampling.n; ++i) {
+        auto s = std::make_unique<Seq>();
+        s->order = im.next_order++;
+        s->request = slot;
+        s->index = i;
+        s->salt = &rr.req.cache_salt;
+        s->tokens = rr.req.prompt;
+        s->num_prompt = int(rr.req.prompt.size());
+        im.scheduler.add(s.get());
+        rr.seqs.push_back(std::move(s));
+      }
+      rr.unfinished = rr.req.sampling.n;
+      im.stats.prompt_tokens += int64_t(rr.req.prompt.size());
+    }
+
+    // After admitting: an abort may name a request that arrived in the same batch.
+    for (const auto& id : aborts) {
+      auto it = im.slot_of.find(id);
+      if (it != im.slot_of.end()) emit_final(it->second, FinishReason::kAbort, "");
+    }
+    Seq* stuck = nullptr;
+    std::vector<Chunk> chunks = im.scheduler.schedule(&stuck);
+    if (stuck) emit_final(stuck->request, FinishReason::kError, "the request does not fit in the KV cache");
+    if (!chunks.empty()) {
+      Batch b;
+      std::vector<size_t> sample_chunks;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        const Chunk& c = chunks[i];
+        b.seqs.push_back({c.start, c.len, c.seq->blocks});
+        b.tokens.insert(b.tokens.end(), c.seq->tokens.begin() + c.start, c.seq->tokens.begin() + c.start + c.len);
+        if (c.sample) {
+          b.logit_rows.push_back(int(b.tokens.size()) - 1);
+          sample_chunks.push_back(i);
+        }
+      }
+      im.logits.resize(b.logit_rows.size() * size_t(V));
+      try {
+        model_.forward(b, im.kv, im.logits.data());
+      } catch (const std::exception& e) {
+        // A failed step fails the requests in it; the engine keeps serving the others.
+        std::vector<int> slots;
+        for (const Chunk& c : chunks) slots.push_back(c.seq->request);
+        std::sort(slots.begin(), slots.end());
+        slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+        for (int slot : slots) emit_final(slot, FinishReason::kError, e.what());
+        continue;
+      }
+      im.scheduler.commit(chunks);
+      im.stats.steps++;
+
+      std::unordered_map<int, RequestOutput> outs;
+      for (size_t r = 0; r < sample_chunks.size(); ++r) {
+        Seq* s = chunks[sample_chunks[r]].seq;
+        Impl::Request& rq = im.requests.at(s->request);
+        SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(), &rq.stop_ids,
+                          rq.seed, s->index};
+        SampleResult res = sample(im.logits.data() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
+        RequestOutput& out = outs[s->request];
+        SeqOutput so;
+        so.index = s->index;
+        const bool is_stop = std::find(rq.stop_ids.begin(), rq.stop_ids.end(), res.token) != rq.stop_ids.end();
+        im.stats.generation_tokens++;
+        if (is_stop) {
+          so.finish = FinishReason::kStop;
+          so.stop_token = res.token;
+        } else {
+          s->tokens.push_back(res.token);
+          s->output_counts[res.token]++;
+          so.tokens.push_back(res.token);
+          if (rq.req.sampling.logprobs >= 0) so.logprobs.push_back(std::move(res.logprob));
+          if (s->num_output() >= rq.req.sampling.max_tokens || int(s->tokens.size()) >= max_model_len_)
+            so.finish = FinishReason::kLength;
+        }
+        if (so.finish != FinishReason::kNone) {
+          s->finish = so.finish;
+          im.scheduler.remove(s);
+          rq.unfinished--;
+        }
+        out.seqs.push_back(std::move(so));
+      }
+      for (auto& [slot, out] : outs) {
+        Impl::Request& rq = im.requests.at(slot);
+        out.request_id = rq.req.id;
+        out.prompt_tokens = int(rq.req.prompt.size());
+        out.cached_tokens = rq.seqs[0]->num_cached;
+        out.finished = rq.unfinished == 0;
+        if (rq.req.on_output) rq.req.on_output(std::move(out));
+        if (rq.unfinished == 0) {
+          im.slot_of.erase(rq.req.id);
+          im.requests.erase(slot);
+          im.stats.requests_finished++;
+        }
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      waiting_count_ = im.scheduler.num_waiting();
+      im.stats.running = im.scheduler.num_running();
+      im.stats.waiting = im.scheduler.num_waiting();
+      im.stats.kv_blocks_used = im.blocks.num_used();
+      im.stats.preemptions = im.scheduler.preemptions();
+      im.stats.prefix_cache_queries = im.scheduler.cache_queries();
+      im.stats.prefix_cache_hits = im.scheduler.cache_hits();
+      published_stats_ = im.stats;
+    }
+  }
+  // Shutting down: every request still here ends as aborted.
+  std::vector<int> slots;
+  for (auto& [slot, r] : im.requests) slots.push_back(slot);
+  for (int slot : slots) emit_final(slot, FinishReason::kAbort, "");
+}
+
+}  // namespace beluga

@@ -1,0 +1,77 @@
+// Engine: owns a Model and its paged KV cache and runs the serving loop on its own thread:
+// schedule -> build batch -> forward -> sample -> emit outputs. Thread-safe submit/abort; outputs go
+// to each request's callback on the engine thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/request.h"
+#include "model/model.h"
+
+namespace beluga {
+
+struct EngineConfig {
+  int max_num_seqs = 64;              // sequences decoding at once
+  int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
+  int num_kv_blocks = 0;              // 0: from kv_cache_bytes
+  size_t kv_cache_bytes = size_t(1) << 30;
+  int max_model_len = 0;              // 0: the model's max positions
+  int max_queue_len = 256;            // waiting requests; beyond it submit() says kQueueFull
+  bool enable_prefix_caching = true;
+};
+
+enum class SubmitStatus { kOk, kQueueFull, kPromptTooLong, kInvalid };
+
+struct EngineStats {
+  int64_t requests_finished = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;     // of which served from cache
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int running = 0;
+  int waiting = 0;
+  int kv_blocks_total = 0;
+  int kv_blocks_used = 0;  // referenced by live sequences (cached-but-free blocks are not counted)
+};
+
+class Engine {
+ public:
+  Engine(Model& model, const EngineConfig& cfg);
+  ~Engine();  // stops the loop; pending requests finish with kAbort
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  SubmitStatus submit(EngineRequest req, std::string* why = nullptr);
+  void abort(const std::string& request_id);  // no-op for unknown or finished ids
+  EngineStats stats() const;
+  int max_model_len() const { return max_model_len_; }
+  const ModelConfig& model_config() const { return model_.config(); }
+
+ private:
+  struct Impl;
+  void loop();
+
+  Model& model_;
+  EngineConfig cfg_;
+  int max_model_len_;
+  std::unique_ptr<Impl> impl_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineRequest> incoming_;
+  std::vector<std::string> aborts_;
+  bool stop_ = false;
+  int waiting_count_ = 0;  // sequences the scheduler has not admitted yet (for the queue limit)
+  EngineStats published_stats_;
+  std::thread thread_;
+};
+
+}  // namespace beluga

@@ -1,0 +1,34 @@
+// Sampler: turns one row of logits into the next token for one sequence, applying SamplingParams in
+// the documented order (request.h), and computes logprobs from the model's raw distribution.
+#pragma once
+
+#include <unordered_map>
+#include <vector>
+
+#include "engine/request.h"
+
+namespace beluga {
+
+struct SampleContext {
+  const SamplingParams* params;
+  const std::vector<int>* prompt;
+  const std::unordered_map<int, int>* output_counts;  // token -> times generated so far
+  int num_output;                                     // tokens generated so far
+  const std::vector<int>* stop_ids;                   // EOS + stop_token_ids (masked before min_tokens)
+  uint64_t seed;                                      // per request
+  int seq_index;
+};
+
+struct SampleResult {
+  int token;
+  TokenLogprob logprob;  // filled when params->logprobs >= 0
+};
+
+// `logits` is modified in place (used as scratch); `scratch` holds vocab-sized work space.
+SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vector<float>& scratch,
+                    std::vector<int>& index_scratch);
+
+// A uniform double in [0, 1) from (seed, sequence, step), independent of batch composition.
+double sample_uniform(uint64_t seed, int seq_index, int step);
+
+}  // namespace beluga

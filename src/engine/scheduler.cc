@@ -1,0 +1,101 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "model/batch.h"
+#include "util/error.h"
+
+namespace beluga {
+
+Scheduler::Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens)
+    : bm_(blocks), max_seqs_(max_num_seqs), max_tokens_(max_num_batched_tokens) {
+  BELUGA_CHECK(max_seqs_ > 0 && max_tokens_ > 0, "max_num_seqs and max_num_batched_tokens must be positive");
+}
+
+void Scheduler::add(Seq* s) { waiting_.push_back(s); }
+
+void Scheduler::remove(Seq* s) {
+  bm_.release(s->blocks);
+  s->hashes.clear();
+  running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s), waiting_.end());
+}
+
+void Scheduler::preempt(Seq* s) {
+  bm_.release(s->blocks);
+  s->hashes.clear();
+  s->num_computed = 0;
+  running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
+  waiting_.push_front(s);
+  ++preemptions_;
+}
+
+std::vector<Chunk> Scheduler::schedule(Seq** stuck) {
+  *stuck = nullptr;
+  std::vector<Chunk> chunks;
+  int budget = max_tokens_;
+  bool preempted = false;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Seq* s = running_[i];
+    const int n = std::min(int(s->tokens.size()) - s->num_computed, budget);
+    if (n <= 0) continue;
+    bool fits = bm_.grow(s->blocks, s->num_computed + n);
+    while (!fits && running_.back() != s) {  // the youngest makes room; it has not been scheduled yet
+      preempt(running_.back());
+      preempted = true;
+      fits = bm_.grow(s->blocks, s->num_computed + n);
+    }
+    if (!fits) {
+      preempt(s);
+      preempted = true;
+      break;
+    }
+    chunks.push_back({s, s->num_computed, n, s->num_computed + n == int(s->tokens.size())});
+    budget -= n;
+  }
+  // New work only when nothing had to give way this step.
+  while (!preempted && !waiting_.empty() && budget > 0 && int(running_.size()) < max_seqs_) {
+    Seq* s = waiting_.front();
+    if (s->num_computed == 0 && s->blocks.empty()) {
+      // Share the longest cached prefix, but compute at least the last token (its logits are needed).
+      const auto hashes = block_hashes(s->tokens, *s->salt, (s->tokens.size() - 1) / kKvBlockSize);
+      s->blocks = bm_.acquire_prefix(hashes);
+      s->num_computed = int(s->blocks.size()) * kKvBlockSize;
+      s->hashes.assign(hashes.begin(), hashes.begin() + int64_t(s->blocks.size()));
+      if (!s->admitted_once) {
+        s->num_cached = s->num_computed;
+        cache_queries_ += s->num_prompt;
+        cache_hits_ += s->num_cached;
+      }
+    }
+    const int n = std::min(int(s->tokens.size()) - s->num_computed, budget);
+    if (!bm_.grow(s->blocks, s->num_computed + n)) {
+      if (running_.empty() && chunks.empty()) *stuck = s;  // nothing will ever free more blocks
+      bm_.release(s->blocks);
+      s->hashes.clear();
+      s->num_computed = 0;
+      break;
+    }
+    s->admitted_once = true;
+    waiting_.pop_front();
+    running_.push_back(s);
+    chunks.push_back({s, s->num_computed, n, s->num_computed + n == int(s->tokens.size())});
+    budget -= n;
+  }
+  return chunks;
+}
+
+void Scheduler::commit(const std::vector<Chunk>& chunks) {
+  for (const Chunk& c : chunks) {
+    Seq* s = c.seq;
+    s->num_computed = c.start + c.len;
+    const int full = s->num_computed / kKvBlockSize;
+    for (int b = int(s->hashes.size()); b < full; ++b) {
+      const BlockHash prev = b == 0 ? BlockHash{} : s->hashes.back();
+      s->hashes.push_back(chain_hash(prev, s->tokens.data() + int64_t(b) * kKvBlockSize, *s->salt));
+      bm_.publish(s->blocks[size_t(b)], s->hashes.back());
+    }
+  }
+}
+
+}  // namespace beluga

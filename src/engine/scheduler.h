@@ -1,0 +1,67 @@
+// Scheduler: decides each step's work under a token budget and a sequence cap. Running sequences
+// go first (oldest first: decodes and unfinished prefill chunks), then waiting ones in arrival order,
+// each reusing its longest cached prefix. When blocks run out the youngest running sequence is
+// preempted: its blocks are released and it is recomputed later from its tokens so far.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/request.h"
+
+namespace beluga {
+
+struct Seq {
+  int64_t order = 0;  // admission order; larger is younger
+  int request = 0;    // the engine's request slot
+  int index = 0;      // 0..n-1 within the request
+  const std::string* salt = nullptr;
+  std::vector<int> tokens;  // prompt, then generated tokens
+  int num_prompt = 0;
+  int num_computed = 0;  // tokens whose KV is in the cache
+  int num_cached = 0;    // prompt tokens found in the prefix cache at first admission
+  bool admitted_once = false;
+  std::vector<int> blocks;
+  std::vector<BlockHash> hashes;  // keys of the leading full blocks already published
+  std::unordered_map<int, int> output_counts;
+  FinishReason finish = FinishReason::kNone;
+  int num_output() const { return int(tokens.size()) - num_prompt; }
+};
+
+struct Chunk {
+  Seq* seq;
+  int start, len;
+  bool sample;  // the chunk ends at the sequence's last token: its logits give the next token
+};
+
+class Scheduler {
+ public:
+  Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens);
+
+  void add(Seq* s);     // to the back of the waiting queue
+  void remove(Seq* s);  // finished or aborted: releases its blocks
+  // This step's chunks; `stuck` is set when a waiting sequence can never fit in the whole cache.
+  std::vector<Chunk> schedule(Seq** stuck);
+  // After the forward pass: advances num_computed and publishes newly full blocks to the prefix index.
+  void commit(const std::vector<Chunk>& chunks);
+
+  int num_running() const { return int(running_.size()); }
+  int num_waiting() const { return int(waiting_.size()); }
+  int64_t preemptions() const { return preemptions_; }
+  int64_t cache_queries() const { return cache_queries_; }
+  int64_t cache_hits() const { return cache_hits_; }
+
+ private:
+  void preempt(Seq* s);
+
+  BlockManager& bm_;
+  int max_seqs_, max_tokens_;
+  std::vector<Seq*> running_;  // admission order
+  std::deque<Seq*> waiting_;
+  int64_t preemptions_ = 0, cache_queries_ = 0, cache_hits_ = 0;
+};
+
+}  // namespace beluga

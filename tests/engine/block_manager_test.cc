@@ -1,0 +1,93 @@
+// BlockManager: reference counts, the prefix index with per-tenant salts, LRU reuse of freed blocks.
+#include <gtest/gtest.h>
+
+#include "engine/block_manager.h"
+#include "model/batch.h"
+
+namespace beluga {
+namespace {
+
+std::vector<int> tokens(int n, int seed) {
+  std::vector<int> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 7 + seed) % 1000;
+  return t;
+}
+
+TEST(BlockHashes, ChainNamesTheWholePrefixAndSalt) {
+  auto a = tokens(3 * kKvBlockSize + 5, 1);
+  auto h = block_hashes(a, "", 10);
+  ASSERT_EQ(h.size(), 3u);  // only full blocks
+  auto b = a;
+  b[0] += 1;  // a change in block 0 changes every later key
+  auto hb = block_hashes(b, "", 10);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(h[i] == hb[i]);
+  auto hs = block_hashes(a, "tenant-2", 10);
+  EXPECT_FALSE(h[0] == hs[0]);
+  EXPECT_EQ(block_hashes(a, "", 2).size(), 2u);
+  EXPECT_TRUE(block_hashes(a, "", 10)[2] == h[2]);  // deterministic
+}
+
+TEST(BlockManager, SharesCachedPrefixesAndCountsReferences) {
+  BlockManager bm(8, true);
+  auto t = tokens(2 * kKvBlockSize, 3);
+  auto h = block_hashes(t, "", 2);
+  std::vector<int> a;
+  ASSERT_TRUE(bm.grow(a, 2 * kKvBlockSize));
+  EXPECT_EQ(bm.num_used(), 2);
+  bm.publish(a[0], h[0]);
+  bm.publish(a[1], h[1]);
+  std::vector<int> b = bm.acquire_prefix(h);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(bm.num_used(), 2);  // shared, not copied
+  bm.release(a);
+  EXPECT_EQ(bm.num_used(), 2);  // b still holds them
+  bm.release(b);
+  EXPECT_EQ(bm.num_used(), 0);
+  // Freed but still cached: a later request finds them again.
+  std::vector<int> c = bm.acquire_prefix(h);
+  EXPECT_EQ(c.size(), 2u);
+  bm.release(c);
+}
+
+TEST(BlockManager, ReusesUncachedBlocksFirstThenLeastRecentlyUsed) {
+  BlockManager bm(3, true);
+  auto t = tokens(kKvBlockSize, 5);
+  auto h = block_hashes(t, "", 1);
+  std::vector<int> a;
+  ASSERT_TRUE(bm.grow(a, kKvBlockSize));
+  bm.publish(a[0], h[0]);
+  bm.release(a);
+  // Two plain blocks are taken before the cached one is evicted.
+  std::vector<int> b;
+  ASSERT_TRUE(bm.grow(b, 2 * kKvBlockSize));
+  EXPECT_EQ(bm.acquire_prefix(h).size(), 1u);
+  bm.release(b);
+  std::vector<int> c;
+  ASSERT_FALSE(bm.grow(c, 4 * kKvBlockSize));  // 3 blocks total
+  EXPECT_TRUE(c.empty());
+}
+
+TEST(BlockManager, EvictedBlocksLeaveTheIndex) {
+  BlockManager bm(1, true);
+  auto h = block_hashes(tokens(kKvBlockSize, 9), "", 1);
+  std::vector<int> a;
+  ASSERT_TRUE(bm.grow(a, 10));
+  bm.publish(a[0], h[0]);
+  bm.release(a);
+  std::vector<int> b;
+  ASSERT_TRUE(bm.grow(b, 10));  // the only block: evicts the cached prefix
+  bm.release(b);
+  EXPECT_TRUE(bm.acquire_prefix(h).empty());
+}
+
+TEST(BlockManager, NoSharingWhenCachingIsOff) {
+  BlockManager bm(4, false);
+  auto h = block_hashes(tokens(kKvBlockSize, 2), "", 1);
+  std::vector<int> a;
+  ASSERT_TRUE(bm.grow(a, kKvBlockSize));
+  bm.publish(a[0], h[0]);
+  EXPECT_TRUE(bm.acquire_prefix(h).empty());
+}
+
+}  // namespace
+}  // namespace beluga
