@@ -239,13 +239,12 @@ void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, i
     k_->gemm(a, 0, N);
     return;
   }
-  const int per = ((N + nt - 1) / nt + 3) & ~3;
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
-    const int n0 = std::min(N, t * per), n1 = std::min(N, n0 + per);
-    if (n0 < n1) k_->gemm(a, n0, n1);
-  }
+  // Column blocks handed out dynamically: a thread the OS delays (other processes, the server's own
+  // threads) leaves its share to the others instead of stalling the step.
+  const int chunk = std::max(16, ((N + 4 * nt - 1) / (4 * nt) + 3) & ~3);
+  const int chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int c = 0; c < chunks; ++c) k_->gemm(a, c * chunk, std::min(N, (c + 1) * chunk));
 }
 
 void CpuOps::linear(Tensor out, const Tensor& x, const Weight& w) {
