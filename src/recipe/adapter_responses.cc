@@ -1,0 +1,197 @@
+// OpenAI Responses request -> ParsedRequest: `instructions`, `input` (a string or items: messages,
+// function_call, function_call_output, reasoning), function tools (web_search is dropped, as
+// deepseek-recipe does), `reasoning.effort` (none disables thinking), `text.format`.
+#include "recipe/json_fields.h"
+#include "recipe/py_json.h"
+#include "recipe/request.h"
+
+namespace beluga::recipe {
+
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+std::vector<ContentPart> input_content(const Fields& f, const Json& c, const std::string& path) {
+  std::vector<ContentPart> parts;
+  if (c.is_string()) {
+    parts.push_back({ContentPart::Kind::kText, c.get<std::string>(), ""});
+    return parts;
+  }
+  f.array(c, path);
+  for (size_t i = 0; i < c.size(); ++i) {
+    const std::string p = path_index(path, i);
+    const Json& part = f.object(c[i], p);
+    std::string type = f.string(f.required(part, "type", p), path_join(p, "type"));
+    if (type == "input_text" || type == "output_text" || type == "text") {
+      parts.push_back(
+          {ContentPart::Kind::kText, f.string(f.required(part, "text", p), path_join(p, "text")), ""});
+    } else if (type == "input_image") {
+      parts.push_back({ContentPart::Kind::kImage, "",
+                       f.string(f.required(part, "image_url", p), path_join(p, "image_url"))});
+    } else {
+      f.fail(path_join(p, "type"), "unsupported content type '" + type + "'");
+    }
+  }
+  return parts;
+}
+
+// The assistant message that function calls and reasoning attach to (a new one when needed).
+Message& open_assistant(Conversation& conv) {
+  if (conv.messages.empty() || conv.messages.back().role != Role::kAssistant) {
+    conv.messages.push_back(Message{Role::kAssistant, {}, {}, {}, {}, {}, false});
+  }
+  return conv.messages.back();
+}
+
+}  // namespace
+
+ParsedRequest parse_responses_request(const Json& body, const ParseOptions& opt) {
+  const Fields f(Api::kResponses);
+  if (!body.is_object()) f.fail("", "the request body must be a JSON object");
+  ParsedRequest r;
+  r.api = Api::kResponses;
+  Conversation& conv = r.conversation;
+  conv.thinking = opt.default_thinking;
+  if (Fields::has(body, "model")) r.model = f.string(body["model"], "model");
+  if (Fields::has(body, "previous_response_id"))
+    f.fail("previous_response_id", "stored responses are not supported; send the full input");
+  if (Fields::has(body, "instructions")) {
+    conv.messages.push_back(
+        Message{Role::kSystem,
+                {{ContentPart::Kind::kText, f.string(body["instructions"], "instructions"), ""}},
+                {},
+                {},
+                {},
+                {},
+                false});
+  }
+  const Json& input = f.required(body, "input", "");
+  if (input.is_string()) {
+    conv.messages.push_back(Message{
+        Role::kUser, {{ContentPart::Kind::kText, input.get<std::string>(), ""}}, {}, {}, {}, {}, false});
+  } else {
+    f.array(input, "input");
+    if (input.empty()) f.fail("input", "must not be empty");
+    for (size_t i = 0; i < input.size(); ++i) {
+      const std::string p = path_index("input", i);
+      const Json& item = f.object(input[i], p);
+      std::string type = Fields::has(item, "type") ? f.string(item["type"], path_join(p, "type")) : "message";
+      if (type == "message") {
+        std::string role = f.string(f.required(item, "role", p), path_join(p, "role"));
+        Message m;
+        if (role == "system" || role == "developer")
+          m.role = Role::kSystem;
+        else if (role == "user")
+          m.role = Role::kUser;
+        else if (role == "assistant")
+          m.role = Role::kAssistant;
+        else
+          f.fail(path_join(p, "role"), "unknown role '" + role + "'");
+        m.content = input_content(f, f.required(item, "content", p), path_join(p, "content"));
+        if (m.role == Role::kAssistant) {
+          Message& a = open_assistant(conv);  // joins a preceding reasoning item
+          a.content.insert(a.content.end(), m.content.begin(), m.content.end());
+        } else {
+          conv.messages.push_back(std::move(m));
+        }
+      } else if (type == "function_call") {
+        ToolCall tc;
+        tc.id = f.string(f.required(item, "call_id", p), path_join(p, "call_id"));
+        tc.name = f.string(f.required(item, "name", p), path_join(p, "name"));
+        tc.arguments = f.string(f.required(item, "arguments", p), path_join(p, "arguments"));
+        open_assistant(conv).tool_calls.push_back(std::move(tc));
+      } else if (type == "function_call_output") {
+        Message m;
+        m.role = Role::kTool;
+        m.tool_call_id = f.string(f.required(item, "call_id", p), path_join(p, "call_id"));
+        const Json& out = f.required(item, "output", p);
+        m.content = input_content(f, out, path_join(p, "output"));
+        conv.messages.push_back(std::move(m));
+      } else if (type == "reasoning") {
+        std::string text;
+        for (const char* key : {"content", "summary"}) {
+          if (!Fields::has(item, key)) continue;
+          const Json& parts = f.array(item[key], path_join(p, key));
+          for (size_t k = 0; k < parts.size(); ++k) {
+            const Json& part = f.object(parts[k], path_index(path_join(p, key), k));
+            if (Fields::has(part, "text"))
+              text += f.string(part["text"], path_index(path_join(p, key), k) + ".text");
+          }
+          if (!text.empty()) break;  // full reasoning text preferred over its summary
+        }
+        open_assistant(conv).reasoning += text;
+      } else {
+        f.fail(path_join(p, "type"), "unsupported input item type '" + type + "'");
+      }
+    }
+  }
+  if (Fields::has(body, "tools")) {
+    const Json& tools = f.array(body["tools"], "tools");
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const std::string p = path_index("tools", i);
+      const Json& t = f.object(tools[i], p);
+      std::string type = f.string(f.required(t, "type", p), path_join(p, "type"));
+      if (type == "web_search" || type == "web_search_preview") continue;  // server tool: ignored
+      if (type != "function") f.fail(path_join(p, "type"), "unsupported tool type '" + type + "'");
+      Tool tool;
+      tool.name = f.string(f.required(t, "name", p), path_join(p, "name"));
+      if (Fields::has(t, "description"))
+        tool.description = f.string(t["description"], path_join(p, "description"));
+      if (Fields::has(t, "parameters"))
+        tool.parameters = f.schema(t["parameters"], path_join(p, "parameters"));
+      conv.tools.push_back(std::move(tool));
+    }
+  }
+  if (Fields::has(body, "tool_choice")) {
+    const Json& tc = body["tool_choice"];
+    if (tc.is_string()) {
+      std::string s = tc.get<std::string>();
+      if (s == "none")
+        conv.tool_choice.mode = ToolChoice::Mode::kNone;
+      else if (s == "auto")
+        conv.tool_choice.mode = ToolChoice::Mode::kAuto;
+      else if (s == "required")
+        conv.tool_choice.mode = ToolChoice::Mode::kRequired;
+      else
+        f.fail("tool_choice", "must be 'none', 'auto', 'required' or a function");
+    } else {
+      f.object(tc, "tool_choice");
+      conv.tool_choice.mode = ToolChoice::Mode::kFunction;
+      conv.tool_choice.function = f.string(f.required(tc, "name", "tool_choice"), "tool_choice.name");
+      bool found = false;
+      for (const auto& t : conv.tools) found = found || t.name == conv.tool_choice.function;
+      if (!found) f.fail("tool_choice", "function '" + conv.tool_choice.function + "' is not in 'tools'");
+    }
+  }
+  if (Fields::has(body, "reasoning")) {
+    const Json& rs = f.object(body["reasoning"], "reasoning");
+    if (Fields::has(rs, "effort")) {
+      if (rs["effort"] == "none") {
+        conv.thinking = false;
+      } else {
+        conv.effort = f.effort(rs["effort"], "reasoning.effort");
+        conv.thinking = true;
+      }
+    }
+  }
+  if (Fields::has(body, "text")) {
+    const Json& text = f.object(body["text"], "text");
+    if (Fields::has(text, "format")) {
+      const Json& fmt = f.object(text["format"], "text.format");
+      std::string type = f.string(f.required(fmt, "type", "text.format"), "text.format.type");
+      if (type == "json_object")
+        conv.json_mode = true;
+      else if (type != "text")
+        f.fail("text.format.type", "'" + type + "' is not supported (use 'text' or 'json_object')");
+    }
+  }
+  if (Fields::has(body, "max_output_tokens"))
+    r.max_tokens = f.integer(body["max_output_tokens"], "max_output_tokens", 1, INT64_MAX);
+  if (Fields::has(body, "temperature"))
+    r.sampling.temperature = f.number(body["temperature"], "temperature", 0, 2);
+  if (Fields::has(body, "top_p")) r.sampling.top_p = f.number(body["top_p"], "top_p", 0, 1);
+  if (Fields::has(body, "stream")) r.stream = f.boolean(body["stream"], "stream");
+  return r;
+}
+
+}  // namespace beluga::recipe

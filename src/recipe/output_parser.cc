@@ -1,0 +1,446 @@
+#include "recipe/output_parser.h"
+
+#include "recipe/deepseek_tokens.h"
+#include "recipe/py_json.h"
+
+namespace beluga::recipe {
+
+namespace {
+
+enum Action {
+  kThinkEnd,
+  kCallsBegin,
+  kStrayThinkEnd,
+  kJsonFence,
+  kJsonBrace,
+  kJsonEnd,
+  kCallBegin,
+  kCallsEnd,
+  kToolSep,
+  kNameEnd,
+  kArgsOpen,
+  kArgsCloseFence,
+  kCallEnd,
+  kDsmlInvoke,
+  kDsmlParam,
+  kDsmlCallEnd,
+  kDsmlParamNameEnd,
+  kDsmlString,
+  kDsmlRaw,
+  kDsmlValueEnd,
+  kStop0 = 100,  // kStop0 + i: stop sequence i
+};
+
+const std::string kDsmlOpen = std::string("<") + ds::kDsml;
+const std::string kDsmlClose = std::string("</") + ds::kDsml;
+
+// Length of an incomplete UTF-8 sequence at the end of `s` (0 if it ends on a character boundary).
+size_t incomplete_utf8_tail(std::string_view s) {
+  size_t n = s.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    unsigned char c = s[n - back];
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
+    size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+// Replaces bytes that are not valid UTF-8 with U+FFFD, so every delta is valid JSON string text.
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = s[i];
+    size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = need > 0 && i + need <= s.size();
+    for (size_t k = 1; ok && k < need; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok) {
+      out.append(s.substr(i, need));
+      i += need;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kToolCalls:
+      return "tool_calls";
+  }
+  return "stop";
+}
+
+ParserOptions parser_options(ChatFormat format, const Conversation& conv,
+                             const std::vector<std::string>& stop) {
+  ParserOptions o;
+  o.stop = stop;
+  o.json_mode = conv.json_mode;
+  const bool tools = conv.tools_enabled();
+  switch (format) {
+    case ChatFormat::kDeepSeekV3:
+      o.tools = tools ? ToolSyntax::kV3 : ToolSyntax::kNone;
+      break;
+    case ChatFormat::kDeepSeekR1:
+      o.tools = tools ? ToolSyntax::kV3 : ToolSyntax::kNone;
+      o.start_in_reasoning = true;
+      break;
+    case ChatFormat::kDeepSeekV31:
+      o.tools = tools ? ToolSyntax::kV31 : ToolSyntax::kNone;
+      o.start_in_reasoning = conv.thinking;
+      break;
+    case ChatFormat::kDeepSeekV4:
+    case ChatFormat::kDeepSeekV41:
+      o.tools = tools ? ToolSyntax::kDsml : ToolSyntax::kNone;
+      o.start_in_reasoning = conv.thinking;
+      o.start_in_tool_calls = tools && conv.tool_choice.mode == ToolChoice::Mode::kRequired;
+      break;
+    case ChatFormat::kTemplate:
+      break;  // model-specific markup is not parsed: all content
+  }
+  // A continued assistant message resumes where it stopped (mid-reasoning when it has no answer yet).
+  if (!conv.messages.empty() && conv.messages.back().prefix) {
+    const Message& m = conv.messages.back();
+    o.start_in_reasoning = o.start_in_reasoning && !m.reasoning.empty() && m.text().empty();
+    o.start_in_tool_calls = false;
+  }
+  return o;
+}
+
+OutputParser::OutputParser(ParserOptions options) : opt_(std::move(options)) {
+  std::erase_if(opt_.stop, [](const std::string& s) { return s.empty(); });
+  state_ = opt_.start_in_tool_calls  ? State::kToolCalls
+           : opt_.start_in_reasoning ? State::kReasoning
+                                     : State::kContent;
+}
+
+std::vector<OutputParser::Branch> OutputParser::branches() const {
+  std::vector<Branch> b;
+  const ToolSyntax ts = opt_.tools;
+  const std::string calls_open = ts == ToolSyntax::kDsml ? kDsmlOpen : std::string(ds::kCallsBegin);
+  switch (state_) {
+    case State::kReasoning:
+      if (ts != ToolSyntax::kNone) b.push_back({calls_open, true, kCallsBegin});
+      b.push_back({ds::kThinkEnd, true, kThinkEnd});
+      break;
+    case State::kContent:
+      if (opt_.json_mode) {
+        b.push_back({"```json\n", false, kJsonFence});
+        b.push_back({"```\n", false, kJsonFence});
+        b.push_back({"{", false, kJsonBrace});
+        b.push_back({"[", false, kJsonBrace});
+      } else {
+        for (size_t i = 0; i < opt_.stop.size(); ++i) b.push_back({opt_.stop[i], false, kStop0 + int(i)});
+      }
+      if (ts != ToolSyntax::kNone) b.push_back({calls_open, true, kCallsBegin});
+      b.push_back({ds::kThinkEnd, false, kStrayThinkEnd});
+      break;
+    case State::kJson:
+      for (size_t i = 0; i < opt_.stop.size(); ++i) b.push_back({opt_.stop[i], false, kStop0 + int(i)});
+      b.push_back({"\n```", false, kJsonEnd});
+      break;
+    case State::kMatchedJson:
+      if (ts != ToolSyntax::kNone) b.push_back({calls_open, true, kCallsBegin});
+      break;
+    case State::kToolCalls:
+      if (ts == ToolSyntax::kDsml) {
+        b.push_back({"invoke name=\"", false, kDsmlInvoke});
+        b.push_back({kDsmlClose + "tool_calls>", false, kCallsEnd});
+        b.push_back({kDsmlClose + " calls>", false, kCallsEnd});
+      } else {
+        b.push_back({ds::kCallBegin, false, kCallBegin});
+        b.push_back({ds::kCallsEnd, false, kCallsEnd});
+      }
+      break;
+    case State::kToolType:
+      b.push_back({ds::kToolSep, false, kToolSep});
+      break;
+    case State::kToolName:
+      b.push_back({ts == ToolSyntax::kDsml ? "\""
+                   : ts == ToolSyntax::kV3 ? "\n"
+                                           : ds::kToolSep,
+                   false, kNameEnd});
+      break;
+    case State::kArgsOpen:
+      b.push_back({"```json\n", false, kArgsOpen});
+      b.push_back({"```\n", false, kArgsOpen});
+      b.push_back({ds::kCallEnd, false, kCallEnd});
+      break;
+    case State::kArgs:
+      if (ts == ToolSyntax::kV3) b.push_back({"\n```", false, kArgsCloseFence});
+      b.push_back({ds::kCallEnd, false, kCallEnd});
+      break;
+    case State::kArgsClosed:
+      b.push_back({ds::kCallEnd, false, kCallEnd});
+      break;
+    case State::kDsmlArgs:
+      b.push_back({"parameter name=\"", false, kDsmlParam});
+      b.push_back({kDsmlClose, false, kDsmlCallEnd});
+      break;
+    case State::kDsmlParamName:
+      b.push_back({"\"", false, kDsmlParamNameEnd});
+      break;
+    case State::kDsmlParamType:
+      b.push_back({"true\">", false, kDsmlString});
+      b.push_back({"false\">", false, kDsmlRaw});
+      break;
+    case State::kDsmlParamValue:
+      b.push_back({kDsmlClose, false, kDsmlValueEnd});
+      break;
+    case State::kFinished:
+      break;
+  }
+  return b;
+}
+
+void OutputParser::delta(ParserEvent::Kind kind, std::string text, std::vector<ParserEvent>& events) {
+  if (text.empty()) return;
+  int index = kind == ParserEvent::Kind::kToolCallArgs ? calls_ - 1 : -1;
+  if (kind == ParserEvent::Kind::kToolCallArgs) args_emitted_ = true;
+  events.push_back({kind, std::move(text), index});
+}
+
+void OutputParser::begin_call(std::vector<ParserEvent>& events) {
+  events.push_back({ParserEvent::Kind::kToolCallBegin, valid_utf8(name_), calls_});
+  ++calls_;
+  name_.clear();
+  in_call_ = true;
+  args_emitted_ = false;
+  first_param_ = true;
+}
+
+void OutputParser::end_call(std::vector<ParserEvent>& events) {
+  if (!in_call_) return;
+  if (!args_emitted_) delta(ParserEvent::Kind::kToolCallArgs, "{}", events);
+  events.push_back({ParserEvent::Kind::kToolCallEnd, "", calls_ - 1});
+  in_call_ = false;
+  ++completed_calls_;
+}
+
+// Bytes no branch matched, in the current state.
+void OutputParser::emit(std::string_view bytes, std::vector<ParserEvent>& events) {
+  if (bytes.empty()) return;
+  using K = ParserEvent::Kind;
+  switch (state_) {
+    case State::kReasoning:
+    case State::kContent: {
+      if (lead_) {
+        size_t k = 0;
+        while (k < bytes.size() && bytes[k] == '\n') ++k;
+        bytes.remove_prefix(k);
+        if (bytes.empty()) return;
+        lead_ = false;
+      }
+      if (state_ == State::kContent && opt_.json_mode) {
+        std::string spaces;  // one space per character outside the JSON value
+        for (unsigned char c : bytes)
+          if ((c & 0xC0) != 0x80) spaces += ' ';
+        delta(K::kContent, spaces, events);
+      } else {
+        delta(state_ == State::kReasoning ? K::kReasoning : K::kContent, valid_utf8(bytes), events);
+      }
+      break;
+    }
+    case State::kJson:
+      delta(K::kContent, valid_utf8(bytes), events);
+      break;
+    case State::kMatchedJson: {
+      std::string spaces;
+      for (unsigned char c : bytes)
+        if ((c & 0xC0) != 0x80) spaces += ' ';
+      delta(K::kContent, spaces, events);
+      break;
+    }
+    case State::kToolName:
+      name_ += bytes;
+      break;
+    case State::kArgs:
+      delta(K::kToolCallArgs, valid_utf8(bytes), events);
+      break;
+    case State::kDsmlParamName: {
+      std::string key;
+      json_escape_append(key, valid_utf8(bytes));
+      delta(K::kToolCallArgs, key, events);
+      break;
+    }
+    case State::kDsmlParamValue: {
+      if (string_value_) {
+        std::string v;
+        json_escape_append(v, valid_utf8(bytes));
+        delta(K::kToolCallArgs, v, events);
+      } else {
+        delta(K::kToolCallArgs, valid_utf8(bytes), events);
+      }
+      break;
+    }
+    default:
+      break;  // markup between tool-call parts, and anything after the end: dropped
+  }
+}
+
+void OutputParser::on_match(int action, std::vector<ParserEvent>& events) {
+  using K = ParserEvent::Kind;
+  if (action >= kStop0) {
+    matched_stop_ = opt_.stop[action - kStop0];
+    state_ = State::kFinished;
+    return;
+  }
+  switch (action) {
+    case kThinkEnd:
+      state_ = State::kContent;
+      lead_ = true;
+      break;
+    case kCallsBegin:
+      state_ = State::kToolCalls;
+      break;
+    case kStrayThinkEnd:
+      break;
+    case kJsonFence:
+      state_ = State::kJson;
+      break;
+    case kJsonBrace:
+      state_ = State::kJson;
+      break;  // the brace itself is emitted by process()
+    case kJsonEnd:
+      state_ = State::kMatchedJson;
+      break;
+    case kCallBegin:
+      state_ = opt_.tools == ToolSyntax::kV3 ? State::kToolType : State::kToolName;
+      break;
+    case kCallsEnd:
+      end_call(events);
+      state_ = State::kFinished;
+      break;
+    case kToolSep:
+      state_ = State::kToolName;
+      break;
+    case kNameEnd:
+      begin_call(events);
+      state_ = opt_.tools == ToolSyntax::kV3    ? State::kArgsOpen
+               : opt_.tools == ToolSyntax::kV31 ? State::kArgs
+                                                : State::kDsmlArgs;
+      break;
+    case kArgsOpen:
+      state_ = State::kArgs;
+      break;
+    case kArgsCloseFence:
+      state_ = State::kArgsClosed;
+      break;
+    case kCallEnd:
+      end_call(events);
+      state_ = State::kToolCalls;
+      break;
+    case kDsmlInvoke:
+      state_ = State::kToolName;
+      break;
+    case kDsmlParam:
+      delta(K::kToolCallArgs, first_param_ ? "{\"" : ", \"", events);
+      first_param_ = false;
+      state_ = State::kDsmlParamName;
+      break;
+    case kDsmlCallEnd:
+      if (!first_param_) delta(K::kToolCallArgs, "}", events);
+      end_call(events);
+      state_ = State::kToolCalls;
+      break;
+    case kDsmlParamNameEnd:
+      delta(K::kToolCallArgs, "\": ", events);
+      state_ = State::kDsmlParamType;
+      break;
+    case kDsmlString:
+      delta(K::kToolCallArgs, "\"", events);
+      string_value_ = true;
+      state_ = State::kDsmlParamValue;
+      break;
+    case kDsmlRaw:
+      string_value_ = false;
+      state_ = State::kDsmlParamValue;
+      break;
+    case kDsmlValueEnd:
+      if (string_value_) delta(K::kToolCallArgs, "\"", events);
+      state_ = State::kDsmlArgs;
+      break;
+  }
+}
+
+void OutputParser::process(bool final, std::vector<ParserEvent>& events) {
+  while (!buf_.empty()) {
+    if (state_ == State::kFinished) {
+      buf_.clear();
+      return;
+    }
+    const std::vector<Branch> bs = branches();
+    // The match that completes first wins; ties go to the earlier branch.
+    size_t best_end = std::string::npos, best_start = 0;
+    int best_action = -1;
+    std::string_view best_pattern;
+    for (const Branch& b : bs) {
+      size_t p = buf_.find(b.pattern);
+      if (p == std::string::npos) continue;
+      size_t end = p + b.pattern.size();
+      if (end < best_end) {
+        size_t start = p;
+        if (b.newlines_before)
+          while (start > 0 && buf_[start - 1] == '\n') --start;
+        best_end = end;
+        best_start = start;
+        best_action = b.action;
+        best_pattern = b.pattern;
+      }
+    }
+    if (best_action >= 0) {
+      emit(std::string_view(buf_).substr(0, best_start), events);
+      std::string pattern(best_pattern);
+      buf_.erase(0, best_end);
+      on_match(best_action, events);
+      if (best_action == kJsonBrace) delta(ParserEvent::Kind::kContent, pattern, events);
+      continue;
+    }
+    if (final) {
+      emit(buf_, events);
+      buf_.clear();
+      return;
+    }
+    // Hold every byte that may begin a match, and an unfinished UTF-8 character.
+    size_t hold = buf_.size() - incomplete_utf8_tail(buf_);
+    for (const Branch& b : bs) {
+      size_t h = buf_.size();
+      for (size_t k = std::min(b.pattern.size() - 1, buf_.size()); k >= 1; --k) {
+        if (buf_.compare(buf_.size() - k, k, b.pattern, 0, k) == 0) {
+          h = buf_.size() - k;
+          break;
+        }
+      }
+      if (b.newlines_before)  // newlines right before a possible match belong to it
+        while (h > 0 && buf_[h - 1] == '\n') --h;
+      hold = std::min(hold, h);
+    }
+    emit(std::string_view(buf_).substr(0, hold), events);
+    buf_.erase(0, hold);
+    return;
+  }
+}
+
+void OutputParser::feed(std::string_view chunk, std::vector<ParserEvent>& events) {
+  if (state_ == State::kFinished) return;
+  buf_.append(chunk);
+  process(false, events);
+}
+
+FinishReason OutputParser::finish(bool engine_length, std::vector<ParserEvent>& events) {
+  process(true, events);
+  if (!matched_stop_.empty()) return FinishReason::kStop;
+  if (engine_length) return FinishReason::kLength;
+  if (in_call_) end_call(events);  // the model ended inside a call: close it so clients see it
+  return completed_calls_ > 0 ? FinishReason::kToolCalls : FinishReason::kStop;
+}
+
+}  // namespace beluga::recipe

@@ -1,0 +1,20 @@
+// Request body text -> ParsedRequest for any of the three APIs.
+#include "recipe/request.h"
+
+namespace beluga::recipe {
+
+ParsedRequest parse_request(Api api, std::string_view body, const ParseOptions& opt) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw ApiError(api, 400, "the request body is not valid JSON");
+  switch (api) {
+    case Api::kChat:
+      return parse_chat_request(j, opt);
+    case Api::kResponses:
+      return parse_responses_request(j, opt);
+    case Api::kMessages:
+      return parse_messages_request(j, opt);
+  }
+  throw ApiError(api, 400, "unknown API");
+}
+
+}  // namespace beluga::recipe

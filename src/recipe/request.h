@@ -1,0 +1,49 @@
+// Parsed API requests: request JSON of OpenAI Chat Completions, OpenAI Responses or Anthropic
+// Messages -> a Conversation plus generation parameters. Invalid requests throw ApiError with the
+// API's own status and body, naming the offending field.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "recipe/api_error.h"
+#include "recipe/conversation.h"
+
+namespace beluga::recipe {
+
+struct SamplingParams {
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int> top_k;
+  std::optional<double> presence_penalty;
+  std::optional<double> frequency_penalty;
+  std::optional<int64_t> seed;
+};
+
+struct ParsedRequest {
+  Api api = Api::kChat;
+  std::string model;
+  Conversation conversation;
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  std::optional<int64_t> max_tokens;  // unset: the server's default
+  bool stream = false;
+  bool include_usage = false;  // chat stream_options.include_usage
+};
+
+struct ParseOptions {
+  bool default_thinking = false;  // thinking mode when the request does not say
+};
+
+ParsedRequest parse_chat_request(const nlohmann::ordered_json& body, const ParseOptions& opt = {});
+ParsedRequest parse_responses_request(const nlohmann::ordered_json& body, const ParseOptions& opt = {});
+ParsedRequest parse_messages_request(const nlohmann::ordered_json& body, const ParseOptions& opt = {});
+// Parses the body text first (malformed JSON is a 400 in the API's shape).
+ParsedRequest parse_request(Api api, std::string_view body, const ParseOptions& opt = {});
+
+}  // namespace beluga::recipe
