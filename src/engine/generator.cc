@@ -4,18 +4,12 @@
 #include <chrono>
 #include <cmath>
 
+#include "engine/sampler.h"
 #include "util/error.h"
 
 namespace beluga {
 
 namespace {
-
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 std::vector<int> blocks_for(int first_block, int tokens) {
   std::vector<int> b((tokens + kKvBlockSize - 1) / kKvBlockSize);
@@ -28,20 +22,6 @@ double now_s() {
 }
 
 }  // namespace
-
-int pick_token(const float* logits, int vocab, float temperature, uint64_t seed, uint64_t step) {
-  if (temperature <= 0.0f) return int(std::max_element(logits, logits + vocab) - logits);
-  const float mx = *std::max_element(logits, logits + vocab);
-  double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(double(logits[i] - mx) / temperature);
-  const double u = double(mix64(seed ^ mix64(step)) >> 11) * 0x1p-53 * sum;
-  double acc = 0;
-  for (int i = 0; i < vocab; ++i) {
-    acc += std::exp(double(logits[i] - mx) / temperature);
-    if (acc >= u) return i;
-  }
-  return vocab - 1;
-}
 
 std::vector<std::vector<int>> Generator::generate(const std::vector<std::vector<int>>& prompts,
                                                   const GenerateParams& p,
@@ -59,6 +39,17 @@ std::vector<std::vector<int>> Generator::generate(const std::vector<std::vector<
   std::vector<float> logits(size_t(S) * V);
   std::vector<int> next(S);
   if (p.max_tokens == 0) return out;
+  // The server's sampler, so `generate` and `serve` agree for the same seed.
+  SamplingParams sp;
+  sp.temperature = p.temperature;
+  const std::unordered_map<int, int> no_counts;
+  const std::vector<int> no_stops;
+  std::vector<float> scratch;
+  std::vector<int> index_scratch;
+  auto pick = [&](float* row, int s, int step) {
+    SampleContext ctx{&sp, &prompts[s], &no_counts, step, &no_stops, p.seed, s};
+    return sample(row, V, ctx, scratch, index_scratch).token;
+  };
 
   // Prefill every prompt, chunk by chunk, all sequences in the same steps.
   std::vector<int> done(S, 0);
@@ -86,7 +77,7 @@ std::vector<std::vector<int>> Generator::generate(const std::vector<std::vector<
     model_.forward(b, kv, logits.data(), {p.mla_mode});
     if (on_step) on_step({true, int(b.tokens.size()), now_s() - t0});
     for (size_t i = 0; i < last_of.size(); ++i)
-      next[last_of[i]] = pick_token(logits.data() + i * V, V, p.temperature, p.seed + last_of[i], 0);
+      next[last_of[i]] = pick(logits.data() + i * V, last_of[i], 0);
   }
 
   std::vector<bool> finished(S, false);
@@ -113,7 +104,7 @@ std::vector<std::vector<int>> Generator::generate(const std::vector<std::vector<
     model_.forward(b, kv, logits.data(), {p.mla_mode});
     if (on_step) on_step({false, int(b.tokens.size()), now_s() - t0});
     for (size_t i = 0; i < active.size(); ++i) {
-      next[active[i]] = pick_token(logits.data() + i * V, V, p.temperature, p.seed + active[i], uint64_t(step));
+      next[active[i]] = pick(logits.data() + i * V, active[i], step);
       accept(active[i]);
     }
   }

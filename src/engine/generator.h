@@ -42,8 +42,4 @@ class Generator {
   Model& model_;
 };
 
-// Picks a token from one row of logits: argmax when temperature is 0, else a sample from
-// softmax(logits / temperature) drawn with a counter-based generator keyed by (seed, step).
-int pick_token(const float* logits, int vocab, float temperature, uint64_t seed, uint64_t step);
-
 }  // namespace beluga

@@ -4,16 +4,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "util/mix.h"
+
 namespace beluga {
 
 namespace {
-
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // log-softmax of the raw logits, for logprobs.
 void log_softmax(const float* x, int n, std::vector<float>& out) {
@@ -35,7 +30,7 @@ std::vector<double>& prob_scratch(int n) {
 }  // namespace
 
 double sample_uniform(uint64_t seed, int seq_index, int step) {
-  return double(mix64(seed ^ mix64(uint64_t(seq_index) * 0x100000001b3ull + uint64_t(step))) >> 11) * 0x1p-53;
+  return unit_double(seed ^ mix64(uint64_t(seq_index) * 0x100000001b3ull + uint64_t(step)));
 }
 
 SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vector<float>& scratch,

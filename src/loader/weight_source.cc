@@ -5,6 +5,7 @@
 #include <set>
 
 #include "util/error.h"
+#include "util/mix.h"
 #include "util/file.h"
 
 namespace beluga {
@@ -15,14 +16,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
   return r + "]";
-}
-
-// splitmix64: a counter-based generator, so every element is a pure function of (seed, name, index).
-inline uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -110,7 +103,7 @@ Tensor DummyWeights::get(const std::string& name, const std::vector<int64_t>& sh
   const DType dt = (hint == DType::kF32) ? DType::kF32 : DType::kBF16;
   auto buf = std::make_unique<unsigned char[]>(size_t(n) * dtype_size(dt));
   uint64_t h = seed_;
-  for (char c : name) h = mix(h ^ uint64_t(uint8_t(c)));
+  for (char c : name) h = mix64(h ^ uint64_t(uint8_t(c)));
   // Norm weights are 1 and correction biases 0, as after initialisation; matrices are uniform with
   // std 1/sqrt(fan_in) so activations keep their scale through the layers.
   float lo = 0, hi = 0, center = 0;
@@ -128,7 +121,7 @@ Tensor DummyWeights::get(const std::string& name, const std::vector<int64_t>& sh
 #pragma omp parallel for schedule(static) if (n > (1 << 18))
   for (int64_t i = 0; i < n; ++i) {
     float v = center;
-    if (span > 0) v = lo + span * float(mix(h + uint64_t(i)) >> 40) * (1.0f / float(1 << 24));
+    if (span > 0) v = lo + span * float(mix64(h + uint64_t(i)) >> 40) * (1.0f / float(1 << 24));
     if (dt == DType::kF32) reinterpret_cast<float*>(buf.get())[i] = v;
     else reinterpret_cast<uint16_t*>(buf.get())[i] = f32_to_bf16(v);
   }
