@@ -129,5 +129,35 @@ TEST(Kernels, DotAxpyToBf16MatchScalar) {
   }
 }
 
+TEST(Kernels, ExpSumAndSiluMatchLibm) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-30, 30);
+  for (const Kernels* k : tables()) {
+    for (int n : {1, 7, 16, 33, 200}) {
+      std::vector<float> x(n), ref(n), g(n), v(n), out(n);
+      for (int i = 0; i < n; ++i) {
+        x[i] = ref[i] = u(rng);
+        g[i] = u(rng);
+        v[i] = u(rng) / 30;
+      }
+      x[0] = ref[0] = -1e30f;  // a masked score: exp gives 0
+      // Bound: the float argument x*0.5-3 itself carries ~1e-6 relative error for |x| near 30.
+      const float s = k->exp_sum(x.data(), n, 0.5f, 3.0f);
+      double sref = 0;
+      for (int i = 0; i < n; ++i) {
+        const double e = std::exp(double(ref[i]) * 0.5 - 3.0);
+        EXPECT_NEAR(x[i], e, 3e-6 * e + 1e-30) << k->name << " i=" << i << " x=" << ref[i];
+        sref += e;
+      }
+      EXPECT_NEAR(s, sref, 3e-6 * sref) << k->name;
+      k->silu_mul(g.data(), v.data(), out.data(), n);
+      for (int i = 0; i < n; ++i) {
+        const double e = g[i] / (1 + std::exp(-double(g[i]))) * v[i];
+        EXPECT_NEAR(out[i], e, 1e-6 * std::abs(e) + 1e-12) << k->name << " g=" << g[i];
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace beluga::cpu

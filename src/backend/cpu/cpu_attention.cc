@@ -32,12 +32,10 @@ inline const float* cache_row(const Tensor& cache, const AttnMeta& m, int seq, i
 }
 
 // Scales row p[0..n) and turns it into a softmax; entries [n, width) become 0 (causal mask).
-inline void softmax_row(float* p, int n, int width, float scale) {
+inline void softmax_row(const cpu::Kernels& k, float* p, int n, int width, float scale) {
   float mx = -INFINITY;
-  for (int j = 0; j < n; ++j) mx = std::max(mx, p[j] * scale);
-  double sum = 0;
-  for (int j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] * scale - mx));
-  const float inv = float(1.0 / sum);
+  for (int j = 0; j < n; ++j) mx = std::max(mx, p[j]);
+  const float inv = 1.0f / k.exp_sum(p, n, scale, mx * scale);
   for (int j = 0; j < n; ++j) p[j] *= inv;
   for (int j = n; j < width; ++j) p[j] = 0.0f;
 }
@@ -65,7 +63,7 @@ void attend(const cpu::Kernels& k, const float* q, int64_t ldq, int Tq, int Dk, 
     const int rows = std::min(kQueryBlock, Tq - q0);
     const int width = first + q0 + rows;
     k.gemm(f32_gemm(q + q0 * ldq, ldq, rows, Dk, K, Dk, S, width), 0, width);
-    for (int i = 0; i < rows; ++i) softmax_row(S + int64_t(i) * width, first + q0 + i + 1, width, scale);
+    for (int i = 0; i < rows; ++i) softmax_row(k, S + int64_t(i) * width, first + q0 + i + 1, width, scale);
     k.gemm(f32_gemm(S, width, rows, width, Vt, ldv, out + q0 * ldo, ldo), 0, Dv);
   }
 }
@@ -118,7 +116,7 @@ void CpuOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& c
       const int cnt = std::min(m.block_size, n - j0);
       k_->gemm(f32_gemm(qv, q.stride[1], nh, Dk, cache_row(cache, m, s, j0), Dk, S + j0, nk), 0, cnt);
     }
-    for (int h = 0; h < nh; ++h) softmax_row(S + int64_t(h) * nk, n, n, scale);
+    for (int h = 0; h < nh; ++h) softmax_row(*k_, S + int64_t(h) * nk, n, n, scale);
     for (int h = 0; h < nh; ++h)
       std::memset(out.ptr<float>() + t * out.stride[0] + (h0 + h) * out.stride[1], 0, kv_rank * sizeof(float));
     for (int j = 0; j < n; ++j) {

@@ -46,7 +46,7 @@ Tensor CpuOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
   size_t bytes = align_up(size_t(std::max<int64_t>(n, 1)) * dtype_size(dtype));
   if (chunks_.empty() || used_ + bytes > chunk_size_.back()) {
     size_t size = std::max(bytes, chunks_.empty() ? size_t(1) << 20 : chunk_size_.back() * 2);
-    chunks_.push_back(std::make_unique<unsigned char[]>(size + kAlign));
+    chunks_.push_back(std::make_unique_for_overwrite<unsigned char[]>(size + kAlign));  // no zero-fill
     chunk_size_.push_back(size);
     used_ = 0;
   }
@@ -61,7 +61,7 @@ void CpuOps::reset_scratch() {
     for (size_t s : chunk_size_) total += s;
     chunks_.clear();
     chunk_size_.clear();
-    chunks_.push_back(std::make_unique<unsigned char[]>(total + kAlign));
+    chunks_.push_back(std::make_unique_for_overwrite<unsigned char[]>(total + kAlign));
     chunk_size_.push_back(total);
   }
   used_ = 0;
@@ -71,7 +71,7 @@ Tensor CpuOps::alloc_persistent(DType dtype, std::initializer_list<int64_t> shap
   int64_t n = 1;
   for (auto d : shape) n *= d;
   size_t bytes = size_t(std::max<int64_t>(n, 1)) * dtype_size(dtype);
-  auto buf = std::make_unique<unsigned char[]>(bytes + kAlign);
+  auto buf = std::make_unique_for_overwrite<unsigned char[]>(bytes + kAlign);
   unsigned char* p = aligned(buf.get());
   std::memset(p, 0, bytes);
   persistent_.push_back(std::move(buf));
@@ -158,8 +158,7 @@ void CpuOps::silu_mul(Tensor out, const Tensor& gate_up) {
   const int64_t R = out.shape[0], I = out.shape[1];
   for (int64_t r = 0; r < R; ++r) {
     const float* g = row_f32(gate_up, r);
-    float* o = row_f32(out, r);
-    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+    k_->silu_mul(g, g + I, row_f32(out, r), int(I));
   }
 }
 
@@ -410,7 +409,7 @@ void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const T
     for (int r = 0; r < n; ++r) {
       float* gr = g + int64_t(r) * G.stride[0];
       float* hr = Hh.ptr<float>() + int64_t(r0 + r) * Hh.stride[0];
-      for (int c = w.n0; c < w.n1; ++c) hr[c] = gr[c] / (1.0f + std::exp(-gr[c])) * gr[I + c];
+      k_->silu_mul(gr + w.n0, gr + I + w.n0, hr + w.n0, w.n1 - w.n0);
     }
   }
   make_items(true);

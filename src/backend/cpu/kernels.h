@@ -32,6 +32,10 @@ struct Kernels {
   float (*dot)(const float* a, const float* b, int n);
   void (*axpy)(float alpha, const float* x, float* y, int n);  // y += alpha * x
   void (*to_bf16)(const float* x, uint16_t* y, int n);
+  // x[i] = exp(x[i] * scale - shift) for i < n; returns the sum (a softmax's denominator).
+  float (*exp_sum)(float* x, int n, float scale, float shift);
+  // out[i] = silu(g[i]) * u[i]
+  void (*silu_mul)(const float* g, const float* u, float* out, int n);
 };
 
 const Kernels& kernels_scalar();

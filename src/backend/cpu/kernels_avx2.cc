@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "backend/cpu/kernels.h"
 
@@ -120,10 +121,59 @@ void to_bf16(const float* x, uint16_t* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
 }
 
+// e^x as in the AVX-512 table; 2^n is built in the exponent bits (inputs clamped to [-87, 88.7]).
+inline __m256 exp256(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);  // -> exactly 0
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.72f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // n + 127 in the exponent field; n = 128 (x near 88.7) is split into two factors to stay finite.
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+  const __m256 f2 = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(_mm256_mul_ps(p, f1), f2));
+}
+
+float exp_sum(float* x, int n, float scale, float shift) {
+  const __m256 sc = _mm256_set1_ps(scale), sh = _mm256_set1_ps(shift);
+  __m256 sum = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), sc, sh));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float s = hsum(sum);
+  for (; i < n; ++i) s += (x[i] = std::exp(x[i] * scale - shift));
+  return s;
+}
+
+void silu_mul(const float* g, const float* u, float* out, int n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", gemm, dot, axpy, to_bf16};
+  static const Kernels k{"avx2", gemm, dot, axpy, to_bf16, exp_sum, silu_mul};
   return k;
 }
 

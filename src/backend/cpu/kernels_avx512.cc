@@ -212,10 +212,52 @@ void to_bf16(const float* x, uint16_t* y, int n) {
   for (; i < n; ++i) y[i] = f32_to_bf16(x[i]);
 }
 
+// e^x: x = n ln2 + r with |r| <= ln2/2 (two-part ln2), a degree-6 polynomial for e^r (relative error
+// below 2e-7), then 2^n by scalef. Inputs below -110 give 0; above 88.7 clamp to the largest float.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-110.0f)), _mm512_set1_ps(88.72f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 tail_mask(int n, int i) { return n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1); }
+
+float exp_sum(float* x, int n, float scale, float shift) {
+  const __m512 sc = _mm512_set1_ps(scale), sh = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n, i);
+    const __m512 e = exp512(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, x + i), sc, sh));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    sum = _mm512_mask_add_ps(sum, m, sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+void silu_mul(const float* g, const float* u, float* out, int n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n, i);
+    const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+    const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
 }  // namespace
 
 const Kernels& kernels_avx512() {
-  static const Kernels k{"avx512", gemm, dot, axpy, to_bf16};
+  static const Kernels k{"avx512", gemm, dot, axpy, to_bf16, exp_sum, silu_mul};
   return k;
 }
 

@@ -1,4 +1,5 @@
 // Reference kernels in plain C++: the fallback on old CPUs and the oracle for the SIMD tables.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -47,10 +48,20 @@ void to_bf16(const float* x, uint16_t* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
 }
 
+float exp_sum(float* x, int n, float scale, float shift) {
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] * scale - shift));
+  return float(sum);
+}
+
+void silu_mul(const float* g, const float* u, float* out, int n) {
+  for (int i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 }  // namespace
 
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", gemm, dot, axpy, to_bf16};
+  static const Kernels k{"scalar", gemm, dot, axpy, to_bf16, exp_sum, silu_mul};
   return k;
 }
 
