@@ -106,6 +106,21 @@ TEST(Kernels, GemmMatchesScalar) {
     for (const Case& c : cases) run_case(*k, c);
 }
 
+TEST(Kernels, GemmNnMatchesScalar) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (const Kernels* k : tables()) {
+    for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 96, 70}, {4, 64, 64}, {33, 17, 200}, {5, 576, 129}}) {
+      std::vector<float> x(size_t(M) * K), b(size_t(K) * (N + 3)), r1(size_t(M) * N), r2(size_t(M) * N);
+      for (auto& v : x) v = u(rng);
+      for (auto& v : b) v = u(rng);
+      kernels_scalar().gemm_nn(x.data(), K, M, K, b.data(), N + 3, N, r1.data(), N);
+      k->gemm_nn(x.data(), K, M, K, b.data(), N + 3, N, r2.data(), N);
+      for (size_t i = 0; i < r1.size(); ++i) ASSERT_NEAR(r2[i], r1[i], 1e-5f * std::sqrt(float(K))) << k->name << " " << M << "x" << K << "x" << N;
+    }
+  }
+}
+
 TEST(Kernels, DotAxpyToBf16MatchScalar) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1, 1);

@@ -1,6 +1,6 @@
 // CPU attention over the paged cache: MLA (absorbed and expanded) and GQA.
 // Scores and outputs are GEMMs through the kernel table: per (sequence, head) the keys are gathered
-// once into a contiguous K [C, Dk] and V^T [Dv, C], then each block of queries computes
+// once into K^T [Dk, C] and V [C, Dv], then each block of queries computes
 // S = Q K^T, a causal softmax in F32, and O = S V. Absorbed MLA (decode) shares one latent K among
 // all heads, so each cache row is read once per token for every head at once.
 #include <omp.h>
@@ -55,16 +55,16 @@ cpu::GemmArgs f32_gemm(const float* x, int64_t ldx, int M, int K, const float* w
   return a;
 }
 
-// Causal attention of Tq queries (row stride ldq) against K [C, Dk] and V^T [Dv, ldv >= C];
-// query i sees keys [0, first + i + 1). S is scratch for kQueryBlock x C scores.
-void attend(const cpu::Kernels& k, const float* q, int64_t ldq, int Tq, int Dk, const float* K, const float* Vt,
-            int64_t ldv, int Dv, int first, float scale, float* out, int64_t ldo, float* S) {
+// Causal attention of Tq queries (row stride ldq) against K^T [Dk, ldk >= keys] and V [keys, Dv];
+// query i sees keys [0, first + i + 1). S is scratch for kQueryBlock x keys scores.
+void attend(const cpu::Kernels& k, const float* q, int64_t ldq, int Tq, int Dk, const float* Kt, int64_t ldk,
+            const float* V, int Dv, int first, float scale, float* out, int64_t ldo, float* S) {
   for (int q0 = 0; q0 < Tq; q0 += kQueryBlock) {
     const int rows = std::min(kQueryBlock, Tq - q0);
     const int width = first + q0 + rows;
-    k.gemm(f32_gemm(q + q0 * ldq, ldq, rows, Dk, K, Dk, S, width), 0, width);
+    k.gemm_nn(q + q0 * ldq, ldq, rows, Dk, Kt, ldk, width, S, width);
     for (int i = 0; i < rows; ++i) softmax_row(k, S + int64_t(i) * width, first + q0 + i + 1, width, scale);
-    k.gemm(f32_gemm(S, width, rows, width, Vt, ldv, out + q0 * ldo, ldo), 0, Dv);
+    k.gemm_nn(S, width, rows, width, V, Dv, Dv, out + q0 * ldo, ldo);
   }
 }
 
@@ -156,17 +156,18 @@ void CpuOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& k
   for (int64_t task = 0; task < tasks; ++task) {
     const int s = int(task / H), h = int(task % H);
     const int n = seq_keys(m, s), Tq = m.h_query_start[s + 1] - m.h_query_start[s];
-    float* K = work.ptr<float>() + int64_t(omp_get_thread_num()) * per_thread;
-    float* Vt = K + int64_t(nk) * Dqk;
-    float* S = Vt + int64_t(Dv) * nk;
+    float* Kt = work.ptr<float>() + int64_t(omp_get_thread_num()) * per_thread;
+    float* V = Kt + int64_t(nk) * Dqk;
+    float* S = V + int64_t(Dv) * nk;
     for (int j = 0; j < n; ++j) {
       const float* row = kv.ptr<const float>() + (base[s] + j) * kv.stride[0] + h * kv.stride[1];
-      std::memcpy(K + int64_t(j) * Dqk, row, Dn * sizeof(float));
-      std::memcpy(K + int64_t(j) * Dqk + Dn, k_pe.ptr<const float>() + (base[s] + j) * k_pe.stride[0], Dr * sizeof(float));
-      for (int d = 0; d < Dv; ++d) Vt[int64_t(d) * n + j] = row[Dn + d];
+      const float* pe = k_pe.ptr<const float>() + (base[s] + j) * k_pe.stride[0];
+      for (int d = 0; d < Dn; ++d) Kt[int64_t(d) * n + j] = row[d];
+      for (int d = 0; d < Dr; ++d) Kt[int64_t(Dn + d) * n + j] = pe[d];
+      std::memcpy(V + int64_t(j) * Dv, row + Dn, Dv * sizeof(float));
     }
     const int t0 = m.h_query_start[s];
-    attend(*k_, q.ptr<const float>() + t0 * q.stride[0] + h * q.stride[1], q.stride[0], Tq, Dqk, K, Vt, n, Dv,
+    attend(*k_, q.ptr<const float>() + t0 * q.stride[0] + h * q.stride[1], q.stride[0], Tq, Dqk, Kt, n, V, Dv,
            m.h_context_len[s], scale, out.ptr<float>() + t0 * out.stride[0] + h * out.stride[1], out.stride[0], S);
   }
 }
@@ -186,18 +187,18 @@ void CpuOps::gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, con
   for (int64_t task = 0; task < tasks; ++task) {
     const int s = int(task / kv_heads), kvh = int(task % kv_heads);
     const int n = seq_keys(m, s), Tq = m.h_query_start[s + 1] - m.h_query_start[s];
-    float* K = work.ptr<float>() + int64_t(omp_get_thread_num()) * per_thread;
-    float* Vt = K + int64_t(nk) * D;
-    float* S = Vt + int64_t(nk) * D;
+    float* Kt = work.ptr<float>() + int64_t(omp_get_thread_num()) * per_thread;
+    float* V = Kt + int64_t(nk) * D;
+    float* S = V + int64_t(nk) * D;
     for (int j = 0; j < n; ++j) {
       const float* row = cache_row(cache, m, s, j);
-      std::memcpy(K + int64_t(j) * D, row + kvh * D, D * sizeof(float));
-      for (int d = 0; d < D; ++d) Vt[int64_t(d) * n + j] = row[(kv_heads + kvh) * D + d];
+      for (int d = 0; d < D; ++d) Kt[int64_t(d) * n + j] = row[kvh * D + d];
+      std::memcpy(V + int64_t(j) * D, row + (kv_heads + kvh) * D, D * sizeof(float));
     }
     const int t0 = m.h_query_start[s];
     for (int g = 0; g < group; ++g) {
       const int h = kvh * group + g;
-      attend(*k_, q.ptr<const float>() + t0 * q.stride[0] + h * q.stride[1], q.stride[0], Tq, D, K, Vt, n, D,
+      attend(*k_, q.ptr<const float>() + t0 * q.stride[0] + h * q.stride[1], q.stride[0], Tq, D, Kt, n, V, D,
              m.h_context_len[s], scale, out.ptr<float>() + t0 * out.stride[0] + h * out.stride[1], out.stride[0], S);
     }
   }

@@ -29,6 +29,10 @@ struct GemmArgs {
 struct Kernels {
   const char* name;
   void (*gemm)(const GemmArgs& a, int n0, int n1);
+  // out[m*ldo + n] = sum_k x[m*ldx + k] * b[k*ldb + n] for m < M, n < N: F32, B row-major ("NN").
+  // No horizontal sums, so it suits small K (attention scores over a head dimension).
+  void (*gemm_nn)(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out,
+                  int64_t ldo);
   float (*dot)(const float* a, const float* b, int n);
   void (*axpy)(float alpha, const float* x, float* y, int n);  // y += alpha * x
   void (*to_bf16)(const float* x, uint16_t* y, int n);

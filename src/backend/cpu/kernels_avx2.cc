@@ -100,6 +100,39 @@ void gemm(const GemmArgs& a, int n0, int n1) {
   }
 }
 
+// NN tile: MR rows of x times 32 columns of b (4 vectors); column tails in scalar.
+template <int MR>
+inline void tile_nn(const float* x, int64_t ldx, int K, const float* b, int64_t ldb, float* out, int64_t ldo) {
+  __m256 acc[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int k = 0; k < K; ++k) {
+    __m256 bv[4];
+    for (int j = 0; j < 4; ++j) bv[j] = _mm256_loadu_ps(b + k * ldb + 8 * j);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_set1_ps(x[i * ldx + k]);
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, bv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + i * ldo + 8 * j, acc[i][j]);
+}
+
+void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out, int64_t ldo) {
+  int n = 0;
+  for (; n + 32 <= N; n += 32) {
+    int m = 0;
+    for (; m + 2 <= M; m += 2) tile_nn<2>(x + m * ldx, ldx, K, b + n, ldb, out + m * ldo + n, ldo);
+    for (; m < M; ++m) tile_nn<1>(x + m * ldx, ldx, K, b + n, ldb, out + m * ldo + n, ldo);
+  }
+  for (; n < N; ++n)
+    for (int m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int k = 0; k < K; ++k) acc += x[m * ldx + k] * b[k * ldb + n];
+      out[m * ldo + n] = acc;
+    }
+}
+
 float dot(const float* a, const float* b, int n) {
   __m256 s = _mm256_setzero_ps();
   int i = 0;
@@ -173,7 +206,7 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", gemm, dot, axpy, to_bf16, exp_sum, silu_mul};
+  static const Kernels k{"avx2", gemm, gemm_nn, dot, axpy, to_bf16, exp_sum, silu_mul};
   return k;
 }
 

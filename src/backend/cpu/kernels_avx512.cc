@@ -181,6 +181,47 @@ void gemm(const GemmArgs& a, int n0, int n1) {
   }
 }
 
+// NN register tile: MR rows of x times 16*NV columns of b; x values are broadcast, b rows loaded.
+template <int MR, int NV>
+inline void tile_nn(const float* x, int64_t ldx, int K, const float* b, int64_t ldb, int cols, float* out,
+                    int64_t ldo) {
+  __m512 acc[MR][NV];
+  __mmask16 mask[NV];
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) {
+    const int left = cols - 16 * j;
+    mask[j] = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int k = 0; k < K; ++k) {
+    __m512 bv[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) bv[j] = _mm512_maskz_loadu_ps(mask[j], b + k * ldb + 16 * j);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_set1_ps(x[i * ldx + k]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(xv, bv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(out + i * ldo + 16 * j, mask[j], acc[i][j]);
+}
+
+void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out, int64_t ldo) {
+  for (int n = 0; n < N; n += 64) {
+    const int cols = std::min(64, N - n);
+    int m = 0;
+    for (; m + 4 <= M; m += 4) tile_nn<4, 4>(x + m * ldx, ldx, K, b + n, ldb, cols, out + m * ldo + n, ldo);
+    for (; m < M; ++m) tile_nn<1, 4>(x + m * ldx, ldx, K, b + n, ldb, cols, out + m * ldo + n, ldo);
+  }
+}
+
 float dot(const float* a, const float* b, int n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int i = 0;
@@ -257,7 +298,7 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 }  // namespace
 
 const Kernels& kernels_avx512() {
-  static const Kernels k{"avx512", gemm, dot, axpy, to_bf16, exp_sum, silu_mul};
+  static const Kernels k{"avx512", gemm, gemm_nn, dot, axpy, to_bf16, exp_sum, silu_mul};
   return k;
 }
 

@@ -34,6 +34,15 @@ void gemm(const GemmArgs& a, int n0, int n1) {
     }
 }
 
+void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out, int64_t ldo) {
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int k = 0; k < K; ++k) acc += x[m * ldx + k] * b[k * ldb + n];
+      out[m * ldo + n] = acc;
+    }
+}
+
 float dot(const float* a, const float* b, int n) {
   float s = 0.0f;
   for (int i = 0; i < n; ++i) s += a[i] * b[i];
@@ -61,7 +70,7 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 }  // namespace
 
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", gemm, dot, axpy, to_bf16, exp_sum, silu_mul};
+  static const Kernels k{"scalar", gemm, gemm_nn, dot, axpy, to_bf16, exp_sum, silu_mul};
   return k;
 }
 
