@@ -1,0 +1,433 @@
+// `beluga bench serve`: drives a running server with streaming requests (a Beast HTTP client, one
+// thread per request in flight) and reports what `vllm bench serve` does: request and token
+// throughput, TTFT, TPOT, ITL and end-to-end latency (mean, p50, p90, p99), prefix-cache hit rate
+// (from the usage the server returns) and goodput under --slo.
+//
+// Datasets: random (token-id prompts to /v1/completions, exact lengths), shared-prefix (a few
+// long common prefixes + random suffixes), multi-turn (chat conversations to /v1/chat/completions,
+// each turn sent after the previous answer, carrying the history).
+#include "cli/bench_serve.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "util/error.h"
+
+namespace beluga::cli {
+
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+struct Url {
+  std::string host = "127.0.0.1";
+  std::string port = "8000";
+};
+
+Url parse_url(std::string u) {
+  Url r;
+  if (u.rfind("http://", 0) == 0) u = u.substr(7);
+  BELUGA_CHECK(u.find("https://") != 0, "--url: https is not supported");
+  size_t slash = u.find('/');
+  if (slash != std::string::npos) u = u.substr(0, slash);
+  size_t colon = u.rfind(':');
+  if (colon != std::string::npos) {
+    r.host = u.substr(0, colon);
+    r.port = u.substr(colon + 1);
+  } else if (!u.empty()) {
+    r.host = u;
+    r.port = "80";
+  }
+  return r;
+}
+
+struct Result {
+  bool ok = false;
+  std::string error;
+  double ttft = 0, e2e = 0;
+  std::vector<double> itl;  // gaps between content chunks
+  int prompt_tokens = 0, cached_tokens = 0, output_tokens = 0;
+  std::string text;  // the assistant's answer (multi-turn history)
+};
+
+// One streaming POST; content chunks are timed as they arrive.
+Result send(const Url& url, const std::string& target, const std::string& body, const std::string& api_key) {
+  Result r;
+  const auto t0 = Clock::now();
+  try {
+    net::io_context ioc;
+    tcp::resolver resolver(ioc);
+    beast::tcp_stream stream(ioc);
+    stream.connect(resolver.resolve(url.host, url.port));
+    stream.socket().set_option(tcp::no_delay(true));
+    http::request<http::string_body> req(http::verb::post, target, 11);
+    req.set(http::field::host, url.host);
+    req.set(http::field::content_type, "application/json");
+    if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+    req.body() = body;
+    req.prepare_payload();
+    http::write(stream, req);
+
+    beast::flat_buffer buf;
+    http::response_parser<http::buffer_body> p;
+    p.body_limit(boost::none);
+    http::read_header(stream, buf, p);
+    const int status = int(p.get().result_int());
+    std::string pending, errbody;
+    char tmp[16384];
+    auto last = t0;
+    bool first = true;
+    while (!p.is_done()) {
+      p.get().body().data = tmp;
+      p.get().body().size = sizeof(tmp);
+      beast::error_code ec;
+      http::read_some(stream, buf, p, ec);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) throw beast::system_error(ec);
+      const size_t n = sizeof(tmp) - p.get().body().size;
+      if (status != 200) {
+        errbody.append(tmp, n);
+        continue;
+      }
+      pending.append(tmp, n);
+      size_t pos;
+      while ((pos = pending.find("\n\n")) != std::string::npos) {
+        std::string frame = pending.substr(0, pos);
+        pending.erase(0, pos + 2);
+        if (frame.rfind("data: ", 0) != 0) continue;
+        std::string data = frame.substr(6);
+        if (data == "[DONE]") continue;
+        Json j = Json::parse(data, nullptr, false);
+        if (j.is_discarded()) continue;
+        if (j.contains("error")) throw Error(j["error"].value("message", "server error"));
+        const auto now = Clock::now();
+        bool content = false;
+        if (j.contains("choices"))
+          for (const auto& c : j["choices"]) {
+            std::string t;
+            if (c.contains("text") && c["text"].is_string()) t = c["text"].get<std::string>();
+            if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string())
+              t = c["delta"]["content"].get<std::string>();
+            if (!t.empty()) {
+              content = true;
+              r.text += t;
+            }
+          }
+        if (content) {
+          if (first) r.ttft = std::chrono::duration<double>(now - t0).count();
+          else r.itl.push_back(std::chrono::duration<double>(now - last).count());
+          first = false;
+          last = now;
+        }
+        if (j.contains("usage") && j["usage"].is_object()) {
+          const Json& u = j["usage"];
+          r.prompt_tokens = u.value("prompt_tokens", 0);
+          r.output_tokens = u.value("completion_tokens", 0);
+          if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object())
+            r.cached_tokens = u["prompt_tokens_details"].value("cached_tokens", 0);
+        }
+      }
+    }
+    if (status != 200) {
+      r.error = "HTTP " + std::to_string(status) + ": " + errbody.substr(0, 200);
+      return r;
+    }
+    beast::error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    r.e2e = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.ok = !first;
+    if (!r.ok) r.error = "no output";
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+struct Stat {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+};
+Stat stats(std::vector<double> v) {
+  Stat s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / double(v.size());
+  auto pct = [&](double q) {
+    double idx = q * double(v.size() - 1);
+    size_t lo = size_t(std::floor(idx)), hi = size_t(std::ceil(idx));
+    return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
+  };
+  s.p50 = pct(0.5);
+  s.p90 = pct(0.9);
+  s.p99 = pct(0.99);
+  return s;
+}
+
+// Random words for chat text (multi-turn).
+std::string words(std::mt19937_64& rng, int n) {
+  static const char* kWords[] = {"def", "return", "value", "list", "json", "path", "file", "open", "read", "write",
+                                 "class", "import", "data", "parse", "config", "number", "string", "loop", "index", "key"};
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    if (i) s += ' ';
+    s += kWords[rng() % (sizeof(kWords) / sizeof(kWords[0]))];
+  }
+  return s;
+}
+
+}  // namespace
+
+int bench_serve(int argc, char** argv) {
+  Args args(argc, argv);
+  const Url url = parse_url(args.get_or("url", "http://127.0.0.1:8000"));
+  const std::string dataset = args.get_or("dataset", "random");
+  const int num_prompts = int(args.get_int("num-prompts", 100));
+  const std::string rate_s = args.get_or("request-rate", "inf");
+  const int max_conc = int(args.get_int("max-concurrency", 0));
+  const int input_len = int(args.get_int("input-len", 128));
+  const int output_len = int(args.get_int("output-len", 64));
+  const int prefix_len = int(args.get_int("prefix-len", 256));
+  const int num_prefixes = int(args.get_int("num-prefixes", 4));
+  const int num_turns = int(args.get_int("num-turns", 4));
+  const int vocab = int(args.get_int("vocab-size", 4000));  // random ids are drawn from [100, vocab)
+  const uint64_t seed = uint64_t(args.get_int("seed", 0));
+  const std::string api_key = args.get_or("api-key", "");
+  const std::string slo_s = args.get_or("slo", "");
+  const auto out_path = args.get("out");
+  std::string model = args.get_or("model", "");
+  args.check_all_used();
+  BELUGA_CHECK(dataset == "random" || dataset == "shared-prefix" || dataset == "multi-turn",
+               "--dataset must be random, shared-prefix or multi-turn");
+  BELUGA_CHECK(num_prompts > 0 && input_len > 0 && output_len > 0, "--num-prompts, --input-len, --output-len must be positive");
+  const double rate = rate_s == "inf" ? INFINITY : std::stod(rate_s);
+  BELUGA_CHECK(rate > 0, "--request-rate must be positive or inf");
+  double slo_ttft = INFINITY, slo_tpot = INFINITY, slo_e2e = INFINITY;
+  for (size_t p = 0; p < slo_s.size();) {
+    size_t c = slo_s.find(',', p);
+    std::string kv = slo_s.substr(p, c == std::string::npos ? std::string::npos : c - p);
+    p = c == std::string::npos ? slo_s.size() : c + 1;
+    size_t eq = kv.find('=');
+    BELUGA_CHECK(eq != std::string::npos, "--slo expects key=ms pairs (ttft_ms, tpot_ms, e2el_ms)");
+    const std::string k = kv.substr(0, eq);
+    const double v = std::stod(kv.substr(eq + 1)) / 1000.0;
+    if (k == "ttft_ms" || k == "ttft") slo_ttft = v;
+    else if (k == "tpot_ms" || k == "tpot") slo_tpot = v;
+    else if (k == "e2el_ms" || k == "e2el") slo_e2e = v;
+    else fail("--slo: unknown key '", k, "'");
+  }
+
+  // The served model's id (unless given).
+  if (model.empty()) {
+    try {
+      net::io_context ioc;
+      tcp::resolver resolver(ioc);
+      beast::tcp_stream stream(ioc);
+      stream.connect(resolver.resolve(url.host, url.port));
+      http::request<http::empty_body> req(http::verb::get, "/v1/models", 11);
+      req.set(http::field::host, url.host);
+      if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+      http::write(stream, req);
+      beast::flat_buffer buf;
+      http::response<http::string_body> res;
+      http::read(stream, buf, res);
+      Json j = Json::parse(res.body());
+      model = j["data"][0]["id"].get<std::string>();
+    } catch (const std::exception& e) {
+      fail("cannot reach ", url.host, ":", url.port, "/v1/models: ", e.what());
+    }
+  }
+
+  std::mt19937_64 rng(seed);
+  auto random_ids = [&](int n) {
+    Json ids = Json::array();
+    for (int i = 0; i < n; ++i) ids.push_back(100 + int(rng() % uint64_t(std::max(1, vocab - 100))));
+    return ids;
+  };
+  std::vector<Json> prefixes;
+  for (int i = 0; i < num_prefixes; ++i) prefixes.push_back(random_ids(prefix_len));
+  auto completion_body = [&](Json ids) {
+    return Json{{"model", model},     {"prompt", std::move(ids)}, {"max_tokens", output_len}, {"temperature", 0},
+                {"ignore_eos", true}, {"stream", true},           {"stream_options", {{"include_usage", true}}}}
+        .dump();
+  };
+
+  // Work items: single requests, or whole conversations (multi-turn) that run turn by turn.
+  struct Work {
+    std::vector<std::string> single;  // one prompt body (random / shared-prefix)
+    int turns = 0;                    // multi-turn
+    uint64_t seed = 0;
+  };
+  std::vector<Work> work;
+  if (dataset == "multi-turn") {
+    for (int left = num_prompts, k = 0; left > 0; ++k) {
+      Work w;
+      w.turns = std::min(left, num_turns);
+      w.seed = seed * 1000003 + uint64_t(k);
+      left -= w.turns;
+      work.push_back(std::move(w));
+    }
+  } else {
+    for (int i = 0; i < num_prompts; ++i) {
+      Json ids = dataset == "random" ? random_ids(input_len) : prefixes[size_t(i) % prefixes.size()];
+      if (dataset == "shared-prefix")
+        for (auto& t : random_ids(input_len)) ids.push_back(t);
+      Work w;
+      w.single.push_back(completion_body(std::move(ids)));
+      work.push_back(std::move(w));
+    }
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0;
+  std::vector<Result> results;
+  auto run_work = [&](const Work& w) {
+    std::vector<Result> local;
+    if (w.turns == 0) {
+      local.push_back(send(url, "/v1/completions", w.single[0], api_key));
+    } else {
+      std::mt19937_64 r2(w.seed);
+      Json messages = Json::array();
+      for (int t = 0; t < w.turns; ++t) {
+        messages.push_back(Json{{"role", "user"}, {"content", words(r2, input_len)}});
+        Json body{{"model", model},       {"messages", messages}, {"max_tokens", output_len},
+                  {"temperature", 0},     {"ignore_eos", true},   {"stream", true},
+                  {"stream_options", {{"include_usage", true}}}};
+        Result res = send(url, "/v1/chat/completions", body.dump(), api_key);
+        messages.push_back(Json{{"role", "assistant"}, {"content", res.text}});
+        const bool ok = res.ok;
+        local.push_back(std::move(res));
+        if (!ok) break;
+      }
+    }
+    std::lock_guard l(mu);
+    for (auto& r : local) results.push_back(std::move(r));
+    --in_flight;
+    cv.notify_all();
+  };
+
+  std::fprintf(stderr, "bench serve: %s, %d requests to %s:%s (%s), rate %s, max concurrency %s\n", dataset.c_str(),
+               num_prompts, url.host.c_str(), url.port.c_str(), model.c_str(), rate_s.c_str(),
+               max_conc > 0 ? std::to_string(max_conc).c_str() : "none");
+  std::exponential_distribution<double> gap(std::isinf(rate) ? 1.0 : rate);
+  std::vector<std::thread> threads;
+  const auto t_start = Clock::now();
+  auto next = t_start;
+  for (const auto& w : work) {
+    if (!std::isinf(rate)) {
+      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
+      std::this_thread::sleep_until(next);
+    }
+    {
+      std::unique_lock l(mu);
+      cv.wait(l, [&] { return max_conc <= 0 || in_flight < max_conc; });
+      ++in_flight;
+    }
+    threads.emplace_back(run_work, std::cref(w));
+  }
+  for (auto& t : threads) t.join();
+  const double duration = std::chrono::duration<double>(Clock::now() - t_start).count();
+
+  // Aggregate.
+  int ok = 0, good = 0;
+  int64_t in_tok = 0, out_tok = 0, cached = 0;
+  std::vector<double> ttft, tpot, itl, e2e;
+  std::string first_error;
+  for (const auto& r : results) {
+    if (!r.ok) {
+      if (first_error.empty()) first_error = r.error;
+      continue;
+    }
+    ++ok;
+    in_tok += r.prompt_tokens;
+    out_tok += r.output_tokens;
+    cached += r.cached_tokens;
+    ttft.push_back(r.ttft);
+    e2e.push_back(r.e2e);
+    for (double x : r.itl) itl.push_back(x);
+    const double tp = r.output_tokens > 1 ? (r.e2e - r.ttft) / double(r.output_tokens - 1) : 0.0;
+    if (r.output_tokens > 1) tpot.push_back(tp);
+    if (r.ttft <= slo_ttft && tp <= slo_tpot && r.e2e <= slo_e2e) ++good;
+  }
+  const Stat s_ttft = stats(ttft), s_tpot = stats(tpot), s_itl = stats(itl), s_e2e = stats(e2e);
+
+  std::printf("============ Serving Benchmark Result ============\n");
+  std::printf("%-40s %s\n", "Dataset:", dataset.c_str());
+  std::printf("%-40s %d\n", "Successful requests:", ok);
+  std::printf("%-40s %d\n", "Failed requests:", int(results.size()) - ok);
+  std::printf("%-40s %.2f\n", "Benchmark duration (s):", duration);
+  std::printf("%-40s %lld\n", "Total input tokens:", (long long)in_tok);
+  std::printf("%-40s %lld\n", "Total generated tokens:", (long long)out_tok);
+  std::printf("%-40s %.2f\n", "Request throughput (req/s):", ok / duration);
+  std::printf("%-40s %.2f\n", "Output token throughput (tok/s):", double(out_tok) / duration);
+  std::printf("%-40s %.2f\n", "Total token throughput (tok/s):", double(in_tok + out_tok) / duration);
+  std::printf("%-40s %.2f\n", "Prefix cache hit rate (%):", in_tok ? 100.0 * double(cached) / double(in_tok) : 0.0);
+  if (!slo_s.empty()) std::printf("%-40s %.2f\n", "Request goodput (req/s):", good / duration);
+  auto row = [](const char* name, const Stat& s) {
+    std::printf("%-12s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  (ms)\n", name, s.mean * 1e3, s.p50 * 1e3,
+                s.p90 * 1e3, s.p99 * 1e3);
+  };
+  row("TTFT", s_ttft);
+  row("TPOT", s_tpot);
+  row("ITL", s_itl);
+  row("E2E", s_e2e);
+  std::printf("==================================================\n");
+  if (!first_error.empty()) std::fprintf(stderr, "bench serve: first error: %s\n", first_error.c_str());
+
+  if (out_path) {
+    auto stat_json = [](const Stat& s) {
+      return Json{{"mean_ms", s.mean * 1e3}, {"p50_ms", s.p50 * 1e3}, {"p90_ms", s.p90 * 1e3}, {"p99_ms", s.p99 * 1e3}};
+    };
+    Json j{{"url", url.host + ":" + url.port},
+           {"model", model},
+           {"dataset", dataset},
+           {"num_prompts", num_prompts},
+           {"request_rate", rate_s},
+           {"max_concurrency", max_conc},
+           {"input_len", input_len},
+           {"output_len", output_len},
+           {"completed", ok},
+           {"failed", int(results.size()) - ok},
+           {"duration_s", duration},
+           {"total_input_tokens", in_tok},
+           {"total_output_tokens", out_tok},
+           {"request_throughput", ok / duration},
+           {"output_throughput", double(out_tok) / duration},
+           {"total_token_throughput", double(in_tok + out_tok) / duration},
+           {"prefix_cache_hit_rate", in_tok ? double(cached) / double(in_tok) : 0.0},
+           {"goodput", slo_s.empty() ? Json(nullptr) : Json(good / duration)},
+           {"slo", slo_s},
+           {"ttft", stat_json(s_ttft)},
+           {"tpot", stat_json(s_tpot)},
+           {"itl", stat_json(s_itl)},
+           {"e2el", stat_json(s_e2e)}};
+    std::ofstream f(*out_path);
+    BELUGA_CHECK(f.good(), "cannot write ", *out_path);
+    f << j.dump(2) << "\n";
+  }
+  return ok > 0 ? 0 : 1;
+}
+
+}  // namespace beluga::cli

@@ -1,0 +1,84 @@
+// Engine output -> each API's response JSON and SSE stream. A formatter sees the choices' text as
+// the job (job.h) parses it: reasoning / content / tool-call deltas per choice, then a finish per
+// choice, then the end with usage. Streamed and non-streamed responses come from the same state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "recipe/output_parser.h"
+
+namespace beluga::server {
+
+enum class ServerApi { kChat, kCompletions, kResponses, kMessages };
+
+struct ToolCallOut {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text as the model wrote it
+};
+
+// One generated sequence as text, accumulated so far.
+struct ChoiceText {
+  int index = 0;
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCallOut> calls;
+  std::string finish;         // "stop" | "length" | "tool_calls"; empty while generating
+  std::string stop_sequence;  // the stop string that ended it, if one did
+  int tokens = 0;             // generated tokens (the stopping EOS excluded)
+  int reasoning_tokens = 0;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t reasoning_tokens = 0;
+};
+
+// What every formatter needs to know about its request.
+struct FormatContext {
+  std::string id;  // response id (chatcmpl-…, cmpl-…, resp_…, msg_…)
+  std::string model;
+  int64_t created = 0;
+  int n = 1;                   // choices
+  bool include_usage = false;  // chat / completions streams: a final usage chunk
+  nlohmann::ordered_json request = nlohmann::ordered_json::object();  // the request body (echoed fields)
+};
+
+class ApiFormatter {
+ public:
+  virtual ~ApiFormatter() = default;
+  // Prefix of tool-call ids for this API ("call_", "toolu_").
+  virtual const char* tool_id_prefix() const { return "call_"; }
+  // Stream: the opening events (called once, when the first engine output arrives).
+  virtual void begin(const Usage& usage, std::string& out) = 0;
+  // Stream: one delta of choice `c` (already appended to c).
+  virtual void delta(const ChoiceText& c, const recipe::ParserEvent& ev, std::string& out) = 0;
+  // Stream: choice `c` finished (c.finish set).
+  virtual void finish(const ChoiceText& c, std::string& out) = 0;
+  // Stream: every choice finished.
+  virtual void end(const std::vector<ChoiceText>& choices, const Usage& usage, std::string& out) = 0;
+  // Stream: the request failed after the stream began.
+  virtual void error(const std::string& message, std::string& out) = 0;
+  // The non-streamed response.
+  virtual nlohmann::ordered_json response(const std::vector<ChoiceText>& choices, const Usage& usage) const = 0;
+};
+
+std::unique_ptr<ApiFormatter> make_formatter(ServerApi api, FormatContext ctx);
+
+// Usage objects of each API (OpenAI chat/completions carry DeepSeek's cache fields too).
+nlohmann::ordered_json openai_usage(const Usage& u);
+nlohmann::ordered_json responses_usage(const Usage& u);
+nlohmann::ordered_json anthropic_usage(const Usage& u);
+
+// Tool-call arguments as a JSON object (Anthropic `input`): invalid text becomes {"arguments": text}.
+nlohmann::ordered_json arguments_object(const std::string& text);
+
+}  // namespace beluga::server

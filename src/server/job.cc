@@ -1,0 +1,221 @@
+#include "server/job.h"
+
+#include "server/sse.h"
+
+namespace beluga::server {
+
+using Ev = recipe::ParserEvent;
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) {
+  for (auto& s : stops)
+    if (!s.empty()) stops_.push_back(std::move(s));
+}
+
+bool StopMatcher::feed(std::string_view text, std::string& out) {
+  if (!matched_.empty()) return true;
+  held_ += text;
+  size_t best = std::string::npos;
+  for (const auto& s : stops_) {
+    size_t p = held_.find(s);
+    if (p != std::string::npos && p < best) {
+      best = p;
+      matched_ = s;
+    }
+  }
+  if (best != std::string::npos) {
+    out.append(held_, 0, best);
+    held_.clear();
+    return true;
+  }
+  // Keep the longest suffix that is a proper prefix of some stop string.
+  size_t keep = 0;
+  for (const auto& s : stops_) {
+    for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
+      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+        keep = k;
+        break;
+      }
+    }
+  }
+  out.append(held_, 0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return false;
+}
+
+std::string StopMatcher::flush() {
+  std::string s;
+  s.swap(held_);
+  return s;
+}
+
+Job::Job(JobSpec spec, const tok::Tokenizer& tokenizer, std::unique_ptr<ApiFormatter> fmt, bool stream)
+    : spec_(std::move(spec)), tok_(tokenizer), fmt_(std::move(fmt)), stream_(stream),
+      start_(std::chrono::steady_clock::now()) {
+  const size_t total = size_t(spec_.num_prompts) * size_t(spec_.n);
+  seqs_.resize(total);
+  choices_.resize(total);
+  for (size_t i = 0; i < total; ++i) {
+    seqs_[i].decoder = std::make_unique<tok::IncrementalDecoder>(tok_);
+    if (spec_.use_parser) seqs_[i].parser.emplace(spec_.parser);
+    else seqs_[i].stop = StopMatcher(spec_.stop);
+    choices_[i].index = int(i);
+  }
+  engine_active_.assign(size_t(spec_.num_prompts), true);
+  sub_prompt_.assign(size_t(spec_.num_prompts), 0);
+  sub_cached_.assign(size_t(spec_.num_prompts), 0);
+  for (int i = 0; i < spec_.num_prompts && size_t(i) < spec_.prompt_tokens.size(); ++i) {
+    sub_prompt_[size_t(i)] = spec_.prompt_tokens[size_t(i)];
+    usage_.prompt_tokens += spec_.prompt_tokens[size_t(i)];
+  }
+}
+
+void Job::feed_text(size_t ci, std::string_view text, std::vector<Ev>& evs, bool& reasoning) {
+  Seq& s = seqs_[ci];
+  if (s.parser) {
+    const size_t before = evs.size();
+    s.parser->feed(text, evs);
+    for (size_t i = before; i < evs.size(); ++i) reasoning = reasoning || evs[i].kind == Ev::Kind::kReasoning;
+    if (s.parser->done()) finish_choice(ci, FinishReason::kStop, false, evs);
+    return;
+  }
+  std::string o;
+  const bool hit = s.stop.feed(text, o);
+  if (!o.empty()) evs.push_back(Ev{Ev::Kind::kContent, std::move(o), -1});
+  if (hit) finish_choice(ci, FinishReason::kStop, false, evs);
+}
+
+void Job::finish_choice(size_t ci, FinishReason f, bool from_engine, std::vector<Ev>& evs) {
+  Seq& s = seqs_[ci];
+  ChoiceText& c = choices_[ci];
+  s.done = true;
+  const std::string tail = from_engine ? s.decoder->flush() : std::string();
+  if (s.parser) {
+    if (!tail.empty()) s.parser->feed(tail, evs);
+    recipe::FinishReason r = s.parser->finish(f == FinishReason::kLength, evs);
+    c.finish = recipe::finish_reason_name(r);
+    c.stop_sequence = s.parser->matched_stop();
+    return;
+  }
+  if (from_engine) {
+    std::string o;
+    bool hit = !tail.empty() && s.stop.feed(tail, o);
+    if (!hit) o += s.stop.flush();
+    if (!o.empty()) evs.push_back(Ev{Ev::Kind::kContent, std::move(o), -1});
+  }
+  c.stop_sequence = s.stop.matched();
+  c.finish = c.stop_sequence.empty() && f == FinishReason::kLength ? "length" : "stop";
+}
+
+void Job::apply(size_t ci, std::vector<Ev>& evs, std::string& out) {
+  ChoiceText& c = choices_[ci];
+  // Join adjacent deltas of one kind (one engine step may yield several).
+  std::vector<Ev> merged;
+  for (auto& e : evs) {
+    const bool text_kind = e.kind == Ev::Kind::kReasoning || e.kind == Ev::Kind::kContent || e.kind == Ev::Kind::kToolCallArgs;
+    if (text_kind && e.text.empty()) continue;
+    if (text_kind && !merged.empty() && merged.back().kind == e.kind && merged.back().tool_index == e.tool_index) {
+      merged.back().text += e.text;
+      continue;
+    }
+    merged.push_back(std::move(e));
+  }
+  evs.clear();
+  for (const auto& e : merged) {
+    switch (e.kind) {
+      case Ev::Kind::kReasoning: c.reasoning += e.text; break;
+      case Ev::Kind::kContent: c.content += e.text; break;
+      case Ev::Kind::kToolCallBegin:
+        while (int(c.calls.size()) <= e.tool_index) c.calls.push_back(ToolCallOut{random_id(fmt_->tool_id_prefix()), "", ""});
+        if (e.tool_index >= 0) c.calls[size_t(e.tool_index)].name = e.text;
+        break;
+      case Ev::Kind::kToolCallArgs:
+        if (e.tool_index >= 0 && size_t(e.tool_index) < c.calls.size()) c.calls[size_t(e.tool_index)].arguments += e.text;
+        break;
+      case Ev::Kind::kToolCallEnd: break;
+    }
+    if (stream_) fmt_->delta(c, e, out);
+  }
+}
+
+void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
+  if (complete_ || sub < 0 || sub >= spec_.num_prompts) return;
+  const size_t s = size_t(sub);
+  if (o.prompt_tokens > 0) sub_prompt_[s] = o.prompt_tokens;
+  sub_cached_[s] = std::max(sub_cached_[s], o.cached_tokens);
+  usage_.prompt_tokens = 0;
+  usage_.cached_tokens = 0;
+  for (size_t i = 0; i < sub_prompt_.size(); ++i) {
+    usage_.prompt_tokens += sub_prompt_[i];
+    usage_.cached_tokens += sub_cached_[i];
+  }
+  if (o.finished) engine_active_[s] = false;
+  if (!o.error.empty()) return fail(o.error, out);
+  for (const auto& seq : o.seqs)
+    if (seq.finish == FinishReason::kError) return fail("the engine failed this request", out);
+
+  if (!begun_) {
+    begun_ = true;
+    if (stream_) fmt_->begin(usage_, out);
+    if (!spec_.echo.empty()) {
+      for (size_t ci = 0; ci < choices_.size(); ++ci) {
+        const size_t p = ci / size_t(spec_.n);
+        if (p < spec_.echo.size() && !spec_.echo[p].empty()) {
+          std::vector<Ev> evs{Ev{Ev::Kind::kContent, spec_.echo[p], -1}};
+          apply(ci, evs, out);
+        }
+      }
+    }
+  }
+
+  std::vector<Ev> evs;
+  for (auto& seq : o.seqs) {
+    if (seq.index < 0 || seq.index >= spec_.n) continue;
+    const size_t ci = s * size_t(spec_.n) + size_t(seq.index);
+    if (seqs_[ci].done) continue;
+    evs.clear();
+    for (int t : seq.tokens) {
+      if (!first_token_) first_token_ = std::chrono::steady_clock::now();
+      ++choices_[ci].tokens;
+      ++usage_.completion_tokens;
+      bool reasoning = false;
+      feed_text(ci, seqs_[ci].decoder->feed(t), evs, reasoning);
+      if (reasoning) ++choices_[ci].reasoning_tokens;
+      if (seqs_[ci].done) break;
+    }
+    if (!seqs_[ci].done && seq.finish != FinishReason::kNone) {
+      if (seq.finish == FinishReason::kAbort) return fail("the request was aborted", out);
+      finish_choice(ci, seq.finish, true, evs);
+    }
+    apply(ci, evs, out);
+    if (seqs_[ci].done && stream_) fmt_->finish(choices_[ci], out);
+  }
+  if (o.finished) {
+    // The engine is done with this prompt: any sequence it did not report finished ends here.
+    for (size_t ci = s * size_t(spec_.n); ci < (s + 1) * size_t(spec_.n); ++ci) {
+      if (seqs_[ci].done) continue;
+      evs.clear();
+      finish_choice(ci, FinishReason::kStop, true, evs);
+      apply(ci, evs, out);
+      if (stream_) fmt_->finish(choices_[ci], out);
+    }
+  }
+  check_complete(out);
+}
+
+void Job::check_complete(std::string& out) {
+  for (const auto& s : seqs_)
+    if (!s.done) return;
+  complete_ = true;
+  usage_.reasoning_tokens = 0;
+  for (const auto& c : choices_) usage_.reasoning_tokens += c.reasoning_tokens;
+  if (stream_) fmt_->end(choices_, usage_, out);
+}
+
+void Job::fail(const std::string& message, std::string& out) {
+  if (complete_) return;
+  complete_ = failed_ = true;
+  error_ = message;
+  if (stream_) fmt_->error(message, out);
+}
+
+}  // namespace beluga::server

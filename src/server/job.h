@@ -1,0 +1,100 @@
+// One API request in flight: its engine sub-requests (one per prompt; n sequences each), the
+// per-choice detokenizer and output parser (or stop-string matcher for plain completions), and the
+// formatter that turns what they produce into the API's response or SSE events. Single-threaded:
+// the connection calls it on its strand with each engine output.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "recipe/output_parser.h"
+#include "server/api_format.h"
+#include "tokenizer/incremental_decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace beluga::server {
+
+// Holds back text that may still begin a stop string; reports the first stop string that matches.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops = {});
+  // Appends to `out` the text that can no longer be part of a stop string; true once one matched
+  // (text from the match on is dropped).
+  bool feed(std::string_view text, std::string& out);
+  std::string flush();  // held text at the end of generation
+  const std::string& matched() const { return matched_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  std::string matched_;
+};
+
+struct JobSpec {
+  ServerApi api = ServerApi::kChat;
+  int n = 1;                          // sequences per prompt
+  int num_prompts = 1;                // engine sub-requests
+  bool use_parser = true;             // chat-style APIs: reasoning / tool calls / stop via the recipe parser
+  recipe::ParserOptions parser;       // when use_parser
+  std::vector<std::string> stop;      // completions: stop strings
+  std::vector<std::string> echo;      // completions echo: prompt text per prompt (empty: no echo)
+  std::vector<int> prompt_tokens;     // per prompt
+};
+
+class Job {
+ public:
+  Job(JobSpec spec, const tok::Tokenizer& tokenizer, std::unique_ptr<ApiFormatter> fmt, bool stream);
+
+  // One engine output of sub-request `sub`; stream text is appended to `out`.
+  void on_output(int sub, RequestOutput&& o, std::string& out);
+  // The request failed (engine error, abort): streams get the API's error event.
+  void fail(const std::string& message, std::string& out);
+
+  bool complete() const { return complete_; }  // every choice finished (or failed)
+  bool failed() const { return failed_; }
+  const std::string& error() const { return error_; }
+  // The engine may still be generating for `sub` (not yet reported finished).
+  bool engine_active(int sub) const { return engine_active_[size_t(sub)]; }
+  int num_subs() const { return spec_.num_prompts; }
+
+  nlohmann::ordered_json response() const { return fmt_->response(choices_, usage_); }
+  const Usage& usage() const { return usage_; }
+  const std::vector<ChoiceText>& choices() const { return choices_; }
+
+  // Timing for metrics (steady clock).
+  std::chrono::steady_clock::time_point start_time() const { return start_; }
+  std::optional<std::chrono::steady_clock::time_point> first_token_time() const { return first_token_; }
+
+ private:
+  struct Seq {
+    std::unique_ptr<tok::IncrementalDecoder> decoder;
+    std::optional<recipe::OutputParser> parser;
+    StopMatcher stop;
+    bool done = false;
+  };
+
+  void feed_text(size_t ci, std::string_view text, std::vector<recipe::ParserEvent>& evs, bool& reasoning);
+  void finish_choice(size_t ci, FinishReason f, bool from_engine, std::vector<recipe::ParserEvent>& evs);
+  void apply(size_t ci, std::vector<recipe::ParserEvent>& evs, std::string& out);
+  void check_complete(std::string& out);
+
+  JobSpec spec_;
+  const tok::Tokenizer& tok_;
+  std::unique_ptr<ApiFormatter> fmt_;
+  bool stream_;
+  std::vector<Seq> seqs_;
+  std::vector<ChoiceText> choices_;
+  std::vector<bool> engine_active_;
+  std::vector<int> sub_prompt_, sub_cached_;
+  Usage usage_;
+  bool begun_ = false, complete_ = false, failed_ = false;
+  std::string error_;
+  std::chrono::steady_clock::time_point start_;
+  std::optional<std::chrono::steady_clock::time_point> first_token_;
+};
+
+}  // namespace beluga::server

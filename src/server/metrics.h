@@ -1,0 +1,52 @@
+// Server metrics in the Prometheus text format: request counts by API and status, token counts,
+// TTFT / TPOT / end-to-end latency histograms, client disconnects, plus the engine's gauges (KV
+// blocks, prefix-cache hit rate, running and waiting requests). Thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace beluga::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double v);
+  // Appends `name_bucket{le=…}`, `name_sum`, `name_count` lines.
+  void render(const std::string& name, std::string& out) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket (not cumulative); last = +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  void request_done(const std::string& api, int status);
+  void tokens(int64_t prompt, int64_t cached, int64_t completion);
+  void latency(double ttft_s, double tpot_s, double e2e_s, bool has_ttft, bool has_tpot);
+  void disconnect();
+  void stop_abort();
+  void in_flight(int delta);
+
+  std::string render(const EngineStats* stats, const std::string& model) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
+  uint64_t disconnects_ = 0, stop_aborts_ = 0;
+  int in_flight_ = 0;
+  Histogram ttft_, tpot_, e2e_;
+};
+
+}  // namespace beluga::server

@@ -1,0 +1,47 @@
+// API request body -> what the server submits: prompt token ids (one list per prompt), engine
+// sampling parameters, the job spec (parser options, stop strings, n) and the formatter context.
+// Invalid requests throw recipe::ApiError with the API's own status and JSON body.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/request.h"
+#include "recipe/api_error.h"
+#include "recipe/chat_format.h"
+#include "server/api_format.h"
+#include "server/job.h"
+#include "tokenizer/tokenizer.h"
+
+namespace beluga::server {
+
+// Model-wide facts and defaults the builder needs.
+struct ModelInfo {
+  std::string served_name;               // the id clients must send as `model`
+  const tok::Tokenizer* tokenizer = nullptr;
+  const recipe::ChatEncoder* encoder = nullptr;
+  int max_model_len = 2048;
+  int bos_token_id = -1;                  // prepended to /v1/completions text prompts
+  std::optional<float> default_temperature;  // generation_config.json
+  std::optional<float> default_top_p;
+  std::optional<int> default_top_k;
+  int default_completions_max_tokens = 16;  // OpenAI's default for /v1/completions
+};
+
+struct BuiltRequest {
+  std::vector<std::vector<int>> prompts;
+  SamplingParams sampling;
+  JobSpec spec;
+  FormatContext ctx;
+  bool stream = false;
+};
+
+recipe::Api error_api(ServerApi api);  // the error shape an API answers in
+const char* server_api_name(ServerApi api);  // "chat", "completions", "responses", "messages"
+
+// `body` is the raw request body (UTF-8 is checked here).
+BuiltRequest build_request(ServerApi api, std::string_view body, const ModelInfo& info);
+
+}  // namespace beluga::server

@@ -1,0 +1,145 @@
+// A scripted engine for server tests: each request's sequences emit the tokens of a fixed text
+// (chosen per request by a callback), one token per step, then finish with kStop (or kLength at
+// max_tokens). Records aborts; can be told to refuse submissions (queue full).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/engine_handle.h"
+
+namespace beluga::server::testing {
+
+class FakeEngine final : public EngineHandle {
+ public:
+  // tokens_for(request) -> the ids every sequence of it generates.
+  explicit FakeEngine(std::function<std::vector<int>(const EngineRequest&)> tokens_for,
+                      std::chrono::milliseconds step = std::chrono::milliseconds(1))
+      : tokens_for_(std::move(tokens_for)), step_(step), thread_([this] { loop(); }) {}
+  ~FakeEngine() override {
+    {
+      std::lock_guard l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  SubmitStatus submit(EngineRequest req, std::string* why) override {
+    std::lock_guard l(mu_);
+    if (refuse_) return SubmitStatus::kQueueFull;
+    submitted_.push_back(req.id);
+    salts_.push_back(req.cache_salt);
+    last_sampling_ = req.sampling;
+    Active a;
+    a.tokens = tokens_for_(req);
+    a.req = std::move(req);
+    active_.push_back(std::move(a));
+    cv_.notify_all();
+    return SubmitStatus::kOk;
+  }
+  void abort(const std::string& id) override {
+    std::lock_guard l(mu_);
+    aborted_.insert(id);
+    cv_.notify_all();
+  }
+  EngineStats stats() const override {
+    std::lock_guard l(mu_);
+    EngineStats s;
+    s.running = int(active_.size()) + processing_;
+    s.kv_blocks_total = 100;
+    s.kv_blocks_used = s.running;
+    return s;
+  }
+  int max_model_len() const override { return 512; }
+
+  void set_refuse(bool r) {
+    std::lock_guard l(mu_);
+    refuse_ = r;
+  }
+  std::set<std::string> aborted() const {
+    std::lock_guard l(mu_);
+    return aborted_;
+  }
+  std::vector<std::string> salts() const {
+    std::lock_guard l(mu_);
+    return salts_;
+  }
+  SamplingParams last_sampling() const {
+    std::lock_guard l(mu_);
+    return last_sampling_;
+  }
+  int active() const {
+    std::lock_guard l(mu_);
+    return int(active_.size()) + processing_;
+  }
+
+ private:
+  struct Active {
+    EngineRequest req;
+    std::vector<int> tokens;
+    size_t pos = 0;
+  };
+
+  void loop() {
+    std::unique_lock l(mu_);
+    while (!stop_) {
+      cv_.wait_for(l, step_);
+      std::vector<Active> cur, keep;
+      cur.swap(active_);
+      processing_ = int(cur.size());
+      for (auto& a : cur) {
+        RequestOutput o;
+        o.request_id = a.req.id;
+        o.prompt_tokens = int(a.req.prompt.size());
+        o.cached_tokens = 0;
+        const bool aborted = aborted_.count(a.req.id) > 0;
+        const int n = std::max(1, a.req.sampling.n);
+        const bool length = int(a.pos) + 1 >= a.req.sampling.max_tokens && a.pos + 1 < a.tokens.size();
+        const bool last = a.pos + 1 >= a.tokens.size() || length;
+        for (int i = 0; i < n; ++i) {
+          SeqOutput s;
+          s.index = i;
+          if (aborted) {
+            s.finish = FinishReason::kAbort;
+          } else {
+            if (a.pos < a.tokens.size()) s.tokens.push_back(a.tokens[a.pos]);
+            if (last) s.finish = length ? FinishReason::kLength : FinishReason::kStop;
+          }
+          o.seqs.push_back(std::move(s));
+        }
+        o.finished = aborted || last;
+        ++a.pos;
+        auto cb = a.req.on_output;
+        l.unlock();
+        cb(std::move(o));
+        l.lock();
+        if (!aborted && !last) keep.push_back(std::move(a));
+      }
+      for (auto& a : active_) keep.push_back(std::move(a));  // submitted during the step
+      active_.swap(keep);
+      processing_ = 0;
+    }
+  }
+
+  std::function<std::vector<int>(const EngineRequest&)> tokens_for_;
+  std::chrono::milliseconds step_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Active> active_;
+  std::set<std::string> aborted_;
+  std::vector<std::string> submitted_, salts_;
+  SamplingParams last_sampling_;
+  int processing_ = 0;
+  bool refuse_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace beluga::server::testing

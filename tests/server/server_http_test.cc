@@ -1,0 +1,498 @@
+// The HTTP server against a scripted engine: routes, each API's JSON and SSE shapes, tool calls
+// parsed from model output, stop strings, errors (status + shape), auth, limits, disconnects.
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include "fake_engine.h"
+#include "recipe/chat_format.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace beluga::server {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Json = nlohmann::json;
+
+const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+const std::string kToolText =
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::string content_type;
+  Json json() const { return Json::parse(body, nullptr, false); }
+};
+
+Reply request(int port, http::verb verb, const std::string& target, const std::string& body = "",
+              const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)));
+  http::request<http::string_body> req(verb, target, 11);
+  req.set(http::field::host, "127.0.0.1");
+  req.set(http::field::content_type, "application/json");
+  for (const auto& [k, v] : headers) req.set(k, v);
+  req.body() = body;
+  req.prepare_payload();
+  http::write(sock, req);
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> p;
+  p.body_limit(64u << 20);
+  beast::error_code ec;
+  http::read(sock, buf, p, ec);
+  Reply r;
+  if (ec) return r;
+  r.status = int(p.get().result_int());
+  r.body = p.get().body();
+  r.content_type = std::string(p.get()[http::field::content_type]);
+  return r;
+}
+
+Reply post(int port, const std::string& target, const Json& body, const std::vector<std::pair<std::string, std::string>>& h = {}) {
+  return request(port, http::verb::post, target, body.dump(), h);
+}
+
+// SSE data payloads (and event names) of a streamed body.
+struct SseEvent {
+  std::string event;
+  std::string data;
+};
+std::vector<SseEvent> parse_sse(const std::string& body) {
+  std::vector<SseEvent> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    std::string frame = body.substr(pos, end - pos);
+    pos = end + 2;
+    SseEvent e;
+    size_t lp = 0;
+    while (lp < frame.size()) {
+      size_t le = frame.find('\n', lp);
+      if (le == std::string::npos) le = frame.size();
+      std::string line = frame.substr(lp, le - lp);
+      if (line.rfind("event: ", 0) == 0) e.event = line.substr(7);
+      if (line.rfind("data: ", 0) == 0) e.data = line.substr(6);
+      lp = le + 1;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tokenizer_ = new tok::Tokenizer(tok::Tokenizer::from_file(kModelDir + "/tokenizer.json"));
+    encoder_ = new recipe::ChatEncoder(recipe::ChatEncoder::from_model_dir(kModelDir));
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete encoder_;
+  }
+
+  void start(ServerConfig cfg = {}) {
+    engine_ = std::make_unique<testing::FakeEngine>([this](const EngineRequest& r) {
+      std::lock_guard l(text_mu_);
+      return tokenizer_->encode(text_, /*allow_special=*/true);
+    });
+    cfg.port = 0;
+    cfg.io_threads = 2;
+    server_ = std::make_unique<Server>(cfg);
+    server_->listen();
+    server_->start();
+    ModelInfo info;
+    info.served_name = "demo";
+    info.tokenizer = tokenizer_;
+    info.encoder = encoder_;
+    info.max_model_len = 512;
+    info.bos_token_id = 0;
+    server_->set_engine(engine_.get(), info);
+    port_ = server_->port();
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    server_.reset();
+    engine_.reset();
+  }
+  void set_text(const std::string& t) {
+    std::lock_guard l(text_mu_);
+    text_ = t;
+  }
+  Json chat(const std::string& content, Json extra = Json::object()) {
+    Json b{{"model", "demo"}, {"messages", Json::array({Json{{"role", "user"}, {"content", content}}})}};
+    for (auto& [k, v] : extra.items()) b[k] = v;
+    return b;
+  }
+
+  static tok::Tokenizer* tokenizer_;
+  static recipe::ChatEncoder* encoder_;
+  std::mutex text_mu_;
+  std::string text_ = "Hello world, goodbye.";
+  std::unique_ptr<testing::FakeEngine> engine_;
+  std::unique_ptr<Server> server_;
+  int port_ = 0;
+};
+tok::Tokenizer* ServerTest::tokenizer_ = nullptr;
+recipe::ChatEncoder* ServerTest::encoder_ = nullptr;
+
+TEST_F(ServerTest, HealthModelsMetricsAndUnknownRoutes) {
+  start();
+  EXPECT_EQ(request(port_, http::verb::get, "/health").status, 200);
+  Reply m = request(port_, http::verb::get, "/v1/models");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(m.json()["data"][0]["id"], "demo");
+  EXPECT_EQ(request(port_, http::verb::get, "/v1/models/demo").status, 200);
+  EXPECT_EQ(request(port_, http::verb::get, "/v1/models/other").status, 404);
+  Reply met = request(port_, http::verb::get, "/metrics");
+  ASSERT_EQ(met.status, 200);
+  EXPECT_NE(met.body.find("beluga_kv_blocks_used"), std::string::npos);
+  EXPECT_NE(met.body.find("beluga_time_to_first_token_seconds_bucket"), std::string::npos);
+  Reply nf = request(port_, http::verb::get, "/v1/nope");
+  EXPECT_EQ(nf.status, 404);
+  EXPECT_TRUE(nf.json()["error"].is_object());
+  EXPECT_EQ(request(port_, http::verb::get, "/v1/chat/completions").status, 405);
+}
+
+TEST_F(ServerTest, ChatNonStreamed) {
+  start();
+  Reply r = post(port_, "/v1/chat/completions", chat("hi", {{"max_tokens", 50}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = r.json();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "demo");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello world, goodbye.");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  const Json& u = j["usage"];
+  EXPECT_GT(u["prompt_tokens"].get<int>(), 0);
+  EXPECT_EQ(u["prompt_cache_hit_tokens"], 0);
+  EXPECT_EQ(u["prompt_cache_miss_tokens"], u["prompt_tokens"]);
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(u["completion_tokens"].get<int>(), int(tokenizer_->encode("Hello world, goodbye.", true).size()));
+}
+
+TEST_F(ServerTest, ChatStreamFramingAndUsage) {
+  start();
+  Reply r = post(port_, "/v1/chat/completions",
+                 chat("hi", {{"max_tokens", 50}, {"stream", true}, {"stream_options", {{"include_usage", true}}}}));
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.content_type.rfind("text/event-stream", 0), 0u);
+  auto evs = parse_sse(r.body);
+  ASSERT_GE(evs.size(), 4u);
+  EXPECT_EQ(evs.back().data, "[DONE]");
+  std::string text;
+  std::string finish;
+  Json usage;
+  for (size_t i = 0; i + 1 < evs.size(); ++i) {
+    Json c = Json::parse(evs[i].data);
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    if (!c["usage"].is_null()) usage = c["usage"];
+    for (auto& ch : c["choices"]) {
+      if (ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_EQ(Json::parse(evs[0].data)["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(text, "Hello world, goodbye.");
+  EXPECT_EQ(finish, "stop");
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_TRUE(Json::parse(evs[evs.size() - 2].data)["choices"].empty());
+  EXPECT_EQ(usage["prompt_cache_miss_tokens"], usage["prompt_tokens"]);
+}
+
+TEST_F(ServerTest, StopStringEndsEarlyAndAbortsTheEngineRequest) {
+  set_text("Hello world, goodbye. And then a lot more text that goes on and on and on.");
+  start();
+  Reply r = post(port_, "/v1/chat/completions", chat("hi", {{"max_tokens", 100}, {"stop", "goodbye"}}));
+  ASSERT_EQ(r.status, 200);
+  Json j = r.json();
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello world, ");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(engine_->aborted().count(j["id"].get<std::string>()), 1u);
+}
+
+TEST_F(ServerTest, MaxTokensGivesLength) {
+  start();
+  Reply r = post(port_, "/v1/chat/completions", chat("hi", {{"max_tokens", 2}}));
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.json()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(engine_->last_sampling().max_tokens, 2);
+}
+
+TEST_F(ServerTest, ChatToolCall) {
+  set_text(kToolText);
+  start();
+  Json tools = Json::array({Json{{"type", "function"},
+                                 {"function", {{"name", "get_weather"},
+                                               {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+  Reply r = post(port_, "/v1/chat/completions", chat("weather?", {{"tools", tools}, {"max_tokens", 100}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json m = r.json()["choices"][0];
+  EXPECT_EQ(m["finish_reason"], "tool_calls");
+  ASSERT_EQ(m["message"]["tool_calls"].size(), 1u) << m;
+  EXPECT_EQ(m["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(m["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json({{"city", "Paris"}}));
+  EXPECT_EQ(m["message"]["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+
+  // Streamed: a tool_calls delta with id + name, then argument fragments.
+  Reply s = post(port_, "/v1/chat/completions", chat("weather?", {{"tools", tools}, {"max_tokens", 100}, {"stream", true}}));
+  std::string args, name, finish;
+  for (auto& e : parse_sse(s.body)) {
+    if (e.data == "[DONE]") continue;
+    const Json chunk = Json::parse(e.data);
+    for (auto& ch : chunk["choices"]) {
+      if (ch["delta"].contains("tool_calls")) {
+        auto& tc = ch["delta"]["tool_calls"][0];
+        if (tc.contains("id")) name = tc["function"]["name"];
+        args += tc["function"]["arguments"].get<std::string>();
+      }
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(Json::parse(args), Json({{"city", "Paris"}}));
+  EXPECT_EQ(finish, "tool_calls");
+
+  // Anthropic: a tool_use block with the parsed input.
+  Json mb{{"model", "demo"},
+          {"max_tokens", 100},
+          {"tools", Json::array({Json{{"name", "get_weather"}, {"input_schema", {{"type", "object"}}}}})},
+          {"messages", Json::array({Json{{"role", "user"}, {"content", "weather?"}}})}};
+  Reply a = post(port_, "/v1/messages", mb);
+  ASSERT_EQ(a.status, 200) << a.body;
+  Json aj = a.json();
+  EXPECT_EQ(aj["stop_reason"], "tool_use");
+  bool found = false;
+  for (const auto& c : aj["content"])
+    if (c["type"] == "tool_use") {
+      found = true;
+      EXPECT_EQ(c["name"], "get_weather");
+      EXPECT_EQ(c["input"], Json({{"city", "Paris"}}));
+    }
+  EXPECT_TRUE(found) << aj;
+  mb["stream"] = true;
+  Reply as = post(port_, "/v1/messages", mb);
+  std::string partial;
+  for (auto& e : parse_sse(as.body)) {
+    Json d = Json::parse(e.data);
+    EXPECT_EQ(d["type"], e.event);
+    if (e.event == "content_block_delta" && d["delta"]["type"] == "input_json_delta") partial += d["delta"]["partial_json"];
+  }
+  EXPECT_EQ(Json::parse(partial), Json({{"city", "Paris"}}));
+
+  // Responses: a function_call output item.
+  Json rb{{"model", "demo"},
+          {"input", "weather?"},
+          {"tools", Json::array({Json{{"type", "function"}, {"name", "get_weather"}, {"parameters", {{"type", "object"}}}}})}};
+  Reply rr = post(port_, "/v1/responses", rb);
+  ASSERT_EQ(rr.status, 200) << rr.body;
+  bool fc = false;
+  const Json rj = rr.json();
+  for (const auto& it : rj["output"])
+    if (it["type"] == "function_call") {
+      fc = true;
+      EXPECT_EQ(it["name"], "get_weather");
+      EXPECT_EQ(Json::parse(it["arguments"].get<std::string>()), Json({{"city", "Paris"}}));
+    }
+  EXPECT_TRUE(fc) << rr.body;
+}
+
+TEST_F(ServerTest, ResponsesStreamEvents) {
+  start();
+  Reply r = post(port_, "/v1/responses", Json{{"model", "demo"}, {"input", "hi"}, {"stream", true}});
+  ASSERT_EQ(r.status, 200);
+  auto evs = parse_sse(r.body);
+  ASSERT_GE(evs.size(), 6u);
+  int64_t seq = -1;
+  std::string text;
+  for (auto& e : evs) {
+    Json d = Json::parse(e.data);
+    EXPECT_EQ(d["type"], e.event);
+    EXPECT_GT(d["sequence_number"].get<int64_t>(), seq);
+    seq = d["sequence_number"];
+    if (e.event == "response.output_text.delta") text += d["delta"];
+  }
+  EXPECT_EQ(evs.front().event, "response.created");
+  EXPECT_EQ(evs[1].event, "response.in_progress");
+  EXPECT_EQ(evs.back().event, "response.completed");
+  EXPECT_EQ(text, "Hello world, goodbye.");
+  Json fin = Json::parse(evs.back().data)["response"];
+  EXPECT_EQ(fin["output"][0]["content"][0]["text"], "Hello world, goodbye.");
+  EXPECT_GT(fin["usage"]["output_tokens"].get<int>(), 0);
+}
+
+TEST_F(ServerTest, MessagesStreamEvents) {
+  start();
+  Reply r = post(port_, "/v1/messages", Json{{"model", "demo"}, {"max_tokens", 50}, {"stream", true},
+                                             {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})}});
+  ASSERT_EQ(r.status, 200);
+  auto evs = parse_sse(r.body);
+  std::vector<std::string> names;
+  for (auto& e : evs) names.push_back(e.event);
+  ASSERT_GE(names.size(), 6u);
+  EXPECT_EQ(names.front(), "message_start");
+  EXPECT_EQ(names.back(), "message_stop");
+  EXPECT_EQ(names[names.size() - 2], "message_delta");
+  EXPECT_EQ(Json::parse(evs[evs.size() - 2].data)["delta"]["stop_reason"], "end_turn");
+}
+
+TEST_F(ServerTest, CompletionsEchoNAndMultiplePrompts) {
+  start();
+  Reply r = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", Json::array({"a", "b"})}, {"n", 2}, {"max_tokens", 50}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = r.json();
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], "Hello world, goodbye.");
+  }
+  Reply e = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", "Say: "}, {"echo", true}, {"stop", ","}});
+  ASSERT_EQ(e.status, 200) << e.body;
+  EXPECT_EQ(e.json()["choices"][0]["text"], "Say: Hello world");
+  EXPECT_EQ(e.json()["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(engine_->last_sampling().max_tokens, 16);  // OpenAI's default for completions
+}
+
+TEST_F(ServerTest, ChatN2) {
+  start();
+  Reply r = post(port_, "/v1/chat/completions", chat("hi", {{"n", 2}, {"seed", 5}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["choices"].size(), 2u);
+  EXPECT_EQ(engine_->last_sampling().n, 2);
+  EXPECT_EQ(engine_->last_sampling().seed.value_or(0), 5u);
+}
+
+TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {
+  start();
+  auto openai_shape = [](const Reply& r) { Json j = r.json(); return j.is_object() && j["error"].is_object() && j["error"]["message"].is_string(); };
+  auto anthropic_shape = [](const Reply& r) { Json j = r.json(); return j.is_object() && j["type"] == "error" && j["error"]["type"].is_string(); };
+  Reply a = request(port_, http::verb::post, "/v1/chat/completions", "{\"model\": ");
+  EXPECT_EQ(a.status, 400);
+  EXPECT_TRUE(openai_shape(a)) << a.body;
+  Reply b = request(port_, http::verb::post, "/v1/messages", "not json");
+  EXPECT_EQ(b.status, 400);
+  EXPECT_TRUE(anthropic_shape(b)) << b.body;
+  Reply c = post(port_, "/v1/chat/completions", Json{{"model", "demo"}, {"messages", Json::array()}});
+  EXPECT_EQ(c.status, 400);
+  Reply d = post(port_, "/v1/chat/completions", chat("hi", {{"max_tokens", -3}}));
+  EXPECT_EQ(d.status, 400);
+  Reply e = post(port_, "/v1/chat/completions", Json{{"model", "other"}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}});
+  EXPECT_EQ(e.status, 404);
+  EXPECT_TRUE(openai_shape(e));
+  Reply f = request(port_, http::verb::post, "/v1/chat/completions", std::string("{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}"));
+  EXPECT_EQ(f.status, 400);
+  Reply g = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", Json::array({1, 99999999})}});
+  EXPECT_EQ(g.status, 400);
+  Reply h = post(port_, "/v1/chat/completions", chat(std::string(3000, 'x')));
+  EXPECT_EQ(h.status, 400) << "prompt longer than max_model_len";
+  Reply i = post(port_, "/v1/chat/completions", chat("hi", {{"n", 0}}));
+  EXPECT_EQ(i.status, 400);
+  Reply k = post(port_, "/v1/responses", Json{{"model", "demo"}, {"input", 5}});
+  EXPECT_EQ(k.status, 400);
+  EXPECT_TRUE(openai_shape(k));
+  engine_->set_refuse(true);
+  Reply q = post(port_, "/v1/messages", Json{{"model", "demo"}, {"max_tokens", 5}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}});
+  EXPECT_EQ(q.status, 429);
+  EXPECT_TRUE(anthropic_shape(q));
+  EXPECT_EQ(q.json()["error"]["type"], "rate_limit_error");
+  engine_->set_refuse(false);
+  // The server is still fine.
+  EXPECT_EQ(post(port_, "/v1/chat/completions", chat("hi")).status, 200);
+}
+
+TEST_F(ServerTest, MalformedHttpGets400AndServerSurvives) {
+  start();
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
+  net::write(sock, net::buffer(std::string("GARBAGE\x01\x02 / HTTP/9\r\n\r\n")));
+  std::string got(256, '\0');
+  beast::error_code ec;
+  size_t n = sock.read_some(net::buffer(got), ec);
+  got.resize(n);
+  EXPECT_NE(got.find(" 400 "), std::string::npos) << got;
+  EXPECT_EQ(request(port_, http::verb::get, "/health").status, 200);
+}
+
+TEST_F(ServerTest, BodyLimitAndApiKey) {
+  ServerConfig cfg;
+  cfg.max_body_bytes = 1000;
+  cfg.api_key = "sekret";
+  start(cfg);
+  const std::vector<std::pair<std::string, std::string>> auth{{"authorization", "Bearer sekret"}};
+  Reply big = post(port_, "/v1/chat/completions", chat(std::string(2000, 'x')), auth);
+  EXPECT_EQ(big.status, 413);
+  Reply bigm = post(port_, "/v1/messages", chat(std::string(2000, 'x')), auth);
+  EXPECT_EQ(bigm.status, 413);
+  EXPECT_EQ(bigm.json()["type"], "error") << bigm.body;
+  EXPECT_EQ(post(port_, "/v1/chat/completions", chat("hi")).status, 401);
+  EXPECT_EQ(post(port_, "/v1/chat/completions", chat("hi"), {{"authorization", "Bearer nope"}}).status, 401);
+  Reply m = post(port_, "/v1/messages", Json{{"model", "demo"}, {"max_tokens", 5}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}},
+                 {{"x-api-key", "nope"}});
+  EXPECT_EQ(m.status, 401);
+  EXPECT_EQ(m.json()["error"]["type"], "authentication_error");
+  EXPECT_EQ(post(port_, "/v1/chat/completions", chat("hi"), auth).status, 200);
+  EXPECT_EQ(post(port_, "/v1/chat/completions", chat("hi"), {{"x-api-key", "sekret"}}).status, 200);
+  EXPECT_EQ(request(port_, http::verb::get, "/health").status, 200);  // no key needed
+  auto salts = engine_->salts();
+  ASSERT_FALSE(salts.empty());
+  EXPECT_EQ(salts.back(), "sekret");  // per-tenant prefix-cache salt = the API key
+}
+
+TEST_F(ServerTest, ClientDisconnectAbortsTheRequest) {
+  set_text(std::string(400, 'a'));  // long enough to still be generating when the client leaves
+  start();
+  engine_.get();
+  for (int round = 0; round < 20; ++round) {
+    net::io_context ioc;
+    tcp::socket sock(ioc);
+    sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
+    std::string body = chat("hi", {{"stream", round % 2 == 0}, {"max_tokens", 400}}).dump();
+    std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(sock, net::buffer(req));
+    if (round % 2 == 0) {
+      std::string got(64, '\0');
+      sock.read_some(net::buffer(got));  // the stream started
+    }
+    sock.close();
+  }
+  for (int i = 0; i < 500 && engine_->active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->active(), 0);
+  EXPECT_EQ(engine_->aborted().size(), 20u);
+  Reply met = request(port_, http::verb::get, "/metrics");
+  EXPECT_NE(met.body.find("beluga_client_disconnects_total{model_name=\"demo\"} 20"), std::string::npos) << met.body;
+  EXPECT_EQ(request(port_, http::verb::get, "/health").status, 200);
+}
+
+TEST_F(ServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
+  start();
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
+  beast::flat_buffer buf;
+  for (int i = 0; i < 3; ++i) {
+    http::request<http::string_body> req(http::verb::post, "/v1/chat/completions", 11);
+    req.set(http::field::host, "x");
+    req.body() = chat("hi", {{"stream", i == 1}}).dump();
+    req.prepare_payload();
+    http::write(sock, req);
+    http::response<http::string_body> res;
+    http::read(sock, buf, res);
+    EXPECT_EQ(res.result_int(), 200u);
+    EXPECT_NE(res.body().find(i == 1 ? "[DONE]" : "Hello world"), std::string::npos) << res.body();
+  }
+}
+
+}  // namespace
+}  // namespace beluga::server

@@ -1,0 +1,411 @@
+// End-to-end test of `beluga serve` with the official `openai` and `@anthropic-ai/sdk` clients.
+// Starts the server on free ports with the built-in demo model and checks: chat / completions /
+// responses / messages, streamed and not; tool-call history round trips; n=2; a seeded request
+// repeated under concurrent load gives identical tokens; error statuses and shapes; queue full
+// -> 429; 200 clients that disconnect mid-stream leave no KV blocks in use and the server keeps
+// serving. Usage: node tests/tools/e2e_server.mjs [path/to/beluga]   (exit code 0 = pass)
+import { spawn } from 'node:child_process';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '../..');
+const BIN = process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga');
+const MODEL = 'beluga-demo-coder';
+const KEY = 'e2e-secret';
+const T0 = Date.now();
+
+let failures = 0;
+function check(cond, what, extra) {
+  if (!cond) {
+    failures++;
+    console.error(`FAIL: ${what}` + (extra !== undefined ? ` -- ${typeof extra === 'string' ? extra : JSON.stringify(extra)}` : ''));
+  }
+}
+function log(s) { console.log(`[${((Date.now() - T0) / 1000).toFixed(1)}s] ${s}`); }
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
+    s.on('error', reject);
+  });
+}
+
+async function startServer(extra) {
+  const port = await freePort();
+  const args = ['serve', '--port', String(port), ...extra];
+  const proc = spawn(BIN, args, { stdio: ['ignore', 'inherit', 'pipe'] });
+  let stderr = '';
+  proc.stderr.on('data', (d) => { stderr += d; });
+  proc.exited = new Promise((r) => proc.on('exit', (code, sig) => r({ code, sig })));
+  const base = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 120000;
+  for (;;) {
+    if (proc.exitCode !== null) throw new Error(`server exited early (${proc.exitCode}):\n${stderr}`);
+    try {
+      const r = await fetch(`${base}/health`);
+      if (r.status === 200) break;
+    } catch {}
+    if (Date.now() > deadline) throw new Error(`server did not become healthy:\n${stderr}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return { proc, base, port, stderr: () => stderr };
+}
+
+async function stopServer(s) {
+  if (s.proc.exitCode === null) s.proc.kill('SIGTERM');
+  const { code, sig } = await Promise.race([s.proc.exited, new Promise((r) => setTimeout(() => r({ code: 'timeout' }), 20000))]);
+  if (code === 'timeout') { s.proc.kill('SIGKILL'); check(false, 'server shuts down on SIGTERM within 20 s'); }
+  else check(code === 0, `server exits cleanly (code ${code}, signal ${sig})`, s.stderr().slice(-2000));
+}
+
+async function metrics(base) {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const get = (name) => {
+    const m = text.match(new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.e+-]+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+  return { text, get };
+}
+
+function checkOpenAIUsage(u, what) {
+  check(u && Number.isInteger(u.prompt_tokens) && u.prompt_tokens > 0, `${what}: usage.prompt_tokens`, u);
+  check(u && Number.isInteger(u.completion_tokens), `${what}: usage.completion_tokens`, u);
+  check(u && u.total_tokens === u.prompt_tokens + u.completion_tokens, `${what}: usage.total_tokens`, u);
+  check(u && Number.isInteger(u.prompt_cache_hit_tokens) && Number.isInteger(u.prompt_cache_miss_tokens) &&
+        u.prompt_cache_hit_tokens + u.prompt_cache_miss_tokens === u.prompt_tokens, `${what}: prompt cache hit/miss`, u);
+  check(u && u.prompt_tokens_details && u.prompt_tokens_details.cached_tokens === u.prompt_cache_hit_tokens,
+        `${what}: prompt_tokens_details.cached_tokens`, u);
+}
+
+const USER = 'Write a Python function `read_json(path)`: Load a JSON file and return its contents.';
+const TOOLS = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+
+async function testChat(openai) {
+  const r = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: USER }], max_tokens: 16, temperature: 0 });
+  check(r.object === 'chat.completion', 'chat: object');
+  check(r.choices.length === 1 && typeof r.choices[0].message.content === 'string' && r.choices[0].message.content.length > 0, 'chat: content', r);
+  check(['stop', 'length'].includes(r.choices[0].finish_reason), 'chat: finish_reason', r.choices[0].finish_reason);
+  checkOpenAIUsage(r.usage, 'chat');
+
+  // Streamed: same greedy text, usage chunk at the end.
+  const stream = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: USER }], max_tokens: 16,
+    temperature: 0, stream: true, stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null, role = null;
+  for await (const chunk of stream) {
+    check(chunk.object === 'chat.completion.chunk', 'chat stream: chunk object');
+    for (const c of chunk.choices) {
+      if (c.delta.role) role = c.delta.role;
+      if (c.delta.content) text += c.delta.content;
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  check(role === 'assistant', 'chat stream: role delta');
+  check(text === r.choices[0].message.content, 'chat stream: same greedy text as non-streamed', { text, want: r.choices[0].message.content });
+  check(finish === r.choices[0].finish_reason, 'chat stream: finish_reason');
+  checkOpenAIUsage(usage, 'chat stream');
+  check(usage && usage.completion_tokens === r.usage.completion_tokens, 'chat stream: completion tokens match');
+
+  // Stop string: ends early with finish_reason stop and the stop text excluded.
+  const full = r.choices[0].message.content;
+  if (full.length > 6) {
+    const stop = full.slice(3, 6);
+    const s = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: USER }], max_tokens: 16, temperature: 0, stop: [stop] });
+    check(s.choices[0].finish_reason === 'stop' && !s.choices[0].message.content.includes(stop) &&
+          full.startsWith(s.choices[0].message.content), 'chat: stop string', { stop, got: s.choices[0].message.content });
+  }
+
+  // The same prompt again (longer than a 64-token block): the second reports cache hits.
+  const long = USER + ' ' + 'Use the json module and handle missing files by raising FileNotFoundError. '.repeat(12);
+  const a = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: long }], max_tokens: 2, temperature: 0 });
+  const b = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: long }], max_tokens: 2, temperature: 0 });
+  const full_blocks = Math.floor((b.usage.prompt_tokens - 1) / 64) * 64;
+  check(b.usage.prompt_cache_hit_tokens >= full_blocks && full_blocks > 0, 'chat: repeated prompt hits the prefix cache',
+        { first: a.usage, second: b.usage });
+}
+
+async function testN2(openai) {
+  const r = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: USER }], max_tokens: 8,
+    temperature: 1.0, seed: 7, n: 2 });
+  check(r.choices.length === 2 && r.choices[0].index === 0 && r.choices[1].index === 1, 'n=2: two choices', r.choices);
+  const s = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: USER }], max_tokens: 8,
+    temperature: 1.0, seed: 7, n: 2, stream: true });
+  const texts = ['', ''];
+  const finishes = [null, null];
+  for await (const chunk of s) for (const c of chunk.choices) {
+    if (c.delta.content) texts[c.index] += c.delta.content;
+    if (c.finish_reason) finishes[c.index] = c.finish_reason;
+  }
+  check(finishes[0] && finishes[1], 'n=2 stream: both choices finish', finishes);
+  check(texts[0] === r.choices[0].message.content && texts[1] === r.choices[1].message.content,
+        'n=2: seeded streamed choices equal the non-streamed ones', { texts, want: r.choices.map((c) => c.message.content) });
+  const c = await openai.completions.create({ model: MODEL, prompt: 'def add(a, b):', max_tokens: 6, n: 2, temperature: 1.0, seed: 3 });
+  check(c.choices.length === 2, 'completions n=2');
+}
+
+async function testCompletions(openai) {
+  const r = await openai.completions.create({ model: MODEL, prompt: 'def read_json(path):', max_tokens: 12, temperature: 0 });
+  check(r.object === 'text_completion' && typeof r.choices[0].text === 'string' && r.choices[0].text.length > 0, 'completions: text', r);
+  checkOpenAIUsage(r.usage, 'completions');
+  const s = await openai.completions.create({ model: MODEL, prompt: 'def read_json(path):', max_tokens: 12, temperature: 0,
+    stream: true, stream_options: { include_usage: true } });
+  let text = '', usage = null, finish = null;
+  for await (const chunk of s) {
+    for (const c of chunk.choices) { text += c.text; if (c.finish_reason) finish = c.finish_reason; }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  check(text === r.choices[0].text, 'completions stream: same greedy text', { text, want: r.choices[0].text });
+  check(finish === r.choices[0].finish_reason, 'completions stream: finish_reason');
+  checkOpenAIUsage(usage, 'completions stream');
+  // Token-id prompt.
+  const ids = await openai.completions.create({ model: MODEL, prompt: [0, 1000, 1001], max_tokens: 3, temperature: 0 });
+  check(ids.choices.length === 1 && ids.usage.prompt_tokens === 3, 'completions: token-id prompt', ids.usage);
+}
+
+async function testResponses(openai) {
+  const r = await openai.responses.create({ model: MODEL, input: USER, max_output_tokens: 16, temperature: 0 });
+  check(r.object === 'response' && ['completed', 'incomplete'].includes(r.status), 'responses: status', r.status);
+  check(typeof r.output_text === 'string' && r.output_text.length > 0, 'responses: output_text', r.output);
+  check(r.usage && r.usage.input_tokens > 0 && r.usage.output_tokens > 0 && r.usage.input_tokens_details &&
+        Number.isInteger(r.usage.input_tokens_details.cached_tokens), 'responses: usage', r.usage);
+
+  const s = await openai.responses.create({ model: MODEL, input: [{ role: 'user', content: USER }], max_output_tokens: 16,
+    temperature: 0, stream: true });
+  let seq = -1, monotonic = true, text = '', types = [], final = null;
+  for await (const ev of s) {
+    types.push(ev.type);
+    if (!(ev.sequence_number > seq)) monotonic = false;
+    seq = ev.sequence_number;
+    if (ev.type === 'response.output_text.delta') text += ev.delta;
+    if (ev.type === 'response.completed' || ev.type === 'response.incomplete') final = ev.response;
+  }
+  check(monotonic, 'responses stream: sequence_number increases');
+  check(types[0] === 'response.created' && types[1] === 'response.in_progress', 'responses stream: created, in_progress first', types.slice(0, 3));
+  check(types.includes('response.output_item.added') && types.includes('response.content_part.added') &&
+        types.includes('response.output_text.done') && types.includes('response.output_item.done'), 'responses stream: item events', types);
+  check(final && text === r.output_text, 'responses stream: same greedy text', { text, want: r.output_text });
+  check(final && final.usage && final.usage.output_tokens > 0, 'responses stream: final usage');
+}
+
+async function testMessages(anthropic) {
+  const r = await anthropic.messages.create({ model: MODEL, max_tokens: 16, temperature: 0, messages: [{ role: 'user', content: USER }] });
+  check(r.type === 'message' && r.role === 'assistant' && r.content[0].type === 'text' && r.content[0].text.length > 0, 'messages: text', r);
+  check(['end_turn', 'max_tokens'].includes(r.stop_reason), 'messages: stop_reason', r.stop_reason);
+  check(r.usage.input_tokens + (r.usage.cache_read_input_tokens || 0) > 0 && r.usage.output_tokens > 0, 'messages: usage', r.usage);
+
+  const stream = anthropic.messages.stream({ model: MODEL, max_tokens: 16, temperature: 0, messages: [{ role: 'user', content: USER }] });
+  const types = [];
+  stream.on('streamEvent', (ev) => types.push(ev.type));
+  const m = await stream.finalMessage();
+  check(types[0] === 'message_start' && types.at(-1) === 'message_stop' && types.includes('content_block_start') &&
+        types.includes('content_block_delta') && types.includes('content_block_stop') && types.includes('message_delta'),
+        'messages stream: event sequence', types);
+  check(m.content[0].text === r.content[0].text, 'messages stream: same greedy text', { got: m.content[0].text, want: r.content[0].text });
+  check(m.stop_reason === r.stop_reason && m.usage.output_tokens === r.usage.output_tokens, 'messages stream: stop_reason and usage', m);
+
+  const stop = await anthropic.messages.create({ model: MODEL, max_tokens: 16, temperature: 0, stop_sequences: [r.content[0].text.slice(2, 4)],
+    messages: [{ role: 'user', content: USER }] });
+  if (r.content[0].text.length > 4)
+    check(stop.stop_reason === 'stop_sequence' && stop.stop_sequence === r.content[0].text.slice(2, 4), 'messages: stop_sequence', stop);
+}
+
+// A tool call and its result sent back, in each API's own shape: the server encodes the history
+// and answers; the model's answer comes back as text or a new call.
+async function testToolRoundTrip(openai, anthropic) {
+  const r = await openai.chat.completions.create({ model: MODEL, max_tokens: 8, temperature: 0, tools: TOOLS, messages: [
+    { role: 'user', content: 'What is the weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '{"temp_c": 21}' },
+  ] });
+  check(r.choices[0].message.content !== undefined || r.choices[0].message.tool_calls, 'tool round trip (chat)', r);
+  check(['stop', 'length', 'tool_calls'].includes(r.choices[0].finish_reason), 'tool round trip (chat): finish_reason');
+  const s = await openai.responses.create({ model: MODEL, max_output_tokens: 8, temperature: 0,
+    tools: [{ type: 'function', name: 'get_weather', parameters: TOOLS[0].function.parameters }], input: [
+      { role: 'user', content: 'What is the weather in Paris?' },
+      { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city": "Paris"}' },
+      { type: 'function_call_output', call_id: 'call_1', output: '{"temp_c": 21}' },
+    ] });
+  check(s.object === 'response' && s.output.length > 0, 'tool round trip (responses)', s);
+  const m = await anthropic.messages.create({ model: MODEL, max_tokens: 8, temperature: 0,
+    tools: [{ name: 'get_weather', description: 'Weather of a city', input_schema: TOOLS[0].function.parameters }], messages: [
+      { role: 'user', content: 'What is the weather in Paris?' },
+      { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: '{"temp_c": 21}' }] },
+    ] });
+  check(m.type === 'message' && m.content.length > 0, 'tool round trip (messages)', m);
+}
+
+async function testSeededUnderLoad(openai) {
+  const req = { model: MODEL, messages: [{ role: 'user', content: 'def parse_args(argv):' }], max_tokens: 12, temperature: 1.0, top_p: 0.95, seed: 1234 };
+  const alone = (await openai.chat.completions.create(req)).choices[0].message.content;
+  const noise = [];
+  for (let i = 0; i < 12; i++)
+    noise.push(openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: `Write a function number ${i} ` + 'x'.repeat(i * 7) }],
+      max_tokens: 4 + (i % 5) * 3, temperature: 0.8 }));
+  const same = [];
+  for (let i = 0; i < 6; i++) same.push(openai.chat.completions.create(req));
+  const outs = (await Promise.all(same)).map((r) => r.choices[0].message.content);
+  await Promise.all(noise);
+  check(outs.every((o) => o === alone), 'seeded request repeated under concurrent load gives identical tokens', { alone, outs });
+}
+
+async function rawPost(base, p, body, headers = {}) {
+  const r = await fetch(base + p, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, ...headers }, body });
+  let json = null;
+  const text = await r.text();
+  try { json = JSON.parse(text); } catch {}
+  return { status: r.status, json, text };
+}
+
+async function testErrors(base, openai, anthropic) {
+  const openaiShape = (j) => j && j.error && typeof j.error.message === 'string' && typeof j.error.type === 'string';
+  const anthropicShape = (j) => j && j.type === 'error' && j.error && typeof j.error.type === 'string' && typeof j.error.message === 'string';
+  const cases = [
+    ['/v1/chat/completions', '{"model": "beluga-demo-coder", "messages": [', 400, openaiShape, 'malformed JSON (chat)'],
+    ['/v1/messages', '{"model": ', 400, anthropicShape, 'malformed JSON (messages)'],
+    ['/v1/responses', '[1,2', 400, openaiShape, 'malformed JSON (responses)'],
+    ['/v1/chat/completions', JSON.stringify({ model: MODEL, messages: 'hello' }), 400, openaiShape, 'wrong type (messages)'],
+    ['/v1/chat/completions', JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], temperature: 'hot' }), 400, openaiShape, 'wrong type (temperature)'],
+    ['/v1/chat/completions', JSON.stringify({ model: MODEL, messages: [] }), 400, openaiShape, 'empty messages'],
+    ['/v1/chat/completions', JSON.stringify({ model: MODEL }), 400, openaiShape, 'missing messages'],
+    ['/v1/messages', JSON.stringify({ model: MODEL, max_tokens: 5, messages: [] }), 400, anthropicShape, 'empty messages (messages)'],
+    ['/v1/chat/completions', JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: -1 }), 400, openaiShape, 'negative max_tokens'],
+    ['/v1/completions', JSON.stringify({ model: MODEL, prompt: 'hi', max_tokens: -5 }), 400, openaiShape, 'negative max_tokens (completions)'],
+    ['/v1/messages', JSON.stringify({ model: MODEL, max_tokens: -5, messages: [{ role: 'user', content: 'hi' }] }), 400, anthropicShape, 'negative max_tokens (messages)'],
+    ['/v1/chat/completions', JSON.stringify({ model: 'gpt-nope', messages: [{ role: 'user', content: 'hi' }] }), 404, openaiShape, 'unknown model'],
+    ['/v1/messages', JSON.stringify({ model: 'claude-nope', max_tokens: 5, messages: [{ role: 'user', content: 'hi' }] }), 404, anthropicShape, 'unknown model (messages)'],
+  ];
+  for (const [p, body, status, shape, what] of cases) {
+    const r = await rawPost(base, p, body);
+    check(r.status === status && shape(r.json), `${what} -> ${status}`, { status: r.status, body: r.text.slice(0, 300) });
+  }
+  // Invalid UTF-8 in the body.
+  const bad = Buffer.concat([Buffer.from('{"model":"beluga-demo-coder","messages":[{"role":"user","content":"a'), Buffer.from([0xff, 0xfe]), Buffer.from('"}]}')]);
+  const u = await rawPost(base, '/v1/chat/completions', bad);
+  check(u.status === 400 && openaiShape(u.json), 'invalid UTF-8 -> 400', u.text);
+  // Oversize body (the server runs with --max-body-bytes 262144).
+  const big = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'x'.repeat(400000) }] });
+  const o = await rawPost(base, '/v1/chat/completions', big);
+  check(o.status === 413 && openaiShape(o.json), 'oversize body -> 413', { status: o.status, body: o.text.slice(0, 200) });
+  const om = await rawPost(base, '/v1/messages', big);
+  check(om.status === 413 && anthropicShape(om.json), 'oversize body (messages) -> 413', { status: om.status, body: om.text.slice(0, 200) });
+  // API key: missing or wrong -> 401 (Bearer and x-api-key); right key via x-api-key works.
+  const ok = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 });
+  const noKey = await fetch(base + '/v1/chat/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: ok });
+  check(noKey.status === 401 && openaiShape(await noKey.json()), 'missing API key -> 401');
+  const wrong = await rawPost(base, '/v1/chat/completions', ok, { authorization: 'Bearer wrong' });
+  check(wrong.status === 401, 'wrong Bearer key -> 401', wrong.status);
+  const wrongX = await fetch(base + '/v1/messages', { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': 'wrong' },
+    body: JSON.stringify({ model: MODEL, max_tokens: 1, messages: [{ role: 'user', content: 'hi' }] }) });
+  check(wrongX.status === 401 && anthropicShape(await wrongX.json()), 'wrong x-api-key -> 401 (anthropic shape)');
+  const rightX = await fetch(base + '/v1/chat/completions', { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': KEY }, body: ok });
+  check(rightX.status === 200, 'x-api-key accepted', rightX.status);
+  // The SDKs raise their typed errors.
+  try {
+    await openai.chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'hi' }] });
+    check(false, 'openai SDK: unknown model raises');
+  } catch (e) { check(e instanceof OpenAI.NotFoundError, 'openai SDK: NotFoundError', String(e)); }
+  try {
+    await anthropic.messages.create({ model: MODEL, max_tokens: 5, messages: [] });
+    check(false, 'anthropic SDK: empty messages raises');
+  } catch (e) { check(e instanceof Anthropic.BadRequestError, 'anthropic SDK: BadRequestError', String(e)); }
+  const badOpenAI = new OpenAI({ baseURL: base + '/v1', apiKey: 'wrong', maxRetries: 0 });
+  try {
+    await badOpenAI.models.list();
+    check(false, 'openai SDK: wrong key raises');
+  } catch (e) { check(e instanceof OpenAI.AuthenticationError, 'openai SDK: AuthenticationError', String(e)); }
+  const models = await openai.models.list();
+  check(models.data.length === 1 && models.data[0].id === MODEL, '/v1/models lists the served model', models.data);
+  const nf = await fetch(base + '/v1/nope', { headers: { authorization: `Bearer ${KEY}` } });
+  check(nf.status === 404, 'unknown route -> 404');
+}
+
+// 200 streaming clients that go away mid-stream: their requests are aborted and no KV block stays in use.
+async function testDisconnects(base, openai) {
+  const N = 200;
+  const body = (i) => JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: `Write function ${i}: ` + 'y'.repeat(i % 50) }],
+    max_tokens: 200, temperature: 0.7, stream: true });
+  const tasks = [];
+  for (let i = 0; i < N; i++) {
+    tasks.push((async () => {
+      const ac = new AbortController();
+      try {
+        const r = await fetch(base + '/v1/chat/completions', { method: 'POST', signal: ac.signal,
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` }, body: body(i) });
+        const reader = r.body.getReader();
+        if (i % 2 === 0) await reader.read();  // half wait for a first chunk, half leave right away
+        ac.abort();
+      } catch {}
+    })());
+  }
+  await Promise.all(tasks);
+  let m, used = NaN, running = NaN, waiting = NaN, inflight = NaN;
+  const deadline = Date.now() + 60000;
+  while (Date.now() < deadline) {
+    m = await metrics(base);
+    used = m.get('beluga_kv_blocks_used'); running = m.get('beluga_num_requests_running');
+    waiting = m.get('beluga_num_requests_waiting'); inflight = m.get('beluga_requests_in_flight');
+    if (used === 0 && running === 0 && waiting === 0 && inflight === 0) break;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  check(used === 0 && running === 0 && waiting === 0, 'after 200 disconnects no KV blocks are in use', { used, running, waiting, inflight });
+  check(m.get('beluga_client_disconnects_total') >= N / 2, 'disconnects are counted', m.get('beluga_client_disconnects_total'));
+  const r = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 4, temperature: 0 });
+  check(r.choices[0].message.content.length > 0, 'the server keeps serving after the disconnects');
+}
+
+async function testQueueFull() {
+  const s = await startServer(['--max-num-seqs', '1', '--max-queue-len', '1']);
+  try {
+    const body = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 24, temperature: 0, ignore_eos: true });
+    const rs = await Promise.all(Array.from({ length: 8 }, () => rawPost(s.base, '/v1/chat/completions', body)));
+    const statuses = rs.map((r) => r.status);
+    check(statuses.includes(429) && statuses.includes(200), 'queue full -> 429 (others 200)', statuses);
+    const e = rs.find((r) => r.status === 429);
+    check(e && e.json && e.json.error && e.json.error.type, '429 body has the OpenAI error shape', e && e.text);
+  } finally {
+    await stopServer(s);
+  }
+}
+
+async function main() {
+  log(`binary ${BIN}`);
+  const s = await startServer(['--api-key', KEY, '--max-body-bytes', '262144']);
+  const openai = new OpenAI({ baseURL: s.base + '/v1', apiKey: KEY, maxRetries: 0, timeout: 120000 });
+  const anthropic = new Anthropic({ baseURL: s.base, apiKey: KEY, maxRetries: 0, timeout: 120000 });
+  const steps = [
+    ['chat', () => testChat(openai)],
+    ['completions', () => testCompletions(openai)],
+    ['responses', () => testResponses(openai)],
+    ['messages', () => testMessages(anthropic)],
+    ['tool round trip', () => testToolRoundTrip(openai, anthropic)],
+    ['n=2', () => testN2(openai)],
+    ['seeded under load', () => testSeededUnderLoad(openai)],
+    ['errors', () => testErrors(s.base, openai, anthropic)],
+    ['disconnects', () => testDisconnects(s.base, openai)],
+  ];
+  const only = process.env.E2E_ONLY;
+  try {
+    for (const [name, fn] of steps) {
+      if (only && !only.split(',').includes(name)) continue;
+      log(name);
+      try { await fn(); } catch (e) { check(false, `${name}: threw`, e && e.stack ? e.stack : String(e)); }
+    }
+  } finally {
+    await stopServer(s);
+  }
+  if (!only || only.split(',').includes('queue full')) {
+    log('queue full');
+    try { await testQueueFull(); } catch (e) { check(false, 'queue full: threw', String(e && e.stack)); }
+  }
+  log(failures ? `${failures} check(s) failed` : 'all checks passed');
+  process.exit(failures ? 1 : 0);
+}
+
+main().catch((e) => { console.error(e); process.exit(1); });
