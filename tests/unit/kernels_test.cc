@@ -41,6 +41,7 @@ struct Case {
   int M, N, K;
   DType wt;
   bool bf16_act;
+  bool split = false;  // x as three exact bf16 terms (F32-exact path)
 };
 
 void run_case(const Kernels& k, const Case& c) {
@@ -79,6 +80,11 @@ void run_case(const Kernels& k, const Case& c) {
     a.xb = xb.data();
     a.ldxb = c.K;
   }
+  std::vector<uint16_t> xs(x.size() * 3);
+  if (c.split) {
+    for (int m = 0; m < c.M; ++m) k.split_bf16x3(x.data() + size_t(m) * c.K, xs.data() + size_t(m) * 3 * c.K, c.K);
+    a.xs = xs.data();
+  }
   std::vector<float> ref(size_t(c.M) * c.N), got(ref.size(), -7.0f);
   a.out = ref.data();
   a.ldo = c.N;
@@ -100,7 +106,9 @@ TEST(Kernels, GemmMatchesScalar) {
   const Case cases[] = {{1, 7, 5, DType::kF32, false},      {3, 9, 33, DType::kBF16, false},
                         {5, 13, 100, DType::kBF16, true},   {4, 16, 256, DType::kBF16, true},
                         {7, 130, 300, DType::kF8E4M3, false}, {1, 260, 129, DType::kF8E4M3, false},
-                        {9, 37, 70, DType::kF32, false},    {2, 64, 1000, DType::kBF16, false}};
+                        {9, 37, 70, DType::kF32, false},    {2, 64, 1000, DType::kBF16, false},
+                        {1, 77, 1000, DType::kBF16, false, true}, {2, 9, 45, DType::kBF16, false, true},
+                        {3, 16, 512, DType::kBF16, false, true}};
   auto ts = tables();
   for (const Kernels* k : ts)
     for (const Case& c : cases) run_case(*k, c);
@@ -117,6 +125,23 @@ TEST(Kernels, GemmNnMatchesScalar) {
       kernels_scalar().gemm_nn(x.data(), K, M, K, b.data(), N + 3, N, r1.data(), N);
       k->gemm_nn(x.data(), K, M, K, b.data(), N + 3, N, r2.data(), N);
       for (size_t i = 0; i < r1.size(); ++i) ASSERT_NEAR(r2[i], r1[i], 1e-5f * std::sqrt(float(K))) << k->name << " " << M << "x" << K << "x" << N;
+    }
+  }
+}
+
+TEST(Kernels, SplitIntoThreeBf16TermsIsExact) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-100, 100);
+  const Kernels* all[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
+  for (const Kernels* k : all) {
+    if ((k == &kernels_avx2() && !cpu_has_avx2()) || (k == &kernels_avx512() && !cpu_has_avx512_bf16())) continue;
+    std::vector<float> x(37);
+    for (auto& v : x) v = u(rng) * std::pow(10.0f, float(int(rng() % 20)) - 10.0f);
+    std::vector<uint16_t> y(3 * x.size());
+    k->split_bf16x3(x.data(), y.data(), int(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float sum = bf16_to_f32(y[i]) + bf16_to_f32(y[x.size() + i]) + bf16_to_f32(y[2 * x.size() + i]);
+      EXPECT_EQ(sum, x[i]) << k->name << " " << i;
     }
   }
 }

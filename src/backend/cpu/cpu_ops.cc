@@ -195,7 +195,7 @@ void CpuOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
 namespace {
 
 cpu::GemmArgs gemm_args(const Weight& w, const float* x, int64_t ldx, const uint16_t* xb, int64_t ldxb, int M,
-                        float* out, int64_t ldo) {
+                        float* out, int64_t ldo, const uint16_t* xs = nullptr) {
   cpu::GemmArgs a{};
   a.x = x;
   a.ldx = ldx;
@@ -217,6 +217,7 @@ cpu::GemmArgs gemm_args(const Weight& w, const float* x, int64_t ldx, const uint
     a.xb = xb;
     a.ldxb = ldxb;
   }
+  if (w.w.dtype == DType::kBF16 && xs) a.xs = xs;
   return a;
 }
 
@@ -225,13 +226,23 @@ cpu::GemmArgs gemm_args(const Weight& w, const float* x, int64_t ldx, const uint
 const uint16_t* CpuOps::maybe_bf16(const float* x, int64_t ldx, int M, int K) {
   if (!bf16_act_) return nullptr;
   Tensor xb = scratch(DType::kBF16, {M, K});
+#pragma omp parallel for num_threads(threads_) if (int64_t(M) * K > (1 << 16))
   for (int m = 0; m < M; ++m) k_->to_bf16(x + int64_t(m) * ldx, xb.ptr<uint16_t>() + int64_t(m) * K, K);
   return xb.ptr<const uint16_t>();
 }
 
+const uint16_t* CpuOps::maybe_split(const float* x, int64_t ldx, int M, int K, int max_rows) {
+  if (bf16_act_ || !k_->split_exact || M > max_rows) return nullptr;
+  Tensor xs = scratch(DType::kBF16, {M, 3 * int64_t(K)});
+  for (int m = 0; m < M; ++m) k_->split_bf16x3(x + int64_t(m) * ldx, xs.ptr<uint16_t>() + int64_t(m) * 3 * K, K);
+  return xs.ptr<const uint16_t>();
+}
+
 void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int N) {
-  const uint16_t* xb = w.w.dtype == DType::kBF16 ? maybe_bf16(x, ldx, M, K) : nullptr;
-  const cpu::GemmArgs a = gemm_args(w, x, ldx, xb, K, M, out, ldo);
+  const bool bf16w = w.w.dtype == DType::kBF16;
+  const uint16_t* xb = bf16w ? maybe_bf16(x, ldx, M, K) : nullptr;
+  const uint16_t* xs = bf16w ? maybe_split(x, ldx, M, K) : nullptr;
+  const cpu::GemmArgs a = gemm_args(w, x, ldx, xb, K, M, out, ldo, xs);
   // Small products are not worth waking the other threads.
   const int nt = (int64_t(M) * N * K < (1 << 16)) ? 1 : std::min(threads_, std::max(1, N / 4));
   if (nt == 1) {
@@ -377,8 +388,12 @@ void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const T
   Tensor G = scratch(DType::kF32, {std::max(R, 1), 2 * I_max});
   Tensor Hh = scratch(DType::kF32, {std::max(R, 1), I_max});
   Tensor Y = scratch(DType::kF32, {std::max(R, 1), D});
+  const bool big = int64_t(R) * D > (1 << 16);
+#pragma omp parallel for num_threads(threads_) if (big)
   for (int r = 0; r < R; ++r) std::memcpy(row_f32(X, r), row_f32(x, token_of(entry[r])), D * sizeof(float));
   const uint16_t* Xb = maybe_bf16(X.ptr<const float>(), D, R, int(D));
+  // Experts see few rows each at decode; split all rows once and let each expert with few rows use it.
+  const uint16_t* Xs = maybe_split(X.ptr<const float>(), D, R, int(D), 1024);
 
   // Work items: (expert, block of output columns), so all experts share one parallel region per GEMM
   // phase and every thread stays busy whether a step has one token or thousands.
@@ -403,9 +418,10 @@ void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const T
     const int I = int(ex.gate.out_features()), r0 = start[w.e], n = start[w.e + 1] - r0;
     const float* xr = X.ptr<const float>() + int64_t(r0) * D;
     const uint16_t* xbr = Xb ? Xb + int64_t(r0) * D : nullptr;
+    const uint16_t* xsr = Xs && n <= kSplitMaxRows ? Xs + int64_t(r0) * 3 * D : nullptr;
     float* g = G.ptr<float>() + int64_t(r0) * G.stride[0];
-    k_->gemm(gemm_args(ex.gate, xr, D, xbr, D, n, g, G.stride[0]), w.n0, w.n1);
-    k_->gemm(gemm_args(ex.up, xr, D, xbr, D, n, g + I, G.stride[0]), w.n0, w.n1);
+    k_->gemm(gemm_args(ex.gate, xr, D, xbr, D, n, g, G.stride[0], xsr), w.n0, w.n1);
+    k_->gemm(gemm_args(ex.up, xr, D, xbr, D, n, g + I, G.stride[0], xsr), w.n0, w.n1);
     for (int r = 0; r < n; ++r) {
       float* gr = g + int64_t(r) * G.stride[0];
       float* hr = Hh.ptr<float>() + int64_t(r0 + r) * Hh.stride[0];
@@ -414,27 +430,35 @@ void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const T
   }
   make_items(true);
   // BF16 copies of each expert's hidden rows, when activations are rounded.
-  std::vector<const uint16_t*> hb(NE, nullptr);
-  if (bf16_act_)
-    for (int e = 0; e < NE; ++e)
-      if (start[e + 1] > start[e]) {
-        const int I = int(expert(e).gate.out_features());
-        hb[e] = maybe_bf16(Hh.ptr<const float>() + int64_t(start[e]) * Hh.stride[0], Hh.stride[0], start[e + 1] - start[e], I);
-      }
+  std::vector<const uint16_t*> hb(NE, nullptr), hs(NE, nullptr);
+  for (int e = 0; e < NE; ++e)
+    if (start[e + 1] > start[e]) {
+      const int I = int(expert(e).gate.out_features());
+      const float* h = Hh.ptr<const float>() + int64_t(start[e]) * Hh.stride[0];
+      hb[e] = maybe_bf16(h, Hh.stride[0], start[e + 1] - start[e], I);
+      hs[e] = maybe_split(h, Hh.stride[0], start[e + 1] - start[e], I);
+    }
 #pragma omp parallel for num_threads(threads_) schedule(dynamic)
   for (size_t it = 0; it < items.size(); ++it) {
     const Item w = items[it];
     const ExpertWeights& ex = expert(w.e);
     const int I = int(ex.gate.out_features()), r0 = start[w.e], n = start[w.e + 1] - r0;
     k_->gemm(gemm_args(ex.down, Hh.ptr<const float>() + int64_t(r0) * Hh.stride[0], Hh.stride[0], hb[w.e], I, n,
-                       Y.ptr<float>() + int64_t(r0) * D, D),
+                       Y.ptr<float>() + int64_t(r0) * D, D, hs[w.e]),
              w.n0, w.n1);
   }
-  for (int64_t t = 0; t < T; ++t) std::memset(row_f32(out, t), 0, D * sizeof(float));
-  for (int r = 0; r < R; ++r) {
-    const int ent = entry[r];
-    const float wgt = ent < T * K ? weights.ptr<const float>()[ent] : 1.0f;
-    k_->axpy(wgt, Y.ptr<const float>() + int64_t(r) * D, row_f32(out, token_of(ent)), int(D));
+  // Each token sums its own rows (k routed + the shared one), so tokens can go in parallel.
+  std::vector<int> row_of(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) row_of[size_t(entry[r])] = r;
+#pragma omp parallel for num_threads(threads_) if (big)
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = row_f32(out, t);
+    std::memset(o, 0, D * sizeof(float));
+    for (int64_t i = 0; i < K; ++i) {
+      const int ent = int(t * K + i);
+      k_->axpy(weights.ptr<const float>()[ent], Y.ptr<const float>() + int64_t(row_of[size_t(ent)]) * D, o, int(D));
+    }
+    if (shared) k_->axpy(1.0f, Y.ptr<const float>() + int64_t(row_of[size_t(T * K + t)]) * D, o, int(D));
   }
 }
 

@@ -67,6 +67,10 @@ class CpuOps final : public Ops {
   void gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int N);
   // x rounded to BF16 (row stride K) when bf16_activations is on, else null.
   const uint16_t* maybe_bf16(const float* x, int64_t ldx, int M, int K);
+  // x split into three exact bf16 terms for F32-exact products on the bf16 dot instruction; used for
+  // few rows (decode, memory-bound), where it saves the per-element weight conversion. Else null.
+  const uint16_t* maybe_split(const float* x, int64_t ldx, int M, int K, int max_rows = kSplitMaxRows);
+  static constexpr int kSplitMaxRows = 2;
 
   cpu::OpProfile profile_;  // first member: destroyed last, after the ops it measured
   const cpu::Kernels* k_;

@@ -15,6 +15,10 @@ struct GemmArgs {
   int64_t ldx;
   const uint16_t* xb;  // optional: x rounded to bf16 (row stride ldxb); used with BF16 weights when set
   int64_t ldxb;
+  // optional: x split exactly into three bf16 terms hi + mid + lo (rows of 3*K: hi, then mid, then lo;
+  // row stride 3*K). With BF16 weights the products are exact and accumulate in F32, so results keep
+  // F32 precision while using the bf16 dot-product instruction. Only tables with split_exact use it.
+  const uint16_t* xs;
   int M, K;
   const void* w;
   DType wtype;
@@ -28,6 +32,7 @@ struct GemmArgs {
 
 struct Kernels {
   const char* name;
+  bool split_exact;  // gemm uses GemmArgs::xs when given
   void (*gemm)(const GemmArgs& a, int n0, int n1);
   // out[m*ldo + n] = sum_k x[m*ldx + k] * b[k*ldb + n] for m < M, n < N: F32, B row-major ("NN").
   // No horizontal sums, so it suits small K (attention scores over a head dimension).
@@ -36,6 +41,7 @@ struct Kernels {
   float (*dot)(const float* a, const float* b, int n);
   void (*axpy)(float alpha, const float* x, float* y, int n);  // y += alpha * x
   void (*to_bf16)(const float* x, uint16_t* y, int n);
+  void (*split_bf16x3)(const float* x, uint16_t* y, int n);  // y[0..n) hi, [n..2n) mid, [2n..3n) lo
   // x[i] = exp(x[i] * scale - shift) for i < n; returns the sum (a softmax's denominator).
   float (*exp_sum)(float* x, int n, float scale, float shift);
   // out[i] = silu(g[i]) * u[i]
@@ -43,6 +49,7 @@ struct Kernels {
 };
 
 const Kernels& kernels_scalar();
+void split_bf16x3_scalar(const float* x, uint16_t* y, int n);
 const Kernels& kernels_avx2();
 const Kernels& kernels_avx512();
 bool cpu_has_avx512_bf16();

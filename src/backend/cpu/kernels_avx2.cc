@@ -206,7 +206,7 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", gemm, gemm_nn, dot, axpy, to_bf16, exp_sum, silu_mul};
+  static const Kernels k{"avx2", false, gemm, gemm_nn, dot, axpy, to_bf16, split_bf16x3_scalar, exp_sum, silu_mul};
   return k;
 }
 

@@ -124,6 +124,36 @@ inline void tile_bf16(const uint16_t* x, int64_t ldx, int K, const uint16_t* w, 
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
+// x split into three exact bf16 terms (GemmArgs::xs): three dot-product instructions per W vector.
+template <int MR, int NR>
+inline void tile_bf16x3(const uint16_t* x, int64_t ldx, int K, const uint16_t* w, int64_t ldw, float* out,
+                        int64_t ldo) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int k = 0; k < K; k += 32) {
+    const __mmask32 m = K - k >= 32 ? __mmask32(0xffffffffu) : __mmask32((1ull << (K - k)) - 1);
+    __m512i wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_epi16(m, w + j * ldw + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 3
+      for (int part = 0; part < 3; ++part) {
+        const __m512i xv = _mm512_maskz_loadu_epi16(m, x + i * ldx + part * K + k);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wv[j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
 template <int NR, typename W>
 inline void rows_f32(const GemmArgs& a, int m, int mr, const W& w, int n) {
   const float* x = a.x + int64_t(m) * a.ldx;
@@ -154,7 +184,13 @@ void tile_any(const GemmArgs& a, int m, int mr, int n) {
     case DType::kF32: rows_f32<NR>(a, m, mr, WF32{static_cast<const float*>(a.w) + int64_t(n) * a.ldw, a.ldw}, n); break;
     case DType::kBF16: {
       const uint16_t* w = static_cast<const uint16_t*>(a.w) + int64_t(n) * a.ldw;
-      if (a.xb) rows_bf16<NR>(a, m, mr, w, n);
+      if (a.xs) {
+        const uint16_t* x = a.xs + int64_t(m) * 3 * a.K;
+        float* o = a.out + int64_t(m) * a.ldo + n;
+        if (mr == 2) tile_bf16x3<2, NR>(x, 3 * a.K, a.K, w, a.ldw, o, a.ldo);
+        else
+          for (int i = 0; i < mr; ++i) tile_bf16x3<1, NR>(x + i * 3 * a.K, 3 * a.K, a.K, w, a.ldw, o + i * a.ldo, a.ldo);
+      } else if (a.xb) rows_bf16<NR>(a, m, mr, w, n);
       else rows_f32<NR>(a, m, mr, WBF16{w, a.ldw}, n);
       break;
     }
@@ -174,6 +210,10 @@ void gemm(const GemmArgs& a, int n0, int n1) {
   for (int m0 = 0; m0 < a.M; m0 += kRowBlock) {
     const int m1 = std::min(a.M, m0 + kRowBlock);
     int n = n0;
+    // One or two rows (decode): eight W rows at a time keep more memory streams in flight.
+    if (m1 - m0 <= 2)
+      for (; n + 8 <= n1; n += 8)
+        for (int m = m0; m < m1; ++m) tile_any<8>(a, m, 1, n);
     for (; n + 4 <= n1; n += 4)
       for (int m = m0; m < m1; m += 4) tile_any<4>(a, m, std::min(4, m1 - m), n);
     for (; n < n1; ++n)
@@ -244,6 +284,30 @@ void axpy(float alpha, const float* x, float* y, int n) {
   }
 }
 
+void split_bf16x3(const float* x, uint16_t* y, int n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m256bh hi = _mm512_cvtneps_pbh(v);
+    const __m512 r1 = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi), 16)));
+    const __m256bh mid = _mm512_cvtneps_pbh(r1);
+    const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)mid), 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), (__m256i)hi);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + n + i), (__m256i)mid);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 2 * n + i), (__m256i)_mm512_cvtneps_pbh(r2));
+  }
+  if (i < n) {  // the tail, in the same layout
+    for (int j = i; j < n; ++j) {
+      const uint16_t hi = f32_to_bf16(x[j]);
+      const float r1 = x[j] - bf16_to_f32(hi);
+      const uint16_t mid = f32_to_bf16(r1);
+      y[j] = hi;
+      y[n + j] = mid;
+      y[2 * n + j] = f32_to_bf16(r1 - bf16_to_f32(mid));
+    }
+  }
+}
+
 void to_bf16(const float* x, uint16_t* y, int n) {
   int i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -298,7 +362,7 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 }  // namespace
 
 const Kernels& kernels_avx512() {
-  static const Kernels k{"avx512", gemm, gemm_nn, dot, axpy, to_bf16, exp_sum, silu_mul};
+  static const Kernels k{"avx512", true, gemm, gemm_nn, dot, axpy, to_bf16, split_bf16x3, exp_sum, silu_mul};
   return k;
 }
 

@@ -57,6 +57,17 @@ void to_bf16(const float* x, uint16_t* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
 }
 
+void split_bf16x3(const float* x, uint16_t* y, int n) {
+  for (int i = 0; i < n; ++i) {
+    const uint16_t hi = f32_to_bf16(x[i]);
+    const float r1 = x[i] - bf16_to_f32(hi);
+    const uint16_t mid = f32_to_bf16(r1);
+    y[i] = hi;
+    y[n + i] = mid;
+    y[2 * n + i] = f32_to_bf16(r1 - bf16_to_f32(mid));
+  }
+}
+
 float exp_sum(float* x, int n, float scale, float shift) {
   double sum = 0;
   for (int i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] * scale - shift));
@@ -69,8 +80,10 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 
 }  // namespace
 
+void split_bf16x3_scalar(const float* x, uint16_t* y, int n) { split_bf16x3(x, y, n); }
+
 const Kernels& kernels_scalar() {
-  static const Kernels k{"scalar", gemm, gemm_nn, dot, axpy, to_bf16, exp_sum, silu_mul};
+  static const Kernels k{"scalar", false, gemm, gemm_nn, dot, axpy, to_bf16, split_bf16x3, exp_sum, silu_mul};
   return k;
 }
 
