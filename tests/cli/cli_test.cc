@@ -35,7 +35,10 @@ const std::string kFixtures = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/
 
 std::string ids_of(const TensorInfo& t) {
   std::string s;
-  for (size_t i = 0; i < t.nbytes / 8; ++i) s += (i ? "," : "") + std::to_string(static_cast<const int64_t*>(t.data)[i]);
+  for (size_t i = 0; i < t.nbytes / 8; ++i) {
+    if (i) s += ',';
+    s += std::to_string(static_cast<const int64_t*>(t.data)[i]);
+  }
   return s;
 }
 
