@@ -1,6 +1,9 @@
 // `beluga bench model`: prefill and decode throughput of one model on this machine, next to the
 // machine's floor measured in the same run (streaming read bandwidth; the GEMM kernel's peak on a
 // compute-bound shape). Prints a table and writes JSON with --out.
+// --device cuda runs a sweep instead (decode at --decode-batches x --decode-contexts, prefill at
+// --prefill-lens), each row with the bytes and FLOPs the step must move and do and the achieved
+// fraction of the floor from the measured device copy bandwidth and cuBLAS BF16 peak.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,6 +21,9 @@
 #include "engine/generator.h"
 #include "util/error.h"
 #include "util/file.h"
+#ifdef BELUGA_WITH_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
 
 namespace beluga::cli {
 
@@ -40,7 +46,8 @@ double measure_read_bandwidth(const CpuOps& ops) {
     float total = 0;
     const double t0 = now_s();
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : total)
-    for (int64_t c = 0; c < int64_t(n >> 16); ++c) total += k.dot(buf.get() + (size_t(c) << 16), buf.get() + (size_t(c) << 16), 1 << 16);
+    for (int64_t c = 0; c < int64_t(n >> 16); ++c)
+      total += k.dot(buf.get() + (size_t(c) << 16), buf.get() + (size_t(c) << 16), 1 << 16);
     const double dt = now_s() - t0;
     // The same buffer is passed twice; the second read hits the line the first just loaded.
     if (total > 0) best = std::max(best, double(n) * 4 / dt);
@@ -83,8 +90,8 @@ ModelCost model_cost(const ModelConfig& c) {
     if (c.is_mla()) {
       const double H = c.num_heads, qd = c.qk_head_dim();
       attn = (c.q_lora_rank > 0 ? D * c.q_lora_rank + c.q_lora_rank * H * qd : D * H * qd) +
-             D * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank * H * (c.qk_nope_head_dim + c.v_head_dim) +
-             H * c.v_head_dim * D;
+             D * (c.kv_lora_rank + c.qk_rope_head_dim) +
+             c.kv_lora_rank * H * (c.qk_nope_head_dim + c.v_head_dim) + H * c.v_head_dim * D;
     } else {
       attn = D * c.head_dim * (c.num_heads * 2.0 + c.num_kv_heads * 2.0);
     }
@@ -100,9 +107,16 @@ ModelCost model_cost(const ModelConfig& c) {
   return m;
 }
 
+#ifdef BELUGA_WITH_CUDA
+int bench_model_cuda(Args& a, LoadedModel& m);
+#endif
+
 int bench_model(int argc, char** argv) {
   Args a(argc, argv);
   LoadedModel m = load_model_from_args(a);
+#ifdef BELUGA_WITH_CUDA
+  if (m.device == "cuda") return bench_model_cuda(a, m);
+#endif
   const int B = int(a.get_int("batch", 1));
   const int P = int(a.get_int("prompt-len", 512));
   const int G = int(a.get_int("gen-len", 32));
@@ -112,13 +126,16 @@ int bench_model(int argc, char** argv) {
   BELUGA_CHECK(B > 0 && P > 0 && G > 0, "--batch, --prompt-len and --gen-len must be positive");
   const ModelConfig& c = m.cfg;
 
-  std::printf("beluga bench model: %s (%s), %.1f M parameters, load %.2f s, %d threads, kernels %s, activations %s\n",
-              m.dir.c_str(), arch_name(c.arch), double(m.model->num_parameters()) / 1e6, m.load_seconds,
-              m.ops->threads(), m.ops->kernels().name, dtype.c_str());
-  const double bw = measure_read_bandwidth(*m.ops);
-  const double peak = measure_gemm_peak(*m.ops);
-  std::printf("machine floor: streaming read %.1f GB/s; GEMM kernel peak %.1f GFLOP/s (bf16 weights, M=256 N=K=1024)\n",
-              bw / 1e9, peak / 1e9);
+  std::printf(
+      "beluga bench model: %s (%s), %.1f M parameters, load %.2f s, %d threads, kernels %s, activations %s\n",
+      m.dir.c_str(), arch_name(c.arch), double(m.model->num_parameters()) / 1e6, m.load_seconds,
+      m.cpu->threads(), m.cpu->kernels().name, dtype.c_str());
+  const double bw = measure_read_bandwidth(*m.cpu);
+  const double peak = measure_gemm_peak(*m.cpu);
+  std::printf(
+      "machine floor: streaming read %.1f GB/s; GEMM kernel peak %.1f GFLOP/s (bf16 weights, M=256 "
+      "N=K=1024)\n",
+      bw / 1e9, peak / 1e9);
 
   uint64_t rng = 12345;
   auto next = [&]() {
@@ -158,9 +175,10 @@ int bench_model(int argc, char** argv) {
   const double E = c.n_routed_experts, k = c.num_experts_per_tok;
   const double experts_touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, B)) : 0;
   const double avg_ctx = P + G / 2.0;
-  const double decode_bytes = bytes_per_param * (cost.dense_params + cost.head_params +
-                                                 cost.moe_layers * experts_touched * cost.expert_params) +
-                              double(B) * avg_ctx * double(m.model->kv_bytes_per_token()) + B * c.hidden_size * 2.0;
+  const double decode_bytes =
+      bytes_per_param *
+          (cost.dense_params + cost.head_params + cost.moe_layers * experts_touched * cost.expert_params) +
+      double(B) * avg_ctx * double(m.model->kv_bytes_per_token()) + B * c.hidden_size * 2.0;
   const double decode_floor = decode_bytes / bw;
   // FLOPs of prefill: 2 per active weight per token, plus attention (QK and PV over the causal half).
   const double active = cost.dense_params + cost.head_params + cost.moe_layers * k * cost.expert_params;
@@ -170,23 +188,25 @@ int bench_model(int argc, char** argv) {
   const double prefill_tps = prefill_tokens / prefill_s;
   const double decode_tps = B / decode_mean;
 
-  std::printf("\n%-8s %6s %8s %8s | %12s %12s %12s | %12s %10s\n", "phase", "batch", "prompt", "gen", "tokens/s",
-              "ms/step", "GFLOP/s", "MB/step", "of floor");
+  std::printf("\n%-8s %6s %8s %8s | %12s %12s %12s | %12s %10s\n", "phase", "batch", "prompt", "gen",
+              "tokens/s", "ms/step", "GFLOP/s", "MB/step", "of floor");
   std::printf("%-8s %6d %8d %8d | %12.1f %12.2f %12.1f | %12s %9.0f%%\n", "prefill", B, P, 0, prefill_tps,
-              prefill_s * 1e3, prefill_flops / prefill_s / 1e9, "-", 100.0 * prefill_flops / prefill_s / peak);
+              prefill_s * 1e3, prefill_flops / prefill_s / 1e9, "-",
+              100.0 * prefill_flops / prefill_s / peak);
   std::printf("%-8s %6d %8d %8d | %12.1f %12.2f %12s | %12.1f %9.0f%%\n", "decode", B, P, G, decode_tps,
               decode_mean * 1e3, "-", decode_bytes / 1e6, 100.0 * decode_floor / decode_mean);
-  std::printf("(prefill 'of floor' = achieved FLOP/s over the GEMM kernel peak; decode = bandwidth floor time over "
-              "measured step time; decode p50 %.2f ms)\n",
-              decode_p50 * 1e3);
+  std::printf(
+      "(prefill 'of floor' = achieved FLOP/s over the GEMM kernel peak; decode = bandwidth floor time over "
+      "measured step time; decode p50 %.2f ms)\n",
+      decode_p50 * 1e3);
 
   if (!out_path.empty()) {
     nlohmann::json j = {
         {"model", m.dir},
         {"architecture", arch_name(c.arch)},
         {"parameters", m.model->num_parameters()},
-        {"threads", m.ops->threads()},
-        {"kernels", m.ops->kernels().name},
+        {"threads", m.cpu->threads()},
+        {"kernels", m.cpu->kernels().name},
         {"activations", dtype},
         {"batch", B},
         {"prompt_len", P},
@@ -207,6 +227,170 @@ int bench_model(int argc, char** argv) {
   }
   return 0;
 }
+
+#ifdef BELUGA_WITH_CUDA
+// One decode or prefill row of the CUDA sweep.
+struct SweepRow {
+  std::string phase;
+  int batch = 0, context = 0, tokens = 0;
+  double ms = 0, tokens_per_s = 0, bytes = 0, flops = 0, floor_ms = 0;
+};
+
+int bench_model_cuda(Args& a, LoadedModel& m) {
+  const std::vector<int> batches = parse_int_list(a.get_or("decode-batches", "1,16,64,256"));
+  const std::vector<int> contexts = parse_int_list(a.get_or("decode-contexts", "1024,4096"));
+  const std::vector<int> prefills = parse_int_list(a.get_or("prefill-lens", "512,2048,8192"));
+  const int steps = int(a.get_int("steps", 8));
+  const std::string out_path = a.get_or("out", "");
+  a.get_or("dtype", "");
+  a.check_all_used();
+  BELUGA_CHECK(steps > 0, "--steps must be positive");
+  auto& ops = dynamic_cast<CudaOps&>(*m.ops);
+  const ModelConfig& c = m.cfg;
+  Model& model = *m.model;
+  std::printf(
+      "beluga bench model --device cuda: %s (%s), %.2f B parameters, load %.2f s, %.1f GiB on the device\n",
+      m.dir.c_str(), arch_name(c.arch), double(model.num_parameters()) / 1e9, m.load_seconds,
+      double(ops.persistent_bytes()) / double(1 << 30));
+  const double bw = ops.measure_copy_bandwidth();
+  const double peak = ops.measure_gemm_peak();
+  std::printf("device floor: copy %.0f GB/s (read + write); cuBLAS BF16 GEMM 8192^3 %.0f TFLOP/s\n", bw / 1e9,
+              peak / 1e12);
+  std::fflush(stdout);
+
+  // One KV cache for every row, sized for the largest; filled with random values (never zeros).
+  int max_blocks = 1;
+  for (int b : batches)
+    for (int ctx : contexts)
+      max_blocks = std::max(max_blocks, b * ((ctx + steps + 2 + kKvBlockSize - 1) / kKvBlockSize));
+  for (int p : prefills) max_blocks = std::max(max_blocks, (p + kKvBlockSize - 1) / kKvBlockSize);
+  KvCache kv = model.make_kv_cache(max_blocks);
+  for (size_t l = 0; l < kv.layers.size(); ++l) ops.fill_uniform(kv.layers[l], 1000 + l, -1.0f, 1.0f);
+  std::printf("KV cache: %d blocks, %.1f GiB\n", max_blocks,
+              double(max_blocks) * kKvBlockSize * double(model.kv_bytes_per_token()) / double(1 << 30));
+
+  const ModelCost cost = model_cost(c);
+  const double E = c.n_routed_experts, k = c.num_experts_per_tok, L = c.num_layers, H = c.num_heads;
+  const double active = cost.dense_params + cost.head_params + cost.moe_layers * k * cost.expert_params;
+  const double kvb = double(model.kv_bytes_per_token());
+  uint64_t rng = 12345;
+  auto next_token = [&]() {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return int((rng >> 33) % uint64_t(c.vocab_size));
+  };
+  auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  std::vector<SweepRow> rows;
+  std::vector<float> logits;
+
+  for (int P : prefills) {
+    Batch b;
+    for (int i = 0; i < P; ++i) b.tokens.push_back(next_token());
+    std::vector<int> table((P + kKvBlockSize - 1) / kKvBlockSize);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int(i);
+    b.seqs.push_back({0, P, table});
+    b.logit_rows = {P - 1};
+    logits.resize(size_t(c.vocab_size));
+    std::vector<double> t;
+    for (int rep = 0; rep < 4; ++rep) {
+      const double t0 = now();
+      model.forward(b, kv, logits.data());
+      if (rep > 0) t.push_back(now() - t0);
+    }
+    std::sort(t.begin(), t.end());
+    SweepRow r;
+    r.phase = "prefill";
+    r.batch = 1;
+    r.context = P;
+    r.tokens = P;
+    r.ms = t[t.size() / 2] * 1e3;
+    r.tokens_per_s = P / t[t.size() / 2];
+    // Every weight once (all experts are touched), the KV written; FLOPs: 2 per active weight per
+    // token (the LM head for the last row only) and causal attention in the expanded form.
+    const double attn_dim = c.is_mla() ? H * (c.qk_head_dim() + c.v_head_dim) : H * c.head_dim * 2.0;
+    r.bytes =
+        2.0 * (cost.dense_params + cost.head_params + cost.moe_layers * E * cost.expert_params) + P * kvb;
+    r.flops = 2.0 * P * (active - cost.head_params) + 2.0 * cost.head_params +
+              2.0 * L * attn_dim * double(P) * (P + 1) / 2.0;
+    r.floor_ms = std::max(r.bytes / bw, r.flops / peak) * 1e3;
+    rows.push_back(r);
+    std::printf("  prefill %5d: %.2f ms\n", P, r.ms);
+    std::fflush(stdout);
+  }
+
+  for (int ctx : contexts)
+    for (int B : batches) {
+      const int bps = (ctx + steps + 2 + kKvBlockSize - 1) / kKvBlockSize;
+      logits.resize(size_t(B) * c.vocab_size);
+      std::vector<double> t;
+      for (int step = 0; step < steps + 2; ++step) {
+        Batch b;
+        for (int s = 0; s < B; ++s) {
+          std::vector<int> table(bps);
+          for (int i = 0; i < bps; ++i) table[i] = s * bps + i;
+          b.seqs.push_back({ctx + step, 1, table});
+          b.tokens.push_back(next_token());
+          b.logit_rows.push_back(s);
+        }
+        const double t0 = now();
+        model.forward(b, kv, logits.data());
+        if (step >= 2) t.push_back(now() - t0);
+      }
+      const double mean = std::accumulate(t.begin(), t.end(), 0.0) / double(t.size());
+      SweepRow r;
+      r.phase = "decode";
+      r.batch = B;
+      r.context = ctx;
+      r.tokens = B;
+      r.ms = mean * 1e3;
+      r.tokens_per_s = B / mean;
+      // Bytes: the non-expert weights, the distinct experts B tokens touch (uniform routing), the LM
+      // head, every sequence's KV cache, and the F32 logits copied out. FLOPs: 2 per active weight
+      // per token and absorbed attention (QK over 576, PV over 512 per head per cached token).
+      const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, B)) : 0;
+      const double avg_ctx = ctx + steps / 2.0 + 2;
+      r.bytes =
+          2.0 * (cost.dense_params + cost.head_params + cost.moe_layers * touched * cost.expert_params) +
+          B * avg_ctx * kvb + 4.0 * B * c.vocab_size;
+      const double attn = c.is_mla() ? 2.0 * H * (c.kv_entry_dim() + c.kv_lora_rank) : 4.0 * H * c.head_dim;
+      r.flops = B * (2.0 * active + L * attn * avg_ctx);
+      r.floor_ms = std::max(r.bytes / bw, r.flops / peak) * 1e3;
+      rows.push_back(r);
+      std::printf("  decode b=%d ctx=%d: %.2f ms/step\n", B, ctx, r.ms);
+      std::fflush(stdout);
+    }
+
+  std::printf("\n%-8s %6s %8s | %12s %10s | %10s %10s %10s | %8s %s\n", "phase", "batch", "context",
+              "tokens/s", "ms/step", "GB/step", "TFLOP/step", "floor ms", "of floor", "bound");
+  for (const SweepRow& r : rows)
+    std::printf("%-8s %6d %8d | %12.1f %10.3f | %10.3f %10.3f %10.3f | %7.1f%% %s\n", r.phase.c_str(),
+                r.batch, r.context, r.tokens_per_s, r.ms, r.bytes / 1e9, r.flops / 1e12, r.floor_ms,
+                100.0 * r.floor_ms / r.ms, r.bytes / bw > r.flops / peak ? "memory" : "compute");
+  std::printf(
+      "(floor = max(bytes / copy bandwidth, FLOPs / cuBLAS peak); 'of floor' = floor time / measured time; "
+      "decode steps include copying the F32 logits to the host)\n");
+  if (!out_path.empty()) {
+    nlohmann::json j = {{"model", m.dir},
+                        {"device", "cuda"},
+                        {"parameters", model.num_parameters()},
+                        {"copy_bandwidth_gbs", bw / 1e9},
+                        {"gemm_peak_tflops", peak / 1e12}};
+    for (const SweepRow& r : rows)
+      j["rows"].push_back({{"phase", r.phase},
+                           {"batch", r.batch},
+                           {"context", r.context},
+                           {"tokens_per_s", r.tokens_per_s},
+                           {"ms_per_step", r.ms},
+                           {"bytes_per_step", r.bytes},
+                           {"flops_per_step", r.flops},
+                           {"floor_ms", r.floor_ms},
+                           {"fraction_of_floor", r.floor_ms / r.ms}});
+    write_file(out_path, j.dump(2) + "\n");
+  }
+  return 0;
+}
+#endif
 
 }  // namespace
 

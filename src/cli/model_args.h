@@ -1,5 +1,5 @@
 // The options every model-running subcommand shares (--model, --load-format, --threads, --dtype,
-// --max-model-len) and the model they load.
+// --max-model-len, --device) and the model they load.
 #pragma once
 
 #include <memory>
@@ -16,7 +16,9 @@ struct LoadedModel {
   std::string dir;
   ModelConfig cfg;
   std::unique_ptr<WeightSource> weights;
-  std::unique_ptr<CpuOps> ops;
+  std::unique_ptr<Ops> ops;
+  CpuOps* cpu = nullptr;  // ops, when the backend is the CPU's (null on other devices)
+  std::string device = "cpu";
   std::unique_ptr<Model> model;
   double load_seconds = 0;
 };
@@ -25,7 +27,9 @@ struct LoadedModel {
 std::string default_model_dir();
 
 // --model DIR (or DIR/config.json; default: the built-in model), --load-format auto|dummy,
-// --threads N, --dtype float32|bfloat16 (activation rounding for BF16 GEMMs), --max-model-len N.
+// --threads N, --dtype float32|bfloat16 (activation rounding for BF16 GEMMs), --max-model-len N,
+// --device cpu|cuda (cuda: in builds with the CUDA backend; BF16 activations, dummy weights made
+// on the GPU).
 LoadedModel load_model_from_args(const Args& args);
 
 }  // namespace beluga::cli

@@ -1,0 +1,177 @@
+// Shared helpers of the CUDA backend's translation units: error checks, BF16 conversion, warp
+// reductions and the mma.sync / ldmatrix / cp.async wrappers the tensor-core kernels use.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "util/error.h"
+
+namespace beluga::cuda {
+
+#define BELUGA_CUDA_CHECK(expr)                                                    \
+  do {                                                                             \
+    cudaError_t err_ = (expr);                                                     \
+    if (err_ != cudaSuccess)                                                       \
+      ::beluga::fail("CUDA error at ", __FILE__, ":", __LINE__, ": ", #expr, ": ", \
+                     cudaGetErrorString(err_));                                    \
+  } while (0)
+
+#define BELUGA_CUBLAS_CHECK(expr)                                                               \
+  do {                                                                                          \
+    cublasStatus_t st_ = (expr);                                                                \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      ::beluga::fail("cuBLAS error at ", __FILE__, ":", __LINE__, ": ", #expr, ": ", int(st_)); \
+  } while (0)
+
+// After a launch: reports a bad configuration at once (execution errors surface at the next sync).
+#define BELUGA_LAUNCH_CHECK() BELUGA_CUDA_CHECK(cudaGetLastError())
+
+using bf16 = __nv_bfloat16;
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+__device__ __forceinline__ float to_f(bf16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float to_f(float v) {
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float v) {
+  return __float2bfloat16(v);
+}
+
+// A 1-D vector of norm weights or biases: F32 or BF16.
+struct VecRef {
+  const void* p;
+  bool f32;
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    return f32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
+  }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* red /* [33] shared */) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float x = lane < nw ? red[lane] : 0.0f;
+    x = warp_sum(x);
+    if (lane == 0) red[32] = x;
+  }
+  __syncthreads();
+  return red[32];
+}
+__device__ __forceinline__ float block_max(float v, float* red /* [33] shared */) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float x = lane < nw ? red[lane] : -INFINITY;
+    x = warp_max(x);
+    if (lane == 0) red[32] = x;
+  }
+  __syncthreads();
+  return red[32];
+}
+
+// ---- tensor-core building blocks (sm_80+ mma.sync; fragment layouts of PTX m16n8k16) ----
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; src_bytes 0 fills the destination with zeros (out-of-range rows).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
+// d += a (16x16 bf16, row) * b (16x8 bf16, col), F32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Index of the sequence holding token row t (query_start is [S + 1], ascending).
+__device__ __forceinline__ int seq_of_token(const int32_t* query_start, int num_seqs, int t) {
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace beluga::cuda
+
+#include <vector>
+
+#include "backend/cuda/cuda_ops.h"
+
+// One MoE layer's experts as the grouped GEMM sees them (the shared expert, if any, is the last).
+struct beluga::CudaOps::ExpertTable {
+  void* dev = nullptr;                // one allocation: ptrs [3][ne] then inter [ne]
+  const void* const* ptrs = nullptr;  // gate[ne], up[ne], down[ne] (BF16 [I, D], [I, D], [D, I])
+  const int* inter = nullptr;         // I of each expert
+  int ne = 0, i_max = 0, d = 0;
+  ExpertTable() = default;
+  ExpertTable(const ExpertTable&) = delete;
+  ExpertTable& operator=(const ExpertTable&) = delete;
+  ~ExpertTable() { cudaFree(dev); }
+};

@@ -1,0 +1,487 @@
+// Mixture of experts on the GPU: routing (softmax/sigmoid, bias for selection, group-limited top-k),
+// a device-side plan that groups token rows by expert, one grouped GEMM launch for gate+up (with
+// SiLU-and-mul in its epilogue) and one for down over all experts at once, and a combine step.
+// Tile schedules are computed on the device, so nothing waits for the host.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace beluga {
+
+using namespace cuda;
+
+namespace {
+
+cudaStream_t S(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+// ---- routing: one warp per token ----
+struct RouteArgs {
+  const float* logits;
+  int64_t ldl;
+  const void* bias;
+  bool bias_f32;
+  int32_t* ids;
+  float* weights;
+  int T, E, K, G, topk_group;
+  bool softmax, top2_sum, norm;
+  float scaling;
+};
+
+__device__ __forceinline__ bool better(float v1, int i1, float v2, int i2) {
+  return v1 > v2 || (v1 == v2 && i1 < i2);
+}
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+__global__ void moe_route_kernel(RouteArgs a) {
+  extern __shared__ float sm[];
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const int t = blockIdx.x * (blockDim.x >> 5) + wib;
+  if (t >= a.T) return;
+  float* s = sm + size_t(wib) * 2 * a.E;
+  float* sel = s + a.E;
+  const float* z = a.logits + int64_t(t) * a.ldl;
+  if (a.softmax) {
+    float mx = -INFINITY;
+    for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, z[e]);
+    mx = warp_max(mx);
+    float sum = 0;
+    for (int e = lane; e < a.E; e += 32) sum += (s[e] = expf(z[e] - mx));
+    sum = warp_sum(sum);
+    for (int e = lane; e < a.E; e += 32) s[e] /= sum;
+  } else {
+    for (int e = lane; e < a.E; e += 32) s[e] = 1.0f / (1.0f + expf(-z[e]));
+  }
+  for (int e = lane; e < a.E; e += 32) {
+    float b = 0;
+    if (a.bias)
+      b = a.bias_f32 ? static_cast<const float*>(a.bias)[e] : to_f(static_cast<const bf16*>(a.bias)[e]);
+    sel[e] = s[e] + b;
+  }
+  __syncwarp();
+  if (a.G > 1) {
+    const int per = a.E / a.G;
+    float gs = -INFINITY;
+    for (int g = lane; g < a.G; g += 32) {  // G <= 32 in practice; a lane may own several groups
+      const float* b = sel + g * per;
+      float m1 = -INFINITY, m2 = -INFINITY;
+      for (int i = 0; i < per; ++i) {
+        if (b[i] > m1) {
+          m2 = m1;
+          m1 = b[i];
+        } else if (b[i] > m2) {
+          m2 = b[i];
+        }
+      }
+      gs = a.top2_sum ? (per > 1 ? m1 + m2 : m1) : m1;
+    }
+    unsigned keep = 0;  // bit g: group g kept (G <= 32)
+    bool picked = false;
+    for (int k = 0; k < a.topk_group; ++k) {
+      float v = (lane < a.G && !picked) ? gs : -INFINITY;
+      int i = (lane < a.G && !picked) ? lane : INT_MAX;
+      warp_argmax(v, i);
+      keep |= 1u << i;
+      if (lane == i) picked = true;
+    }
+    __syncwarp();
+    for (int e = lane; e < a.E; e += 32)
+      if (!((keep >> (e / per)) & 1u)) sel[e] = -INFINITY;
+    __syncwarp();
+  }
+  unsigned taken = 0;  // bit j: element lane + 32 j already chosen
+  float wsum = 0;
+  for (int k = 0; k < a.K; ++k) {
+    float v = -INFINITY;
+    int idx = INT_MAX;
+    for (int j = 0, e = lane; e < a.E; ++j, e += 32)
+      if (!((taken >> j) & 1u) && better(sel[e], e, v, idx)) {
+        v = sel[e];
+        idx = e;
+      }
+    warp_argmax(v, idx);
+    if ((idx & 31) == lane) taken |= 1u << (idx >> 5);
+    const float w = s[idx];
+    wsum += w;
+    if (lane == 0) {
+      a.ids[int64_t(t) * a.K + k] = idx;
+      a.weights[int64_t(t) * a.K + k] = w;
+    }
+  }
+  __syncwarp();
+  if (lane == 0)
+    for (int k = 0; k < a.K; ++k) {
+      float w = a.weights[int64_t(t) * a.K + k];
+      if (a.norm) w /= (wsum + 1e-20f);
+      a.weights[int64_t(t) * a.K + k] = w * a.scaling;
+    }
+}
+
+// ---- plan: rows grouped by expert ----
+// start[e]: first row of expert e; tile_start[e]: first BM-row tile; row_token[r]: token of row r;
+// entry_row[t*K+i]: row of (token t, choice i). The shared expert (index E) takes every token.
+__global__ void moe_plan_kernel(const int32_t* ids, int T, int K, int E, int ne, int bm, int* start,
+                                int* tile_start, int* row_token, int* entry_row) {
+  extern __shared__ int cnt[];  // [ne] counts, then [ne] fill cursors
+  int* fill = cnt + ne;
+  for (int e = threadIdx.x; e < ne; e += blockDim.x) cnt[e] = e < E ? 0 : T;
+  __syncthreads();
+  const int n = T * K;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int s = 0, ts = 0;
+    for (int e = 0; e < ne; ++e) {
+      start[e] = s;
+      tile_start[e] = ts;
+      fill[e] = s;
+      s += cnt[e];
+      ts += (cnt[e] + bm - 1) / bm;
+    }
+    start[ne] = s;
+    tile_start[ne] = ts;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int slot = atomicAdd(&fill[ids[i]], 1);
+    row_token[slot] = i / K;
+    entry_row[i] = slot;
+  }
+  if (ne > E)
+    for (int t = threadIdx.x; t < T; t += blockDim.x) row_token[n + t] = t;
+}
+
+// ---- grouped GEMM over experts (mma.sync m16n8k16, BF16 in, F32 accumulate) ----
+struct GroupedArgs {
+  const bf16* a;
+  int64_t lda;
+  const int* row_token;  // gate-up: A row r is token row_token[r]; down: A row r is row r
+  const void* const* ptrs;
+  const int* inter;
+  const int* start;
+  const int* tile_start;
+  int ne, D;
+  void* out;
+  int64_t ldo;
+};
+
+constexpr int kBN = 128, kBK = 32, kLdS = kBK + 8, kStages = 5, kThreads = 256;
+
+template <int BM>
+constexpr int grouped_smem() {
+  return kStages * (BM + kBN) * kLdS * 2;
+}
+
+// kGateUp: the 128-row weight tile holds 64 hidden units as [gate 16 | up 16] x 4 (one group per warp
+// column), so each thread has gate and up of the same unit and writes silu(g) * u (BF16 [R, I]).
+// Otherwise: down projection, F32 [R, D].
+template <int BM, bool kGateUp>
+__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
+  constexpr int WM = BM / 2, MT = WM / 16;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* As = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Bs = As + kStages * BM * kLdS;
+  const int tile = blockIdx.y;
+  const int total = p.tile_start[p.ne];
+  if (tile >= total) return;
+  int lo = 0, hi = p.ne - 1;  // the largest e with tile_start[e] <= tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.tile_start[mid] <= tile)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int e = lo;
+  const int m0 = p.start[e] + (tile - p.tile_start[e]) * BM, m_end = p.start[e + 1];
+  const int I = p.inter[e];
+  const int K = kGateUp ? p.D : I;
+  const int Nout = kGateUp ? I : p.D;
+  const int n0 = blockIdx.x * (kGateUp ? kBN / 2 : kBN);
+  if (n0 >= Nout) return;
+  const bf16* w0 = static_cast<const bf16*>(p.ptrs[(kGateUp ? 0 : 2) * p.ne + e]);
+  const bf16* w1 = kGateUp ? static_cast<const bf16*>(p.ptrs[p.ne + e]) : nullptr;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const int KT = (K + kBK - 1) / kBK;
+
+  auto load = [&](int stage, int kt) {
+    const int k0 = kt * kBK;
+    bf16* as = As + stage * BM * kLdS;
+    bf16* bs = Bs + stage * kBN * kLdS;
+    for (int c = tid; c < BM * 4; c += kThreads) {
+      const int row = c >> 2, part = c & 3, r = m0 + row, k = k0 + part * 8;
+      const bool ok = r < m_end && k < K;
+      const bf16* src = p.a;
+      if (ok) src = p.a + (kGateUp ? int64_t(p.row_token[r]) : int64_t(r)) * p.lda + k;
+      cp_async16(as + row * kLdS + part * 8, src, ok);
+    }
+    for (int c = tid; c < kBN * 4; c += kThreads) {
+      const int rr = c >> 2, part = c & 3, k = k0 + part * 8;
+      const bf16* base;
+      int idx;
+      if (kGateUp) {
+        const int w = rr & 31;
+        idx = n0 + (rr >> 5) * 16 + (w & 15);
+        base = w < 16 ? w0 : w1;
+      } else {
+        idx = n0 + rr;
+        base = w0;
+      }
+      const bool ok = idx < Nout && k < K;
+      cp_async16(bs + rr * kLdS + part * 8, ok ? base + int64_t(idx) * K + k : w0, ok);
+    }
+  };
+
+  float acc[MT][4][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int nk = kt + kStages - 1;
+    if (nk < KT) load(nk % kStages, nk);
+    cp_async_commit();
+    const bf16* as = As + (kt % kStages) * BM * kLdS;
+    const bf16* bs = Bs + (kt % kStages) * kBN * kLdS;
+#pragma unroll
+    for (int k16 = 0; k16 < kBK / 16; ++k16) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        ldsm_x4(af[mt], as + (wm * WM + mt * 16 + (lane & 15)) * kLdS + k16 * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t bfr[4];
+        ldsm_x4(bfr, bs + (wn * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8) * kLdS + k16 * 16 +
+                         ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(acc[mt][2 * np], af[mt], bfr[0], bfr[1]);
+          mma_bf16(acc[mt][2 * np + 1], af[mt], bfr[2], bfr[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m0 + wm * WM + mt * 16 + g + half * 8;
+      if (r >= m_end) continue;
+      if (kGateUp) {
+        bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int col = n0 + wn * 16 + nt * 8 + 2 * t4 + q;
+            const float gv = acc[mt][nt][half * 2 + q], uv = acc[mt][nt + 2][half * 2 + q];
+            if (col < Nout) o[col] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+          }
+      } else {
+        float* o = static_cast<float*>(p.out) + int64_t(r) * p.ldo;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int col = n0 + wn * 32 + nt * 8 + 2 * t4 + q;
+            if (col < Nout) o[col] = acc[mt][nt][half * 2 + q];
+          }
+      }
+    }
+}
+
+__global__ void moe_combine_kernel(bf16* out, int64_t ldo, const float* Y, int D, const int* entry_row,
+                                   const float* w, int T, int K, int shared_row0) {
+  const int64_t n = int64_t(T) * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int t = int(i / D), d = int(i % D);
+    float acc = 0;
+    for (int k = 0; k < K; ++k)
+      acc += w[int64_t(t) * K + k] * Y[int64_t(entry_row[int64_t(t) * K + k]) * D + d];
+    if (shared_row0 >= 0) acc += Y[int64_t(shared_row0 + t) * D + d];
+    out[int64_t(t) * ldo + d] = __float2bfloat16(acc);
+  }
+}
+
+template <int BM, bool G>
+void launch_grouped(const GroupedArgs& a, int grid_x, int grid_y, cudaStream_t st) {
+  constexpr int smem = grouped_smem<BM>();
+  static bool configured = false;
+  if (!configured) {
+    BELUGA_CUDA_CHECK(
+        cudaFuncSetAttribute(grouped_gemm_kernel<BM, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  grouped_gemm_kernel<BM, G><<<dim3(grid_x, grid_y), kThreads, smem, st>>>(a);
+  BELUGA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void CudaOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                        const RouterParams& p) {
+  Prof prof_scope(this, "moe_route");
+  BELUGA_CHECK(logits.dtype == DType::kF32 && logits.ndim == 2 && logits.stride[1] == 1,
+               "moe_route: logits must be an F32 matrix, got ", logits.describe());
+  const int T = int(logits.shape[0]), E = int(logits.shape[1]);
+  BELUGA_CHECK(
+      E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= E && p.n_group <= 32 && E <= 1024,
+      "moe_route: unsupported router parameters");
+  BELUGA_CHECK(ids.is_contiguous() && weights.is_contiguous() && ids.numel() == int64_t(T) * p.top_k,
+               "moe_route: outputs must be contiguous [T, k]");
+  if (T == 0) return;
+  RouteArgs a{};
+  a.logits = logits.ptr<const float>();
+  a.ldl = logits.stride[0];
+  a.bias = bias.empty() ? nullptr : bias.data;
+  a.bias_f32 = bias.dtype == DType::kF32;
+  a.ids = ids.ptr<int32_t>();
+  a.weights = weights.ptr<float>();
+  a.T = T;
+  a.E = E;
+  a.K = p.top_k;
+  a.G = p.n_group;
+  a.topk_group = p.topk_group;
+  a.softmax = p.scoring == RouterScoring::kSoftmax;
+  a.top2_sum = p.group_by_top2_sum;
+  a.norm = p.norm_topk_prob;
+  a.scaling = p.routed_scaling_factor;
+  const int warps = 4;
+  moe_route_kernel<<<int(ceil_div(T, warps)), warps * 32, size_t(warps) * 2 * E * sizeof(float),
+                     S(stream_)>>>(a);
+  BELUGA_LAUNCH_CHECK();
+}
+
+const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights> experts,
+                                                  const ExpertWeights* shared) {
+  const auto key = std::make_pair(static_cast<const void*>(experts.data()), static_cast<const void*>(shared));
+  auto it = expert_tables_.find(key);
+  if (it != expert_tables_.end()) return *it->second;
+  auto t = std::make_unique<ExpertTable>();
+  const int E = int(experts.size()), ne = E + (shared ? 1 : 0);
+  std::vector<const void*> ptrs(size_t(3) * ne);
+  std::vector<int> inter(ne);
+  const int64_t D = experts[0].gate.in_features();
+  for (int e = 0; e < ne; ++e) {
+    const ExpertWeights& x = e < E ? experts[e] : *shared;
+    const Weight* ws[3] = {&x.gate, &x.up, &x.down};
+    for (int k = 0; k < 3; ++k) {
+      const Tensor& b = bf16_weight(ws[k]->w, ws[k]->scale, ws[k]->block_n, ws[k]->block_k);
+      BELUGA_CHECK(b.ndim == 2 && b.is_contiguous(), "expert weights must be contiguous matrices");
+      ptrs[size_t(k) * ne + e] = b.data;
+    }
+    inter[e] = int(x.gate.out_features());
+    BELUGA_CHECK(x.gate.in_features() == D && x.up.out_features() == inter[e] && x.down.out_features() == D &&
+                     x.down.in_features() == inter[e],
+                 "moe_experts: inconsistent expert shapes");
+    BELUGA_CHECK(inter[e] % 8 == 0 && D % 8 == 0, "moe_experts: widths must be multiples of 8");
+    BELUGA_CHECK(x.gate.bias.empty() && x.up.bias.empty() && x.down.bias.empty(),
+                 "moe_experts: biases unsupported");
+    t->i_max = std::max(t->i_max, inter[e]);
+  }
+  const size_t pbytes = ptrs.size() * sizeof(void*);
+  BELUGA_CUDA_CHECK(cudaMalloc(&t->dev, pbytes + inter.size() * sizeof(int)));
+  BELUGA_CUDA_CHECK(cudaMemcpy(t->dev, ptrs.data(), pbytes, cudaMemcpyHostToDevice));
+  BELUGA_CUDA_CHECK(cudaMemcpy(static_cast<char*>(t->dev) + pbytes, inter.data(), inter.size() * sizeof(int),
+                               cudaMemcpyHostToDevice));
+  t->ptrs = static_cast<const void* const*>(t->dev);
+  t->inter = reinterpret_cast<const int*>(static_cast<char*>(t->dev) + pbytes);
+  t->ne = ne;
+  t->d = int(D);
+  return *expert_tables_.emplace(key, std::move(t)).first->second;
+}
+
+void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                          std::span<const ExpertWeights> experts, const ExpertWeights* shared) {
+  Prof prof_scope(this, "moe_experts");
+  BELUGA_CHECK(x.dtype == DType::kBF16 && x.ndim == 2 && x.stride[1] == 1 && out.dtype == DType::kBF16 &&
+                   out.stride[1] == 1 && ids.dtype == DType::kI32 && ids.is_contiguous() &&
+                   weights.dtype == DType::kF32 && weights.is_contiguous(),
+               "moe_experts: operand types");
+  const int T = int(x.shape[0]), D = int(x.shape[1]), K = int(ids.shape[1]);
+  if (T == 0) return;
+  const ExpertTable& tab = expert_table(experts, shared);
+  BELUGA_CHECK(tab.d == D, "moe_experts: hidden size mismatch");
+  const int E = int(experts.size()), ne = tab.ne;
+  const int R = T * K + (shared ? T : 0);
+  // Rows per expert decide the tile height: small tiles while each expert sees few tokens (decode).
+  const bool big = int64_t(T) * K / std::max(E, 1) >= 64;
+  const int bm = big ? 128 : 32;
+  Tensor plan = scratch(DType::kI32, {2 * (ne + 1) + R + int64_t(T) * K});
+  int* start = plan.ptr<int>();
+  int* tile_start = start + ne + 1;
+  int* row_token = tile_start + ne + 1;
+  int* entry_row = row_token + R;
+  cudaStream_t st = S(stream_);
+  moe_plan_kernel<<<1, 1024, size_t(2) * ne * sizeof(int), st>>>(ids.ptr<const int32_t>(), T, K, E, ne, bm,
+                                                                 start, tile_start, row_token, entry_row);
+  BELUGA_LAUNCH_CHECK();
+  Tensor H = scratch(DType::kBF16, {R, tab.i_max});
+  Tensor Y = scratch(DType::kF32, {R, D});
+  const int grid_y = int(ceil_div(R, bm)) + ne;
+  GroupedArgs a{};
+  a.ptrs = tab.ptrs;
+  a.inter = tab.inter;
+  a.start = start;
+  a.tile_start = tile_start;
+  a.ne = ne;
+  a.D = D;
+  // gate + up (+ SiLU-and-mul): A = token rows of x.
+  a.a = x.ptr<const bf16>();
+  a.lda = x.stride[0];
+  a.row_token = row_token;
+  a.out = H.data;
+  a.ldo = tab.i_max;
+  const int gx1 = int(ceil_div(tab.i_max, kBN / 2));
+  if (big)
+    launch_grouped<128, true>(a, gx1, grid_y, st);
+  else
+    launch_grouped<32, true>(a, gx1, grid_y, st);
+  // down: A = rows of H.
+  a.a = H.ptr<const bf16>();
+  a.lda = tab.i_max;
+  a.row_token = nullptr;
+  a.out = Y.data;
+  a.ldo = D;
+  const int gx2 = int(ceil_div(D, kBN));
+  if (big)
+    launch_grouped<128, false>(a, gx2, grid_y, st);
+  else
+    launch_grouped<32, false>(a, gx2, grid_y, st);
+  moe_combine_kernel<<<int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st>>>(
+      out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
+      shared ? T * K : -1);
+  BELUGA_LAUNCH_CHECK();
+}
+
+}  // namespace beluga

@@ -1,0 +1,645 @@
+// CudaOps: memory, host transfers, element-wise ops, dense GEMMs (cuBLAS) and the on-device dummy
+// weights. MoE lives in cuda_moe.cu, attention and the KV cache in cuda_attention.cu.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace beluga {
+
+using namespace cuda;
+
+namespace {
+
+constexpr size_t kAlign = 256;
+inline size_t align_up(size_t n) {
+  return (n + kAlign - 1) & ~(kAlign - 1);
+}
+
+cudaStream_t S(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+int64_t numel_of(std::initializer_list<int64_t> shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+void check_bf16_rows(const Tensor& t, const char* what) {
+  BELUGA_CHECK(t.dtype == DType::kBF16 && t.ndim == 2 && t.stride[1] == 1, what,
+               " must be a BF16 [rows, cols] matrix with unit column stride, got ", t.describe());
+}
+
+VecRef vec(const Tensor& t) {
+  BELUGA_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16, "vector must be F32 or BF16, got ",
+               t.describe());
+  return VecRef{t.data, t.dtype == DType::kF32};
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+template <typename T>
+__global__ void fill_uniform_kernel(T* p, int64_t n, uint64_t seed, float lo, float hi) {
+  const float span = hi - lo;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float v = lo;
+    // No contraction into FMA: the values must equal DummyWeights' host arithmetic bit for bit.
+    if (span > 0)
+      v = __fadd_rn(
+          lo, __fmul_rn(__fmul_rn(span, float(mix64(seed + uint64_t(i)) >> 40)), 1.0f / float(1 << 24)));
+    p[i] = from_f<T>(v);
+  }
+}
+
+// One block per row. out = w * (x / rms(x)); with `res`, first res += x and normalise res.
+__global__ void rmsnorm_kernel(bf16* out, int64_t ldo, const bf16* x, int64_t ldx, bf16* res, int64_t ldr,
+                               VecRef w, int D, float eps) {
+  __shared__ float red[33];
+  const int64_t r = blockIdx.x;
+  const bf16* xr = x + r * ldx;
+  bf16* o = out + r * ldo;
+  float ss = 0;
+  if (res) {
+    bf16* rr = res + r * ldr;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      const bf16 v = __float2bfloat16(to_f(rr[d]) + to_f(xr[d]));
+      rr[d] = v;
+      const float f = to_f(v);
+      ss += f * f;
+    }
+  } else {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      const float f = to_f(xr[d]);
+      ss += f * f;
+    }
+  }
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(D) + eps);
+  const bf16* src = res ? res + r * ldr : xr;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) o[d] = __float2bfloat16(w[d] * (to_f(src[d]) * inv));
+}
+
+__global__ void add_kernel(bf16* out, int64_t ldo, const bf16* a, int64_t lda, const bf16* b, int64_t ldb,
+                           int R, int D) {
+  const int64_t n = int64_t(R) * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / D, d = i % D;
+    out[r * ldo + d] = __float2bfloat16(to_f(a[r * lda + d]) + to_f(b[r * ldb + d]));
+  }
+}
+
+// Strided copy of up to 3 dims with dtype conversion.
+template <typename TO, typename TI>
+__global__ void copy_kernel(TO* out, int64_t o0, int64_t o1, int64_t o2, const TI* x, int64_t x0, int64_t x1,
+                            int64_t x2, int64_t n1, int64_t n2, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % n2, b = (i / n2) % n1, a = i / (n1 * n2);
+    out[a * o0 + b * o1 + c * o2] = from_f<TO>(to_f(x[a * x0 + b * x1 + c * x2]));
+  }
+}
+
+__global__ void silu_mul_kernel(bf16* out, int64_t ldo, const bf16* gu, int64_t ldg, int R, int I) {
+  const int64_t n = int64_t(R) * I;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / I, c = i % I;
+    const float g = to_f(gu[r * ldg + c]), u = to_f(gu[r * ldg + I + c]);
+    out[r * ldo + c] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
+// x [T, H, dim] (strides s0, s1, unit last); rotates the first 2*half values of each head.
+__global__ void rope_kernel(bf16* x, int64_t s0, int64_t s1, int T, int H, int half, const int32_t* pos,
+                            const float* cos_t, const float* sin_t, bool interleaved) {
+  const int64_t n = int64_t(T) * H * half;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int k = int(i % half);
+    const int64_t h = (i / half) % H, t = i / (int64_t(half) * H);
+    bf16* v = x + t * s0 + h * s1;
+    const int p = pos[t];
+    const float c = cos_t[int64_t(p) * half + k], s = sin_t[int64_t(p) * half + k];
+    bf16* a = interleaved ? v + 2 * k : v + k;
+    bf16* b = interleaved ? v + 2 * k + 1 : v + k + half;
+    const float x0 = to_f(*a), x1 = to_f(*b);
+    *a = __float2bfloat16(x0 * c - x1 * s);
+    *b = __float2bfloat16(x1 * c + x0 * s);
+  }
+}
+
+// out[i] = table[ids[i]] (embedding) or x[rows[i]] (gather_rows), converted to BF16.
+template <typename T>
+__global__ void gather_kernel(bf16* out, int64_t ldo, const T* src, int64_t lds, const int32_t* idx, int R,
+                              int D) {
+  const int64_t n = int64_t(R) * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / D, d = i % D;
+    out[r * ldo + d] = __float2bfloat16(to_f(src[int64_t(idx[r]) * lds + d]));
+  }
+}
+
+template <typename T>
+__global__ void bias_kernel(T* out, int64_t ldo, VecRef b, int M, int N) {
+  const int64_t n = int64_t(M) * N;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / N, c = i % N;
+    out[r * ldo + c] = from_f<T>(to_f(out[r * ldo + c]) + b[c]);
+  }
+}
+
+// FP8 E4M3 (block scales) or F32 -> BF16, row-major [N, K].
+__global__ void to_bf16_kernel(bf16* out, const void* w, bool fp8, const float* scale, int64_t lds, int bn,
+                               int bk, int64_t N, int64_t K) {
+  const int64_t n = N * K;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / K, c = i % K;
+    float v;
+    if (fp8) {
+      const uint8_t b = static_cast<const uint8_t*>(w)[i];
+      if ((b & 0x7f) == 0x7f) {
+        v = __int_as_float(0x7fc00000);
+      } else {
+        v = __uint_as_float(uint32_t(b & 0x7f) << 20) * 0x1p120f;
+        if (b & 0x80) v = -v;
+      }
+      v *= scale[(r / bn) * lds + c / bk];
+    } else {
+      v = static_cast<const float*>(w)[i];
+    }
+    out[i] = __float2bfloat16(v);
+  }
+}
+
+int grid_for(int64_t n, int threads = 256) {
+  return int(std::min<int64_t>(std::max<int64_t>(ceil_div(n, threads), 1), 65536));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+CudaOps::CudaOps(CudaOptions opt) {
+  int n = 0;
+  BELUGA_CUDA_CHECK(cudaGetDeviceCount(&n));
+  BELUGA_CHECK(n > opt.device, "CUDA device ", opt.device, " not present (", n, " devices)");
+  BELUGA_CUDA_CHECK(cudaSetDevice(opt.device));
+  cudaDeviceProp prop{};
+  BELUGA_CUDA_CHECK(cudaGetDeviceProperties(&prop, opt.device));
+  BELUGA_CHECK(prop.major >= 9, "the CUDA backend is built for sm_90a (Hopper); device ", prop.name,
+               " is sm_", prop.major, prop.minor);
+  sm_count_ = prop.multiProcessorCount;
+  const char* prof = std::getenv("BELUGA_CUDA_PROFILE");
+  profile_ = prof && std::string(prof) == "1";
+  cudaStream_t st;
+  BELUGA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  stream_ = st;
+  cublasHandle_t h;
+  BELUGA_CUBLAS_CHECK(cublasCreate(&h));
+  BELUGA_CUBLAS_CHECK(cublasSetStream(h, st));
+  const size_t ws = size_t(32) << 20;
+  BELUGA_CUDA_CHECK(cudaMalloc(&cublas_ws_, ws));
+  BELUGA_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_ws_, ws));
+  cublas_ = h;
+}
+
+CudaOps::Prof::Prof(CudaOps* o, const char* n) : ops(o), name(n), t0(0) {
+  if (!ops->profile_) return;
+  cudaStreamSynchronize(S(ops->stream_));
+  t0 = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+CudaOps::Prof::~Prof() {
+  if (!ops->profile_) return;
+  cudaStreamSynchronize(S(ops->stream_));
+  auto& e = ops->prof_[name];
+  e.first += std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - t0;
+  e.second++;
+}
+
+CudaOps::~CudaOps() {
+  cudaStreamSynchronize(S(stream_));
+  if (profile_) {
+    double total = 0;
+    for (auto& [k, v] : prof_) total += v.first;
+    std::fprintf(stderr, "CUDA op profile (synchronised per op): %.1f ms total\n", total * 1e3);
+    for (auto& [k, v] : prof_)
+      std::fprintf(stderr, "  %-24s %10.2f ms %8ld calls %8.1f us/call %5.1f%%\n", k.c_str(), v.first * 1e3,
+                   v.second, v.first * 1e6 / double(v.second), 100.0 * v.first / total);
+  }
+  expert_tables_.clear();
+  for (void* p : chunks_) cudaFree(p);
+  for (void* p : persistent_) cudaFree(p);
+  cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  cudaFree(cublas_ws_);
+  cudaStreamDestroy(S(stream_));
+}
+
+Tensor CudaOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
+  const size_t bytes = align_up(size_t(std::max<int64_t>(numel_of(shape), 1)) * dtype_size(dtype));
+  if (chunks_.empty() || used_ + bytes > chunk_size_.back()) {
+    const size_t size = std::max(bytes, chunks_.empty() ? size_t(256) << 20 : chunk_size_.back() * 2);
+    void* p = nullptr;
+    BELUGA_CUDA_CHECK(cudaMalloc(&p, size));
+    chunks_.push_back(p);
+    chunk_size_.push_back(size);
+    used_ = 0;
+  }
+  void* p = static_cast<char*>(chunks_.back()) + used_;
+  used_ += bytes;
+  return Tensor::make(p, dtype, shape.begin(), int(shape.size()), Device::kCuda);
+}
+
+void CudaOps::reset_scratch() {
+  if (chunks_.size() > 1) {
+    BELUGA_CUDA_CHECK(cudaStreamSynchronize(S(stream_)));
+    size_t total = 0;
+    for (size_t s : chunk_size_) total += s;
+    for (void* p : chunks_) BELUGA_CUDA_CHECK(cudaFree(p));
+    chunks_.clear();
+    chunk_size_.clear();
+    void* p = nullptr;
+    BELUGA_CUDA_CHECK(cudaMalloc(&p, total));
+    chunks_.push_back(p);
+    chunk_size_.push_back(total);
+  }
+  used_ = 0;
+}
+
+Tensor CudaOps::alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) {
+  const size_t bytes = size_t(std::max<int64_t>(numel_of(shape), 1)) * dtype_size(dtype);
+  void* p = nullptr;
+  BELUGA_CUDA_CHECK(cudaMalloc(&p, bytes));
+  BELUGA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, S(stream_)));
+  persistent_.push_back(p);
+  persistent_bytes_ += bytes;
+  return Tensor::make(p, dtype, shape.begin(), int(shape.size()), Device::kCuda);
+}
+
+Tensor CudaOps::upload(const Tensor& host) {
+  if (host.device == Device::kCuda) return host;  // produced on the device (CudaDummyWeights)
+  BELUGA_CHECK(host.is_contiguous(), "upload: tensor must be contiguous, got ", host.describe());
+  void* p = nullptr;
+  const size_t bytes = std::max<size_t>(host.nbytes(), 1);
+  BELUGA_CUDA_CHECK(cudaMalloc(&p, bytes));
+  persistent_.push_back(p);
+  persistent_bytes_ += bytes;
+  BELUGA_CUDA_CHECK(cudaMemcpy(p, host.data, host.nbytes(), cudaMemcpyHostToDevice));
+  Tensor t = Tensor::make(p, host.dtype, host.shape.data(), host.ndim, Device::kCuda);
+  return t;
+}
+
+void CudaOps::copy_to_host(const Tensor& src, void* dst) {
+  Prof prof_scope(this, "copy_to_host");
+  BELUGA_CHECK(src.is_contiguous(), "copy_to_host: tensor must be contiguous, got ", src.describe());
+  BELUGA_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, S(stream_)));
+  BELUGA_CUDA_CHECK(cudaStreamSynchronize(S(stream_)));
+}
+
+void CudaOps::copy_from_host(Tensor dst, const void* src) {
+  Prof prof_scope(this, "copy_from_host");
+  BELUGA_CHECK(dst.is_contiguous(), "copy_from_host: tensor must be contiguous, got ", dst.describe());
+  // Pageable source: returns once the bytes are staged, so the caller may free `src` at once.
+  BELUGA_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, S(stream_)));
+}
+
+void CudaOps::synchronize() {
+  BELUGA_CUDA_CHECK(cudaStreamSynchronize(S(stream_)));
+}
+
+void CudaOps::fill_uniform(Tensor t, uint64_t seed, float lo, float hi) {
+  BELUGA_CHECK(t.is_contiguous(), "fill_uniform: tensor must be contiguous");
+  const int64_t n = t.numel();
+  if (t.dtype == DType::kF32)
+    fill_uniform_kernel<<<grid_for(n), 256, 0, S(stream_)>>>(t.ptr<float>(), n, seed, lo, hi);
+  else if (t.dtype == DType::kBF16)
+    fill_uniform_kernel<<<grid_for(n), 256, 0, S(stream_)>>>(t.ptr<bf16>(), n, seed, lo, hi);
+  else
+    fail("fill_uniform: F32 or BF16 only, got ", t.describe());
+  BELUGA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------------------------------------
+void CudaOps::embedding(Tensor out, const Tensor& table, const Tensor& ids) {
+  Prof prof_scope(this, "embedding");
+  check_bf16_rows(out, "embedding output");
+  const int R = int(ids.numel()), D = int(table.shape[1]);
+  if (R == 0) return;
+  if (table.dtype == DType::kBF16)
+    gather_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
+                                                                    table.ptr<const bf16>(), table.stride[0],
+                                                                    ids.ptr<const int32_t>(), R, D);
+  else
+    gather_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
+                                                                    table.ptr<const float>(), table.stride[0],
+                                                                    ids.ptr<const int32_t>(), R, D);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
+  Prof prof_scope(this, "gather_rows");
+  check_bf16_rows(out, "gather_rows output");
+  check_bf16_rows(x, "gather_rows input");
+  const int R = int(rows.numel()), D = int(x.shape[1]);
+  if (R == 0) return;
+  gather_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(
+      out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], rows.ptr<const int32_t>(), R, D);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) {
+  Prof prof_scope(this, "rmsnorm");
+  check_bf16_rows(out, "rmsnorm output");
+  check_bf16_rows(x, "rmsnorm input");
+  const int R = int(x.shape[0]), D = int(x.shape[1]);
+  BELUGA_CHECK(w.numel() == D && out.shape[1] == D && out.shape[0] == R, "rmsnorm: shapes");
+  if (R == 0) return;
+  rmsnorm_kernel<<<R, D >= 1024 ? 512 : 128, 0, S(stream_)>>>(
+      out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], nullptr, 0, vec(w), D, eps);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Tensor& w, float eps) {
+  Prof prof_scope(this, "add_rmsnorm");
+  check_bf16_rows(out, "add_rmsnorm output");
+  check_bf16_rows(x, "add_rmsnorm input");
+  check_bf16_rows(residual, "add_rmsnorm residual");
+  const int R = int(x.shape[0]), D = int(x.shape[1]);
+  if (R == 0) return;
+  rmsnorm_kernel<<<R, D >= 1024 ? 512 : 128, 0, S(stream_)>>>(
+      out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], residual.ptr<bf16>(),
+      residual.stride[0], vec(w), D, eps);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::add(Tensor out, const Tensor& a, const Tensor& b) {
+  Prof prof_scope(this, "add");
+  check_bf16_rows(out, "add output");
+  check_bf16_rows(a, "add input");
+  check_bf16_rows(b, "add input");
+  const int R = int(a.shape[0]), D = int(a.shape[1]);
+  if (R == 0) return;
+  add_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
+                                                               a.ptr<const bf16>(), a.stride[0],
+                                                               b.ptr<const bf16>(), b.stride[0], R, D);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::copy(Tensor out, const Tensor& x) {
+  Prof prof_scope(this, "copy");
+  BELUGA_CHECK(out.ndim == x.ndim && x.ndim >= 1 && x.ndim <= 3, "copy: ", x.describe(), " -> ",
+               out.describe());
+  for (int d = 0; d < x.ndim; ++d) BELUGA_CHECK(out.shape[d] == x.shape[d], "copy: shapes differ");
+  // As [n0, n1, n2] with strides; missing leading dims have extent 1.
+  int64_t n[3] = {1, 1, 1}, so[3] = {0, 0, 0}, sx[3] = {0, 0, 0};
+  for (int d = 0; d < x.ndim; ++d) {
+    const int k = 3 - x.ndim + d;
+    n[k] = x.shape[d];
+    so[k] = out.stride[d];
+    sx[k] = x.stride[d];
+  }
+  const int64_t total = n[0] * n[1] * n[2];
+  if (total == 0) return;
+  const int g = grid_for(total);
+  cudaStream_t st = S(stream_);
+  const bool ob = out.dtype == DType::kBF16, xb = x.dtype == DType::kBF16;
+  BELUGA_CHECK((ob || out.dtype == DType::kF32) && (xb || x.dtype == DType::kF32), "copy: BF16/F32 only");
+  if (ob && xb)
+    copy_kernel<<<g, 256, 0, st>>>(out.ptr<bf16>(), so[0], so[1], so[2], x.ptr<const bf16>(), sx[0], sx[1],
+                                   sx[2], n[1], n[2], total);
+  else if (ob)
+    copy_kernel<<<g, 256, 0, st>>>(out.ptr<bf16>(), so[0], so[1], so[2], x.ptr<const float>(), sx[0], sx[1],
+                                   sx[2], n[1], n[2], total);
+  else if (xb)
+    copy_kernel<<<g, 256, 0, st>>>(out.ptr<float>(), so[0], so[1], so[2], x.ptr<const bf16>(), sx[0], sx[1],
+                                   sx[2], n[1], n[2], total);
+  else
+    copy_kernel<<<g, 256, 0, st>>>(out.ptr<float>(), so[0], so[1], so[2], x.ptr<const float>(), sx[0], sx[1],
+                                   sx[2], n[1], n[2], total);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::silu_mul(Tensor out, const Tensor& gate_up) {
+  Prof prof_scope(this, "silu_mul");
+  check_bf16_rows(out, "silu_mul output");
+  check_bf16_rows(gate_up, "silu_mul input");
+  const int R = int(out.shape[0]), I = int(out.shape[1]);
+  BELUGA_CHECK(gate_up.shape[1] == 2 * I, "silu_mul: shapes");
+  if (R == 0) return;
+  silu_mul_kernel<<<grid_for(int64_t(R) * I), 256, 0, S(stream_)>>>(
+      out.ptr<bf16>(), out.stride[0], gate_up.ptr<const bf16>(), gate_up.stride[0], R, I);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
+  Prof prof_scope(this, "rope");
+  BELUGA_CHECK(x.dtype == DType::kBF16 && x.ndim == 3 && x.stride[2] == 1 && x.shape[2] >= tab.rotary_dim,
+               "rope: x must be BF16 [T, H, dim] with unit last stride, got ", x.describe());
+  const int T = int(x.shape[0]), H = int(x.shape[1]), half = tab.rotary_dim / 2;
+  if (T == 0) return;
+  rope_kernel<<<grid_for(int64_t(T) * H * half), 256, 0, S(stream_)>>>(
+      x.ptr<bf16>(), x.stride[0], x.stride[1], T, H, half, positions.ptr<const int32_t>(),
+      tab.cos.ptr<const float>(), tab.sin.ptr<const float>(), tab.interleaved);
+  BELUGA_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------------------------------------
+const Tensor& CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k) {
+  static thread_local Tensor same;
+  if (w.dtype == DType::kBF16) {
+    same = w;
+    return same;
+  }
+  auto it = converted_.find(w.data);
+  if (it != converted_.end()) return it->second;
+  BELUGA_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF8E4M3, "weight dtype ", w.describe(),
+               " unsupported");
+  BELUGA_CHECK(w.is_contiguous(), "weight must be contiguous, got ", w.describe());
+  const bool fp8 = w.dtype == DType::kF8E4M3;
+  BELUGA_CHECK(!fp8 || (!scale.empty() && scale.dtype == DType::kF32), "FP8 weight without F32 block scales");
+  int64_t shape[4] = {w.shape[0], w.shape[1], w.shape[2], w.shape[3]};
+  const int64_t K = w.shape[w.ndim - 1], N = w.numel() / K;
+  void* p = nullptr;
+  BELUGA_CUDA_CHECK(cudaMalloc(&p, size_t(N * K) * 2));
+  persistent_.push_back(p);
+  persistent_bytes_ += size_t(N * K) * 2;
+  to_bf16_kernel<<<grid_for(N * K), 256, 0, S(stream_)>>>(static_cast<bf16*>(p), w.data, fp8,
+                                                          fp8 ? scale.ptr<const float>() : nullptr,
+                                                          fp8 ? scale.stride[0] : 0, block_n, block_k, N, K);
+  BELUGA_LAUNCH_CHECK();
+  Tensor t = Tensor::make(p, DType::kBF16, shape, w.ndim, Device::kCuda);
+  return converted_.emplace(w.data, t).first->second;
+}
+
+void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w) {
+  const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.shape[0]);
+  const float one = 1.0f, zero = 0.0f;
+  const cudaDataType_t ct = out.dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  // Column-major view: out^T [N, M] = W [K, N]^T * x^T [K, M].
+  BELUGA_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
+                                   &one, w.data, CUDA_R_16BF, int(w.stride[0]), x.data, CUDA_R_16BF,
+                                   int(x.stride[0]), &zero, out.data, ct, int(out.stride[0]),
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::linear(Tensor out, const Tensor& x, const Weight& w) {
+  Prof prof_scope(this, "linear");
+  check_bf16_rows(x, "linear input");
+  BELUGA_CHECK((out.dtype == DType::kBF16 || out.dtype == DType::kF32) && out.ndim == 2 && out.stride[1] == 1,
+               "linear output must be a BF16 or F32 matrix, got ", out.describe());
+  const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.out_features());
+  BELUGA_CHECK(w.in_features() == K && out.shape[1] == N && out.shape[0] == M, "linear: shapes ",
+               x.describe(), " x ", w.w.describe(), " -> ", out.describe());
+  if (M == 0) return;
+  const Tensor& wb = bf16_weight(w.w, w.scale, w.block_n, w.block_k);
+  BELUGA_CHECK(wb.stride[1] == 1, "linear: weight must have unit column stride");
+  gemm_bf16(out, x, wb);
+  if (!w.bias.empty()) {
+    if (out.dtype == DType::kF32)
+      bias_kernel<<<grid_for(int64_t(M) * N), 256, 0, S(stream_)>>>(out.ptr<float>(), out.stride[0],
+                                                                    vec(w.bias), M, N);
+    else
+      bias_kernel<<<grid_for(int64_t(M) * N), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
+                                                                    vec(w.bias), M, N);
+    BELUGA_LAUNCH_CHECK();
+  }
+}
+
+void CudaOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w_in) {
+  Prof prof_scope(this, "linear_heads");
+  const int64_t T = x.shape[0], H = x.shape[1], K = x.shape[2], N = w_in.shape[1];
+  BELUGA_CHECK(w_in.ndim == 3 && w_in.shape[0] == H && w_in.shape[2] == K && w_in.stride[2] == 1 &&
+                   out.shape[2] == N && x.stride[2] == 1 && out.stride[2] == 1 && x.dtype == DType::kBF16 &&
+                   out.dtype == DType::kBF16,
+               "linear_heads: shapes ", x.describe(), " x ", w_in.describe(), " -> ", out.describe());
+  if (T == 0) return;
+  const Tensor& w = bf16_weight(w_in, Tensor{}, 128, 128);
+  const float one = 1.0f, zero = 0.0f;
+  BELUGA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w.data,
+      CUDA_R_16BF, int(w.stride[1]), w.stride[0], x.data, CUDA_R_16BF, int(x.stride[0]), x.stride[1], &zero,
+      out.data, CUDA_R_16BF, int(out.stride[0]), out.stride[1], int(H), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+// ---------------------------------------------------------------------------------------------
+double CudaOps::measure_copy_bandwidth() {
+  const size_t bytes = size_t(4) << 30;
+  void *a = nullptr, *b = nullptr;
+  BELUGA_CUDA_CHECK(cudaMalloc(&a, bytes));
+  BELUGA_CUDA_CHECK(cudaMalloc(&b, bytes));
+  BELUGA_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, S(stream_)));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int i = 0; i < 8; ++i) {
+    cudaEventRecord(e0, S(stream_));
+    BELUGA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, S(stream_)));
+    cudaEventRecord(e1, S(stream_));
+    BELUGA_CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (i >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) / (ms[ms.size() / 2] * 1e-3);
+}
+
+double CudaOps::measure_gemm_peak() {
+  const int n = 8192;
+  Tensor a = alloc_persistent(DType::kBF16, {n, n}), b = alloc_persistent(DType::kBF16, {n, n}),
+         c = alloc_persistent(DType::kBF16, {n, n});
+  fill_uniform(a, 1, -1.0f, 1.0f);
+  fill_uniform(b, 2, -1.0f, 1.0f);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int i = 0; i < 13; ++i) {
+    cudaEventRecord(e0, S(stream_));
+    gemm_bf16(c, a, b);
+    cudaEventRecord(e1, S(stream_));
+    BELUGA_CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (i >= 3) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * double(n) * n * n / (ms[ms.size() / 2] * 1e-3);
+}
+
+// ---------------------------------------------------------------------------------------------
+namespace {
+inline uint64_t host_mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+Tensor CudaDummyWeights::find(const std::string& name, const std::vector<int64_t>& shape, DType hint) {
+  if (ends_with(name, "weight_scale_inv") || ends_with(name, ".bias")) return {};
+  return get(name, shape, hint);
+}
+
+Tensor CudaDummyWeights::get(const std::string& name, const std::vector<int64_t>& shape, DType hint) {
+  // The same values as DummyWeights::get (loader/weight_source.cc), generated on the device.
+  const DType dt = (hint == DType::kF32) ? DType::kF32 : DType::kBF16;
+  uint64_t h = seed_;
+  for (char c : name) h = host_mix(h ^ uint64_t(uint8_t(c)));
+  float lo = 0, hi = 0;
+  if (ends_with(name, "norm.weight")) {
+    lo = hi = 1.0f;
+  } else if (!ends_with(name, "e_score_correction_bias")) {
+    const float fan_in = shape.size() >= 2 ? float(shape.back()) : 1.0f;
+    const float a = std::sqrt(3.0f / fan_in);
+    lo = -a;
+    hi = a;
+  }
+  Tensor t;
+  switch (shape.size()) {
+    case 1:
+      t = ops_.alloc_persistent(dt, {shape[0]});
+      break;
+    case 2:
+      t = ops_.alloc_persistent(dt, {shape[0], shape[1]});
+      break;
+    case 3:
+      t = ops_.alloc_persistent(dt, {shape[0], shape[1], shape[2]});
+      break;
+    default:
+      fail("CudaDummyWeights: unsupported rank for ", name);
+  }
+  ops_.fill_uniform(t, h, lo, hi);
+  bytes_ += t.nbytes();
+  return t;
+}
+
+}  // namespace beluga

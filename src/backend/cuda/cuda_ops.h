@@ -1,0 +1,130 @@
+// The CUDA backend (Hopper, sm_90a): BF16 activations and KV cache, F32 accumulation everywhere.
+// Dense GEMMs go through cuBLAS; element-wise ops, MoE routing, the grouped expert GEMM and the
+// attention kernels are our own (cuda_*.cu). Every op is enqueued on one stream; only copy_to_host
+// and synchronize wait for the device. This header carries no CUDA types, so host code can include it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/ops.h"
+#include "loader/weight_source.h"
+
+namespace beluga {
+
+struct CudaOptions {
+  int device = 0;
+};
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(CudaOptions opt = {});
+  ~CudaOps() override;
+
+  Device device() const override { return Device::kCuda; }
+  DType act_dtype() const override { return DType::kBF16; }
+
+  Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
+  void reset_scratch() override;
+  Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) override;
+  Tensor upload(const Tensor& host) override;
+  void copy_to_host(const Tensor& src, void* dst) override;
+  void copy_from_host(Tensor dst, const void* src) override;
+  void synchronize() override;
+
+  void embedding(Tensor out, const Tensor& table, const Tensor& ids) override;
+  void rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) override;
+  void add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Tensor& w, float eps) override;
+  void add(Tensor out, const Tensor& a, const Tensor& b) override;
+  void copy(Tensor out, const Tensor& x) override;
+  void silu_mul(Tensor out, const Tensor& gate_up) override;
+  void rope(Tensor x, const Tensor& positions, const RopeTable& table) override;
+  void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
+
+  void linear(Tensor out, const Tensor& x, const Weight& w) override;
+  void linear_heads(Tensor out, const Tensor& x, const Tensor& w) override;
+
+  void moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                 const RouterParams& p) override;
+  void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   std::span<const ExpertWeights> experts, const ExpertWeights* shared) override;
+
+  void cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m) override;
+  void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                              int kv_rank, float scale) override;
+  void gather_context(Tensor out, const Tensor& cache, const AttnMeta& m) override;
+  void mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                              const AttnMeta& m, float scale) override;
+  void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,
+                     float scale) override;
+
+  // ---- beyond the Ops interface (tests, benchmarks, loaders) ----
+  // Fills a BF16/F32 device tensor with uniform values in [lo, hi) from a counter-based hash of
+  // (seed, index), or with `lo` when hi <= lo. The dummy-weight source and the benchmarks use it.
+  void fill_uniform(Tensor t, uint64_t seed, float lo, float hi);
+  // Forces the reference (simple, any-shape) attention kernels instead of the tensor-core ones.
+  void set_reference_attention(bool on) { reference_attention_ = on; }
+  // Device properties read at start.
+  int sm_count() const { return sm_count_; }
+  void* stream() const { return stream_; }
+  // Device-to-device copy bandwidth (bytes read + written per second) and cuBLAS BF16 GEMM FLOP/s.
+  double measure_copy_bandwidth();
+  double measure_gemm_peak();
+  size_t persistent_bytes() const { return persistent_bytes_; }
+  // With BELUGA_CUDA_PROFILE=1 in the environment, every op synchronizes and its time is summed
+  // per op name; the table is printed to stderr when the backend is destroyed.
+  struct Prof {
+    CudaOps* ops;
+    const char* name;
+    double t0;
+    Prof(CudaOps* o, const char* n);
+    ~Prof();
+  };
+
+ private:
+  // The weight as a BF16 [out, in] matrix: BF16 weights as they are; F32 and FP8 (block scales)
+  // converted once on first use and cached for the backend's lifetime.
+  const Tensor& bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
+  void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w);  // out[M,N] = x[M,K] w[N,K]^T
+  // Per-layer expert tables on the device (weight pointers, widths), built on first use.
+  struct ExpertTable;
+  const ExpertTable& expert_table(std::span<const ExpertWeights> experts, const ExpertWeights* shared);
+
+  void* stream_ = nullptr;
+  void* cublas_ = nullptr;
+  void* cublas_ws_ = nullptr;
+  int sm_count_ = 0;
+  bool reference_attention_ = false;
+  // Scratch arena: bump allocation over device chunks, merged into one at the next reset.
+  std::vector<void*> chunks_;
+  std::vector<size_t> chunk_size_;
+  size_t used_ = 0;
+  std::vector<void*> persistent_;
+  size_t persistent_bytes_ = 0;
+  std::map<const void*, Tensor> converted_;
+  bool profile_ = false;
+  std::map<std::string, std::pair<double, long>> prof_;  // op -> (seconds, calls)
+  std::map<std::pair<const void*, const void*>, std::unique_ptr<ExpertTable>>
+      expert_tables_;  // (experts, shared)
+};
+
+// Dummy weights generated on the GPU (no host copy of a large model): the same values as
+// DummyWeights (splitmix64 of seed, name and index), written straight into device memory.
+class CudaDummyWeights : public WeightSource {
+ public:
+  explicit CudaDummyWeights(CudaOps& ops, uint64_t seed = 0) : ops_(ops), seed_(seed) {}
+  Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
+  Tensor find(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
+  size_t total_bytes() const override { return bytes_; }
+
+ private:
+  CudaOps& ops_;
+  uint64_t seed_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace beluga

@@ -1,0 +1,642 @@
+// GPU tests: every CUDA op against the CPU backend on random inputs at several shapes, and whole
+// models against the golden fixtures. Inputs are rounded to BF16 first, so both backends see the
+// same values; the CPU computes in F32. Bounds (relative L2 over the output, NaN never passes):
+//   element-wise / norms / rope / copies: 1e-2 (one BF16 rounding of the output is ~3e-3)
+//   GEMMs (cuBLAS and the grouped expert GEMM), attention, MoE: 2e-2 (BF16 outputs and BF16 P in PV)
+//   routing: identical expert ids, weights within 1e-5 relative
+//   model logits vs the transformers F32 reference: 5e-2 per row (BF16 activations end to end);
+//   greedy tokens equal to the CPU path's until the first step whose reference margin is < 0.5.
+// Outputs are poisoned (0xFF bytes: NaN in BF16 and F32) before each op, so unwritten elements fail.
+// Not part of ctest: tests/gpu/run.sh runs this binary on a machine with a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_ops.h"
+#include "engine/generator.h"
+#include "loader/safetensors.h"
+#include "loader/weight_source.h"
+#include "model/model.h"
+
+namespace beluga {
+namespace {
+
+// The source tree (fixtures, configs): $BELUGA_SOURCE_DIR when set (a build carried to another
+// machine), else the tree the binary was built from.
+std::string source_dir() {
+  const char* e = std::getenv("BELUGA_SOURCE_DIR");
+  return e && *e ? std::string(e) : std::string(BELUGA_SOURCE_DIR);
+}
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(std::random_device{}());
+  return r;
+}
+
+std::vector<float> rand_bf16(size_t n, float scale = 1.0f) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(d(rng())));
+  return v;
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+class GpuOps : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  }
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+    gpu = std::make_unique<CudaOps>();
+  }
+  // A CPU F32 tensor over `host` (kept alive in `keep`).
+  Tensor cpu_t(std::vector<float> v, std::initializer_list<int64_t> shape) {
+    keep.push_back(std::move(v));
+    return Tensor::make(keep.back().data(), DType::kF32, shape);
+  }
+  // A GPU tensor holding `v` (BF16 or F32).
+  Tensor gpu_t(const std::vector<float>& v, std::initializer_list<int64_t> shape, DType dt = DType::kBF16) {
+    Tensor t = gpu->scratch(dt, shape);
+    if (dt == DType::kF32) {
+      gpu->copy_from_host(t, v.data());
+    } else {
+      std::vector<uint16_t> b(v.size());
+      for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+      gpu->copy_from_host(t, b.data());
+    }
+    return t;
+  }
+  Tensor gpu_i32(const std::vector<int32_t>& v) {
+    Tensor t = gpu->scratch(DType::kI32, {int64_t(v.size())});
+    gpu->copy_from_host(t, v.data());
+    return t;
+  }
+  Tensor gpu_out(std::initializer_list<int64_t> shape, DType dt = DType::kBF16) {
+    Tensor t = gpu->scratch(dt, shape);
+    cudaMemset(t.data, 0xff, t.nbytes());
+    return t;
+  }
+  std::vector<float> read(const Tensor& t) {
+    std::vector<float> out(size_t(t.numel()));
+    if (t.dtype == DType::kF32) {
+      gpu->copy_to_host(t, out.data());
+    } else {
+      std::vector<uint16_t> b(out.size());
+      gpu->copy_to_host(t, b.data());
+      for (size_t i = 0; i < b.size(); ++i) out[i] = bf16_to_f32(b[i]);
+    }
+    return out;
+  }
+  std::vector<float> read_cpu(const Tensor& t) {
+    return std::vector<float>(t.ptr<float>(), t.ptr<float>() + t.numel());
+  }
+
+  CpuOps cpu;
+  std::unique_ptr<CudaOps> gpu;
+  std::vector<std::vector<float>> keep;
+};
+
+// ---- element-wise ----
+TEST_F(GpuOps, RmsNormAndAddRmsNorm) {
+  for (auto [R, D] : {std::pair{1, 64}, {7, 2048}, {130, 7168}}) {
+    auto x = rand_bf16(size_t(R) * D), w = rand_bf16(D), r = rand_bf16(size_t(R) * D);
+    Tensor co = cpu_t(std::vector<float>(size_t(R) * D), {R, D});
+    cpu.rmsnorm(co, cpu_t(x, {R, D}), cpu_t(w, {D}), 1e-6f);
+    Tensor go = gpu_out({R, D});
+    gpu->rmsnorm(go, gpu_t(x, {R, D}), gpu_t(w, {D}), 1e-6f);
+    EXPECT_LE(rel_l2(read(go), read_cpu(co)), 1e-2) << R << "x" << D;
+
+    Tensor cres = cpu_t(r, {R, D});
+    Tensor co2 = cpu_t(std::vector<float>(size_t(R) * D), {R, D});
+    cpu.add_rmsnorm(cres, cpu_t(x, {R, D}), co2, cpu_t(w, {D}), 1e-6f);
+    Tensor gres = gpu_t(r, {R, D});
+    Tensor go2 = gpu_out({R, D});
+    gpu->add_rmsnorm(gres, gpu_t(x, {R, D}), go2, gpu_t(w, {D}, DType::kF32), 1e-6f);
+    EXPECT_LE(rel_l2(read(go2), read_cpu(co2)), 1e-2);
+    EXPECT_LE(rel_l2(read(gres), read_cpu(cres)), 1e-2);
+  }
+}
+
+TEST_F(GpuOps, SiluMulAddCopyGatherEmbedding) {
+  const int R = 37, I = 1408, D = 512, V = 1000;
+  auto gu = rand_bf16(size_t(R) * 2 * I, 4.0f);
+  Tensor co = cpu_t(std::vector<float>(size_t(R) * I), {R, I});
+  cpu.silu_mul(co, cpu_t(gu, {R, 2 * I}));
+  Tensor go = gpu_out({R, I});
+  gpu->silu_mul(go, gpu_t(gu, {R, 2 * I}));
+  EXPECT_LE(rel_l2(read(go), read_cpu(co)), 1e-2);
+
+  auto a = rand_bf16(size_t(R) * D), b = rand_bf16(size_t(R) * D);
+  Tensor cadd = cpu_t(std::vector<float>(size_t(R) * D), {R, D});
+  cpu.add(cadd, cpu_t(a, {R, D}), cpu_t(b, {R, D}));
+  Tensor gadd = gpu_out({R, D});
+  gpu->add(gadd, gpu_t(a, {R, D}), gpu_t(b, {R, D}));
+  EXPECT_LE(rel_l2(read(gadd), read_cpu(cadd)), 1e-2);
+
+  // Strided 3-D copy (a column slice of heads), BF16 -> F32 and BF16 -> BF16.
+  const int T = 5, H = 16, W = 192;
+  auto q = rand_bf16(size_t(T) * H * W);
+  Tensor gq = gpu_t(q, {T, H, W});
+  Tensor gsl = gq.cols(128, 192);
+  Tensor gf = gpu_out({T, H, 64}, DType::kF32);
+  gpu->copy(gf, gsl);
+  std::vector<float> want(size_t(T) * H * 64);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < 64; ++d) want[(size_t(t) * H + h) * 64 + d] = q[(size_t(t) * H + h) * W + 128 + d];
+  EXPECT_EQ(rel_l2(read(gf), want), 0.0);
+  Tensor gb = gpu_out({T, H, 576});
+  gpu->copy(gb.cols(512, 576), gsl);
+  auto got = read(gb);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < 64; ++d)
+        ASSERT_EQ(got[(size_t(t) * H + h) * 576 + 512 + d], want[(size_t(t) * H + h) * 64 + d]);
+
+  auto table = rand_bf16(size_t(V) * D);
+  std::vector<int32_t> ids(R);
+  for (auto& i : ids) i = int(rng()() % V);
+  Tensor ce = cpu_t(std::vector<float>(size_t(R) * D), {R, D});
+  Tensor cids = Tensor::make(ids.data(), DType::kI32, {R});
+  cpu.embedding(ce, cpu_t(table, {V, D}), cids);
+  Tensor ge = gpu_out({R, D});
+  Tensor gtab = gpu_t(table, {V, D});
+  gpu->embedding(ge, gtab, gpu_i32(ids));
+  EXPECT_EQ(rel_l2(read(ge), read_cpu(ce)), 0.0);
+  Tensor gg = gpu_out({R, D});
+  gpu->gather_rows(gg, gtab, gpu_i32(ids));
+  EXPECT_EQ(rel_l2(read(gg), read_cpu(ce)), 0.0);
+}
+
+TEST_F(GpuOps, Rope) {
+  for (bool inter : {true, false}) {
+    const int T = 9, H = 16, dim = 64, P = 4096;
+    std::vector<float> cs(size_t(P) * dim / 2), sn(cs.size());
+    for (int p = 0; p < P; ++p)
+      for (int i = 0; i < dim / 2; ++i) {
+        const float f = std::pow(10000.0f, -2.0f * i / dim);
+        cs[size_t(p) * dim / 2 + i] = std::cos(p * f);
+        sn[size_t(p) * dim / 2 + i] = std::sin(p * f);
+      }
+    std::vector<int32_t> pos(T);
+    for (auto& p : pos) p = int(rng()() % P);
+    auto x = rand_bf16(size_t(T) * H * 192);
+    RopeTable ct{cpu_t(cs, {P, dim / 2}), cpu_t(sn, {P, dim / 2}), dim, inter};
+    RopeTable gt{gpu_t(cs, {P, dim / 2}, DType::kF32), gpu_t(sn, {P, dim / 2}, DType::kF32), dim, inter};
+    Tensor cx = cpu_t(x, {T, H, 192});
+    cpu.rope(cx.cols(128, 192), Tensor::make(pos.data(), DType::kI32, {T}), ct);
+    Tensor gx = gpu_t(x, {T, H, 192});
+    gpu->rope(gx.cols(128, 192), gpu_i32(pos), gt);
+    EXPECT_LE(rel_l2(read(gx), read_cpu(cx)), 1e-2) << "interleaved " << inter;
+  }
+}
+
+// ---- GEMMs ----
+TEST_F(GpuOps, Linear) {
+  for (auto [M, N, K] : {std::tuple{1, 2112, 2048}, {17, 576, 2048}, {300, 1024, 512}}) {
+    auto x = rand_bf16(size_t(M) * K), w = rand_bf16(size_t(N) * K, 0.05f), b = rand_bf16(N);
+    std::vector<uint16_t> wb(w.size());
+    for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+    Weight cw;
+    cw.w = Tensor::make(wb.data(), DType::kBF16, {N, K});
+    cw.bias = cpu_t(b, {N});
+    Tensor co = cpu_t(std::vector<float>(size_t(M) * N), {M, N});
+    cpu.linear(co, cpu_t(x, {M, K}), cw);
+    Weight gw;
+    gw.w = gpu->upload(cw.w);
+    gw.bias = gpu_t(b, {N});
+    for (DType odt : {DType::kBF16, DType::kF32}) {
+      Tensor go = gpu_out({M, N}, odt);
+      gpu->linear(go, gpu_t(x, {M, K}), gw);
+      EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2) << M << "x" << N << "x" << K;
+    }
+  }
+}
+
+TEST_F(GpuOps, LinearFp8AndF32Weights) {
+  const int M = 5, N = 256, K = 384;
+  std::vector<uint8_t> w8(size_t(N) * K);
+  for (auto& v : w8) {
+    v = uint8_t(rng()() & 0xff);
+    if ((v & 0x7f) == 0x7f) v = 0x30;
+  }
+  std::vector<float> sc = {0.01f, 0.02f, 0.005f, 0.03f, 0.01f, 0.02f};  // [2, 3]
+  Weight cw;
+  cw.w = Tensor::make(w8.data(), DType::kF8E4M3, {N, K});
+  cw.scale = cpu_t(sc, {2, 3});
+  auto x = rand_bf16(size_t(M) * K);
+  Tensor co = cpu_t(std::vector<float>(size_t(M) * N), {M, N});
+  cpu.linear(co, cpu_t(x, {M, K}), cw);
+  Weight gw;
+  gw.w = gpu->upload(cw.w);
+  gw.scale = gpu->upload(cw.scale);
+  Tensor go = gpu_out({M, N});
+  gpu->linear(go, gpu_t(x, {M, K}), gw);
+  EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2);
+
+  auto wf = rand_bf16(size_t(N) * K, 0.05f);
+  Weight cf;
+  cf.w = cpu_t(wf, {N, K});
+  cpu.linear(co, cpu_t(x, {M, K}), cf);
+  Weight gf;
+  gf.w = gpu->upload(cf.w);
+  Tensor go2 = gpu_out({M, N}, DType::kF32);
+  gpu->linear(go2, gpu_t(x, {M, K}), gf);
+  EXPECT_LE(rel_l2(read(go2), read_cpu(co)), 2e-2);
+}
+
+TEST_F(GpuOps, LinearHeads) {
+  for (int T : {1, 33}) {
+    const int H = 16, K = 128, N = 512;
+    auto x = rand_bf16(size_t(T) * H * 192), w = rand_bf16(size_t(H) * N * K, 0.1f);
+    Tensor cw = cpu_t(w, {H, N, K});
+    Tensor cx = cpu_t(x, {T, H, 192});
+    Tensor co = cpu_t(std::vector<float>(size_t(T) * H * 576), {T, H, 576});
+    cpu.linear_heads(co.cols(0, N), cx.cols(0, K), cw);
+    Tensor go = gpu_out({T, H, 576});
+    Tensor gw = gpu_t(w, {H, N, K});
+    gpu->linear_heads(go.cols(0, N), gpu_t(x, {T, H, 192}).cols(0, K), gw);
+    auto a = read(go), b = read_cpu(co);
+    std::vector<float> a2, b2;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (i % 576 < size_t(N)) {
+        a2.push_back(a[i]);
+        b2.push_back(b[i]);
+      }
+    EXPECT_LE(rel_l2(a2, b2), 2e-2) << "T " << T;
+  }
+}
+
+// ---- MoE ----
+TEST_F(GpuOps, MoeRoute) {
+  struct Case {
+    RouterParams p;
+    int E;
+    bool bias;
+  };
+  RouterParams v2lite;
+  v2lite.top_k = 6;
+  RouterParams v3;
+  v3.scoring = RouterScoring::kSigmoid;
+  v3.top_k = 8;
+  v3.n_group = 8;
+  v3.topk_group = 4;
+  v3.group_by_top2_sum = true;
+  v3.norm_topk_prob = true;
+  v3.routed_scaling_factor = 2.5f;
+  RouterParams v2 = v2lite;
+  v2.n_group = 8;
+  v2.topk_group = 3;
+  v2.routed_scaling_factor = 16.0f;
+  for (const Case& c : {Case{v2lite, 64, false}, Case{v3, 256, true}, Case{v2, 160, false}}) {
+    const int T = 77, K = c.p.top_k;
+    std::vector<float> z(size_t(T) * c.E);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (auto& v : z) v = nd(rng());
+    std::vector<float> bias(c.E);
+    for (auto& v : bias) v = nd(rng()) * 0.1f;
+    std::vector<int32_t> cid(size_t(T) * K);
+    std::vector<float> cw(size_t(T) * K);
+    cpu.moe_route(Tensor::make(cid.data(), DType::kI32, {T, K}), Tensor::make(cw.data(), DType::kF32, {T, K}),
+                  cpu_t(z, {T, c.E}), c.bias ? cpu_t(bias, {c.E}) : Tensor{}, c.p);
+    Tensor gid = gpu_out({T, K}, DType::kI32), gw = gpu_out({T, K}, DType::kF32);
+    gpu->moe_route(gid, gw, gpu_t(z, {T, c.E}, DType::kF32),
+                   c.bias ? gpu_t(bias, {c.E}, DType::kF32) : Tensor{}, c.p);
+    std::vector<int32_t> ids(size_t(T) * K);
+    gpu->copy_to_host(gid, ids.data());
+    EXPECT_EQ(ids, cid) << "E " << c.E;
+    EXPECT_LE(rel_l2(read(gw), cw), 1e-5) << "E " << c.E;
+  }
+}
+
+TEST_F(GpuOps, MoeExperts) {
+  const int D = 512, I = 384, E = 16, K = 4;
+  std::vector<std::vector<uint16_t>> store;
+  auto bf = [&](std::vector<float> v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    store.push_back(std::move(b));
+    return store.back().data();
+  };
+  auto make_expert = [&](int inter) {
+    ExpertWeights e;
+    e.gate.w = Tensor::make(bf(rand_bf16(size_t(inter) * D, 0.08f)), DType::kBF16, {inter, D});
+    e.up.w = Tensor::make(bf(rand_bf16(size_t(inter) * D, 0.08f)), DType::kBF16, {inter, D});
+    e.down.w = Tensor::make(bf(rand_bf16(size_t(D) * inter, 0.08f)), DType::kBF16, {D, inter});
+    return e;
+  };
+  std::vector<ExpertWeights> ce;
+  for (int e = 0; e < E; ++e) ce.push_back(make_expert(I));
+  ExpertWeights cs = make_expert(2 * I);
+  auto up = [&](const ExpertWeights& e) {
+    ExpertWeights g;
+    g.gate.w = gpu->upload(e.gate.w);
+    g.up.w = gpu->upload(e.up.w);
+    g.down.w = gpu->upload(e.down.w);
+    return g;
+  };
+  std::vector<ExpertWeights> ge;
+  for (auto& e : ce) ge.push_back(up(e));
+  ExpertWeights gs = up(cs);
+  for (int T : {1, 7, 300}) {  // 300: the large-tile path (T*K/E >= 64)
+    for (bool with_shared : {true, false}) {
+      auto x = rand_bf16(size_t(T) * D);
+      std::vector<int32_t> ids(size_t(T) * K);
+      std::vector<float> w(size_t(T) * K);
+      for (int t = 0; t < T; ++t) {
+        std::vector<int> perm(E);
+        for (int e = 0; e < E; ++e) perm[e] = e;
+        std::shuffle(perm.begin(), perm.end(), rng());
+        for (int k = 0; k < K; ++k) {
+          ids[size_t(t) * K + k] = perm[k];
+          w[size_t(t) * K + k] = 0.1f + 0.2f * k;
+        }
+      }
+      Tensor co = cpu_t(std::vector<float>(size_t(T) * D), {T, D});
+      cpu.moe_experts(co, cpu_t(x, {T, D}), Tensor::make(ids.data(), DType::kI32, {T, K}),
+                      Tensor::make(w.data(), DType::kF32, {T, K}), ce, with_shared ? &cs : nullptr);
+      Tensor go = gpu_out({T, D});
+      Tensor gid = gpu->scratch(DType::kI32, {T, K});
+      gpu->copy_from_host(gid, ids.data());
+      gpu->moe_experts(go, gpu_t(x, {T, D}), gid, gpu_t(w, {T, K}, DType::kF32), ge,
+                       with_shared ? &gs : nullptr);
+      EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2) << "T " << T << " shared " << with_shared;
+    }
+  }
+}
+
+// ---- attention ----
+struct MetaPair {
+  AttnMeta cpu, gpu;
+  std::vector<int32_t> qs, ctx, table, slots, pos;
+  int num_blocks = 0;
+};
+
+// Sequences with (context, query) lengths; blocks assigned in a shuffled order (paging).
+MetaPair make_meta(CudaOps& gpu, const std::vector<std::pair<int, int>>& seqs, int bs = 64) {
+  MetaPair m;
+  int max_blocks = 1, total_blocks = 0;
+  for (auto [c, q] : seqs) {
+    max_blocks = std::max(max_blocks, (c + q + bs - 1) / bs);
+    total_blocks += (c + q + bs - 1) / bs;
+  }
+  std::vector<int> order(total_blocks);
+  for (int i = 0; i < total_blocks; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng());
+  m.num_blocks = total_blocks;
+  m.table.assign(seqs.size() * max_blocks, 0);
+  int next = 0, row = 0;
+  m.qs.push_back(0);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    auto [c, q] = seqs[s];
+    const int nb = (c + q + bs - 1) / bs;
+    for (int b = 0; b < nb; ++b) m.table[s * max_blocks + b] = order[next++];
+    for (int j = 0; j < q; ++j, ++row) {
+      const int p = c + j;
+      m.pos.push_back(p);
+      m.slots.push_back(m.table[s * max_blocks + p / bs] * bs + p % bs);
+    }
+    m.qs.push_back(row);
+    m.ctx.push_back(c);
+  }
+  for (AttnMeta* a : {&m.cpu, &m.gpu}) {
+    a->num_seqs = int(seqs.size());
+    a->num_tokens = row;
+    a->max_blocks = max_blocks;
+    a->block_size = bs;
+    a->h_query_start = m.qs;
+    a->h_context_len = m.ctx;
+  }
+  m.cpu.query_start = m.qs.data();
+  m.cpu.context_len = m.ctx.data();
+  m.cpu.block_table = m.table.data();
+  m.cpu.slot_mapping = m.slots.data();
+  m.cpu.positions = m.pos.data();
+  auto up = [&](const std::vector<int32_t>& v) {
+    Tensor x = gpu.scratch(DType::kI32, {int64_t(std::max<size_t>(v.size(), 1))});
+    gpu.copy_from_host(x, v.data());
+    return x.ptr<const int32_t>();
+  };
+  m.gpu.query_start = up(m.qs);
+  m.gpu.context_len = up(m.ctx);
+  m.gpu.block_table = up(m.table);
+  m.gpu.slot_mapping = up(m.slots);
+  m.gpu.positions = up(m.pos);
+  return m;
+}
+
+TEST_F(GpuOps, CacheWriteAndGatherContext) {
+  const int W = 576;
+  MetaPair m = make_meta(*gpu, {{100, 3}, {0, 70}, {64, 1}});
+  const int T = m.cpu.num_tokens, nb = m.num_blocks;
+  auto cache0 = rand_bf16(size_t(nb) * 64 * W), e = rand_bf16(size_t(T) * W);
+  Tensor cc = cpu_t(cache0, {nb, 64, W});
+  cpu.cache_write(cc, cpu_t(e, {T, W}), m.cpu);
+  Tensor gc = gpu_t(cache0, {nb, 64, W});
+  gpu->cache_write(gc, gpu_t(e, {T, W}), m.gpu);
+  EXPECT_EQ(rel_l2(read(gc), read_cpu(cc)), 0.0);
+  int C = 0;
+  for (int s = 0; s < 3; ++s) C += m.ctx[s] + m.qs[s + 1] - m.qs[s];
+  Tensor co = cpu_t(std::vector<float>(size_t(C) * W), {C, W});
+  cpu.gather_context(co, cc, m.cpu);
+  Tensor go = gpu_out({C, W});
+  gpu->gather_context(go, gc, m.gpu);
+  EXPECT_EQ(rel_l2(read(go), read_cpu(co)), 0.0);
+}
+
+// Absorbed MLA: the tensor-core path (576/512, 16 heads) and the reference path (tiny dims).
+TEST_F(GpuOps, MlaAbsorbed) {
+  struct Case {
+    int H, rank, rope;
+    bool reference;
+    std::vector<std::pair<int, int>> seqs;
+  };
+  const std::vector<Case> cases = {
+      {16, 512, 64, false, {{0, 1}}},
+      {16, 512, 64, false, {{1000, 1}, {37, 1}, {4095, 1}, {64, 1}}},
+      {32, 512, 64, false, {{300, 5}, {0, 9}}},  // several query tokens per sequence (causal)
+      {16, 512, 64, true, {{300, 2}, {5, 1}}},
+      {4, 32, 8, false, {{50, 3}, {0, 4}}},  // falls back to the reference kernel
+  };
+  for (const Case& c : cases) {
+    gpu->set_reference_attention(c.reference);
+    MetaPair m = make_meta(*gpu, c.seqs);
+    const int T = m.cpu.num_tokens, W = c.rank + c.rope, nb = m.num_blocks;
+    auto cache = rand_bf16(size_t(nb) * 64 * W), q = rand_bf16(size_t(T) * c.H * W);
+    const float scale = 0.1147f;
+    Tensor co = cpu_t(std::vector<float>(size_t(T) * c.H * c.rank), {T, c.H, c.rank});
+    cpu.mla_attention_absorbed(co, cpu_t(q, {T, c.H, W}), cpu_t(cache, {nb, 64, W}), m.cpu, c.rank, scale);
+    Tensor go = gpu_out({T, c.H, c.rank});
+    gpu->mla_attention_absorbed(go, gpu_t(q, {T, c.H, W}), gpu_t(cache, {nb, 64, W}), m.gpu, c.rank, scale);
+    EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2)
+        << "H " << c.H << " rank " << c.rank << " ref " << c.reference << " seqs " << c.seqs.size();
+  }
+  gpu->set_reference_attention(false);
+}
+
+TEST_F(GpuOps, MlaExpanded) {
+  struct Case {
+    int H, nope, rope, v;
+    bool reference;
+    std::vector<std::pair<int, int>> seqs;
+  };
+  const std::vector<Case> cases = {
+      {16, 128, 64, 128, false, {{0, 200}}},
+      {16, 128, 64, 128, false, {{130, 77}, {0, 64}, {5, 1}}},  // cached prefix + new chunk, varlen
+      {8, 128, 64, 128, true, {{20, 40}}},
+      {4, 16, 8, 16, false, {{10, 20}, {0, 5}}},  // reference kernel
+  };
+  for (const Case& c : cases) {
+    gpu->set_reference_attention(c.reference);
+    MetaPair m = make_meta(*gpu, c.seqs);
+    const int T = m.cpu.num_tokens, Dq = c.nope + c.rope;
+    int C = 0;
+    for (size_t s = 0; s < c.seqs.size(); ++s) C += c.seqs[s].first + c.seqs[s].second;
+    auto q = rand_bf16(size_t(T) * c.H * Dq), kv = rand_bf16(size_t(C) * c.H * (c.nope + c.v)),
+         ctx = rand_bf16(size_t(C) * (512 + c.rope));
+    const float scale = 1.0f / std::sqrt(float(Dq));
+    Tensor co = cpu_t(std::vector<float>(size_t(T) * c.H * c.v), {T, c.H, c.v});
+    cpu.mla_attention_expanded(co, cpu_t(q, {T, c.H, Dq}), cpu_t(kv, {C, c.H, c.nope + c.v}),
+                               cpu_t(ctx, {C, 512 + c.rope}).cols(512, 512 + c.rope), m.cpu, scale);
+    Tensor go = gpu_out({T, c.H, c.v});
+    gpu->mla_attention_expanded(go, gpu_t(q, {T, c.H, Dq}), gpu_t(kv, {C, c.H, c.nope + c.v}),
+                                gpu_t(ctx, {C, 512 + c.rope}).cols(512, 512 + c.rope), m.gpu, scale);
+    EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2)
+        << "H " << c.H << " nope " << c.nope << " ref " << c.reference;
+  }
+  gpu->set_reference_attention(false);
+}
+
+TEST_F(GpuOps, GqaAttention) {
+  const int H = 8, KVH = 2, D = 64;
+  MetaPair m = make_meta(*gpu, {{90, 1}, {0, 33}, {200, 4}});
+  const int T = m.cpu.num_tokens, nb = m.num_blocks, W = 2 * KVH * D;
+  auto cache = rand_bf16(size_t(nb) * 64 * W), q = rand_bf16(size_t(T) * H * D);
+  Tensor co = cpu_t(std::vector<float>(size_t(T) * H * D), {T, H, D});
+  cpu.gqa_attention(co, cpu_t(q, {T, H, D}), cpu_t(cache, {nb, 64, W}), m.cpu, KVH, 0.125f);
+  Tensor go = gpu_out({T, H, D});
+  gpu->gqa_attention(go, gpu_t(q, {T, H, D}), gpu_t(cache, {nb, 64, W}), m.gpu, KVH, 0.125f);
+  EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2);
+}
+
+TEST_F(GpuOps, DummyWeightsMatchHost) {
+  DummyWeights host;
+  CudaDummyWeights dev(*gpu);
+  for (const char* name : {"model.layers.3.mlp.experts.7.up_proj.weight", "model.norm.weight"}) {
+    Tensor h = host.get(name, {96, 80}, DType::kBF16), d = dev.get(name, {96, 80}, DType::kBF16);
+    std::vector<uint16_t> got(size_t(h.numel()));
+    gpu->copy_to_host(d, got.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), h.data, h.nbytes())) << name;
+  }
+}
+
+// ---- whole models ----
+std::vector<int64_t> ints(const SafetensorsFile& f, const std::string& name) {
+  const TensorInfo& t = f.get(name);
+  const int64_t* p = static_cast<const int64_t*>(t.data);
+  return std::vector<int64_t>(p, p + t.nbytes / 8);
+}
+
+class GpuModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuModel, LogitsAndGreedyMatch) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = source_dir() + "/tests/fixtures/" + GetParam();
+  const ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
+  Checkpoint ckpt(dir);
+  CudaOps gops;
+  CpuOps cops;
+  auto gm = load_model(cfg, ckpt, gops, 1024);
+  auto cm = load_model(cfg, ckpt, cops, 1024);
+  SafetensorsFile ref(dir + "/reference.safetensors");
+  Generator gg(*gm), cg(*cm);
+  const int V = cfg.vocab_size;
+  for (int i = 0; ref.find("prompt_" + std::to_string(i)); ++i) {
+    const std::string s = std::to_string(i);
+    auto p64 = ints(ref, "prompt_" + s);
+    std::vector<int> prompt(p64.begin(), p64.end());
+    auto pos = ints(ref, "logit_pos_" + s);
+    const float* want = static_cast<const float*>(ref.get("logits_" + s).data);
+    for (MlaMode mode : {MlaMode::kExpanded, MlaMode::kAbsorbed}) {
+      if (!cfg.is_mla() && mode == MlaMode::kAbsorbed) continue;
+      std::vector<float> ours = gg.prompt_logits(prompt, mode);
+      std::vector<double> err;
+      for (size_t r = 0; r < pos.size(); ++r) {
+        std::vector<float> a(ours.begin() + pos[r] * V, ours.begin() + (pos[r] + 1) * V),
+            b(want + r * V, want + (r + 1) * V);
+        err.push_back(rel_l2(a, b));
+        EXPECT_LE(err.back(), 0.5) << "prompt " << i << " row " << pos[r] << " mode " << int(mode);
+      }
+      // BF16 activations end to end: most rows within 5e-2 of the F32 reference; a few rows may
+      // route a token to another expert on a near tie (tiny fixtures, hidden 64), hence the tail.
+      std::sort(err.begin(), err.end());
+      const double median = err[err.size() / 2], p90 = err[err.size() * 9 / 10];
+      EXPECT_LE(median, 3e-2) << "prompt " << i << " mode " << int(mode);
+      EXPECT_LE(p90, 5e-2) << "prompt " << i << " mode " << int(mode);
+      std::printf("  %s prompt %d mode %d: rows %zu, rel L2 median %.4f p90 %.4f max %.4f\n",
+                  GetParam().c_str(), i, int(mode), err.size(), median, p90, err.back());
+    }
+    GenerateParams gp;
+    gp.max_tokens = 12;
+    auto gt = gg.generate({prompt}, gp)[0];
+    auto ct = cg.generate({prompt}, gp)[0];
+    const float* margin = static_cast<const float*>(ref.get("margin_" + s).data);
+    size_t k = 0;
+    for (; k < gt.size() && margin[k] >= 0.5f; ++k)
+      ASSERT_EQ(gt[k], ct[k]) << "prompt " << i << " step " << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModel,
+                         ::testing::Values("dsv3-tiny", "dsv3-tiny-fp8", "dsv2-lite-tiny", "qwen3-tiny"));
+
+// The DeepSeek-V2-Lite shapes with dummy weights (tensor-core attention, grouped GEMM tiles of both
+// heights): a GPU forward agrees with the CPU forward of the same weights on the last rows.
+TEST(GpuModelLarge, DeepseekV2LiteTwoLayersMatchesCpu) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  ModelConfig cfg = ModelConfig::from_file(source_dir() + "/bench/configs/deepseek-v2-lite/config.json");
+  cfg.num_layers = 2;
+  DummyWeights hw;
+  CudaOps gops;
+  CudaDummyWeights dw(gops);
+  CpuOps cops(CpuOptions{0, true});
+  auto gm = load_model(cfg, dw, gops, 2048);
+  auto cm = load_model(cfg, hw, cops, 2048);
+  Generator gg(*gm), cg(*cm);
+  std::vector<int> prompt(300);
+  for (auto& t : prompt) t = int(rng()() % cfg.vocab_size);
+  for (MlaMode mode : {MlaMode::kExpanded, MlaMode::kAbsorbed}) {
+    auto a = gg.prompt_logits(prompt, mode), b = cg.prompt_logits(prompt, mode);
+    const int V = cfg.vocab_size;
+    for (int r : {0, 150, 299}) {
+      std::vector<float> x(a.begin() + int64_t(r) * V, a.begin() + int64_t(r + 1) * V),
+          y(b.begin() + int64_t(r) * V, b.begin() + int64_t(r + 1) * V);
+      EXPECT_LE(rel_l2(x, y), 5e-2) << "row " << r << " mode " << int(mode);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace beluga
