@@ -26,7 +26,7 @@ constexpr const char* kUsage =
     "                    [--api-key KEY] [--max-num-seqs 64] [--max-num-batched-tokens 2048]\n"
     "                    [--max-model-len N] [--max-queue-len 256] [--max-body-bytes 16777216]\n"
     "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
-    "                    [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype float32|bfloat16]\n"
+    "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype float32|bfloat16]\n"
     "                    [--load-format auto|dummy]\n";
 
 std::string basename_of(std::string dir) {
@@ -89,9 +89,14 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "beluga serve: listening on http://%s:%d (loading the model)\n", scfg.host.c_str(), server.port());
 
   LoadedModel m = load_model_from_args(args);
+  // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
+  // a dummy-weight benchmark of a config that ships no tokenizer.
+  const std::string tok_dir = args.get_or("tokenizer", m.dir);
   args.check_all_used();
-  const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(m.dir + "/tokenizer.json");
-  const recipe::ChatEncoder encoder = recipe::ChatEncoder::from_model_dir(m.dir, format);
+  const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");
+  BELUGA_CHECK(int(tokenizer.vocab_size()) <= m.cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
+               tokenizer.vocab_size(), " tokens, more than the model's vocabulary of ", m.cfg.vocab_size);
+  const recipe::ChatEncoder encoder = recipe::ChatEncoder::from_model_dir(tok_dir, format);
 
   auto engine = std::make_unique<Engine>(*m.model, ecfg);
   auto handle = server::wrap_engine(*engine);
