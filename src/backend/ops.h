@@ -108,7 +108,8 @@ class Ops {
                            std::span<const ExpertWeights> experts, const ExpertWeights* shared) = 0;
 
   // ---- attention over the paged cache; cache [num_blocks, block_size, entry_dim] ----
-  virtual void cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m) = 0;  // entries [T, entry_dim]
+  virtual void cache_write(Tensor cache, const Tensor& entries,
+                           const AttnMeta& m) = 0;  // entries [T, entry_dim]
   // MLA absorbed: q [T, H, r + rope] against cache rows [c_kv (r) | k_pe (rope)];
   // out [T, H, r] = sum_j p_j c_kv_j (the latent output, before W_UV).
   virtual void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
@@ -120,8 +121,8 @@ class Ops {
   virtual void mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& k_pe,
                                       const AttnMeta& m, float scale) = 0;
   // GQA: q [T, H, D]; cache entries [K (kvh*D) | V (kvh*D)]; out [T, H, D].
-  virtual void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,
-                             float scale) = 0;
+  virtual void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                             int kv_heads, float scale) = 0;
 };
 
 }  // namespace beluga

@@ -135,8 +135,10 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
             }
           }
         if (content) {
-          if (first) r.ttft = std::chrono::duration<double>(now - t0).count();
-          else r.itl.push_back(std::chrono::duration<double>(now - last).count());
+          if (first)
+            r.ttft = std::chrono::duration<double>(now - t0).count();
+          else
+            r.itl.push_back(std::chrono::duration<double>(now - last).count());
           first = false;
           last = now;
         }
@@ -187,8 +189,9 @@ Stat stats(std::vector<double> v) {
 
 // Random words for chat text (multi-turn).
 std::string words(std::mt19937_64& rng, int n) {
-  static const char* kWords[] = {"def", "return", "value", "list", "json", "path", "file", "open", "read", "write",
-                                 "class", "import", "data", "parse", "config", "number", "string", "loop", "index", "key"};
+  static const char* kWords[] = {"def",    "return", "value",  "list",  "json",   "path", "file",
+                                 "open",   "read",   "write",  "class", "import", "data", "parse",
+                                 "config", "number", "string", "loop",  "index",  "key"};
   std::string s;
   for (int i = 0; i < n; ++i) {
     if (i) s += ' ';
@@ -220,7 +223,8 @@ int bench_serve(int argc, char** argv) {
   args.check_all_used();
   BELUGA_CHECK(dataset == "random" || dataset == "shared-prefix" || dataset == "multi-turn",
                "--dataset must be random, shared-prefix or multi-turn");
-  BELUGA_CHECK(num_prompts > 0 && input_len > 0 && output_len > 0, "--num-prompts, --input-len, --output-len must be positive");
+  BELUGA_CHECK(num_prompts > 0 && input_len > 0 && output_len > 0,
+               "--num-prompts, --input-len, --output-len must be positive");
   const double rate = rate_s == "inf" ? INFINITY : std::stod(rate_s);
   BELUGA_CHECK(rate > 0, "--request-rate must be positive or inf");
   double slo_ttft = INFINITY, slo_tpot = INFINITY, slo_e2e = INFINITY;
@@ -232,10 +236,14 @@ int bench_serve(int argc, char** argv) {
     BELUGA_CHECK(eq != std::string::npos, "--slo expects key=ms pairs (ttft_ms, tpot_ms, e2el_ms)");
     const std::string k = kv.substr(0, eq);
     const double v = std::stod(kv.substr(eq + 1)) / 1000.0;
-    if (k == "ttft_ms" || k == "ttft") slo_ttft = v;
-    else if (k == "tpot_ms" || k == "tpot") slo_tpot = v;
-    else if (k == "e2el_ms" || k == "e2el") slo_e2e = v;
-    else fail("--slo: unknown key '", k, "'");
+    if (k == "ttft_ms" || k == "ttft")
+      slo_ttft = v;
+    else if (k == "tpot_ms" || k == "tpot")
+      slo_tpot = v;
+    else if (k == "e2el_ms" || k == "e2el")
+      slo_e2e = v;
+    else
+      fail("--slo: unknown key '", k, "'");
   }
 
   // The served model's id (unless given).
@@ -268,8 +276,13 @@ int bench_serve(int argc, char** argv) {
   std::vector<Json> prefixes;
   for (int i = 0; i < num_prefixes; ++i) prefixes.push_back(random_ids(prefix_len));
   auto completion_body = [&](Json ids) {
-    return Json{{"model", model},     {"prompt", std::move(ids)}, {"max_tokens", output_len}, {"temperature", 0},
-                {"ignore_eos", true}, {"stream", true},           {"stream_options", {{"include_usage", true}}}}
+    return Json{{"model", model},
+                {"prompt", std::move(ids)},
+                {"max_tokens", output_len},
+                {"temperature", 0},
+                {"ignore_eos", true},
+                {"stream", true},
+                {"stream_options", {{"include_usage", true}}}}
         .dump();
   };
 
@@ -312,8 +325,12 @@ int bench_serve(int argc, char** argv) {
       Json messages = Json::array();
       for (int t = 0; t < w.turns; ++t) {
         messages.push_back(Json{{"role", "user"}, {"content", words(r2, input_len)}});
-        Json body{{"model", model},       {"messages", messages}, {"max_tokens", output_len},
-                  {"temperature", 0},     {"ignore_eos", true},   {"stream", true},
+        Json body{{"model", model},
+                  {"messages", messages},
+                  {"max_tokens", output_len},
+                  {"temperature", 0},
+                  {"ignore_eos", true},
+                  {"stream", true},
                   {"stream_options", {{"include_usage", true}}}};
         Result res = send(url, "/v1/chat/completions", body.dump(), api_key);
         messages.push_back(Json{{"role", "assistant"}, {"content", res.text}});
@@ -328,9 +345,9 @@ int bench_serve(int argc, char** argv) {
     cv.notify_all();
   };
 
-  std::fprintf(stderr, "bench serve: %s, %d requests to %s:%s (%s), rate %s, max concurrency %s\n", dataset.c_str(),
-               num_prompts, url.host.c_str(), url.port.c_str(), model.c_str(), rate_s.c_str(),
-               max_conc > 0 ? std::to_string(max_conc).c_str() : "none");
+  std::fprintf(stderr, "bench serve: %s, %d requests to %s:%s (%s), rate %s, max concurrency %s\n",
+               dataset.c_str(), num_prompts, url.host.c_str(), url.port.c_str(), model.c_str(),
+               rate_s.c_str(), max_conc > 0 ? std::to_string(max_conc).c_str() : "none");
   std::exponential_distribution<double> gap(std::isinf(rate) ? 1.0 : rate);
   std::vector<std::thread> threads;
   const auto t_start = Clock::now();
@@ -383,7 +400,8 @@ int bench_serve(int argc, char** argv) {
   std::printf("%-40s %.2f\n", "Request throughput (req/s):", ok / duration);
   std::printf("%-40s %.2f\n", "Output token throughput (tok/s):", double(out_tok) / duration);
   std::printf("%-40s %.2f\n", "Total token throughput (tok/s):", double(in_tok + out_tok) / duration);
-  std::printf("%-40s %.2f\n", "Prefix cache hit rate (%):", in_tok ? 100.0 * double(cached) / double(in_tok) : 0.0);
+  std::printf("%-40s %.2f\n",
+              "Prefix cache hit rate (%):", in_tok ? 100.0 * double(cached) / double(in_tok) : 0.0);
   if (!slo_s.empty()) std::printf("%-40s %.2f\n", "Request goodput (req/s):", good / duration);
   auto row = [](const char* name, const Stat& s) {
     std::printf("%-12s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  (ms)\n", name, s.mean * 1e3, s.p50 * 1e3,
@@ -398,7 +416,10 @@ int bench_serve(int argc, char** argv) {
 
   if (out_path) {
     auto stat_json = [](const Stat& s) {
-      return Json{{"mean_ms", s.mean * 1e3}, {"p50_ms", s.p50 * 1e3}, {"p90_ms", s.p90 * 1e3}, {"p99_ms", s.p99 * 1e3}};
+      return Json{{"mean_ms", s.mean * 1e3},
+                  {"p50_ms", s.p50 * 1e3},
+                  {"p90_ms", s.p90 * 1e3},
+                  {"p99_ms", s.p99 * 1e3}};
     };
     Json j{{"url", url.host + ":" + url.port},
            {"model", model},

@@ -58,7 +58,8 @@ int cmd_logits(int argc, char** argv) {
   a.check_all_used();
   Generator gen(*m.model);
   std::vector<float> logits = gen.prompt_logits(prompt, mode);
-  write_safetensors(out, {{"logits", DType::kF32, {int64_t(prompt.size()), m.cfg.vocab_size}, logits.data()}});
+  write_safetensors(out,
+                    {{"logits", DType::kF32, {int64_t(prompt.size()), m.cfg.vocab_size}, logits.data()}});
   return 0;
 }
 
@@ -80,8 +81,10 @@ int cmd_inspect(int argc, char** argv) {
   j["kv_bytes_per_token"] = m.model->kv_bytes_per_token();
   j["kv_cache_dtype"] = std::string(dtype_name(m.ops->act_dtype()));
   j["weights_fp8"] = c.fp8;
-  if (auto* ck = dynamic_cast<Checkpoint*>(m.weights.get())) j["dtypes"] = ck->dtype_counts();
-  else j["dtypes"] = {{"BF16 (dummy)", m.model->num_parameters()}};
+  if (auto* ck = dynamic_cast<Checkpoint*>(m.weights.get()))
+    j["dtypes"] = ck->dtype_counts();
+  else
+    j["dtypes"] = {{"BF16 (dummy)", m.model->num_parameters()}};
   if (c.is_mla()) {
     j["attention"] = "MLA";
     j["kv_lora_rank"] = c.kv_lora_rank;

@@ -26,7 +26,8 @@ constexpr const char* kUsage =
     "                    [--api-key KEY] [--max-num-seqs 64] [--max-num-batched-tokens 2048]\n"
     "                    [--max-model-len N] [--max-queue-len 256] [--max-body-bytes 16777216]\n"
     "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
-    "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype float32|bfloat16]\n"
+    "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
+    "float32|bfloat16]\n"
     "                    [--load-format auto|dummy]\n";
 
 std::string basename_of(std::string dir) {
@@ -41,7 +42,8 @@ void generation_defaults(const std::string& dir, server::ModelInfo& info) {
   if (!file_exists(path)) return;
   auto j = nlohmann::json::parse(read_file(path), nullptr, false);
   if (!j.is_object()) return;
-  if (j.contains("temperature") && j["temperature"].is_number()) info.default_temperature = j["temperature"].get<float>();
+  if (j.contains("temperature") && j["temperature"].is_number())
+    info.default_temperature = j["temperature"].get<float>();
   if (j.contains("top_p") && j["top_p"].is_number()) info.default_top_p = j["top_p"].get<float>();
   if (j.contains("top_k") && j["top_k"].is_number_integer()) info.default_top_k = j["top_k"].get<int>();
 }
@@ -86,7 +88,8 @@ int cmd_serve(int argc, char** argv) {
   server::Server server(scfg);
   server.listen();
   server.start();
-  std::fprintf(stderr, "beluga serve: listening on http://%s:%d (loading the model)\n", scfg.host.c_str(), server.port());
+  std::fprintf(stderr, "beluga serve: listening on http://%s:%d (loading the model)\n", scfg.host.c_str(),
+               server.port());
 
   LoadedModel m = load_model_from_args(args);
   // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
@@ -108,10 +111,11 @@ int cmd_serve(int argc, char** argv) {
   info.bos_token_id = m.cfg.bos_token_id;
   generation_defaults(m.dir, info);
   server.set_engine(handle.get(), info);
-  std::fprintf(stderr,
-               "beluga serve: serving %s (%s, chat format %s, max model len %d) on http://%s:%d — loaded in %.2f s\n",
-               info.served_name.c_str(), m.dir.c_str(), recipe::chat_format_name(encoder.format()), info.max_model_len,
-               scfg.host.c_str(), server.port(), m.load_seconds);
+  std::fprintf(
+      stderr,
+      "beluga serve: serving %s (%s, chat format %s, max model len %d) on http://%s:%d — loaded in %.2f s\n",
+      info.served_name.c_str(), m.dir.c_str(), recipe::chat_format_name(encoder.format()), info.max_model_len,
+      scfg.host.c_str(), server.port(), m.load_seconds);
 
   server.wait_for_signal();
   std::fprintf(stderr, "beluga serve: shutting down\n");

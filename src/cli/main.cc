@@ -15,7 +15,8 @@ struct Subcommand {
 };
 
 constexpr Subcommand kCommands[] = {
-    {"serve", beluga::cli::cmd_serve, "OpenAI / Anthropic compatible HTTP server (default: the built-in model)"},
+    {"serve", beluga::cli::cmd_serve,
+     "OpenAI / Anthropic compatible HTTP server (default: the built-in model)"},
     {"generate", beluga::cli::cmd_generate, "greedy/sampled generation from token ids"},
     {"logits", beluga::cli::cmd_logits, "write prefill logits for token ids to a safetensors file"},
     {"inspect", beluga::cli::cmd_inspect, "print a model's architecture, parameters and KV bytes per token"},

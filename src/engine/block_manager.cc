@@ -26,11 +26,13 @@ BlockHash chain_hash(const BlockHash& prev, const int* tokens, const std::string
   return {h.low64, h.high64};
 }
 
-std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::string& salt, size_t max_blocks) {
+std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::string& salt,
+                                    size_t max_blocks) {
   std::vector<BlockHash> out;
   const size_t n = std::min(max_blocks, tokens.size() / kKvBlockSize);
   BlockHash prev;
-  for (size_t b = 0; b < n; ++b) out.push_back(prev = chain_hash(prev, tokens.data() + b * kKvBlockSize, salt));
+  for (size_t b = 0; b < n; ++b)
+    out.push_back(prev = chain_hash(prev, tokens.data() + b * kKvBlockSize, salt));
   return out;
 }
 

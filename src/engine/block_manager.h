@@ -24,7 +24,8 @@ struct BlockHashHasher {
 // The key of the block holding tokens[0..kKvBlockSize) after the prefix named `prev` ({} for none).
 BlockHash chain_hash(const BlockHash& prev, const int* tokens, const std::string& salt);
 // The chain of keys of the first `max_blocks` full blocks of `tokens`.
-std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::string& salt, size_t max_blocks);
+std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::string& salt,
+                                    size_t max_blocks);
 
 class BlockManager {
  public:

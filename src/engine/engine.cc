@@ -14,11 +14,16 @@ namespace beluga {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
   }
   return "?";
 }
@@ -62,11 +67,13 @@ int blocks_for_bytes(const Model& m, size_t bytes) {
 }  // namespace
 
 Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg) {
-  max_model_len_ = cfg.max_model_len > 0 ? std::min(cfg.max_model_len, model.max_positions()) : model.max_positions();
-  const int num_blocks = cfg.num_kv_blocks > 0 ? cfg.num_kv_blocks : blocks_for_bytes(model, cfg.kv_cache_bytes);
-  BELUGA_CHECK(int64_t(num_blocks) * kKvBlockSize >= max_model_len_, "the KV cache (", num_blocks, " blocks of ",
-               kKvBlockSize, " tokens) cannot hold one sequence of max_model_len ", max_model_len_,
-               " tokens; give it more memory or lower --max-model-len");
+  max_model_len_ =
+      cfg.max_model_len > 0 ? std::min(cfg.max_model_len, model.max_positions()) : model.max_positions();
+  const int num_blocks =
+      cfg.num_kv_blocks > 0 ? cfg.num_kv_blocks : blocks_for_bytes(model, cfg.kv_cache_bytes);
+  BELUGA_CHECK(int64_t(num_blocks) * kKvBlockSize >= max_model_len_, "the KV cache (", num_blocks,
+               " blocks of ", kKvBlockSize, " tokens) cannot hold one sequence of max_model_len ",
+               max_model_len_, " tokens; give it more memory or lower --max-model-len");
   impl_ = std::make_unique<Impl>(model, cfg, num_blocks);
   impl_->stats.kv_blocks_total = num_blocks;
   thread_ = std::thread([this] { loop(); });
@@ -89,7 +96,8 @@ SubmitStatus Engine::submit(EngineRequest req, std::string* why) {
   const int V = model_.config().vocab_size;
   if (req.prompt.empty()) return say(SubmitStatus::kInvalid, "the prompt is empty");
   for (int t : req.prompt)
-    if (t < 0 || t >= V) return say(SubmitStatus::kInvalid, str("token id ", t, " is outside the vocabulary"));
+    if (t < 0 || t >= V)
+      return say(SubmitStatus::kInvalid, str("token id ", t, " is outside the vocabulary"));
   const SamplingParams& p = req.sampling;
   if (p.n < 1 || p.n > 128) return say(SubmitStatus::kInvalid, "n must be between 1 and 128");
   if (p.max_tokens < 1) return say(SubmitStatus::kInvalid, "max_tokens must be at least 1");
@@ -201,7 +209,8 @@ void Engine::loop() {
       for (size_t i = 0; i < chunks.size(); ++i) {
         const Chunk& c = chunks[i];
         b.seqs.push_back({c.start, c.len, c.seq->blocks});
-        b.tokens.insert(b.tokens.end(), c.seq->tokens.begin() + c.start, c.seq->tokens.begin() + c.start + c.len);
+        b.tokens.insert(b.tokens.end(), c.seq->tokens.begin() + c.start,
+                        c.seq->tokens.begin() + c.start + c.len);
         if (c.sample) {
           b.logit_rows.push_back(int(b.tokens.size()) - 1);
           sample_chunks.push_back(i);
@@ -226,13 +235,14 @@ void Engine::loop() {
       for (size_t r = 0; r < sample_chunks.size(); ++r) {
         Seq* s = chunks[sample_chunks[r]].seq;
         Impl::Request& rq = im.requests.at(s->request);
-        SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(), &rq.stop_ids,
-                          rq.seed, s->index};
+        SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
+                          &rq.stop_ids,     rq.seed,        s->index};
         SampleResult res = sample(im.logits.data() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
         RequestOutput& out = outs[s->request];
         SeqOutput so;
         so.index = s->index;
-        const bool is_stop = std::find(rq.stop_ids.begin(), rq.stop_ids.end(), res.token) != rq.stop_ids.end();
+        const bool is_stop =
+            std::find(rq.stop_ids.begin(), rq.stop_ids.end(), res.token) != rq.stop_ids.end();
         im.stats.generation_tokens++;
         if (is_stop) {
           so.finish = FinishReason::kStop;

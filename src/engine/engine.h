@@ -22,8 +22,8 @@ struct EngineConfig {
   int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
   int num_kv_blocks = 0;              // 0: from kv_cache_bytes
   size_t kv_cache_bytes = size_t(1) << 30;
-  int max_model_len = 0;              // 0: the model's max positions
-  int max_queue_len = 256;            // waiting requests; beyond it submit() says kQueueFull
+  int max_model_len = 0;    // 0: the model's max positions
+  int max_queue_len = 256;  // waiting requests; beyond it submit() says kQueueFull
   bool enable_prefix_caching = true;
 };
 

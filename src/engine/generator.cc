@@ -32,7 +32,8 @@ std::vector<std::vector<int>> Generator::generate(const std::vector<std::vector<
   int blocks_per_seq = 0;
   for (const auto& pr : prompts) {
     BELUGA_CHECK(!pr.empty(), "empty prompt");
-    blocks_per_seq = std::max(blocks_per_seq, int((pr.size() + p.max_tokens + kKvBlockSize - 1) / kKvBlockSize));
+    blocks_per_seq =
+        std::max(blocks_per_seq, int((pr.size() + p.max_tokens + kKvBlockSize - 1) / kKvBlockSize));
   }
   KvCache kv = model_.make_kv_cache(std::max(1, blocks_per_seq * S));
   std::vector<std::vector<int>> out(S);
@@ -76,8 +77,7 @@ std::vector<std::vector<int>> Generator::generate(const std::vector<std::vector<
     const double t0 = now_s();
     model_.forward(b, kv, logits.data(), {p.mla_mode});
     if (on_step) on_step({true, int(b.tokens.size()), now_s() - t0});
-    for (size_t i = 0; i < last_of.size(); ++i)
-      next[last_of[i]] = pick(logits.data() + i * V, last_of[i], 0);
+    for (size_t i = 0; i < last_of.size(); ++i) next[last_of[i]] = pick(logits.data() + i * V, last_of[i], 0);
   }
 
   std::vector<bool> finished(S, false);

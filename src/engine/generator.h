@@ -31,7 +31,8 @@ class Generator {
   explicit Generator(Model& model) : model_(model) {}
 
   // Generates for each prompt; returns the new tokens of each. `on_step` sees each step's timing.
-  std::vector<std::vector<int>> generate(const std::vector<std::vector<int>>& prompts, const GenerateParams& p,
+  std::vector<std::vector<int>> generate(const std::vector<std::vector<int>>& prompts,
+                                         const GenerateParams& p,
                                          const std::function<void(const StepTiming&)>& on_step = {});
 
   // Logits [n_prompt, vocab] for every prompt position from one prefill pass.

@@ -45,11 +45,11 @@ struct TokenLogprob {
 };
 
 struct SeqOutput {
-  int index = 0;                   // 0..n-1
-  std::vector<int> tokens;         // new tokens since the last output
+  int index = 0;                       // 0..n-1
+  std::vector<int> tokens;             // new tokens since the last output
   std::vector<TokenLogprob> logprobs;  // one per new token when requested
   FinishReason finish = FinishReason::kNone;
-  int stop_token = -1;             // the token that stopped it (kStop), not included in tokens
+  int stop_token = -1;  // the token that stopped it (kStop), not included in tokens
 };
 
 struct RequestOutput {

@@ -69,13 +69,16 @@ SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vec
     std::iota(idx.begin(), idx.end(), 0);
     const int k = (p.top_k > 0 && p.top_k < vocab) ? p.top_k : vocab;
     auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-    if (k < vocab) std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
-    else if (p.top_p < 1.0f || p.min_p > 0.0f) std::sort(idx.begin(), idx.end(), by_logit);
+    if (k < vocab)
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
+    else if (p.top_p < 1.0f || p.min_p > 0.0f)
+      std::sort(idx.begin(), idx.end(), by_logit);
     float mx = -INFINITY;
     for (int i = 0; i < k; ++i) mx = std::max(mx, logits[idx[size_t(i)]]);
     std::vector<double>& prob = prob_scratch(k);
     double sum = 0;
-    for (int i = 0; i < k; ++i) sum += (prob[size_t(i)] = std::exp(double(logits[idx[size_t(i)]] - mx) / p.temperature));
+    for (int i = 0; i < k; ++i)
+      sum += (prob[size_t(i)] = std::exp(double(logits[idx[size_t(i)]] - mx) / p.temperature));
     int keep = k;
     if (p.top_p < 1.0f) {
       double acc = 0;
@@ -114,8 +117,9 @@ SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vec
       const int k = std::min(p.logprobs, vocab);
       idx.resize(size_t(vocab));
       std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                        [&](int a, int b) { return scratch[size_t(a)] > scratch[size_t(b)] || (scratch[size_t(a)] == scratch[size_t(b)] && a < b); });
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+        return scratch[size_t(a)] > scratch[size_t(b)] || (scratch[size_t(a)] == scratch[size_t(b)] && a < b);
+      });
       for (int i = 0; i < k; ++i) r.logprob.top.emplace_back(idx[size_t(i)], scratch[size_t(idx[size_t(i)])]);
     }
   }

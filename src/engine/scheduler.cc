@@ -12,7 +12,9 @@ Scheduler::Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched
   BELUGA_CHECK(max_seqs_ > 0 && max_tokens_ > 0, "max_num_seqs and max_num_batched_tokens must be positive");
 }
 
-void Scheduler::add(Seq* s) { waiting_.push_back(s); }
+void Scheduler::add(Seq* s) {
+  waiting_.push_back(s);
+}
 
 void Scheduler::remove(Seq* s) {
   bm_.release(s->blocks);

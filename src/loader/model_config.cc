@@ -34,13 +34,17 @@ T require(const json& j, const char* key) {
   }
 }
 
-double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
 
 RopeScaling parse_rope(const json& j, double* theta) {
   RopeScaling r;
   const json* rs = nullptr;
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rs = &j["rope_parameters"];
-  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rs = &j["rope_scaling"];
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
+    rs = &j["rope_parameters"];
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
+    rs = &j["rope_scaling"];
   if (!rs) return r;
   *theta = get_or<double>(*rs, "rope_theta", *theta);
   std::string type = get_or<std::string>(*rs, "rope_type", get_or<std::string>(*rs, "type", "default"));
@@ -69,11 +73,16 @@ RopeScaling parse_rope(const json& j, double* theta) {
 
 const char* arch_name(Arch a) {
   switch (a) {
-    case Arch::kDeepseekV2: return "deepseek_v2";
-    case Arch::kDeepseekV3: return "deepseek_v3";
-    case Arch::kLlama: return "llama";
-    case Arch::kQwen2: return "qwen2";
-    case Arch::kQwen3: return "qwen3";
+    case Arch::kDeepseekV2:
+      return "deepseek_v2";
+    case Arch::kDeepseekV3:
+      return "deepseek_v3";
+    case Arch::kLlama:
+      return "llama";
+    case Arch::kQwen2:
+      return "qwen2";
+    case Arch::kQwen3:
+      return "qwen3";
   }
   return "?";
 }
@@ -92,12 +101,19 @@ ModelConfig ModelConfig::from_json(const json& j) {
   BELUGA_CHECK(j.is_object(), "config.json is not a JSON object");
   ModelConfig c;
   c.model_type = require<std::string>(j, "model_type");
-  if (c.model_type == "deepseek_v2") c.arch = Arch::kDeepseekV2;
-  else if (c.model_type == "deepseek_v3") c.arch = Arch::kDeepseekV3;
-  else if (c.model_type == "llama") c.arch = Arch::kLlama;
-  else if (c.model_type == "qwen2") c.arch = Arch::kQwen2;
-  else if (c.model_type == "qwen3") c.arch = Arch::kQwen3;
-  else fail("unsupported model_type '", c.model_type, "' (supported: deepseek_v2, deepseek_v3, llama, qwen2, qwen3)");
+  if (c.model_type == "deepseek_v2")
+    c.arch = Arch::kDeepseekV2;
+  else if (c.model_type == "deepseek_v3")
+    c.arch = Arch::kDeepseekV3;
+  else if (c.model_type == "llama")
+    c.arch = Arch::kLlama;
+  else if (c.model_type == "qwen2")
+    c.arch = Arch::kQwen2;
+  else if (c.model_type == "qwen3")
+    c.arch = Arch::kQwen3;
+  else
+    fail("unsupported model_type '", c.model_type,
+         "' (supported: deepseek_v2, deepseek_v3, llama, qwen2, qwen3)");
 
   c.vocab_size = require<int>(j, "vocab_size");
   c.hidden_size = require<int>(j, "hidden_size");
@@ -116,8 +132,9 @@ ModelConfig ModelConfig::from_json(const json& j) {
   } else if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) {
     c.eos_token_ids = {j["eos_token_id"].get<int>()};
   }
-  BELUGA_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
-               "config.json: sizes must be positive");
+  BELUGA_CHECK(
+      c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
+      "config.json: sizes must be positive");
 
   if (c.is_mla()) {
     c.q_lora_rank = get_or<int>(j, "q_lora_rank", 0);
@@ -133,20 +150,30 @@ ModelConfig ModelConfig::from_json(const json& j) {
     c.moe_layer_freq = std::max(1, get_or<int>(j, "moe_layer_freq", 1));
     c.n_group = std::max(1, get_or<int>(j, "n_group", 1));
     c.topk_group = std::max(1, get_or<int>(j, "topk_group", 1));
-    std::string tm = get_or<std::string>(j, "topk_method", c.arch == Arch::kDeepseekV3 ? "noaux_tc" : "greedy");
-    if (tm == "greedy") c.topk_method = TopkMethod::kGreedy;
-    else if (tm == "group_limited_greedy") c.topk_method = TopkMethod::kGroupLimitedGreedy;
-    else if (tm == "noaux_tc") c.topk_method = TopkMethod::kNoauxTc;
-    else fail("config.json: unsupported topk_method '", tm, "'");
-    std::string sf = get_or<std::string>(j, "scoring_func", c.arch == Arch::kDeepseekV3 ? "sigmoid" : "softmax");
-    if (sf == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
-    else if (sf == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
-    else fail("config.json: unsupported scoring_func '", sf, "'");
+    std::string tm =
+        get_or<std::string>(j, "topk_method", c.arch == Arch::kDeepseekV3 ? "noaux_tc" : "greedy");
+    if (tm == "greedy")
+      c.topk_method = TopkMethod::kGreedy;
+    else if (tm == "group_limited_greedy")
+      c.topk_method = TopkMethod::kGroupLimitedGreedy;
+    else if (tm == "noaux_tc")
+      c.topk_method = TopkMethod::kNoauxTc;
+    else
+      fail("config.json: unsupported topk_method '", tm, "'");
+    std::string sf =
+        get_or<std::string>(j, "scoring_func", c.arch == Arch::kDeepseekV3 ? "sigmoid" : "softmax");
+    if (sf == "softmax")
+      c.scoring_func = ScoringFunc::kSoftmax;
+    else if (sf == "sigmoid")
+      c.scoring_func = ScoringFunc::kSigmoid;
+    else
+      fail("config.json: unsupported scoring_func '", sf, "'");
     c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false);
     c.routed_scaling_factor = get_or<double>(j, "routed_scaling_factor", 1.0);
     c.num_nextn_predict_layers = get_or<int>(j, "num_nextn_predict_layers", 0);
-    BELUGA_CHECK(c.kv_lora_rank > 0 && c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0 && c.v_head_dim > 0,
-                 "config.json: bad MLA dimensions");
+    BELUGA_CHECK(
+        c.kv_lora_rank > 0 && c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0 && c.v_head_dim > 0,
+        "config.json: bad MLA dimensions");
     if (c.n_routed_experts > 0) {
       BELUGA_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts &&
                        c.moe_intermediate_size > 0 && c.n_routed_experts % c.n_group == 0 &&
@@ -158,7 +185,8 @@ ModelConfig ModelConfig::from_json(const json& j) {
     c.head_dim = get_or<int>(j, "head_dim", c.hidden_size / c.num_heads);
     c.qkv_bias = c.arch == Arch::kQwen2 ? true : get_or<bool>(j, "attention_bias", false);
     c.qk_norm = c.arch == Arch::kQwen3;
-    BELUGA_CHECK(c.num_heads % c.num_kv_heads == 0, "config.json: num_attention_heads must be a multiple of num_key_value_heads");
+    BELUGA_CHECK(c.num_heads % c.num_kv_heads == 0,
+                 "config.json: num_attention_heads must be a multiple of num_key_value_heads");
     BELUGA_CHECK(c.head_dim % 2 == 0, "config.json: head_dim must be even");
   }
 
@@ -167,7 +195,8 @@ ModelConfig ModelConfig::from_json(const json& j) {
     std::string method = get_or<std::string>(q, "quant_method", "");
     BELUGA_CHECK(method == "fp8", "unsupported quantization method '", method, "' (supported: fp8)");
     c.fp8 = true;
-    if (q.contains("weight_block_size") && q["weight_block_size"].is_array() && q["weight_block_size"].size() == 2) {
+    if (q.contains("weight_block_size") && q["weight_block_size"].is_array() &&
+        q["weight_block_size"].size() == 2) {
       c.fp8_block_n = q["weight_block_size"][0].get<int>();
       c.fp8_block_k = q["weight_block_size"][1].get<int>();
     }

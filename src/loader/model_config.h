@@ -74,7 +74,9 @@ struct ModelConfig {
   }
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Values cached per token per layer: MLA latent + rope key, or K and V of every KV head.
-  int kv_entry_dim() const { return is_mla() ? kv_lora_rank + qk_rope_head_dim : 2 * num_kv_heads * head_dim; }
+  int kv_entry_dim() const {
+    return is_mla() ? kv_lora_rank + qk_rope_head_dim : 2 * num_kv_heads * head_dim;
+  }
   double attention_scale() const;  // includes the yarn mscale² for MLA
 
   static ModelConfig from_json(const nlohmann::json& j);

@@ -109,7 +109,8 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   for (const auto& t : tensors) {
     uint64_t n = dtype_size(t.dtype);
     for (auto d : t.shape) n *= uint64_t(d);
-    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+    header[t.name] = {
+        {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
     off += n;
   }
   std::string h = header.dump();

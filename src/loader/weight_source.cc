@@ -5,8 +5,8 @@
 #include <set>
 
 #include "util/error.h"
-#include "util/mix.h"
 #include "util/file.h"
+#include "util/mix.h"
 
 namespace beluga {
 
@@ -40,7 +40,8 @@ Checkpoint::Checkpoint(const std::string& dir) {
       shards.insert(file.get<std::string>());
     }
     for (const auto& s : shards) {
-      BELUGA_CHECK(s.find('/') == std::string::npos, index_path, ": shard name ", s, " must be a plain file name");
+      BELUGA_CHECK(s.find('/') == std::string::npos, index_path, ": shard name ", s,
+                   " must be a plain file name");
       files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + s));
     }
     for (auto& [name, file] : idx["weight_map"].items()) {
@@ -63,7 +64,8 @@ Tensor Checkpoint::find(const std::string& name, const std::vector<int64_t>& sha
   auto it = index_.find(name);
   if (it == index_.end()) return {};
   const TensorInfo& t = *it->second;
-  BELUGA_CHECK(t.shape == shape, "tensor ", name, " has shape ", shape_str(t.shape), ", expected ", shape_str(shape));
+  BELUGA_CHECK(t.shape == shape, "tensor ", name, " has shape ", shape_str(t.shape), ", expected ",
+               shape_str(shape));
   return t.view();
 }
 
@@ -87,7 +89,8 @@ std::vector<std::string> Checkpoint::names() const {
 
 std::map<std::string, int64_t> Checkpoint::dtype_counts() const {
   std::map<std::string, int64_t> r;
-  for (const auto& [name, t] : index_) r[std::string(dtype_name(t->dtype))] += int64_t(t->nbytes / dtype_size(t->dtype));
+  for (const auto& [name, t] : index_)
+    r[std::string(dtype_name(t->dtype))] += int64_t(t->nbytes / dtype_size(t->dtype));
   return r;
 }
 
@@ -122,8 +125,10 @@ Tensor DummyWeights::get(const std::string& name, const std::vector<int64_t>& sh
   for (int64_t i = 0; i < n; ++i) {
     float v = center;
     if (span > 0) v = lo + span * float(mix64(h + uint64_t(i)) >> 40) * (1.0f / float(1 << 24));
-    if (dt == DType::kF32) reinterpret_cast<float*>(buf.get())[i] = v;
-    else reinterpret_cast<uint16_t*>(buf.get())[i] = f32_to_bf16(v);
+    if (dt == DType::kF32)
+      reinterpret_cast<float*>(buf.get())[i] = v;
+    else
+      reinterpret_cast<uint16_t*>(buf.get())[i] = f32_to_bf16(v);
   }
   Tensor t = Tensor::make(buf.get(), dt, shape.data(), int(shape.size()));
   bytes_ += t.nbytes();

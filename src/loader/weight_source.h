@@ -18,9 +18,11 @@ class WeightSource {
   virtual ~WeightSource() = default;
   // The tensor `name` with exactly `shape`; throws naming the tensor when absent or misshapen.
   // `dtype_hint` is the dtype a dummy source produces (a real checkpoint returns what it stores).
-  virtual Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint = DType::kBF16) = 0;
+  virtual Tensor get(const std::string& name, const std::vector<int64_t>& shape,
+                     DType dtype_hint = DType::kBF16) = 0;
   // Like get, but an absent tensor returns an empty Tensor (optional weights: biases, FP8 scales).
-  virtual Tensor find(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint = DType::kBF16) = 0;
+  virtual Tensor find(const std::string& name, const std::vector<int64_t>& shape,
+                      DType dtype_hint = DType::kBF16) = 0;
   virtual size_t total_bytes() const = 0;
 };
 

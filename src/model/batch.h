@@ -17,9 +17,9 @@ struct SeqChunk {
 };
 
 struct Batch {
-  std::vector<int> tokens;     // all new tokens, sequence after sequence
-  std::vector<SeqChunk> seqs;  // in the same order
-  std::vector<int> logit_rows; // rows of `tokens` whose next-token logits the caller wants
+  std::vector<int> tokens;      // all new tokens, sequence after sequence
+  std::vector<SeqChunk> seqs;   // in the same order
+  std::vector<int> logit_rows;  // rows of `tokens` whose next-token logits the caller wants
 };
 
 // The paged cache of one model: per layer [num_blocks, kKvBlockSize, entry_dim] on the device.

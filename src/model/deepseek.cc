@@ -77,7 +77,8 @@ class DeepseekModel final : public Model {
         }
         for (int64_t e = 0; e < E; ++e) {
           const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-          L.moe.experts.push_back({load_linear(src, ep + "gate_proj", I, D), load_linear(src, ep + "up_proj", I, D),
+          L.moe.experts.push_back({load_linear(src, ep + "gate_proj", I, D),
+                                   load_linear(src, ep + "up_proj", I, D),
                                    load_linear(src, ep + "down_proj", D, I)});
         }
         if (c.n_shared_experts > 0) {
@@ -107,7 +108,7 @@ class DeepseekModel final : public Model {
     rope_.interleaved = true;
     scale_ = float(c.attention_scale());
     router_.scoring = c.scoring_func == ModelConfig::ScoringFunc::kSigmoid ? RouterScoring::kSigmoid
-                                                                          : RouterScoring::kSoftmax;
+                                                                           : RouterScoring::kSoftmax;
     router_.top_k = c.num_experts_per_tok;
     router_.n_group = c.topk_method == ModelConfig::TopkMethod::kGreedy ? 1 : c.n_group;
     router_.topk_group = c.topk_method == ModelConfig::TopkMethod::kGreedy ? 1 : c.topk_group;
@@ -137,9 +138,13 @@ class DeepseekModel final : public Model {
       for (int64_t k = 0; k < r; ++k) {
         const int64_t idx = i * r + k;
         float x;
-        if (kvb.dtype == DType::kF32) x = reinterpret_cast<const float*>(raw.data())[idx];
-        else if (kvb.dtype == DType::kBF16) x = bf16_to_f32(reinterpret_cast<const uint16_t*>(raw.data())[idx]);
-        else x = f8e4m3_to_f32(raw[idx]) * scale[(i / a.kv_b.block_n) * a.kv_b.scale.shape[1] + k / a.kv_b.block_k];
+        if (kvb.dtype == DType::kF32)
+          x = reinterpret_cast<const float*>(raw.data())[idx];
+        else if (kvb.dtype == DType::kBF16)
+          x = bf16_to_f32(reinterpret_cast<const uint16_t*>(raw.data())[idx]);
+        else
+          x = f8e4m3_to_f32(raw[idx]) *
+              scale[(i / a.kv_b.block_n) * a.kv_b.scale.shape[1] + k / a.kv_b.block_k];
         full[idx] = x;
       }
     auto store = [&](std::vector<float>& vals, std::initializer_list<int64_t> shape) {
@@ -164,7 +169,9 @@ class DeepseekModel final : public Model {
     a.w_uv = store(uv, {H, v, r});
   }
 
-  LayerNorms layer_norms(int l) const override { return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm}; }
+  LayerNorms layer_norms(int l) const override {
+    return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm};
+  }
 
   Tensor feed_forward(int l, const Tensor& x) override {
     const Layer& L = layers_[size_t(l)];

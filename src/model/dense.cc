@@ -20,7 +20,8 @@ class DenseModel final : public Model {
  public:
   DenseModel(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) : Model(cfg, ops) {
     const auto& c = cfg_;
-    const int64_t D = c.hidden_size, H = c.num_heads, KVH = c.num_kv_heads, hd = c.head_dim, I = c.intermediate_size;
+    const int64_t D = c.hidden_size, H = c.num_heads, KVH = c.num_kv_heads, hd = c.head_dim,
+                  I = c.intermediate_size;
     embed_ = ops.upload(src.get("model.embed_tokens.weight", {c.vocab_size, D}));
     n_params_ += int64_t(c.vocab_size) * D;
     for (int l = 0; l < c.num_layers; ++l) {
@@ -33,7 +34,8 @@ class DenseModel final : public Model {
       L.v = load_linear(src, p + "self_attn.v_proj", KVH * hd, D);
       L.o = load_linear(src, p + "self_attn.o_proj", D, H * hd);
       if (c.qkv_bias)
-        BELUGA_CHECK(!L.q.bias.empty() && !L.k.bias.empty() && !L.v.bias.empty(), p, "self_attn: q/k/v biases missing");
+        BELUGA_CHECK(!L.q.bias.empty() && !L.k.bias.empty() && !L.v.bias.empty(), p,
+                     "self_attn: q/k/v biases missing");
       if (c.qk_norm) {
         L.q_norm = load_vector(src, p + "self_attn.q_norm.weight", hd);
         L.k_norm = load_vector(src, p + "self_attn.k_norm.weight", hd);
@@ -61,7 +63,9 @@ class DenseModel final : public Model {
   }
 
  private:
-  LayerNorms layer_norms(int l) const override { return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm}; }
+  LayerNorms layer_norms(int l) const override {
+    return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm};
+  }
 
   Tensor feed_forward(int l, const Tensor& x) override { return run_mlp(ops_, layers_[size_t(l)].mlp, x); }
 

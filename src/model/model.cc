@@ -14,7 +14,8 @@ std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops
 Model::Model(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {}
 
 std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) {
-  if (max_positions <= 0) max_positions = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096, 32768);
+  if (max_positions <= 0)
+    max_positions = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096, 32768);
   if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions);
   return make_dense(cfg, src, ops, max_positions);
 }
@@ -30,8 +31,8 @@ Weight Model::load_linear(WeightSource& src, const std::string& prefix, int64_t 
     w.block_n = int(bn);
     w.block_k = int(bk);
   } else {
-    BELUGA_CHECK(host.dtype == DType::kBF16 || host.dtype == DType::kF32, prefix, ".weight: unsupported dtype ",
-                 host.describe());
+    BELUGA_CHECK(host.dtype == DType::kBF16 || host.dtype == DType::kF32, prefix,
+                 ".weight: unsupported dtype ", host.describe());
   }
   w.w = ops_.upload(host);
   Tensor bias = src.find(prefix + ".bias", {out});
@@ -55,7 +56,8 @@ KvCache Model::make_kv_cache(int num_blocks) const {
   KvCache kv;
   kv.num_blocks = num_blocks;
   for (int l = 0; l < cfg_.num_layers; ++l)
-    kv.layers.push_back(ops_.alloc_persistent(ops_.act_dtype(), {num_blocks, kKvBlockSize, cfg_.kv_entry_dim()}));
+    kv.layers.push_back(
+        ops_.alloc_persistent(ops_.act_dtype(), {num_blocks, kKvBlockSize, cfg_.kv_entry_dim()}));
   return kv;
 }
 
@@ -119,8 +121,8 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
     const SeqChunk& s = b.seqs[i];
     const int total = s.context_len + s.query_len;
     BELUGA_CHECK(s.query_len > 0 && s.context_len >= 0, "sequence ", i, " has no new tokens");
-    BELUGA_CHECK(total <= max_positions_, "sequence of ", total, " tokens exceeds the model's ", max_positions_,
-                 " positions");
+    BELUGA_CHECK(total <= max_positions_, "sequence of ", total, " tokens exceeds the model's ",
+                 max_positions_, " positions");
     BELUGA_CHECK(int64_t(s.block_table.size()) * kKvBlockSize >= total, "sequence ", i,
                  ": block table too short for ", total, " tokens");
     for (size_t j = 0; j < s.block_table.size(); ++j) {
@@ -140,7 +142,9 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
   }
   BELUGA_CHECK(row == T, "sequence query lengths (", row, ") do not add up to the batch's ", T, " tokens");
   meta.h_query_start[S] = T;
-  for (int t : b.tokens) BELUGA_CHECK(t >= 0 && t < cfg_.vocab_size, "token id ", t, " outside the vocabulary (", cfg_.vocab_size, ")");
+  for (int t : b.tokens)
+    BELUGA_CHECK(t >= 0 && t < cfg_.vocab_size, "token id ", t, " outside the vocabulary (", cfg_.vocab_size,
+                 ")");
   for (int r : b.logit_rows) BELUGA_CHECK(r >= 0 && r < T, "logit row ", r, " out of range");
 
   auto upload_i32 = [&](const std::vector<int32_t>& v) {

@@ -5,8 +5,11 @@
 
 namespace beluga {
 
-YarnRange yarn_correction_range(double beta_fast, double beta_slow, int dim, double base, int original_max_pos) {
-  auto corr = [&](double rot) { return dim * std::log(original_max_pos / (rot * 2 * M_PI)) / (2 * std::log(base)); };
+YarnRange yarn_correction_range(double beta_fast, double beta_slow, int dim, double base,
+                                int original_max_pos) {
+  auto corr = [&](double rot) {
+    return dim * std::log(original_max_pos / (rot * 2 * M_PI)) / (2 * std::log(base));
+  };
   double low = std::floor(corr(beta_fast)), high = std::ceil(corr(beta_slow));
   return {std::max(low, 0.0), std::min(high, double(dim - 1))};
 }
@@ -24,7 +27,8 @@ std::vector<float> rope_inv_freq(const ModelConfig& c, int dim, float* attention
   *attention_factor = 1.0f;
   const RopeScaling& r = c.rope;
   switch (r.type) {
-    case RopeScaling::Type::kNone: break;
+    case RopeScaling::Type::kNone:
+      break;
     case RopeScaling::Type::kLinear:
       for (auto& f : inv) f /= float(r.factor);
       break;
@@ -41,7 +45,8 @@ std::vector<float> rope_inv_freq(const ModelConfig& c, int dim, float* attention
         inv[i] = interp_f * (1.0f - extrap) + inv[i] * extrap;
       }
       if (r.mscale_all_dim > 0)
-        *attention_factor = float(yarn_get_mscale(r.factor, r.mscale) / yarn_get_mscale(r.factor, r.mscale_all_dim));
+        *attention_factor =
+            float(yarn_get_mscale(r.factor, r.mscale) / yarn_get_mscale(r.factor, r.mscale_all_dim));
       else
         *attention_factor = float(yarn_get_mscale(r.factor, 1.0));
       break;

@@ -12,7 +12,8 @@ struct YarnRange {
   double low, high;
 };
 // The dims whose wavelength crosses beta_fast/beta_slow rotations over the original context.
-YarnRange yarn_correction_range(double beta_fast, double beta_slow, int dim, double base, int original_max_pos);
+YarnRange yarn_correction_range(double beta_fast, double beta_slow, int dim, double base,
+                                int original_max_pos);
 double yarn_get_mscale(double scale, double mscale);
 
 // Inverse frequencies [dim/2] after the config's rope scaling, and the cos/sin magnitude factor.

@@ -1,5 +1,7 @@
 #include "server/api_format.h"
 
+#include <algorithm>
+
 #include "server/sse.h"
 
 namespace beluga::server {
@@ -50,6 +52,63 @@ Json json_or_null(const Json& req, const char* key, Json def = nullptr) {
   return req.is_object() && req.contains(key) ? req[key] : def;
 }
 
+Json byte_array(const std::string& bytes) {
+  Json a = Json::array();
+  for (unsigned char b : bytes) a.push_back(int(b));
+  return a;
+}
+
+// Chat Completions: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}.
+Json chat_logprobs(const std::vector<TokenLogprobOut>& lps, size_t from, size_t to) {
+  Json content = Json::array();
+  for (size_t i = from; i < to; ++i) {
+    const TokenLogprobOut& t = lps[i];
+    Json top = Json::array();
+    for (const auto& a : t.top)
+      top.push_back(Json{{"token", a.token}, {"logprob", a.logprob}, {"bytes", byte_array(a.bytes)}});
+    content.push_back(Json{{"token", t.chosen.token},
+                           {"logprob", t.chosen.logprob},
+                           {"bytes", byte_array(t.chosen.bytes)},
+                           {"top_logprobs", std::move(top)}});
+  }
+  return Json{{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// Legacy Completions: parallel arrays {tokens, token_logprobs, top_logprobs, text_offset}.
+Json completions_logprobs(const std::vector<TokenLogprobOut>& lps, size_t from, size_t to) {
+  Json tokens = Json::array(), lp = Json::array(), top = Json::array(), off = Json::array();
+  for (size_t i = from; i < to; ++i) {
+    const TokenLogprobOut& t = lps[i];
+    tokens.push_back(t.chosen.token);
+    lp.push_back(t.chosen.logprob);
+    Json alts = Json::object();
+    for (const auto& a : t.top)
+      if (!alts.contains(a.token)) alts[a.token] = a.logprob;
+    top.push_back(std::move(alts));
+    off.push_back(t.text_offset);
+  }
+  return Json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(lp)},
+              {"top_logprobs", std::move(top)},
+              {"text_offset", std::move(off)}};
+}
+
+// How many logprob entries of each choice a stream has sent.
+class SentCursor {
+ public:
+  // The range [from, to) not yet sent for `c`; marks it sent.
+  std::pair<size_t, size_t> take(const ChoiceText& c) {
+    if (size_t(c.index) >= sent_.size()) sent_.resize(size_t(c.index) + 1, 0);
+    size_t& s = sent_[size_t(c.index)];
+    const size_t from = std::min(s, c.logprobs.size());
+    s = c.logprobs.size();
+    return {from, s};
+  }
+
+ private:
+  std::vector<size_t> sent_;
+};
+
 // ---------------------------------------------------------------- OpenAI Chat Completions
 
 class ChatFormatter final : public ApiFormatter {
@@ -67,8 +126,12 @@ class ChatFormatter final : public ApiFormatter {
   void delta(const ChoiceText& c, const Ev& ev, std::string& out) override {
     Json d = Json::object();
     switch (ev.kind) {
-      case Ev::Kind::kReasoning: d["reasoning_content"] = ev.text; break;
-      case Ev::Kind::kContent: d["content"] = ev.text; break;
+      case Ev::Kind::kReasoning:
+        d["reasoning_content"] = ev.text;
+        break;
+      case Ev::Kind::kContent:
+        d["content"] = ev.text;
+        break;
       case Ev::Kind::kToolCallBegin: {
         const ToolCallOut& call = c.calls.at(size_t(ev.tool_index));
         d["tool_calls"] = Json::array({Json{{"index", ev.tool_index},
@@ -78,17 +141,23 @@ class ChatFormatter final : public ApiFormatter {
         break;
       }
       case Ev::Kind::kToolCallArgs:
-        d["tool_calls"] = Json::array({Json{{"index", ev.tool_index}, {"function", {{"arguments", ev.text}}}}});
+        d["tool_calls"] =
+            Json::array({Json{{"index", ev.tool_index}, {"function", {{"arguments", ev.text}}}}});
         break;
-      case Ev::Kind::kToolCallEnd: return;
+      case Ev::Kind::kToolCallEnd:
+        return;
     }
-    out += sse_data(chunk(Json::array(
-        {Json{{"index", c.index}, {"delta", std::move(d)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+    out += sse_data(chunk(Json::array({Json{{"index", c.index},
+                                            {"delta", std::move(d)},
+                                            {"logprobs", logprobs(c)},
+                                            {"finish_reason", nullptr}}})));
   }
 
   void finish(const ChoiceText& c, std::string& out) override {
-    out += sse_data(chunk(Json::array(
-        {Json{{"index", c.index}, {"delta", Json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish}}})));
+    out += sse_data(chunk(Json::array({Json{{"index", c.index},
+                                            {"delta", Json::object()},
+                                            {"logprobs", logprobs(c, /*only_if_new=*/true)},
+                                            {"finish_reason", c.finish}}})));
   }
 
   void end(const std::vector<ChoiceText>&, const Usage& usage, std::string& out) override {
@@ -101,7 +170,8 @@ class ChatFormatter final : public ApiFormatter {
   }
 
   void error(const std::string& message, std::string& out) override {
-    out += sse_data(Json{{"error", {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 500}}}});
+    out += sse_data(Json{
+        {"error", {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 500}}}});
     out += kSseDone;
   }
 
@@ -119,10 +189,18 @@ class ChatFormatter final : public ApiFormatter {
                                {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
         msg["tool_calls"] = std::move(calls);
       }
-      cs.push_back(Json{{"index", c.index}, {"message", std::move(msg)}, {"logprobs", nullptr}, {"finish_reason", c.finish}});
+      cs.push_back(Json{
+          {"index", c.index},
+          {"message", std::move(msg)},
+          {"logprobs", ctx_.logprobs >= 0 ? chat_logprobs(c.logprobs, 0, c.logprobs.size()) : Json(nullptr)},
+          {"finish_reason", c.finish}});
     }
-    return Json{{"id", ctx_.id},           {"object", "chat.completion"}, {"created", ctx_.created},
-                {"model", ctx_.model},     {"choices", std::move(cs)},    {"usage", openai_usage(usage)},
+    return Json{{"id", ctx_.id},
+                {"object", "chat.completion"},
+                {"created", ctx_.created},
+                {"model", ctx_.model},
+                {"choices", std::move(cs)},
+                {"usage", openai_usage(usage)},
                 {"system_fingerprint", nullptr}};
   }
 
@@ -134,7 +212,17 @@ class ChatFormatter final : public ApiFormatter {
     return j;
   }
 
+  // The logprobs of the tokens added to `c` since its last chunk (null when not asked for, or
+  // when `only_if_new` and there are none).
+  Json logprobs(const ChoiceText& c, bool only_if_new = false) {
+    if (ctx_.logprobs < 0) return nullptr;
+    auto [from, to] = sent_.take(c);
+    if (only_if_new && from == to) return nullptr;
+    return chat_logprobs(c.logprobs, from, to);
+  }
+
   FormatContext ctx_;
+  SentCursor sent_;
 };
 
 // ---------------------------------------------------------------- OpenAI (legacy) Completions
@@ -147,13 +235,13 @@ class CompletionsFormatter final : public ApiFormatter {
 
   void delta(const ChoiceText& c, const Ev& ev, std::string& out) override {
     if (ev.kind != Ev::Kind::kContent || ev.text.empty()) return;
-    out += sse_data(chunk(Json::array(
-        {Json{{"index", c.index}, {"text", ev.text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+    out += sse_data(chunk(Json::array({Json{
+        {"index", c.index}, {"text", ev.text}, {"logprobs", logprobs(c)}, {"finish_reason", nullptr}}})));
   }
 
   void finish(const ChoiceText& c, std::string& out) override {
-    out += sse_data(chunk(
-        Json::array({Json{{"index", c.index}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.finish}}})));
+    out += sse_data(chunk(Json::array(
+        {Json{{"index", c.index}, {"text", ""}, {"logprobs", logprobs(c)}, {"finish_reason", c.finish}}})));
   }
 
   void end(const std::vector<ChoiceText>&, const Usage& usage, std::string& out) override {
@@ -166,28 +254,46 @@ class CompletionsFormatter final : public ApiFormatter {
   }
 
   void error(const std::string& message, std::string& out) override {
-    out += sse_data(Json{{"error", {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 500}}}});
+    out += sse_data(Json{
+        {"error", {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 500}}}});
     out += kSseDone;
   }
 
   Json response(const std::vector<ChoiceText>& choices, const Usage& usage) const override {
     Json cs = Json::array();
     for (const auto& c : choices)
-      cs.push_back(Json{{"index", c.index}, {"text", c.content}, {"logprobs", nullptr}, {"finish_reason", c.finish}});
-    return Json{{"id", ctx_.id},       {"object", "text_completion"}, {"created", ctx_.created},
-                {"model", ctx_.model}, {"choices", std::move(cs)},    {"usage", openai_usage(usage)},
+      cs.push_back(
+          Json{{"index", c.index},
+               {"text", c.content},
+               {"logprobs",
+                ctx_.logprobs >= 0 ? completions_logprobs(c.logprobs, 0, c.logprobs.size()) : Json(nullptr)},
+               {"finish_reason", c.finish}});
+    return Json{{"id", ctx_.id},
+                {"object", "text_completion"},
+                {"created", ctx_.created},
+                {"model", ctx_.model},
+                {"choices", std::move(cs)},
+                {"usage", openai_usage(usage)},
                 {"system_fingerprint", nullptr}};
   }
 
  private:
   Json chunk(Json choices) const {
-    Json j{{"id", ctx_.id},       {"object", "text_completion"}, {"created", ctx_.created},
+    Json j{{"id", ctx_.id},       {"object", "text_completion"},   {"created", ctx_.created},
            {"model", ctx_.model}, {"system_fingerprint", nullptr}, {"choices", std::move(choices)}};
     if (ctx_.include_usage) j["usage"] = nullptr;
     return j;
   }
 
+  // The logprobs of the tokens added to `c` since its last chunk (null when not asked for).
+  Json logprobs(const ChoiceText& c) {
+    if (ctx_.logprobs < 0) return nullptr;
+    auto [from, to] = sent_.take(c);
+    return completions_logprobs(c.logprobs, from, to);
+  }
+
   FormatContext ctx_;
+  SentCursor sent_;
 };
 
 // ---------------------------------------------------------------- OpenAI Responses
@@ -209,7 +315,10 @@ class ResponsesFormatter final : public ApiFormatter {
         Item& it = open(Kind::kReasoning, -1, c, out);
         it.text += ev.text;
         event(out, "response.reasoning_text.delta",
-              Json{{"item_id", it.id}, {"output_index", index_of(it)}, {"content_index", 0}, {"delta", ev.text}});
+              Json{{"item_id", it.id},
+                   {"output_index", index_of(it)},
+                   {"content_index", 0},
+                   {"delta", ev.text}});
         break;
       }
       case Ev::Kind::kContent: {
@@ -223,7 +332,9 @@ class ResponsesFormatter final : public ApiFormatter {
                    {"logprobs", Json::array()}});
         break;
       }
-      case Ev::Kind::kToolCallBegin: open(Kind::kCall, ev.tool_index, c, out); break;
+      case Ev::Kind::kToolCallBegin:
+        open(Kind::kCall, ev.tool_index, c, out);
+        break;
       case Ev::Kind::kToolCallArgs: {
         Item& it = open(Kind::kCall, ev.tool_index, c, out);
         it.text += ev.text;
@@ -231,7 +342,9 @@ class ResponsesFormatter final : public ApiFormatter {
               Json{{"item_id", it.id}, {"output_index", index_of(it)}, {"delta", ev.text}});
         break;
       }
-      case Ev::Kind::kToolCallEnd: close(out); break;
+      case Ev::Kind::kToolCallEnd:
+        close(out);
+        break;
     }
   }
 
@@ -261,12 +374,15 @@ class ResponsesFormatter final : public ApiFormatter {
     const ChoiceText empty;
     const ChoiceText& c = choices.empty() ? empty : choices[0];
     if (!c.reasoning.empty())
-      output.push_back(item_json(Item{Kind::kReasoning, random_id("rs_"), c.reasoning, "", "", -1}, "completed"));
+      output.push_back(
+          item_json(Item{Kind::kReasoning, random_id("rs_"), c.reasoning, "", "", -1}, "completed"));
     if (!c.content.empty() || c.calls.empty())
-      output.push_back(item_json(Item{Kind::kMessage, random_id("msg_"), c.content, "", "", -1}, "completed"));
+      output.push_back(
+          item_json(Item{Kind::kMessage, random_id("msg_"), c.content, "", "", -1}, "completed"));
     for (size_t i = 0; i < c.calls.size(); ++i)
       output.push_back(item_json(
-          Item{Kind::kCall, random_id("fc_"), c.calls[i].arguments, c.calls[i].id, c.calls[i].name, int(i)}, "completed"));
+          Item{Kind::kCall, random_id("fc_"), c.calls[i].arguments, c.calls[i].id, c.calls[i].name, int(i)},
+          "completed"));
     const bool incomplete = c.finish == "length";
     Json r = base(incomplete ? "incomplete" : "completed", std::move(output), responses_usage(usage));
     if (incomplete) r["incomplete_details"] = Json{{"reason", "max_output_tokens"}};
@@ -329,8 +445,8 @@ class ResponsesFormatter final : public ApiFormatter {
                                                   {"annotations", Json::array()},
                                                   {"logprobs", Json::array()}}})}};
       case Kind::kCall:
-        return Json{{"id", it.id},     {"type", "function_call"}, {"status", status},
-                    {"call_id", it.call_id}, {"name", it.name},   {"arguments", it.text}};
+        return Json{{"id", it.id},           {"type", "function_call"}, {"status", status},
+                    {"call_id", it.call_id}, {"name", it.name},         {"arguments", it.text}};
     }
     return nullptr;
   }
@@ -362,13 +478,18 @@ class ResponsesFormatter final : public ApiFormatter {
     Json added = item_json(cur, "in_progress");
     if (kind == Kind::kMessage) added["content"] = Json::array();
     if (kind == Kind::kReasoning) added["content"] = Json::array();
-    event(out, "response.output_item.added", Json{{"output_index", index_of(cur)}, {"item", std::move(added)}});
+    event(out, "response.output_item.added",
+          Json{{"output_index", index_of(cur)}, {"item", std::move(added)}});
     if (kind == Kind::kMessage)
       event(out, "response.content_part.added",
             Json{{"item_id", cur.id},
                  {"output_index", index_of(cur)},
                  {"content_index", 0},
-                 {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", Json::array()}, {"logprobs", Json::array()}}}});
+                 {"part",
+                  {{"type", "output_text"},
+                   {"text", ""},
+                   {"annotations", Json::array()},
+                   {"logprobs", Json::array()}}}});
     return cur;
   }
 
@@ -384,19 +505,28 @@ class ResponsesFormatter final : public ApiFormatter {
         break;
       case Kind::kMessage:
         event(out, "response.output_text.done",
-              Json{{"item_id", it.id}, {"output_index", idx}, {"content_index", 0}, {"text", it.text}, {"logprobs", Json::array()}});
+              Json{{"item_id", it.id},
+                   {"output_index", idx},
+                   {"content_index", 0},
+                   {"text", it.text},
+                   {"logprobs", Json::array()}});
         event(out, "response.content_part.done",
               Json{{"item_id", it.id},
                    {"output_index", idx},
                    {"content_index", 0},
-                   {"part", {{"type", "output_text"}, {"text", it.text}, {"annotations", Json::array()}, {"logprobs", Json::array()}}}});
+                   {"part",
+                    {{"type", "output_text"},
+                     {"text", it.text},
+                     {"annotations", Json::array()},
+                     {"logprobs", Json::array()}}}});
         break;
       case Kind::kCall:
         event(out, "response.function_call_arguments.done",
               Json{{"item_id", it.id}, {"output_index", idx}, {"name", it.name}, {"arguments", it.text}});
         break;
     }
-    event(out, "response.output_item.done", Json{{"output_index", idx}, {"item", item_json(it, "completed")}});
+    event(out, "response.output_item.done",
+          Json{{"output_index", idx}, {"item", item_json(it, "completed")}});
   }
 
   FormatContext ctx_;
@@ -414,9 +544,14 @@ class MessagesFormatter final : public ApiFormatter {
   const char* tool_id_prefix() const override { return "toolu_"; }
 
   void begin(const Usage& usage, std::string& out) override {
-    Json msg{{"id", ctx_.id},      {"type", "message"},        {"role", "assistant"},
-             {"model", ctx_.model}, {"content", Json::array()}, {"stop_reason", nullptr},
-             {"stop_sequence", nullptr}, {"usage", anthropic_usage(usage)}};
+    Json msg{{"id", ctx_.id},
+             {"type", "message"},
+             {"role", "assistant"},
+             {"model", ctx_.model},
+             {"content", Json::array()},
+             {"stop_reason", nullptr},
+             {"stop_sequence", nullptr},
+             {"usage", anthropic_usage(usage)}};
     out += sse_event("message_start", Json{{"type", "message_start"}, {"message", std::move(msg)}});
     out += sse_event("ping", Json{{"type", "ping"}});
   }
@@ -432,12 +567,16 @@ class MessagesFormatter final : public ApiFormatter {
         open(BlockKind::kText, -1, c, out);
         block_delta(out, Json{{"type", "text_delta"}, {"text", ev.text}});
         break;
-      case Ev::Kind::kToolCallBegin: open(BlockKind::kToolUse, ev.tool_index, c, out); break;
+      case Ev::Kind::kToolCallBegin:
+        open(BlockKind::kToolUse, ev.tool_index, c, out);
+        break;
       case Ev::Kind::kToolCallArgs:
         open(BlockKind::kToolUse, ev.tool_index, c, out);
         block_delta(out, Json{{"type", "input_json_delta"}, {"partial_json", ev.text}});
         break;
-      case Ev::Kind::kToolCallEnd: close(out); break;
+      case Ev::Kind::kToolCallEnd:
+        close(out);
+        break;
     }
   }
 
@@ -449,24 +588,30 @@ class MessagesFormatter final : public ApiFormatter {
     const ChoiceText empty;
     const ChoiceText& c = choices.empty() ? empty : choices[0];
     Json u = anthropic_usage(usage);
-    out += sse_event("message_delta", Json{{"type", "message_delta"},
-                                           {"delta", {{"stop_reason", stop_reason(c)}, {"stop_sequence", stop_sequence(c)}}},
-                                           {"usage", std::move(u)}});
+    out += sse_event("message_delta",
+                     Json{{"type", "message_delta"},
+                          {"delta", {{"stop_reason", stop_reason(c)}, {"stop_sequence", stop_sequence(c)}}},
+                          {"usage", std::move(u)}});
     out += sse_event("message_stop", Json{{"type", "message_stop"}});
   }
 
   void error(const std::string& message, std::string& out) override {
-    out += sse_event("error", Json{{"type", "error"}, {"error", {{"type", "api_error"}, {"message", message}}}});
+    out +=
+        sse_event("error", Json{{"type", "error"}, {"error", {{"type", "api_error"}, {"message", message}}}});
   }
 
   Json response(const std::vector<ChoiceText>& choices, const Usage& usage) const override {
     const ChoiceText empty;
     const ChoiceText& c = choices.empty() ? empty : choices[0];
     Json content = Json::array();
-    if (!c.reasoning.empty()) content.push_back(Json{{"type", "thinking"}, {"thinking", c.reasoning}, {"signature", ""}});
+    if (!c.reasoning.empty())
+      content.push_back(Json{{"type", "thinking"}, {"thinking", c.reasoning}, {"signature", ""}});
     if (!c.content.empty() || c.calls.empty()) content.push_back(Json{{"type", "text"}, {"text", c.content}});
     for (const auto& call : c.calls)
-      content.push_back(Json{{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", arguments_object(call.arguments)}});
+      content.push_back(Json{{"type", "tool_use"},
+                             {"id", call.id},
+                             {"name", call.name},
+                             {"input", arguments_object(call.arguments)}});
     return Json{{"id", ctx_.id},
                 {"type", "message"},
                 {"role", "assistant"},
@@ -486,7 +631,9 @@ class MessagesFormatter final : public ApiFormatter {
     if (!c.stop_sequence.empty()) return "stop_sequence";
     return "end_turn";
   }
-  static Json stop_sequence(const ChoiceText& c) { return c.stop_sequence.empty() ? Json(nullptr) : Json(c.stop_sequence); }
+  static Json stop_sequence(const ChoiceText& c) {
+    return c.stop_sequence.empty() ? Json(nullptr) : Json(c.stop_sequence);
+  }
 
   void open(BlockKind kind, int tool_index, const ChoiceText& c, std::string& out) {
     if (open_ && kind_ == kind && tool_index_ == tool_index) return;
@@ -496,8 +643,12 @@ class MessagesFormatter final : public ApiFormatter {
     tool_index_ = tool_index;
     Json block;
     switch (kind) {
-      case BlockKind::kThinking: block = Json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}; break;
-      case BlockKind::kText: block = Json{{"type", "text"}, {"text", ""}}; break;
+      case BlockKind::kThinking:
+        block = Json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}};
+        break;
+      case BlockKind::kText:
+        block = Json{{"type", "text"}, {"text", ""}};
+        break;
       case BlockKind::kToolUse: {
         std::string id, name;
         if (tool_index >= 0 && size_t(tool_index) < c.calls.size()) {
@@ -508,12 +659,14 @@ class MessagesFormatter final : public ApiFormatter {
         break;
       }
     }
-    out += sse_event("content_block_start",
-                     Json{{"type", "content_block_start"}, {"index", index_}, {"content_block", std::move(block)}});
+    out += sse_event(
+        "content_block_start",
+        Json{{"type", "content_block_start"}, {"index", index_}, {"content_block", std::move(block)}});
   }
 
   void block_delta(std::string& out, Json delta) {
-    out += sse_event("content_block_delta", Json{{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(delta)}});
+    out += sse_event("content_block_delta",
+                     Json{{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(delta)}});
   }
 
   void close(std::string& out) {
@@ -535,10 +688,14 @@ class MessagesFormatter final : public ApiFormatter {
 
 std::unique_ptr<ApiFormatter> make_formatter(ServerApi api, FormatContext ctx) {
   switch (api) {
-    case ServerApi::kChat: return std::make_unique<ChatFormatter>(std::move(ctx));
-    case ServerApi::kCompletions: return std::make_unique<CompletionsFormatter>(std::move(ctx));
-    case ServerApi::kResponses: return std::make_unique<ResponsesFormatter>(std::move(ctx));
-    case ServerApi::kMessages: return std::make_unique<MessagesFormatter>(std::move(ctx));
+    case ServerApi::kChat:
+      return std::make_unique<ChatFormatter>(std::move(ctx));
+    case ServerApi::kCompletions:
+      return std::make_unique<CompletionsFormatter>(std::move(ctx));
+    case ServerApi::kResponses:
+      return std::make_unique<ResponsesFormatter>(std::move(ctx));
+    case ServerApi::kMessages:
+      return std::make_unique<MessagesFormatter>(std::move(ctx));
   }
   return nullptr;
 }

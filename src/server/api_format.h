@@ -23,6 +23,20 @@ struct ToolCallOut {
   std::string arguments;  // JSON text as the model wrote it
 };
 
+// One alternative of a token position (OpenAI's top_logprobs entries).
+struct LogprobAlt {
+  std::string token;  // the token's own text; bytes that are not UTF-8 on their own as "\\xNN"
+  std::string bytes;  // the raw bytes the token decodes to
+  float logprob = 0.0f;
+};
+
+// One generated token's logprobs, as text.
+struct TokenLogprobOut {
+  LogprobAlt chosen;
+  std::vector<LogprobAlt> top;  // best first (empty unless top logprobs were asked for)
+  int64_t text_offset = 0;      // completions: code points of the choice's text before this token
+};
+
 // One generated sequence as text, accumulated so far.
 struct ChoiceText {
   int index = 0;
@@ -33,6 +47,9 @@ struct ChoiceText {
   std::string stop_sequence;  // the stop string that ended it, if one did
   int tokens = 0;             // generated tokens (the stopping EOS excluded)
   int reasoning_tokens = 0;
+  // Per generated token when logprobs were asked for (chat: content tokens only). A streaming
+  // formatter sends the entries added since its last event for the choice.
+  std::vector<TokenLogprobOut> logprobs;
 };
 
 struct Usage {
@@ -49,6 +66,7 @@ struct FormatContext {
   int64_t created = 0;
   int n = 1;                   // choices
   bool include_usage = false;  // chat / completions streams: a final usage chunk
+  int logprobs = -1;           // chat / completions: -1 no logprobs; else k top alternatives
   nlohmann::ordered_json request = nlohmann::ordered_json::object();  // the request body (echoed fields)
 };
 
@@ -68,7 +86,8 @@ class ApiFormatter {
   // Stream: the request failed after the stream began.
   virtual void error(const std::string& message, std::string& out) = 0;
   // The non-streamed response.
-  virtual nlohmann::ordered_json response(const std::vector<ChoiceText>& choices, const Usage& usage) const = 0;
+  virtual nlohmann::ordered_json response(const std::vector<ChoiceText>& choices,
+                                          const Usage& usage) const = 0;
 };
 
 std::unique_ptr<ApiFormatter> make_formatter(ServerApi api, FormatContext ctx);

@@ -18,6 +18,8 @@ class RealEngine final : public EngineHandle {
 
 }  // namespace
 
-std::unique_ptr<EngineHandle> wrap_engine(Engine& engine) { return std::make_unique<RealEngine>(engine); }
+std::unique_ptr<EngineHandle> wrap_engine(Engine& engine) {
+  return std::make_unique<RealEngine>(engine);
+}
 
 }  // namespace beluga::server

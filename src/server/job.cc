@@ -1,6 +1,10 @@
 #include "server/job.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include "server/sse.h"
+#include "tokenizer/utf8.h"
 
 namespace beluga::server {
 
@@ -48,16 +52,48 @@ std::string StopMatcher::flush() {
   return s;
 }
 
+std::string token_text_of_bytes(std::string_view bytes) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size();) {
+    const size_t n = tok::utf8_valid_prefix_len(bytes, i);
+    if (n > 0) {
+      out.append(bytes, i, n);
+      i += n;
+      continue;
+    }
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\x%02x", unsigned(static_cast<unsigned char>(bytes[i])));
+    out += esc;
+    ++i;
+  }
+  return out;
+}
+
+namespace {
+
+int64_t code_points(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace
+
 Job::Job(JobSpec spec, const tok::Tokenizer& tokenizer, std::unique_ptr<ApiFormatter> fmt, bool stream)
-    : spec_(std::move(spec)), tok_(tokenizer), fmt_(std::move(fmt)), stream_(stream),
+    : spec_(std::move(spec)),
+      tok_(tokenizer),
+      fmt_(std::move(fmt)),
+      stream_(stream),
       start_(std::chrono::steady_clock::now()) {
   const size_t total = size_t(spec_.num_prompts) * size_t(spec_.n);
   seqs_.resize(total);
   choices_.resize(total);
   for (size_t i = 0; i < total; ++i) {
     seqs_[i].decoder = std::make_unique<tok::IncrementalDecoder>(tok_);
-    if (spec_.use_parser) seqs_[i].parser.emplace(spec_.parser);
-    else seqs_[i].stop = StopMatcher(spec_.stop);
+    if (spec_.use_parser)
+      seqs_[i].parser.emplace(spec_.parser);
+    else
+      seqs_[i].stop = StopMatcher(spec_.stop);
     choices_[i].index = int(i);
   }
   engine_active_.assign(size_t(spec_.num_prompts), true);
@@ -111,9 +147,11 @@ void Job::apply(size_t ci, std::vector<Ev>& evs, std::string& out) {
   // Join adjacent deltas of one kind (one engine step may yield several).
   std::vector<Ev> merged;
   for (auto& e : evs) {
-    const bool text_kind = e.kind == Ev::Kind::kReasoning || e.kind == Ev::Kind::kContent || e.kind == Ev::Kind::kToolCallArgs;
+    const bool text_kind =
+        e.kind == Ev::Kind::kReasoning || e.kind == Ev::Kind::kContent || e.kind == Ev::Kind::kToolCallArgs;
     if (text_kind && e.text.empty()) continue;
-    if (text_kind && !merged.empty() && merged.back().kind == e.kind && merged.back().tool_index == e.tool_index) {
+    if (text_kind && !merged.empty() && merged.back().kind == e.kind &&
+        merged.back().tool_index == e.tool_index) {
       merged.back().text += e.text;
       continue;
     }
@@ -122,16 +160,23 @@ void Job::apply(size_t ci, std::vector<Ev>& evs, std::string& out) {
   evs.clear();
   for (const auto& e : merged) {
     switch (e.kind) {
-      case Ev::Kind::kReasoning: c.reasoning += e.text; break;
-      case Ev::Kind::kContent: c.content += e.text; break;
+      case Ev::Kind::kReasoning:
+        c.reasoning += e.text;
+        break;
+      case Ev::Kind::kContent:
+        c.content += e.text;
+        break;
       case Ev::Kind::kToolCallBegin:
-        while (int(c.calls.size()) <= e.tool_index) c.calls.push_back(ToolCallOut{random_id(fmt_->tool_id_prefix()), "", ""});
+        while (int(c.calls.size()) <= e.tool_index)
+          c.calls.push_back(ToolCallOut{random_id(fmt_->tool_id_prefix()), "", ""});
         if (e.tool_index >= 0) c.calls[size_t(e.tool_index)].name = e.text;
         break;
       case Ev::Kind::kToolCallArgs:
-        if (e.tool_index >= 0 && size_t(e.tool_index) < c.calls.size()) c.calls[size_t(e.tool_index)].arguments += e.text;
+        if (e.tool_index >= 0 && size_t(e.tool_index) < c.calls.size())
+          c.calls[size_t(e.tool_index)].arguments += e.text;
         break;
-      case Ev::Kind::kToolCallEnd: break;
+      case Ev::Kind::kToolCallEnd:
+        break;
     }
     if (stream_) fmt_->delta(c, e, out);
   }
@@ -160,6 +205,7 @@ void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
       for (size_t ci = 0; ci < choices_.size(); ++ci) {
         const size_t p = ci / size_t(spec_.n);
         if (p < spec_.echo.size() && !spec_.echo[p].empty()) {
+          seqs_[ci].text_chars += code_points(spec_.echo[p]);
           std::vector<Ev> evs{Ev{Ev::Kind::kContent, spec_.echo[p], -1}};
           apply(ci, evs, out);
         }
@@ -173,13 +219,19 @@ void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
     const size_t ci = s * size_t(spec_.n) + size_t(seq.index);
     if (seqs_[ci].done) continue;
     evs.clear();
-    for (int t : seq.tokens) {
+    for (size_t k = 0; k < seq.tokens.size(); ++k) {
       if (!first_token_) first_token_ = std::chrono::steady_clock::now();
       ++choices_[ci].tokens;
       ++usage_.completion_tokens;
       bool reasoning = false;
-      feed_text(ci, seqs_[ci].decoder->feed(t), evs, reasoning);
-      if (reasoning) ++choices_[ci].reasoning_tokens;
+      const int64_t offset = seqs_[ci].text_chars;
+      const std::string text = seqs_[ci].decoder->feed(seq.tokens[k]);
+      seqs_[ci].text_chars += code_points(text);
+      feed_text(ci, text, evs, reasoning);
+      if (reasoning)
+        ++choices_[ci].reasoning_tokens;
+      else if (spec_.logprobs >= 0 && k < seq.logprobs.size())
+        add_logprob(ci, seq.logprobs[k], offset);
       if (seqs_[ci].done) break;
     }
     if (!seqs_[ci].done && seq.finish != FinishReason::kNone) {
@@ -200,6 +252,22 @@ void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
     }
   }
   check_complete(out);
+}
+
+void Job::add_logprob(size_t ci, const TokenLogprob& lp, int64_t text_offset) {
+  auto alt = [&](int id, float logprob) {
+    LogprobAlt a;
+    a.bytes = std::string(tok_.token_bytes(id));
+    a.token = token_text_of_bytes(a.bytes);
+    a.logprob = logprob;
+    return a;
+  };
+  TokenLogprobOut t;
+  t.chosen = alt(lp.token, lp.logprob);
+  const size_t k = std::min(lp.top.size(), size_t(std::max(0, spec_.logprobs)));
+  for (size_t i = 0; i < k; ++i) t.top.push_back(alt(lp.top[i].first, lp.top[i].second));
+  t.text_offset = text_offset;
+  choices_[ci].logprobs.push_back(std::move(t));
 }
 
 void Job::check_complete(std::string& out) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/request.h"
@@ -36,14 +37,19 @@ class StopMatcher {
 
 struct JobSpec {
   ServerApi api = ServerApi::kChat;
-  int n = 1;                          // sequences per prompt
-  int num_prompts = 1;                // engine sub-requests
-  bool use_parser = true;             // chat-style APIs: reasoning / tool calls / stop via the recipe parser
-  recipe::ParserOptions parser;       // when use_parser
-  std::vector<std::string> stop;      // completions: stop strings
-  std::vector<std::string> echo;      // completions echo: prompt text per prompt (empty: no echo)
-  std::vector<int> prompt_tokens;     // per prompt
+  int n = 1;                       // sequences per prompt
+  int num_prompts = 1;             // engine sub-requests
+  bool use_parser = true;          // chat-style APIs: reasoning / tool calls / stop via the recipe parser
+  recipe::ParserOptions parser;    // when use_parser
+  std::vector<std::string> stop;   // completions: stop strings
+  std::vector<std::string> echo;   // completions echo: prompt text per prompt (empty: no echo)
+  std::vector<int> prompt_tokens;  // per prompt
+  int logprobs = -1;               // engine logprobs asked for: -1 none; else top k alternatives
 };
+
+// The token's own text: its bytes, with each byte that is not part of a valid UTF-8 sequence
+// within the token written as "\xNN" (as OpenAI does for a token holding part of a character).
+std::string token_text_of_bytes(std::string_view bytes);
 
 class Job {
  public:
@@ -75,12 +81,14 @@ class Job {
     std::optional<recipe::OutputParser> parser;
     StopMatcher stop;
     bool done = false;
+    int64_t text_chars = 0;  // code points of text decoded so far (echo included)
   };
 
   void feed_text(size_t ci, std::string_view text, std::vector<recipe::ParserEvent>& evs, bool& reasoning);
   void finish_choice(size_t ci, FinishReason f, bool from_engine, std::vector<recipe::ParserEvent>& evs);
   void apply(size_t ci, std::vector<recipe::ParserEvent>& evs, std::string& out);
   void check_complete(std::string& out);
+  void add_logprob(size_t ci, const TokenLogprob& lp, int64_t text_offset);
 
   JobSpec spec_;
   const tok::Tokenizer& tok_;

@@ -18,7 +18,8 @@ void metric(std::string& out, const std::string& name, const char* type, const c
 
 }  // namespace
 
-Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::observe(double v) {
   size_t i = 0;
@@ -41,8 +42,10 @@ void Histogram::render(const std::string& name, std::string& out) const {
 }
 
 Metrics::Metrics()
-    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
-      tpot_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 10}),
+    : ttft_(
+          {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
+      tpot_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5,
+             10}),
       e2e_({0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240}) {}
 
 void Metrics::request_done(const std::string& api, int status) {
@@ -95,13 +98,16 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
   out += "beluga_prompt_cached_tokens_total" + lbl + " " + std::to_string(cached_tokens_) + "\n";
   metric(out, "beluga_generation_tokens_total", "counter", "Generated tokens of finished requests.");
   out += "beluga_generation_tokens_total" + lbl + " " + std::to_string(completion_tokens_) + "\n";
-  metric(out, "beluga_client_disconnects_total", "counter", "Requests cancelled because the client went away.");
+  metric(out, "beluga_client_disconnects_total", "counter",
+         "Requests cancelled because the client went away.");
   out += "beluga_client_disconnects_total" + lbl + " " + std::to_string(disconnects_) + "\n";
-  metric(out, "beluga_stop_string_aborts_total", "counter", "Requests stopped early by a stop string or a closed tool-call block.");
+  metric(out, "beluga_stop_string_aborts_total", "counter",
+         "Requests stopped early by a stop string or a closed tool-call block.");
   out += "beluga_stop_string_aborts_total" + lbl + " " + std::to_string(stop_aborts_) + "\n";
   metric(out, "beluga_time_to_first_token_seconds", "histogram", "Time to first token.");
   ttft_.render("beluga_time_to_first_token_seconds", out);
-  metric(out, "beluga_time_per_output_token_seconds", "histogram", "Mean time per output token after the first, per request.");
+  metric(out, "beluga_time_per_output_token_seconds", "histogram",
+         "Mean time per output token after the first, per request.");
   tpot_.render("beluga_time_per_output_token_seconds", out);
   metric(out, "beluga_e2e_request_latency_seconds", "histogram", "End-to-end request latency.");
   e2e_.render("beluga_e2e_request_latency_seconds", out);
@@ -113,7 +119,8 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
     gauge("beluga_num_requests_running", "gauge", "Requests in the engine's running batch.", st->running);
     gauge("beluga_num_requests_waiting", "gauge", "Requests waiting in the engine queue.", st->waiting);
     gauge("beluga_kv_blocks_total", "gauge", "KV cache blocks.", st->kv_blocks_total);
-    gauge("beluga_kv_blocks_used", "gauge", "KV cache blocks referenced by live sequences.", st->kv_blocks_used);
+    gauge("beluga_kv_blocks_used", "gauge", "KV cache blocks referenced by live sequences.",
+          st->kv_blocks_used);
     gauge("beluga_kv_cache_usage_perc", "gauge", "Fraction of KV cache blocks in use.",
           st->kv_blocks_total > 0 ? double(st->kv_blocks_used) / st->kv_blocks_total : 0.0);
     gauge("beluga_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
@@ -121,11 +128,16 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
     gauge("beluga_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
           double(st->prefix_cache_hits));
     gauge("beluga_prefix_cache_hit_rate", "gauge", "Prefix cache hits / queries since start.",
-          st->prefix_cache_queries > 0 ? double(st->prefix_cache_hits) / double(st->prefix_cache_queries) : 0.0);
-    gauge("beluga_engine_requests_finished_total", "counter", "Requests the engine finished.", double(st->requests_finished));
-    gauge("beluga_engine_prompt_tokens_total", "counter", "Prompt tokens the engine processed.", double(st->prompt_tokens));
-    gauge("beluga_engine_generation_tokens_total", "counter", "Tokens the engine generated.", double(st->generation_tokens));
-    gauge("beluga_num_preemptions_total", "counter", "Requests preempted for lack of KV blocks.", double(st->preemptions));
+          st->prefix_cache_queries > 0 ? double(st->prefix_cache_hits) / double(st->prefix_cache_queries)
+                                       : 0.0);
+    gauge("beluga_engine_requests_finished_total", "counter", "Requests the engine finished.",
+          double(st->requests_finished));
+    gauge("beluga_engine_prompt_tokens_total", "counter", "Prompt tokens the engine processed.",
+          double(st->prompt_tokens));
+    gauge("beluga_engine_generation_tokens_total", "counter", "Tokens the engine generated.",
+          double(st->generation_tokens));
+    gauge("beluga_num_preemptions_total", "counter", "Requests preempted for lack of KV blocks.",
+          double(st->preemptions));
     gauge("beluga_engine_steps_total", "counter", "Engine steps.", double(st->steps));
   }
   return out;

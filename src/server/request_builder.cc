@@ -16,19 +16,26 @@ using recipe::Fields;
 recipe::Api error_api(ServerApi api) {
   switch (api) {
     case ServerApi::kChat:
-    case ServerApi::kCompletions: return recipe::Api::kChat;
-    case ServerApi::kResponses: return recipe::Api::kResponses;
-    case ServerApi::kMessages: return recipe::Api::kMessages;
+    case ServerApi::kCompletions:
+      return recipe::Api::kChat;
+    case ServerApi::kResponses:
+      return recipe::Api::kResponses;
+    case ServerApi::kMessages:
+      return recipe::Api::kMessages;
   }
   return recipe::Api::kChat;
 }
 
 const char* server_api_name(ServerApi api) {
   switch (api) {
-    case ServerApi::kChat: return "chat";
-    case ServerApi::kCompletions: return "completions";
-    case ServerApi::kResponses: return "responses";
-    case ServerApi::kMessages: return "messages";
+    case ServerApi::kChat:
+      return "chat";
+    case ServerApi::kCompletions:
+      return "completions";
+    case ServerApi::kResponses:
+      return "responses";
+    case ServerApi::kMessages:
+      return "messages";
   }
   return "?";
 }
@@ -40,12 +47,14 @@ void extra_sampling(const Fields& f, const Json& body, SamplingParams& sp, int v
   if (Fields::has(body, "min_p")) sp.min_p = float(f.number(body["min_p"], "min_p", 0, 1));
   if (Fields::has(body, "repetition_penalty"))
     sp.repetition_penalty = float(f.number(body["repetition_penalty"], "repetition_penalty", 0.01, 100));
-  if (Fields::has(body, "min_tokens")) sp.min_tokens = int(f.integer(body["min_tokens"], "min_tokens", 0, 1 << 30));
+  if (Fields::has(body, "min_tokens"))
+    sp.min_tokens = int(f.integer(body["min_tokens"], "min_tokens", 0, 1 << 30));
   if (Fields::has(body, "ignore_eos")) sp.ignore_eos = f.boolean(body["ignore_eos"], "ignore_eos");
   if (Fields::has(body, "stop_token_ids")) {
     const Json& a = f.array(body["stop_token_ids"], "stop_token_ids");
     for (size_t i = 0; i < a.size(); ++i)
-      sp.stop_token_ids.push_back(int(f.integer(a[i], recipe::path_index("stop_token_ids", i), 0, vocab - 1)));
+      sp.stop_token_ids.push_back(
+          int(f.integer(a[i], recipe::path_index("stop_token_ids", i), 0, vocab - 1)));
   }
   if (Fields::has(body, "logit_bias")) {
     const Json& lb = f.object(body["logit_bias"], "logit_bias");
@@ -73,14 +82,16 @@ void check_model(ServerApi api, const Json& body, const ModelInfo& info) {
     throw ApiError(error_api(api), 404, "The model `" + m + "` does not exist.", "model");
 }
 
-int64_t resolve_max_tokens(ServerApi api, std::optional<int64_t> requested, size_t prompt_len, const ModelInfo& info) {
+int64_t resolve_max_tokens(ServerApi api, std::optional<int64_t> requested, size_t prompt_len,
+                           const ModelInfo& info) {
   if (int64_t(prompt_len) >= info.max_model_len)
     throw ApiError(error_api(api), 400,
                    "This model's maximum context length is " + std::to_string(info.max_model_len) +
                        " tokens. However, your prompt has " + std::to_string(prompt_len) + " tokens.",
                    api == ServerApi::kCompletions ? "prompt" : "messages");
   const int64_t room = info.max_model_len - int64_t(prompt_len);
-  int64_t m = requested ? *requested : (api == ServerApi::kCompletions ? info.default_completions_max_tokens : room);
+  int64_t m =
+      requested ? *requested : (api == ServerApi::kCompletions ? info.default_completions_max_tokens : room);
   return std::min(m, room);
 }
 
@@ -108,9 +119,15 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info) {
   if (api == ServerApi::kChat) n = parse_n(f, body);
   recipe::ParsedRequest pr;
   switch (api) {
-    case ServerApi::kChat: pr = recipe::parse_chat_request(body); break;
-    case ServerApi::kResponses: pr = recipe::parse_responses_request(body); break;
-    default: pr = recipe::parse_messages_request(body); break;
+    case ServerApi::kChat:
+      pr = recipe::parse_chat_request(body);
+      break;
+    case ServerApi::kResponses:
+      pr = recipe::parse_responses_request(body);
+      break;
+    default:
+      pr = recipe::parse_messages_request(body);
+      break;
   }
   std::vector<int> ids;
   try {
@@ -130,6 +147,17 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info) {
   if (api != ServerApi::kMessages && !pr.sampling.top_k && Fields::has(body, "top_k"))
     sp.top_k = std::max<int>(0, int(f.integer(body["top_k"], "top_k", -1, 1 << 30)));
   extra_sampling(f, body, sp, int(info.tokenizer->vocab_size()));
+  if (api == ServerApi::kChat) {
+    // OpenAI: `logprobs: true` for the chosen tokens' logprobs, `top_logprobs: 0..20` (only with
+    // logprobs) for alternatives.
+    const bool logprobs = Fields::has(body, "logprobs") && f.boolean(body["logprobs"], "logprobs");
+    int top = 0;
+    if (Fields::has(body, "top_logprobs")) {
+      top = int(f.integer(body["top_logprobs"], "top_logprobs", 0, 20));
+      if (!logprobs) f.fail("top_logprobs", "`logprobs` must be set to true when `top_logprobs` is used");
+    }
+    if (logprobs) sp.logprobs = top;
+  }
   sp.n = n;
   sp.max_tokens = int(std::min<int64_t>(resolve_max_tokens(api, pr.max_tokens, ids.size(), info), 1 << 30));
 
@@ -139,6 +167,7 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info) {
   b.spec.use_parser = true;
   b.spec.parser = recipe::parser_options(info.encoder->format(), pr.conversation, pr.stop);
   b.spec.prompt_tokens = {int(ids.size())};
+  b.spec.logprobs = sp.logprobs;
   b.prompts.push_back(std::move(ids));
   b.stream = pr.stream;
 
@@ -146,14 +175,19 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info) {
   b.ctx.created = unix_seconds();
   b.ctx.n = n;
   b.ctx.include_usage = pr.include_usage;
+  if (api == ServerApi::kChat) b.ctx.logprobs = sp.logprobs;
   switch (api) {
-    case ServerApi::kChat: b.ctx.id = random_id("chatcmpl-"); break;
+    case ServerApi::kChat:
+      b.ctx.id = random_id("chatcmpl-");
+      break;
     case ServerApi::kResponses:
       b.ctx.id = random_id("resp_");
       b.ctx.request = body;
       if (b.ctx.request.is_object()) b.ctx.request.erase("input");
       break;
-    default: b.ctx.id = random_id("msg_"); break;
+    default:
+      b.ctx.id = random_id("msg_");
+      break;
   }
   return b;
 }
@@ -180,7 +214,8 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
   };
   auto id_prompt = [&](const Json& a, const std::string& path) {
     std::vector<int> ids;
-    for (size_t i = 0; i < a.size(); ++i) ids.push_back(int(f.integer(a[i], recipe::path_index(path, i), 0, vocab - 1)));
+    for (size_t i = 0; i < a.size(); ++i)
+      ids.push_back(int(f.integer(a[i], recipe::path_index(path, i), 0, vocab - 1)));
     if (ids.empty()) f.fail(path, "must not be empty");
     texts.push_back(info.tokenizer->decode(ids));
     b.prompts.push_back(std::move(ids));
@@ -193,9 +228,12 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
     if (p.size() > 64) f.fail("prompt", "at most 64 prompts per request");
     for (size_t i = 0; i < p.size(); ++i) {
       const std::string path = recipe::path_index("prompt", i);
-      if (p[i].is_string()) text_prompt(p[i].get<std::string>());
-      else if (p[i].is_array()) id_prompt(p[i], path);
-      else f.fail(path, "expected a string or an array of token ids");
+      if (p[i].is_string())
+        text_prompt(p[i].get<std::string>());
+      else if (p[i].is_array())
+        id_prompt(p[i], path);
+      else
+        f.fail(path, "expected a string or an array of token ids");
     }
   } else {
     f.fail("prompt", "expected a string, an array of strings or an array of token ids");
@@ -213,15 +251,18 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
 
   SamplingParams& sp = b.sampling;
   default_sampling(sp, info);
-  if (Fields::has(body, "temperature")) sp.temperature = float(f.number(body["temperature"], "temperature", 0, 2));
+  if (Fields::has(body, "temperature"))
+    sp.temperature = float(f.number(body["temperature"], "temperature", 0, 2));
   if (Fields::has(body, "top_p")) sp.top_p = float(f.number(body["top_p"], "top_p", 0, 1));
-  if (Fields::has(body, "top_k")) sp.top_k = std::max<int>(0, int(f.integer(body["top_k"], "top_k", -1, 1 << 30)));
+  if (Fields::has(body, "top_k"))
+    sp.top_k = std::max<int>(0, int(f.integer(body["top_k"], "top_k", -1, 1 << 30)));
   if (Fields::has(body, "presence_penalty"))
     sp.presence_penalty = float(f.number(body["presence_penalty"], "presence_penalty", -2, 2));
   if (Fields::has(body, "frequency_penalty"))
     sp.frequency_penalty = float(f.number(body["frequency_penalty"], "frequency_penalty", -2, 2));
   if (Fields::has(body, "seed")) sp.seed = uint64_t(f.integer(body["seed"], "seed", INT64_MIN, INT64_MAX));
-  if (Fields::has(body, "logprobs")) sp.logprobs = int(f.integer(body["logprobs"], "logprobs", 0, 20));
+  // OpenAI: logprobs 0..5 (the chosen token's logprob and up to 5 alternatives per position).
+  if (Fields::has(body, "logprobs")) sp.logprobs = int(f.integer(body["logprobs"], "logprobs", 0, 5));
   extra_sampling(f, body, sp, vocab);
   sp.n = n;
   size_t longest = 0;
@@ -232,7 +273,8 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
   if (Fields::has(body, "stream")) b.stream = f.boolean(body["stream"], "stream");
   if (Fields::has(body, "stream_options")) {
     const Json& so = f.object(body["stream_options"], "stream_options");
-    if (Fields::has(so, "include_usage")) b.ctx.include_usage = f.boolean(so["include_usage"], "stream_options.include_usage");
+    if (Fields::has(so, "include_usage"))
+      b.ctx.include_usage = f.boolean(so["include_usage"], "stream_options.include_usage");
   }
   b.spec.api = api;
   b.spec.n = n;
@@ -240,6 +282,8 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
   b.spec.use_parser = false;
   if (echo) b.spec.echo = texts;
   for (const auto& ids : b.prompts) b.spec.prompt_tokens.push_back(int(ids.size()));
+  b.spec.logprobs = sp.logprobs;
+  b.ctx.logprobs = sp.logprobs;
   b.ctx.id = random_id("cmpl-");
   b.ctx.model = info.served_name;
   b.ctx.created = unix_seconds();

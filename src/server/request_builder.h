@@ -19,11 +19,11 @@ namespace beluga::server {
 
 // Model-wide facts and defaults the builder needs.
 struct ModelInfo {
-  std::string served_name;               // the id clients must send as `model`
+  std::string served_name;  // the id clients must send as `model`
   const tok::Tokenizer* tokenizer = nullptr;
   const recipe::ChatEncoder* encoder = nullptr;
   int max_model_len = 2048;
-  int bos_token_id = -1;                  // prepended to /v1/completions text prompts
+  int bos_token_id = -1;                     // prepended to /v1/completions text prompts
   std::optional<float> default_temperature;  // generation_config.json
   std::optional<float> default_top_p;
   std::optional<int> default_top_k;
@@ -38,7 +38,7 @@ struct BuiltRequest {
   bool stream = false;
 };
 
-recipe::Api error_api(ServerApi api);  // the error shape an API answers in
+recipe::Api error_api(ServerApi api);        // the error shape an API answers in
 const char* server_api_name(ServerApi api);  // "chat", "completions", "responses", "messages"
 
 // `body` is the raw request body (UTF-8 is checked here).

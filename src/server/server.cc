@@ -45,7 +45,9 @@ struct Server::State {
 
 namespace {
 
-std::string_view sv(beast::string_view s) { return std::string_view(s.data(), s.size()); }
+std::string_view sv(beast::string_view s) {
+  return std::string_view(s.data(), s.size());
+}
 
 std::string_view strip_query(beast::string_view t) {
   std::string_view target = sv(t);
@@ -70,8 +72,9 @@ std::optional<ServerApi> generation_route(std::string_view path) {
 
 bool is_disconnect(const beast::error_code& ec) {
   return ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
-         ec == net::error::broken_pipe || ec == beast::error::timeout || ec == net::error::operation_aborted ||
-         ec == net::error::bad_descriptor || ec == http::error::partial_message;
+         ec == net::error::broken_pipe || ec == beast::error::timeout ||
+         ec == net::error::operation_aborted || ec == net::error::bad_descriptor ||
+         ec == http::error::partial_message;
 }
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -92,8 +95,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(st_.cfg.max_body_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(std::chrono::seconds(st_.cfg.idle_timeout_s));
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
@@ -105,10 +109,11 @@ class Session : public std::enable_shared_from_this<Session> {
     if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) {
       // Tell the client to send the body (curl waits for this on large bodies).
       auto msg = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
-      net::async_write(stream_, net::buffer(*msg), [self = shared_from_this(), msg](beast::error_code ec, size_t) {
-        if (ec) return self->do_close();
-        self->read_body();
-      });
+      net::async_write(stream_, net::buffer(*msg),
+                       [self = shared_from_this(), msg](beast::error_code ec, size_t) {
+                         if (ec) return self->do_close();
+                         self->read_body();
+                       });
       return;
     }
     read_body();
@@ -126,9 +131,10 @@ class Session : public std::enable_shared_from_this<Session> {
       std::string path(strip_query(parser_->get().target()));
       keep_alive_ = false;
       drain_on_close_ = true;  // let the client finish sending, so it reads the 413 instead of a reset
-      return send_error(api_of_path(path), 413,
-                        "the request body is larger than the limit of " + std::to_string(st_.cfg.max_body_bytes) + " bytes",
-                        "request");
+      return send_error(
+          api_of_path(path), 413,
+          "the request body is larger than the limit of " + std::to_string(st_.cfg.max_body_bytes) + " bytes",
+          "request");
     }
     if (is_disconnect(ec)) return do_close();
     // Malformed HTTP: answer 400 and close.
@@ -156,7 +162,8 @@ class Session : public std::enable_shared_from_this<Session> {
     auto it = req.find(http::field::authorization);
     if (it != req.end()) {
       std::string_view v = sv(it->value());
-      if (v.size() > 7 && beast::iequals(it->value().substr(0, 7), "Bearer ")) return std::string(v.substr(7));
+      if (v.size() > 7 && beast::iequals(it->value().substr(0, 7), "Bearer "))
+        return std::string(v.substr(7));
     }
     it = req.find("x-api-key");
     if (it != req.end()) return std::string(it->value());
@@ -184,7 +191,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!path.starts_with("/v1/")) return send_error(eapi, 404, "no route for " + path, "");
 
     if (!st_.cfg.api_key.empty() && presented_key(req) != st_.cfg.api_key)
-      return send_error(eapi, 401, "invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)", "");
+      return send_error(
+          eapi, 401, "invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)", "");
 
     if (path == "/v1/models" || path.starts_with("/v1/models/")) {
       label_ = "models";
@@ -233,7 +241,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     api_ = api;
     stream_mode_ = b.stream;
-    job_ = std::make_unique<Job>(std::move(b.spec), *st_.info.tokenizer, make_formatter(api, b.ctx), b.stream);
+    job_ =
+        std::make_unique<Job>(std::move(b.spec), *st_.info.tokenizer, make_formatter(api, b.ctx), b.stream);
     ++gen_;
     ids_.clear();
     const std::string salt = presented_key(req);
@@ -244,7 +253,9 @@ class Session : public std::enable_shared_from_this<Session> {
       er.sampling = b.sampling;
       er.cache_salt = salt;
       er.on_output = [self = shared_from_this(), exec = exec_, gen = gen_, sub = int(k)](RequestOutput&& o) {
-        net::post(exec, [self, gen, sub, o = std::move(o)]() mutable { self->on_engine_output(gen, sub, std::move(o)); });
+        net::post(exec, [self, gen, sub, o = std::move(o)]() mutable {
+          self->on_engine_output(gen, sub, std::move(o));
+        });
       };
       std::string why;
       SubmitStatus s = st_.engine->submit(std::move(er), &why);
@@ -257,8 +268,10 @@ class Session : public std::enable_shared_from_this<Session> {
           case SubmitStatus::kQueueFull:
             return send_error(eapi, 429, "the server is at capacity (request queue full); retry later", "");
           case SubmitStatus::kPromptTooLong:
-            return send_error(eapi, 400, why.empty() ? "the prompt is longer than the model's context" : why, "messages");
-          default: return send_error(eapi, 400, why.empty() ? "the engine rejected the request" : why, "");
+            return send_error(eapi, 400, why.empty() ? "the prompt is longer than the model's context" : why,
+                              "messages");
+          default:
+            return send_error(eapi, 400, why.empty() ? "the engine rejected the request" : why, "");
         }
       }
       ids_.push_back(b.prompts.size() == 1 ? b.ctx.id : b.ctx.id + "-" + std::to_string(k));
@@ -266,10 +279,13 @@ class Session : public std::enable_shared_from_this<Session> {
     active_ = true;
     st_.metrics.in_flight(+1);
     if (stream_mode_) {
-      std::string head = "HTTP/1.1 200 OK\r\nServer: beluga\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
-                         "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
-      if (http11_) head += "Transfer-Encoding: chunked\r\n";
-      else keep_alive_ = false;
+      std::string head =
+          "HTTP/1.1 200 OK\r\nServer: beluga\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+          "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
+      if (http11_)
+        head += "Transfer-Encoding: chunked\r\n";
+      else
+        keep_alive_ = false;
       head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
       queue_raw(std::move(head));
     }
@@ -301,8 +317,10 @@ class Session : public std::enable_shared_from_this<Session> {
     const double e2e = std::chrono::duration<double>(now - job_->start_time()).count();
     double ttft = 0, tpot = 0;
     const bool has_ttft = job_->first_token_time().has_value();
-    if (has_ttft) ttft = std::chrono::duration<double>(*job_->first_token_time() - job_->start_time()).count();
-    const int64_t per_choice = job_->choices().empty() ? 0 : u.completion_tokens / int64_t(job_->choices().size());
+    if (has_ttft)
+      ttft = std::chrono::duration<double>(*job_->first_token_time() - job_->start_time()).count();
+    const int64_t per_choice =
+        job_->choices().empty() ? 0 : u.completion_tokens / int64_t(job_->choices().size());
     const bool has_tpot = has_ttft && per_choice > 1;
     if (has_tpot) tpot = (e2e - ttft) / double(per_choice - 1);
     st_.metrics.tokens(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
@@ -341,9 +359,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (watching_ || closed_) return;
     watching_ = true;
     auto mb = buffer_.prepare(4096);
-    stream_.socket().async_read_some(mb, [self = shared_from_this()](beast::error_code ec, size_t n) {
-      self->on_watch(ec, n);
-    });
+    stream_.socket().async_read_some(
+        mb, [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
   void on_watch(beast::error_code ec, size_t n) {
@@ -365,7 +382,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // ------------------------------------------------------------------ writing
 
   void send_json(int status, const nlohmann::json& body) {
-    send_response(status, "application/json", body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    send_response(status, "application/json",
+                  body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
   void send_json(int status, const Json& body) { send_response(status, "application/json", dump_json(body)); }
 
@@ -440,15 +458,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void drain() {
     auto buf = std::make_shared<std::array<char, 65536>>();
-    stream_.async_read_some(net::buffer(*buf), [self = shared_from_this(), buf](beast::error_code ec, size_t n) {
-      self->drained_ += n;
-      if (ec || self->drained_ > (size_t(256) << 20)) {
-        beast::error_code ignored;
-        self->stream_.socket().close(ignored);
-        return;
-      }
-      self->drain();
-    });
+    stream_.async_read_some(net::buffer(*buf),
+                            [self = shared_from_this(), buf](beast::error_code ec, size_t n) {
+                              self->drained_ += n;
+                              if (ec || self->drained_ > (size_t(256) << 20)) {
+                                beast::error_code ignored;
+                                self->stream_.socket().close(ignored);
+                                return;
+                              }
+                              self->drain();
+                            });
   }
 
   Server::State& st_;
@@ -473,7 +492,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool watching_ = false, resume_after_watch_ = false;
 };
 
-void do_accept(const std::shared_ptr<Server::State>& st) {
+// Handlers hold a plain pointer: the State owns the io_context that stores them, so a shared_ptr here
+// would keep the State alive forever (a leak). Server::stop() joins the I/O threads before the State
+// goes away, and no handler runs after that.
+void do_accept(Server::State* st) {
   st->acceptor.async_accept(net::make_strand(st->ioc), [st](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !st->acceptor.is_open()) return;
     if (!ec) {
@@ -487,9 +509,13 @@ void do_accept(const std::shared_ptr<Server::State>& st) {
 
 }  // namespace
 
-Server::Server(ServerConfig cfg) : st_(std::make_shared<State>()) { st_->cfg = std::move(cfg); }
+Server::Server(ServerConfig cfg) : st_(std::make_shared<State>()) {
+  st_->cfg = std::move(cfg);
+}
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 void Server::listen() {
   beast::error_code ec;
@@ -509,7 +535,7 @@ void Server::listen() {
   BELUGA_CHECK(!ec, "cannot listen on ", st_->cfg.host, ":", st_->cfg.port, ": ", ec.message());
   st_->acceptor.listen(net::socket_base::max_listen_connections, ec);
   BELUGA_CHECK(!ec, "cannot listen on ", st_->cfg.host, ":", st_->cfg.port, ": ", ec.message());
-  do_accept(st_);
+  do_accept(st_.get());
 }
 
 int Server::port() const {
@@ -578,7 +604,7 @@ void Server::stop() {
     st_->stopping = true;
     st_->cv.notify_all();
   }
-  net::post(st_->ioc, [st = st_] {
+  net::post(st_->ioc, [st = st_.get()] {
     beast::error_code ec;
     st->acceptor.close(ec);
   });
@@ -588,6 +614,8 @@ void Server::stop() {
   st_->threads.clear();
 }
 
-Metrics& Server::metrics() { return st_->metrics; }
+Metrics& Server::metrics() {
+  return st_->metrics;
+}
 
 }  // namespace beluga::server

@@ -17,11 +17,11 @@ namespace beluga::server {
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
-  int port = 8000;                       // 0: any free port (see Server::port())
-  std::string api_key;                   // empty: no authentication
-  size_t max_body_bytes = 16u << 20;     // larger bodies get 413
+  int port = 8000;                    // 0: any free port (see Server::port())
+  std::string api_key;                // empty: no authentication
+  size_t max_body_bytes = 16u << 20;  // larger bodies get 413
   int io_threads = 2;
-  int idle_timeout_s = 300;              // keep-alive connections idle this long are closed
+  int idle_timeout_s = 300;  // keep-alive connections idle this long are closed
 };
 
 class Server {

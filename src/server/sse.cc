@@ -35,7 +35,8 @@ std::string random_id(std::string_view prefix, size_t len) {
 }
 
 int64_t unix_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 std::string http_chunk(std::string_view data) {

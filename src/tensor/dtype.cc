@@ -6,26 +6,40 @@ namespace beluga {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kF8E4M3: return 1;
-    case DType::kI64: return 8;
-    case DType::kI32: return 4;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+    case DType::kI64:
+      return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -34,8 +48,9 @@ bool dtype_from_name(std::string_view name, DType* out) {
   static constexpr struct {
     std::string_view name;
     DType type;
-  } kNames[] = {{"F32", DType::kF32}, {"BF16", DType::kBF16},   {"F16", DType::kF16}, {"F8_E4M3", DType::kF8E4M3},
-                {"I64", DType::kI64}, {"I32", DType::kI32}, {"U8", DType::kU8}};
+  } kNames[] = {{"F32", DType::kF32},        {"BF16", DType::kBF16}, {"F16", DType::kF16},
+                {"F8_E4M3", DType::kF8E4M3}, {"I64", DType::kI64},   {"I32", DType::kI32},
+                {"U8", DType::kU8}};
   for (const auto& n : kNames) {
     if (n.name == name) {
       *out = n.type;

@@ -12,7 +12,7 @@ namespace beluga {
 enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kI64, kI32, kU8 };
 
 size_t dtype_size(DType t);
-std::string_view dtype_name(DType t);   // safetensors spelling: "F32", "BF16", ...
+std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...
 bool dtype_from_name(std::string_view name, DType* out);
 
 inline float bits_to_f32(uint32_t u) {
@@ -26,7 +26,9 @@ inline uint32_t f32_to_bits(float f) {
   return u;
 }
 
-inline float bf16_to_f32(uint16_t h) { return bits_to_f32(uint32_t(h) << 16); }
+inline float bf16_to_f32(uint16_t h) {
+  return bits_to_f32(uint32_t(h) << 16);
+}
 
 // Round to nearest even, as torch does; NaN stays NaN.
 inline uint16_t f32_to_bf16(float f) {

@@ -24,7 +24,8 @@ struct Tensor {
   Device device = Device::kCpu;
 
   // A contiguous row-major view.
-  static Tensor make(void* data, DType dtype, std::initializer_list<int64_t> shape, Device dev = Device::kCpu);
+  static Tensor make(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                     Device dev = Device::kCpu);
   static Tensor make(void* data, DType dtype, const int64_t* shape, int ndim, Device dev = Device::kCpu);
 
   bool empty() const { return data == nullptr; }

@@ -30,13 +30,13 @@ template <typename... Args>
 }  // namespace beluga
 
 // Checks a condition that depends on user input (files, configs, requests); throws beluga::Error.
-#define BELUGA_CHECK(cond, ...)                  \
-  do {                                           \
-    if (!(cond)) ::beluga::fail(__VA_ARGS__);    \
+#define BELUGA_CHECK(cond, ...)               \
+  do {                                        \
+    if (!(cond)) ::beluga::fail(__VA_ARGS__); \
   } while (0)
 
 // Checks an internal invariant; a failure is a bug in Beluga, not in the input.
-#define BELUGA_ASSERT(cond)                                                                          \
-  do {                                                                                               \
-    if (!(cond)) ::beluga::fail("internal error: ", #cond, " at ", __FILE__, ":", __LINE__);        \
+#define BELUGA_ASSERT(cond)                                                                  \
+  do {                                                                                       \
+    if (!(cond)) ::beluga::fail("internal error: ", #cond, " at ", __FILE__, ":", __LINE__); \
   } while (0)

@@ -14,6 +14,8 @@ constexpr uint64_t mix64(uint64_t x) {
 }
 
 // A uniform double in [0, 1) from 53 bits of mix64(x).
-constexpr double unit_double(uint64_t x) { return double(mix64(x) >> 11) * 0x1p-53; }
+constexpr double unit_double(uint64_t x) {
+  return double(mix64(x) >> 11) * 0x1p-53;
+}
 
 }  // namespace beluga

@@ -44,8 +44,8 @@ std::string ids_of(const TensorInfo& t) {
 
 TEST(Cli, GenerateGreedyMatchesTransformers) {
   SafetensorsFile ref(kFixtures + "qwen3-tiny/reference.safetensors");
-  CmdResult r = run("generate --model " + kFixtures + "qwen3-tiny --prompt-ids " + ids_of(ref.get("prompt_1")) +
-              " --max-tokens 24 --temperature 0 --format json");
+  CmdResult r = run("generate --model " + kFixtures + "qwen3-tiny --prompt-ids " +
+                    ids_of(ref.get("prompt_1")) + " --max-tokens 24 --temperature 0 --format json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   const TensorInfo& g = ref.get("greedy_1");
@@ -57,7 +57,8 @@ TEST(Cli, GenerateGreedyMatchesTransformers) {
 TEST(Cli, LogitsFileMatchesTransformers) {
   SafetensorsFile ref(kFixtures + "dsv2-lite-tiny/reference.safetensors");
   const std::string out = ::testing::TempDir() + "/cli_logits.safetensors";
-  CmdResult r = run("logits --model " + kFixtures + "dsv2-lite-tiny --prompt-ids " + ids_of(ref.get("prompt_1")) + " --out " + out);
+  CmdResult r = run("logits --model " + kFixtures + "dsv2-lite-tiny --prompt-ids " +
+                    ids_of(ref.get("prompt_1")) + " --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   SafetensorsFile f(out);
   const TensorInfo& ours = f.get("logits");
@@ -89,13 +90,15 @@ TEST(Cli, InspectReportsArchitectureAndKvBytes) {
 }
 
 TEST(Cli, DummyWeightsFromConfigAlone) {
-  CmdResult r = run("generate --model " + kFixtures + "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
-              "--max-tokens 4");
+  CmdResult r = run("generate --model " + kFixtures +
+                    "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
+                    "--max-tokens 4");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["output_tokens"].size(), 4u);
   // Deterministic: the same command gives the same tokens.
-  EXPECT_EQ(run("generate --model " + kFixtures + "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
+  EXPECT_EQ(run("generate --model " + kFixtures +
+                "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
                 "--max-tokens 4")
                 .out,
             r.out);

@@ -88,7 +88,8 @@ TEST_F(EngineTest, GreedyEqualsGeneratorAloneAndUnderConcurrency) {
   Collector c;
   std::vector<std::vector<int>> prompts;
   for (int i = 0; i < 32; ++i) prompts.push_back(prompt(3 + (i * 37) % 150, i));
-  for (int i = 0; i < 32; ++i) ASSERT_EQ(engine.submit(greedy("r" + std::to_string(i), prompts[i], 12, c)), SubmitStatus::kOk);
+  for (int i = 0; i < 32; ++i)
+    ASSERT_EQ(engine.submit(greedy("r" + std::to_string(i), prompts[i], 12, c)), SubmitStatus::kOk);
   ASSERT_TRUE(c.wait(32));
   for (int i = 0; i < 32; ++i) {
     EXPECT_EQ(c.tokens["r" + std::to_string(i)][0], reference(prompts[i], 12)) << "request " << i;
@@ -117,7 +118,8 @@ TEST_F(EngineTest, SeededSamplingIsReproducibleUnderLoad) {
   };
   ASSERT_EQ(engine.submit(seeded("alone")), SubmitStatus::kOk);
   ASSERT_TRUE(c.wait(1));
-  for (int i = 0; i < 10; ++i) engine.submit(greedy("noise" + std::to_string(i), prompt(5 + 13 * i, i), 20, c));
+  for (int i = 0; i < 10; ++i)
+    engine.submit(greedy("noise" + std::to_string(i), prompt(5 + 13 * i, i), 20, c));
   ASSERT_EQ(engine.submit(seeded("loaded")), SubmitStatus::kOk);
   ASSERT_TRUE(c.wait(12));
   EXPECT_EQ(c.tokens["alone"][0], c.tokens["loaded"][0]);
@@ -160,7 +162,8 @@ TEST_F(EngineTest, PreemptionUnderMemoryPressureKeepsResults) {
   Collector c;
   std::vector<std::vector<int>> prompts;
   for (int i = 0; i < 8; ++i) prompts.push_back(prompt(120 + 10 * i, 50 + i));
-  for (int i = 0; i < 8; ++i) ASSERT_EQ(engine.submit(greedy("p" + std::to_string(i), prompts[i], 40, c)), SubmitStatus::kOk);
+  for (int i = 0; i < 8; ++i)
+    ASSERT_EQ(engine.submit(greedy("p" + std::to_string(i), prompts[i], 40, c)), SubmitStatus::kOk);
   ASSERT_TRUE(c.wait(8));
   for (int i = 0; i < 8; ++i) EXPECT_EQ(c.tokens["p" + std::to_string(i)][0], reference(prompts[i], 40)) << i;
   EXPECT_GT(engine.stats().preemptions, 0);

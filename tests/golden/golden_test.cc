@@ -61,7 +61,9 @@ int num_prompts(const SafetensorsFile& f) {
   return n;
 }
 
-std::vector<int> to_ids(const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); }
+std::vector<int> to_ids(const std::vector<int64_t>& v) {
+  return std::vector<int>(v.begin(), v.end());
+}
 
 void check_logits(Loaded& l, MlaMode mode) {
   Generator gen(*l.model);
@@ -138,11 +140,13 @@ TEST_P(Fixture, HiddenStatesMatchLayerByLayer) {
   ASSERT_EQ(rows, L + 1);
   for (int64_t r = 0; r < rows; ++r) {
     const auto& ours = r == rows - 1 ? hidden.back() : hidden[size_t(r)];
-    EXPECT_LE(rel_l2(ours.data(), static_cast<const float*>(ref.data) + r * D, int(D)), 1e-4) << "hidden row " << r;
+    EXPECT_LE(rel_l2(ours.data(), static_cast<const float*>(ref.data) + r * D, int(D)), 1e-4)
+        << "hidden row " << r;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Fixture, ::testing::Values("dsv3-tiny", "dsv3-tiny-fp8", "dsv2-lite-tiny", "qwen3-tiny"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Fixture,
+                         ::testing::Values("dsv3-tiny", "dsv3-tiny-fp8", "dsv2-lite-tiny", "qwen3-tiny"));
 
 // The built-in demo model: three shards and an index; its own reference holds the last rows of logits
 // and a greedy continuation for two chat prompts.

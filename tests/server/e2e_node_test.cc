@@ -3,10 +3,10 @@
 // npm packages are missing (`cd tests/tools && npm ci`).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <string>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <cstdlib>
+#include <string>
 
 namespace {
 
@@ -18,7 +18,8 @@ bool exists(const std::string& p) {
 TEST(E2E, OfficialSdkClientsAgainstBelugaServe) {
   const std::string root = BELUGA_SOURCE_DIR;
   if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
-  if (!exists(root + "/tests/tools/node_modules/openai") || !exists(root + "/tests/tools/node_modules/@anthropic-ai/sdk"))
+  if (!exists(root + "/tests/tools/node_modules/openai") ||
+      !exists(root + "/tests/tools/node_modules/@anthropic-ai/sdk"))
     GTEST_SKIP() << "npm packages missing: cd tests/tools && npm ci";
   const std::string cmd = "node " + root + "/tests/tools/e2e_server.mjs " + BELUGA_BINARY;
   int rc = std::system(cmd.c_str());

@@ -1,6 +1,8 @@
 // A scripted engine for server tests: each request's sequences emit the tokens of a fixed text
 // (chosen per request by a callback), one token per step, then finish with kStop (or kLength at
-// max_tokens). Records aborts; can be told to refuse submissions (queue full).
+// max_tokens). Records aborts; can be told to refuse submissions (queue full). With
+// sampling.logprobs >= 0 each token carries fake_logprob(pos) and, for k > 0, the top k
+// alternatives fake_top(token, pos, k) (the chosen token first, then token+1, token+2, ...).
 #pragma once
 
 #include <atomic>
@@ -16,6 +18,15 @@
 #include "server/engine_handle.h"
 
 namespace beluga::server::testing {
+
+inline float fake_logprob(size_t pos) {
+  return -0.25f * float(pos % 7) - 0.125f;
+}
+inline std::vector<std::pair<int, float>> fake_top(int token, size_t pos, int k) {
+  std::vector<std::pair<int, float>> top;
+  for (int i = 0; i < k; ++i) top.emplace_back(token + i, fake_logprob(pos) - float(i));
+  return top;
+}
 
 class FakeEngine final : public EngineHandle {
  public:
@@ -80,6 +91,10 @@ class FakeEngine final : public EngineHandle {
     std::lock_guard l(mu_);
     return int(active_.size()) + processing_;
   }
+  size_t submitted_count() const {
+    std::lock_guard l(mu_);
+    return submitted_.size();
+  }
 
  private:
   struct Active {
@@ -110,7 +125,12 @@ class FakeEngine final : public EngineHandle {
           if (aborted) {
             s.finish = FinishReason::kAbort;
           } else {
-            if (a.pos < a.tokens.size()) s.tokens.push_back(a.tokens[a.pos]);
+            if (a.pos < a.tokens.size()) {
+              s.tokens.push_back(a.tokens[a.pos]);
+              if (a.req.sampling.logprobs >= 0)
+                s.logprobs.push_back(TokenLogprob{a.tokens[a.pos], fake_logprob(a.pos),
+                                                  fake_top(a.tokens[a.pos], a.pos, a.req.sampling.logprobs)});
+            }
             if (last) s.finish = length ? FinishReason::kLength : FinishReason::kStop;
           }
           o.seqs.push_back(std::move(s));

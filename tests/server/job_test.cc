@@ -21,6 +21,15 @@ std::string feed_all(StopMatcher& m, const std::vector<std::string>& chunks, boo
   return out;
 }
 
+TEST(TokenText, PartialUtf8BytesAreEscaped) {
+  EXPECT_EQ(token_text_of_bytes("hello"), "hello");
+  EXPECT_EQ(token_text_of_bytes("\xc3\xa9t\xc3\xa9"), "\xc3\xa9t\xc3\xa9");  // whole characters stay
+  EXPECT_EQ(token_text_of_bytes("\xe2\x80"), "\\xe2\\x80");                  // the start of a character
+  EXPECT_EQ(token_text_of_bytes("\x9f\x98\x80!"), "\\x9f\\x98\\x80!");       // the end of one
+  EXPECT_EQ(token_text_of_bytes("a\xf0\x9f"), "a\\xf0\\x9f");
+  EXPECT_EQ(token_text_of_bytes(""), "");
+}
+
 TEST(StopMatcher, FindsStopsAcrossChunkBoundaries) {
   bool hit = false;
   StopMatcher a({"f "});

@@ -9,6 +9,7 @@
 
 #include "fake_engine.h"
 #include "recipe/chat_format.h"
+#include "server/job.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -23,7 +24,8 @@ using Json = nlohmann::json;
 
 const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
 const std::string kToolText =
-    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": "
+    "\"Paris\"}\n```"
     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
 
 struct Reply {
@@ -58,7 +60,8 @@ Reply request(int port, http::verb verb, const std::string& target, const std::s
   return r;
 }
 
-Reply post(int port, const std::string& target, const Json& body, const std::vector<std::pair<std::string, std::string>>& h = {}) {
+Reply post(int port, const std::string& target, const Json& body,
+           const std::vector<std::pair<std::string, std::string>>& h = {}) {
   return request(port, http::verb::post, target, body.dump(), h);
 }
 
@@ -183,8 +186,9 @@ TEST_F(ServerTest, ChatNonStreamed) {
 
 TEST_F(ServerTest, ChatStreamFramingAndUsage) {
   start();
-  Reply r = post(port_, "/v1/chat/completions",
-                 chat("hi", {{"max_tokens", 50}, {"stream", true}, {"stream_options", {{"include_usage", true}}}}));
+  Reply r =
+      post(port_, "/v1/chat/completions",
+           chat("hi", {{"max_tokens", 50}, {"stream", true}, {"stream_options", {{"include_usage", true}}}}));
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.content_type.rfind("text/event-stream", 0), 0u);
   auto evs = parse_sse(r.body);
@@ -232,20 +236,24 @@ TEST_F(ServerTest, MaxTokensGivesLength) {
 TEST_F(ServerTest, ChatToolCall) {
   set_text(kToolText);
   start();
-  Json tools = Json::array({Json{{"type", "function"},
-                                 {"function", {{"name", "get_weather"},
-                                               {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+  Json tools = Json::array(
+      {Json{{"type", "function"},
+            {"function",
+             {{"name", "get_weather"},
+              {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
   Reply r = post(port_, "/v1/chat/completions", chat("weather?", {{"tools", tools}, {"max_tokens", 100}}));
   ASSERT_EQ(r.status, 200) << r.body;
   Json m = r.json()["choices"][0];
   EXPECT_EQ(m["finish_reason"], "tool_calls");
   ASSERT_EQ(m["message"]["tool_calls"].size(), 1u) << m;
   EXPECT_EQ(m["message"]["tool_calls"][0]["function"]["name"], "get_weather");
-  EXPECT_EQ(Json::parse(m["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json({{"city", "Paris"}}));
+  EXPECT_EQ(Json::parse(m["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            Json({{"city", "Paris"}}));
   EXPECT_EQ(m["message"]["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
 
   // Streamed: a tool_calls delta with id + name, then argument fragments.
-  Reply s = post(port_, "/v1/chat/completions", chat("weather?", {{"tools", tools}, {"max_tokens", 100}, {"stream", true}}));
+  Reply s = post(port_, "/v1/chat/completions",
+                 chat("weather?", {{"tools", tools}, {"max_tokens", 100}, {"stream", true}}));
   std::string args, name, finish;
   for (auto& e : parse_sse(s.body)) {
     if (e.data == "[DONE]") continue;
@@ -286,14 +294,17 @@ TEST_F(ServerTest, ChatToolCall) {
   for (auto& e : parse_sse(as.body)) {
     Json d = Json::parse(e.data);
     EXPECT_EQ(d["type"], e.event);
-    if (e.event == "content_block_delta" && d["delta"]["type"] == "input_json_delta") partial += d["delta"]["partial_json"];
+    if (e.event == "content_block_delta" && d["delta"]["type"] == "input_json_delta")
+      partial += d["delta"]["partial_json"];
   }
   EXPECT_EQ(Json::parse(partial), Json({{"city", "Paris"}}));
 
   // Responses: a function_call output item.
   Json rb{{"model", "demo"},
           {"input", "weather?"},
-          {"tools", Json::array({Json{{"type", "function"}, {"name", "get_weather"}, {"parameters", {{"type", "object"}}}}})}};
+          {"tools",
+           Json::array(
+               {Json{{"type", "function"}, {"name", "get_weather"}, {"parameters", {{"type", "object"}}}}})}};
   Reply rr = post(port_, "/v1/responses", rb);
   ASSERT_EQ(rr.status, 200) << rr.body;
   bool fc = false;
@@ -333,8 +344,11 @@ TEST_F(ServerTest, ResponsesStreamEvents) {
 
 TEST_F(ServerTest, MessagesStreamEvents) {
   start();
-  Reply r = post(port_, "/v1/messages", Json{{"model", "demo"}, {"max_tokens", 50}, {"stream", true},
-                                             {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})}});
+  Reply r = post(port_, "/v1/messages",
+                 Json{{"model", "demo"},
+                      {"max_tokens", 50},
+                      {"stream", true},
+                      {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})}});
   ASSERT_EQ(r.status, 200);
   auto evs = parse_sse(r.body);
   std::vector<std::string> names;
@@ -348,7 +362,8 @@ TEST_F(ServerTest, MessagesStreamEvents) {
 
 TEST_F(ServerTest, CompletionsEchoNAndMultiplePrompts) {
   start();
-  Reply r = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", Json::array({"a", "b"})}, {"n", 2}, {"max_tokens", 50}});
+  Reply r = post(port_, "/v1/completions",
+                 Json{{"model", "demo"}, {"prompt", Json::array({"a", "b"})}, {"n", 2}, {"max_tokens", 50}});
   ASSERT_EQ(r.status, 200) << r.body;
   Json j = r.json();
   ASSERT_EQ(j["choices"].size(), 4u);
@@ -356,7 +371,8 @@ TEST_F(ServerTest, CompletionsEchoNAndMultiplePrompts) {
     EXPECT_EQ(j["choices"][i]["index"], i);
     EXPECT_EQ(j["choices"][i]["text"], "Hello world, goodbye.");
   }
-  Reply e = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", "Say: "}, {"echo", true}, {"stop", ","}});
+  Reply e = post(port_, "/v1/completions",
+                 Json{{"model", "demo"}, {"prompt", "Say: "}, {"echo", true}, {"stop", ","}});
   ASSERT_EQ(e.status, 200) << e.body;
   EXPECT_EQ(e.json()["choices"][0]["text"], "Say: Hello world");
   EXPECT_EQ(e.json()["choices"][0]["finish_reason"], "stop");
@@ -372,10 +388,235 @@ TEST_F(ServerTest, ChatN2) {
   EXPECT_EQ(engine_->last_sampling().seed.value_or(0), 5u);
 }
 
+// The UTF-8 bytes a logprobs entry's "bytes" array holds.
+std::string bytes_of(const Json& entry) {
+  std::string s;
+  for (const auto& b : entry["bytes"]) s += char(b.get<int>());
+  return s;
+}
+
+// Checks one Chat Completions logprobs entry against the fake engine's values for position `pos`.
+void check_chat_entry(const tok::Tokenizer& tok, const Json& e, int token, size_t pos, int k) {
+  const std::string raw(tok.token_bytes(token));
+  EXPECT_EQ(bytes_of(e), raw) << e;
+  EXPECT_EQ(e["token"], token_text_of_bytes(raw)) << e;
+  EXPECT_FLOAT_EQ(e["logprob"].get<float>(), testing::fake_logprob(pos)) << e;
+  ASSERT_EQ(e["top_logprobs"].size(), size_t(k)) << e;
+  const auto top = testing::fake_top(token, pos, k);
+  for (int i = 0; i < k; ++i) {
+    const Json& t = e["top_logprobs"][size_t(i)];
+    const std::string tb(tok.token_bytes(top[size_t(i)].first));
+    EXPECT_EQ(t["token"], token_text_of_bytes(tb)) << t;
+    EXPECT_EQ(bytes_of(t), tb) << t;
+    EXPECT_FLOAT_EQ(t["logprob"].get<float>(), top[size_t(i)].second) << t;
+    EXPECT_EQ(t.size(), 3u) << t;
+  }
+}
+
+TEST_F(ServerTest, ChatLogprobsNonStreamed) {
+  const std::string text = "Hello wörld, 日本語 😀 goodbye.";
+  set_text(text);
+  start();
+  const std::vector<int> ids = tokenizer_->encode(text, true);
+  Reply r = post(port_, "/v1/chat/completions",
+                 chat("hi", {{"max_tokens", 100}, {"logprobs", true}, {"top_logprobs", 3}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(engine_->last_sampling().logprobs, 3);
+  const Json c = r.json()["choices"][0];
+  EXPECT_EQ(c["message"]["content"], text);
+  const Json& lp = c["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << c;
+  EXPECT_TRUE(lp["refusal"].is_null());
+  ASSERT_EQ(lp["content"].size(), ids.size()) << lp;
+  std::string joined_bytes;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    check_chat_entry(*tokenizer_, lp["content"][i], ids[i], i, 3);
+    joined_bytes += bytes_of(lp["content"][i]);
+  }
+  EXPECT_EQ(joined_bytes, text);
+  // Some token of the emoji / CJK text holds only part of a character: escaped text, raw bytes.
+  bool partial = false;
+  for (const auto& e : lp["content"]) partial = partial || e["token"].get<std::string>().find("\\x") == 0;
+  EXPECT_TRUE(partial) << lp;
+
+  // logprobs: true alone: the chosen tokens, empty top_logprobs.
+  Reply z = post(port_, "/v1/chat/completions", chat("hi", {{"max_tokens", 100}, {"logprobs", true}}));
+  ASSERT_EQ(z.status, 200) << z.body;
+  EXPECT_EQ(engine_->last_sampling().logprobs, 0);
+  const Json zc = z.json()["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(zc.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) check_chat_entry(*tokenizer_, zc[i], ids[i], i, 0);
+
+  // Not asked for: null, and the engine computes none.
+  Reply n = post(port_, "/v1/chat/completions", chat("hi", {{"logprobs", false}}));
+  ASSERT_EQ(n.status, 200) << n.body;
+  EXPECT_TRUE(n.json()["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(engine_->last_sampling().logprobs, -1);
+}
+
+TEST_F(ServerTest, ChatLogprobsStreamedFollowTheirDeltas) {
+  set_text("Hello world, goodbye. And more.");
+  start();
+  const std::vector<int> ids = tokenizer_->encode("Hello world, goodbye.", true);
+  Reply r = post(port_, "/v1/chat/completions",
+                 chat("hi", {{"max_tokens", 100},
+                             {"stream", true},
+                             {"stop", " And"},
+                             {"logprobs", true},
+                             {"top_logprobs", 2}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string text;
+  std::vector<Json> entries;
+  for (const auto& e : parse_sse(r.body)) {
+    if (e.data == "[DONE]") continue;
+    const Json ch = Json::parse(e.data)["choices"][0];
+    const Json& lp = ch["logprobs"];
+    if (ch["delta"].contains("role")) {
+      EXPECT_TRUE(lp.is_null()) << ch;
+      continue;
+    }
+    if (ch["delta"].contains("content")) {
+      // Each content chunk carries exactly the tokens of its delta (no stop string pending here).
+      ASSERT_TRUE(lp.is_object()) << ch;
+      std::string delta_tokens;
+      for (const auto& t : lp["content"]) {
+        delta_tokens += t["token"].get<std::string>();
+        entries.push_back(t);
+      }
+      EXPECT_EQ(delta_tokens, ch["delta"]["content"].get<std::string>()) << ch;
+      text += ch["delta"]["content"].get<std::string>();
+    } else if (lp.is_object()) {
+      for (const auto& t : lp["content"]) entries.push_back(t);
+    }
+  }
+  // Held text: the tokens of " And" (the stop string) were generated; their logprobs come with the
+  // final chunk, while the text stops before the stop string.
+  EXPECT_EQ(text, "Hello world, goodbye.");
+  ASSERT_GE(entries.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) check_chat_entry(*tokenizer_, entries[i], ids[i], i, 2);
+
+  // The non-streamed response carries the same entries.
+  Reply n =
+      post(port_, "/v1/chat/completions",
+           chat("hi", {{"max_tokens", 100}, {"stop", " And"}, {"logprobs", true}, {"top_logprobs", 2}}));
+  ASSERT_EQ(n.status, 200) << n.body;
+  EXPECT_EQ(n.json()["choices"][0]["logprobs"]["content"], Json(entries));
+}
+
+TEST_F(ServerTest, CompletionsLogprobs) {
+  const std::string text = "def f(x):\n    return x";
+  set_text(text);
+  start();
+  const std::vector<int> ids = tokenizer_->encode(text, true);
+  auto check = [&](const Json& lp, size_t echo_chars) {
+    ASSERT_EQ(lp["tokens"].size(), ids.size()) << lp;
+    ASSERT_EQ(lp["token_logprobs"].size(), ids.size());
+    ASSERT_EQ(lp["top_logprobs"].size(), ids.size());
+    ASSERT_EQ(lp["text_offset"].size(), ids.size());
+    size_t offset = echo_chars;
+    std::string joined;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string tok_text(tokenizer_->token_bytes(ids[i]));
+      EXPECT_EQ(lp["tokens"][i], tok_text);
+      EXPECT_FLOAT_EQ(lp["token_logprobs"][i].get<float>(), testing::fake_logprob(i));
+      EXPECT_EQ(lp["text_offset"][i], offset) << i;
+      offset += tok_text.size();  // ASCII text: bytes = code points
+      joined += tok_text;
+      const Json& top = lp["top_logprobs"][i];
+      ASSERT_TRUE(top.is_object());
+      ASSERT_EQ(top.size(), 2u) << top;
+      for (const auto& [t, l] : testing::fake_top(ids[i], i, 2)) {
+        const std::string key(tokenizer_->token_bytes(t));
+        ASSERT_TRUE(top.contains(key)) << top;
+        EXPECT_FLOAT_EQ(top[key].get<float>(), l);
+      }
+    }
+    EXPECT_EQ(joined, text);
+  };
+  Json body{{"model", "demo"}, {"prompt", "Say: "}, {"max_tokens", 50}, {"logprobs", 2}};
+  Reply r = post(port_, "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(engine_->last_sampling().logprobs, 2);
+  EXPECT_EQ(r.json()["choices"][0]["text"], text);
+  check(r.json()["choices"][0]["logprobs"], 0);
+
+  // Streamed: the chunks' arrays concatenated equal the non-streamed ones.
+  body["stream"] = true;
+  Reply s = post(port_, "/v1/completions", body);
+  ASSERT_EQ(s.status, 200) << s.body;
+  Json all{{"tokens", Json::array()},
+           {"token_logprobs", Json::array()},
+           {"top_logprobs", Json::array()},
+           {"text_offset", Json::array()}};
+  for (const auto& e : parse_sse(s.body)) {
+    if (e.data == "[DONE]") continue;
+    const Json ch = Json::parse(e.data)["choices"][0];
+    ASSERT_TRUE(ch["logprobs"].is_object()) << ch;
+    std::string chunk_tokens;
+    for (const auto& t : ch["logprobs"]["tokens"]) chunk_tokens += t.get<std::string>();
+    EXPECT_EQ(chunk_tokens, ch["text"].get<std::string>()) << ch;
+    for (auto& [k, v] : ch["logprobs"].items())
+      for (const auto& x : v) all[k].push_back(x);
+  }
+  check(all, 0);
+
+  // Echo: offsets count from the end of the echoed prompt.
+  Reply e =
+      post(port_, "/v1/completions",
+           Json{{"model", "demo"}, {"prompt", "Say: "}, {"echo", true}, {"max_tokens", 50}, {"logprobs", 2}});
+  ASSERT_EQ(e.status, 200) << e.body;
+  check(e.json()["choices"][0]["logprobs"], 5);
+
+  // Not asked for: null.
+  Reply n = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", "Say: "}});
+  ASSERT_EQ(n.status, 200);
+  EXPECT_TRUE(n.json()["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(engine_->last_sampling().logprobs, -1);
+}
+
+TEST_F(ServerTest, LogprobsValidation) {
+  start();
+  auto status = [&](const std::string& path, const Json& body) {
+    Reply r = post(port_, path, body);
+    if (r.status == 400) {
+      EXPECT_TRUE(r.json()["error"]["message"].is_string()) << r.body;
+    }
+    return r.status;
+  };
+  EXPECT_EQ(status("/v1/chat/completions", chat("hi", {{"top_logprobs", 2}})), 400);
+  EXPECT_EQ(status("/v1/chat/completions", chat("hi", {{"logprobs", false}, {"top_logprobs", 2}})), 400);
+  EXPECT_EQ(status("/v1/chat/completions", chat("hi", {{"logprobs", true}, {"top_logprobs", 21}})), 400);
+  EXPECT_EQ(status("/v1/chat/completions", chat("hi", {{"logprobs", true}, {"top_logprobs", -1}})), 400);
+  EXPECT_EQ(status("/v1/chat/completions", chat("hi", {{"logprobs", 3}})), 400);
+  EXPECT_EQ(status("/v1/chat/completions", chat("hi", {{"logprobs", true}, {"top_logprobs", 20}})), 200);
+  EXPECT_EQ(engine_->last_sampling().logprobs, 20);
+  EXPECT_EQ(status("/v1/chat/completions", chat("hi", {{"logprobs", true}, {"top_logprobs", nullptr}})), 200);
+  EXPECT_EQ(engine_->last_sampling().logprobs, 0);
+  const Json p{{"model", "demo"}, {"prompt", "x"}};
+  auto with = [&](Json v) {
+    Json b = p;
+    b["logprobs"] = std::move(v);
+    return b;
+  };
+  EXPECT_EQ(status("/v1/completions", with(6)), 400);
+  EXPECT_EQ(status("/v1/completions", with(-1)), 400);
+  EXPECT_EQ(status("/v1/completions", with(true)), 400);
+  EXPECT_EQ(status("/v1/completions", with(5)), 200);
+  EXPECT_EQ(engine_->last_sampling().logprobs, 5);
+  EXPECT_EQ(status("/v1/completions", with(0)), 200);
+  EXPECT_EQ(engine_->last_sampling().logprobs, 0);
+}
+
 TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {
   start();
-  auto openai_shape = [](const Reply& r) { Json j = r.json(); return j.is_object() && j["error"].is_object() && j["error"]["message"].is_string(); };
-  auto anthropic_shape = [](const Reply& r) { Json j = r.json(); return j.is_object() && j["type"] == "error" && j["error"]["type"].is_string(); };
+  auto openai_shape = [](const Reply& r) {
+    Json j = r.json();
+    return j.is_object() && j["error"].is_object() && j["error"]["message"].is_string();
+  };
+  auto anthropic_shape = [](const Reply& r) {
+    Json j = r.json();
+    return j.is_object() && j["type"] == "error" && j["error"]["type"].is_string();
+  };
   Reply a = request(port_, http::verb::post, "/v1/chat/completions", "{\"model\": ");
   EXPECT_EQ(a.status, 400);
   EXPECT_TRUE(openai_shape(a)) << a.body;
@@ -386,10 +627,14 @@ TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {
   EXPECT_EQ(c.status, 400);
   Reply d = post(port_, "/v1/chat/completions", chat("hi", {{"max_tokens", -3}}));
   EXPECT_EQ(d.status, 400);
-  Reply e = post(port_, "/v1/chat/completions", Json{{"model", "other"}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}});
+  Reply e =
+      post(port_, "/v1/chat/completions",
+           Json{{"model", "other"}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}});
   EXPECT_EQ(e.status, 404);
   EXPECT_TRUE(openai_shape(e));
-  Reply f = request(port_, http::verb::post, "/v1/chat/completions", std::string("{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}"));
+  Reply f =
+      request(port_, http::verb::post, "/v1/chat/completions",
+              std::string("{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}"));
   EXPECT_EQ(f.status, 400);
   Reply g = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", Json::array({1, 99999999})}});
   EXPECT_EQ(g.status, 400);
@@ -401,7 +646,10 @@ TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {
   EXPECT_EQ(k.status, 400);
   EXPECT_TRUE(openai_shape(k));
   engine_->set_refuse(true);
-  Reply q = post(port_, "/v1/messages", Json{{"model", "demo"}, {"max_tokens", 5}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}});
+  Reply q = post(port_, "/v1/messages",
+                 Json{{"model", "demo"},
+                      {"max_tokens", 5},
+                      {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}});
   EXPECT_EQ(q.status, 429);
   EXPECT_TRUE(anthropic_shape(q));
   EXPECT_EQ(q.json()["error"]["type"], "rate_limit_error");
@@ -437,7 +685,10 @@ TEST_F(ServerTest, BodyLimitAndApiKey) {
   EXPECT_EQ(bigm.json()["type"], "error") << bigm.body;
   EXPECT_EQ(post(port_, "/v1/chat/completions", chat("hi")).status, 401);
   EXPECT_EQ(post(port_, "/v1/chat/completions", chat("hi"), {{"authorization", "Bearer nope"}}).status, 401);
-  Reply m = post(port_, "/v1/messages", Json{{"model", "demo"}, {"max_tokens", 5}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}},
+  Reply m = post(port_, "/v1/messages",
+                 Json{{"model", "demo"},
+                      {"max_tokens", 5},
+                      {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}},
                  {{"x-api-key", "nope"}});
   EXPECT_EQ(m.status, 401);
   EXPECT_EQ(m.json()["error"]["type"], "authentication_error");
@@ -450,28 +701,38 @@ TEST_F(ServerTest, BodyLimitAndApiKey) {
 }
 
 TEST_F(ServerTest, ClientDisconnectAbortsTheRequest) {
-  set_text(std::string(400, 'a'));  // long enough to still be generating when the client leaves
+  // Long enough (4000 steps of 1 ms) to still be generating when the client leaves, even on a loaded
+  // machine.
+  set_text(std::string(4000, 'a'));
   start();
   engine_.get();
   for (int round = 0; round < 20; ++round) {
     net::io_context ioc;
     tcp::socket sock(ioc);
     sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
-    std::string body = chat("hi", {{"stream", round % 2 == 0}, {"max_tokens", 400}}).dump();
-    std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-                      std::to_string(body.size()) + "\r\n\r\n" + body;
+    std::string body = chat("hi", {{"stream", round % 2 == 0}, {"max_tokens", 4000}}).dump();
+    std::string req =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        "application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
     net::write(sock, net::buffer(req));
     if (round % 2 == 0) {
       std::string got(64, '\0');
       sock.read_some(net::buffer(got));  // the stream started
     }
+    // Leave only once the engine has the request: a close before the server has read it is not a
+    // disconnect mid-request.
+    for (int i = 0; i < 1000 && engine_->submitted_count() < size_t(round + 1); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     sock.close();
   }
-  for (int i = 0; i < 500 && engine_->active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && engine_->active() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(engine_->active(), 0);
   EXPECT_EQ(engine_->aborted().size(), 20u);
   Reply met = request(port_, http::verb::get, "/metrics");
-  EXPECT_NE(met.body.find("beluga_client_disconnects_total{model_name=\"demo\"} 20"), std::string::npos) << met.body;
+  EXPECT_NE(met.body.find("beluga_client_disconnects_total{model_name=\"demo\"} 20"), std::string::npos)
+      << met.body;
   EXPECT_EQ(request(port_, http::verb::get, "/health").status, 200);
 }
 

@@ -3,8 +3,10 @@
 // responses / messages, streamed and not; tool-call history round trips; n=2; a seeded request
 // repeated under concurrent load gives identical tokens; error statuses and shapes; queue full
 // -> 429; 200 clients that disconnect mid-stream leave no KV blocks in use and the server keeps
-// serving. Usage: node tests/tools/e2e_server.mjs [path/to/beluga]   (exit code 0 = pass)
-import { spawn } from 'node:child_process';
+// serving; chat logprobs (top_logprobs) through the SDK; greedy parity: 32 concurrent token-id
+// completions equal each prompt served alone and `beluga generate` + `beluga detokenize`.
+// Usage: node tests/tools/e2e_server.mjs [path/to/beluga]   (exit code 0 = pass)
+import { spawn, execFile } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -13,10 +15,14 @@ import Anthropic from '@anthropic-ai/sdk';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '../..');
-const BIN = process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga');
+const BIN = path.resolve(process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga'));
 const MODEL = 'beluga-demo-coder';
 const KEY = 'e2e-secret';
 const T0 = Date.now();
+// The CPU backend's OpenMP threads spin while waiting by default; on a small machine shared with
+// other jobs that makes a one-sequence decode step take up to ~250 ms (and a 16-token request ~4 s).
+// Passive waiting changes no result, only the speed, for the server and the CLI runs alike.
+process.env.OMP_WAIT_POLICY ??= 'PASSIVE';
 
 let failures = 0;
 function check(cond, what, extra) {
@@ -255,6 +261,103 @@ async function testSeededUnderLoad(openai) {
   check(outs.every((o) => o === alone), 'seeded request repeated under concurrent load gives identical tokens', { alone, outs });
 }
 
+// Chat logprobs through the SDK: tokens spell the content; top_logprobs sorted, greedy = the best.
+async function testLogprobs(openai) {
+  const req = { model: MODEL, messages: [{ role: 'user', content: USER }], max_tokens: 12, temperature: 0, logprobs: true, top_logprobs: 3 };
+  const r = await openai.chat.completions.create(req);
+  const c = r.choices[0];
+  const lp = c.logprobs && c.logprobs.content;
+  check(Array.isArray(lp) && lp.length === r.usage.completion_tokens, 'logprobs: one entry per generated token',
+        { n: lp && lp.length, usage: r.usage });
+  if (!Array.isArray(lp)) return;
+  const joined = lp.map((t) => t.token).join('');
+  const joinedBytes = Buffer.concat(lp.map((t) => Buffer.from(t.bytes)));
+  if (lp.some((t) => t.token.includes('\\x')))  // a token holding part of a character: compare bytes
+    check(joinedBytes.equals(Buffer.from(c.message.content)), 'logprobs: token bytes joined equal the content');
+  else check(joined === c.message.content, 'logprobs: tokens joined equal the content', { joined, content: c.message.content });
+  lp.forEach((t, i) => {
+    const top = t.top_logprobs;
+    check(Array.isArray(top) && top.length === 3, `logprobs[${i}]: 3 top_logprobs`, t);
+    check(top.every((a, j) => j === 0 || top[j - 1].logprob >= a.logprob), `logprobs[${i}]: top_logprobs sorted descending`, top);
+    check(top[0].logprob === t.logprob && top[0].token === t.token, `logprobs[${i}]: greedy token is the first top entry`, t);
+    check(t.logprob <= 0 && Buffer.from(t.bytes).length > 0, `logprobs[${i}]: logprob <= 0, bytes`, t);
+  });
+  // Streamed: every chunk carries the logprobs of its delta; all together equal the non-streamed ones.
+  const s = await openai.chat.completions.create({ ...req, stream: true });
+  const got = [];
+  for await (const chunk of s) for (const ch of chunk.choices) if (ch.logprobs && ch.logprobs.content) got.push(...ch.logprobs.content);
+  check(JSON.stringify(got) === JSON.stringify(lp), 'logprobs stream: same entries as non-streamed', { got: got.length, want: lp.length });
+  // Validation: top_logprobs needs logprobs: true; at most 20.
+  for (const [extra, what] of [[{ top_logprobs: 2 }, 'top_logprobs without logprobs'], [{ logprobs: true, top_logprobs: 21 }, 'top_logprobs 21']]) {
+    try {
+      await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1, ...extra });
+      check(false, `logprobs: ${what} -> 400`);
+    } catch (e) { check(e instanceof OpenAI.BadRequestError, `logprobs: ${what} -> 400`, String(e)); }
+  }
+}
+
+function runBinary(args, input) {
+  return new Promise((resolve, reject) => {
+    const p = execFile(BIN, args, { cwd: root, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`${args[0]} failed: ${err.message}\n${stderr}`));
+      else resolve(stdout);
+    });
+    if (input !== undefined) p.stdin.end(input);
+  });
+}
+
+async function mapLimit(items, limit, fn) {
+  const out = new Array(items.length);
+  let next = 0;
+  await Promise.all(Array.from({ length: limit }, async () => {
+    while (next < items.length) { const i = next++; out[i] = await fn(items[i], i); }
+  }));
+  return out;
+}
+
+// Greedy parity: 32 token-id prompts of mixed lengths (5..300, a fixed pseudo-random sequence over
+// ids 2..8000) give the same completion batched together as alone, and as `beluga generate`
+// (detokenized by `beluga detokenize`). EOS: ignore_eos on the server and no stop ids in
+// `generate`, so both sides produce exactly max_tokens tokens (an EOS, if sampled, is text on both).
+async function testGreedyParity(openai) {
+  let x = 20240607;
+  const rand = () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x >>> 8; };
+  const prompts = [];
+  for (let i = 0; i < 32; i++) {
+    const len = 5 + (rand() % 296);
+    prompts.push(Array.from({ length: len }, () => 2 + (rand() % 7999)));
+  }
+  const MAXT = 16;
+  const complete = async (prompt) => {
+    const r = await openai.completions.create({ model: MODEL, prompt, max_tokens: MAXT, temperature: 0, ignore_eos: true });
+    check(r.choices[0].finish_reason === 'length' && r.usage.completion_tokens === MAXT && r.usage.prompt_tokens === prompt.length,
+          'parity: 16 tokens, finish length', { finish: r.choices[0].finish_reason, usage: r.usage });
+    return r.choices[0].text;
+  };
+  const alone = [];
+  for (const p of prompts) alone.push(await complete(p));
+  log('  parity: served alone');
+  const together = await Promise.all(prompts.map(complete));
+  log('  parity: served together');
+  // The reference: generate + detokenize, one process at a time (the server is idle by now; CPU
+  // thread pools running side by side on a small machine slow each other down badly).
+  const ref = await mapLimit(prompts, 1, async (p) => {
+    const gen = JSON.parse(await runBinary(['generate', '--model', 'models/beluga-demo-coder', '--prompt-ids', p.join(','),
+      '--max-tokens', String(MAXT), '--temperature', '0', '--format', 'json']));
+    check(gen.output_tokens.length === MAXT, 'parity: generate gives 16 tokens', gen.output_tokens);
+    return runBinary(['detokenize', '--tokenizer', 'models/beluga-demo-coder/tokenizer.json'], JSON.stringify(gen.output_tokens));
+  });
+  log('  parity: generate + detokenize');
+  let bad = 0;
+  for (let i = 0; i < prompts.length; i++) {
+    if (together[i] !== alone[i] || alone[i] !== ref[i]) {
+      if (bad++ < 4) check(false, `parity: prompt ${i} (${prompts[i].length} tokens): batched = alone = generate`,
+                           { together: together[i], alone: alone[i], generate: ref[i] });
+    }
+  }
+  check(bad === 0, `parity: ${bad} of ${prompts.length} prompts differ`);
+}
+
 async function rawPost(base, p, body, headers = {}) {
   const r = await fetch(base + p, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, ...headers }, body });
   let json = null;
@@ -387,6 +490,8 @@ async function main() {
     ['tool round trip', () => testToolRoundTrip(openai, anthropic)],
     ['n=2', () => testN2(openai)],
     ['seeded under load', () => testSeededUnderLoad(openai)],
+    ['logprobs', () => testLogprobs(openai)],
+    ['greedy parity', () => testGreedyParity(openai)],
     ['errors', () => testErrors(s.base, openai, anthropic)],
     ['disconnects', () => testDisconnects(s.base, openai)],
   ];

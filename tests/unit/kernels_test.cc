@@ -20,7 +20,7 @@ std::vector<const Kernels*> tables() {
 TEST(Fp8, DecodesE4M3) {
   EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);
   EXPECT_EQ(f8e4m3_to_f32(0xb8), -1.0f);
-  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);         // largest finite
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);                // largest finite
   EXPECT_EQ(f8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest denormal: 1/8 * 2^-6
   EXPECT_EQ(f8e4m3_to_f32(0x07), 7 * std::ldexp(1.0f, -9));
   EXPECT_EQ(f8e4m3_to_f32(0x08), std::ldexp(1.0f, -6));  // smallest normal
@@ -69,8 +69,9 @@ void run_case(const Kernels& k, const Case& c) {
   a.M = c.M;
   a.K = c.K;
   a.wtype = c.wt;
-  a.w = c.wt == DType::kF32 ? static_cast<const void*>(wf.data())
-                            : c.wt == DType::kBF16 ? static_cast<const void*>(wb.data()) : w8.data();
+  a.w = c.wt == DType::kF32    ? static_cast<const void*>(wf.data())
+        : c.wt == DType::kBF16 ? static_cast<const void*>(wb.data())
+                               : w8.data();
   a.ldw = c.K;
   a.scale = scale.data();
   a.lds = sk;
@@ -82,7 +83,8 @@ void run_case(const Kernels& k, const Case& c) {
   }
   std::vector<uint16_t> xs(x.size() * 3);
   if (c.split) {
-    for (int m = 0; m < c.M; ++m) k.split_bf16x3(x.data() + size_t(m) * c.K, xs.data() + size_t(m) * 3 * c.K, c.K);
+    for (int m = 0; m < c.M; ++m)
+      k.split_bf16x3(x.data() + size_t(m) * c.K, xs.data() + size_t(m) * 3 * c.K, c.K);
     a.xs = xs.data();
   }
   std::vector<float> ref(size_t(c.M) * c.N), got(ref.size(), -7.0f);
@@ -98,16 +100,22 @@ void run_case(const Kernels& k, const Case& c) {
     for (int n = 0; n < c.N; ++n) {
       const float r = ref[size_t(m) * c.N + n], g = got[size_t(m) * c.N + n];
       ASSERT_NEAR(g, r, 1e-5f * (1 + std::abs(r)) * std::sqrt(float(c.K)))
-          << k.name << " M=" << c.M << " N=" << c.N << " K=" << c.K << " wt=" << int(c.wt) << " at " << m << "," << n;
+          << k.name << " M=" << c.M << " N=" << c.N << " K=" << c.K << " wt=" << int(c.wt) << " at " << m
+          << "," << n;
     }
 }
 
 TEST(Kernels, GemmMatchesScalar) {
-  const Case cases[] = {{1, 7, 5, DType::kF32, false},      {3, 9, 33, DType::kBF16, false},
-                        {5, 13, 100, DType::kBF16, true},   {4, 16, 256, DType::kBF16, true},
-                        {7, 130, 300, DType::kF8E4M3, false}, {1, 260, 129, DType::kF8E4M3, false},
-                        {9, 37, 70, DType::kF32, false},    {2, 64, 1000, DType::kBF16, false},
-                        {1, 77, 1000, DType::kBF16, false, true}, {2, 9, 45, DType::kBF16, false, true},
+  const Case cases[] = {{1, 7, 5, DType::kF32, false},
+                        {3, 9, 33, DType::kBF16, false},
+                        {5, 13, 100, DType::kBF16, true},
+                        {4, 16, 256, DType::kBF16, true},
+                        {7, 130, 300, DType::kF8E4M3, false},
+                        {1, 260, 129, DType::kF8E4M3, false},
+                        {9, 37, 70, DType::kF32, false},
+                        {2, 64, 1000, DType::kBF16, false},
+                        {1, 77, 1000, DType::kBF16, false, true},
+                        {2, 9, 45, DType::kBF16, false, true},
                         {3, 16, 512, DType::kBF16, false, true}};
   auto ts = tables();
   for (const Kernels* k : ts)
@@ -124,7 +132,8 @@ TEST(Kernels, GemmNnMatchesScalar) {
       for (auto& v : b) v = u(rng);
       kernels_scalar().gemm_nn(x.data(), K, M, K, b.data(), N + 3, N, r1.data(), N);
       k->gemm_nn(x.data(), K, M, K, b.data(), N + 3, N, r2.data(), N);
-      for (size_t i = 0; i < r1.size(); ++i) ASSERT_NEAR(r2[i], r1[i], 1e-5f * std::sqrt(float(K))) << k->name << " " << M << "x" << K << "x" << N;
+      for (size_t i = 0; i < r1.size(); ++i)
+        ASSERT_NEAR(r2[i], r1[i], 1e-5f * std::sqrt(float(K))) << k->name << " " << M << "x" << K << "x" << N;
     }
   }
 }
@@ -134,7 +143,8 @@ TEST(Kernels, SplitIntoThreeBf16TermsIsExact) {
   std::uniform_real_distribution<float> u(-100, 100);
   const Kernels* all[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
   for (const Kernels* k : all) {
-    if ((k == &kernels_avx2() && !cpu_has_avx2()) || (k == &kernels_avx512() && !cpu_has_avx512_bf16())) continue;
+    if ((k == &kernels_avx2() && !cpu_has_avx2()) || (k == &kernels_avx512() && !cpu_has_avx512_bf16()))
+      continue;
     std::vector<float> x(37);
     for (auto& v : x) v = u(rng) * std::pow(10.0f, float(int(rng() % 20)) - 10.0f);
     std::vector<uint16_t> y(3 * x.size());
@@ -157,7 +167,8 @@ TEST(Kernels, DotAxpyToBf16MatchScalar) {
         b[i] = u(rng);
         y1[i] = y2[i] = u(rng);
       }
-      EXPECT_NEAR(k->dot(a.data(), b.data(), n), kernels_scalar().dot(a.data(), b.data(), n), 1e-5) << k->name << n;
+      EXPECT_NEAR(k->dot(a.data(), b.data(), n), kernels_scalar().dot(a.data(), b.data(), n), 1e-5)
+          << k->name << n;
       k->axpy(0.75f, a.data(), y1.data(), n);
       kernels_scalar().axpy(0.75f, a.data(), y2.data(), n);
       for (int i = 0; i < n; ++i) EXPECT_NEAR(y1[i], y2[i], 1e-6) << k->name;

@@ -36,7 +36,8 @@ TEST(ModelConfig, PublisherRopeSpelling) {
 TEST(ModelConfig, TransformersV5RopeParameters) {
   nlohmann::json j = v2_lite();
   j.erase("rope_scaling");
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 50000.0}, {"factor", 40}, {"mscale", 1.0},
+  j["rope_parameters"] = {{"rope_type", "yarn"},   {"rope_theta", 50000.0},
+                          {"factor", 40},          {"mscale", 1.0},
                           {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}};
   ModelConfig c = ModelConfig::from_json(j);
   EXPECT_EQ(c.rope.type, RopeScaling::Type::kYarn);

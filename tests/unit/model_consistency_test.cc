@@ -91,9 +91,13 @@ void check_decode_invariance(const ModelConfig& cfg) {
   EXPECT_EQ(int(std::max_element(last, last + cfg.vocab_size) - last), ref1.back());
 }
 
-TEST(ModelConsistency, DeepseekDecodeIsInvariantToChunkingAndBatching) { check_decode_invariance(dsv3_like()); }
+TEST(ModelConsistency, DeepseekDecodeIsInvariantToChunkingAndBatching) {
+  check_decode_invariance(dsv3_like());
+}
 
-TEST(ModelConsistency, DenseDecodeIsInvariantToChunkingAndBatching) { check_decode_invariance(llama_like()); }
+TEST(ModelConsistency, DenseDecodeIsInvariantToChunkingAndBatching) {
+  check_decode_invariance(llama_like());
+}
 
 // Rounding activations to 8 mantissa bits before each GEMM costs ~0.4% per product, averaged over K;
 // on the dsv3-tiny fixture (MoE routing included) the logits stay within 2%.

@@ -20,8 +20,8 @@ Routed route(std::vector<float> logits, std::vector<float> bias, const RouterPar
   Routed r{std::vector<int32_t>(p.top_k), std::vector<float>(p.top_k)};
   Tensor lt = Tensor::make(logits.data(), DType::kF32, {1, E});
   Tensor bt = bias.empty() ? Tensor{} : Tensor::make(bias.data(), DType::kF32, {E});
-  ops.moe_route(Tensor::make(r.ids.data(), DType::kI32, {1, p.top_k}), Tensor::make(r.w.data(), DType::kF32, {1, p.top_k}),
-                lt, bt, p);
+  ops.moe_route(Tensor::make(r.ids.data(), DType::kI32, {1, p.top_k}),
+                Tensor::make(r.w.data(), DType::kF32, {1, p.top_k}), lt, bt, p);
   return r;
 }
 
@@ -66,8 +66,9 @@ TEST(MoeRoute, SigmoidNoauxTcBiasSelectsButDoesNotWeigh) {
   std::vector<float> z = {1.0f, 0.0f, 2.0f, -3.0f, 0.5f, 0.5f, -2.0f, -1.0f};
   std::vector<float> bias = {0, 0, 0, 0, 0, 0, 0, 1.5f};
   auto sig = [](double x) { return 1 / (1 + std::exp(-x)); };
-  // group sums: g0 = s(1)+s(0) = 1.231, g1 = s(2)+s(-3) = 0.928, g2 = 2 s(.5) = 1.245, g3 = s(-2)+s(-1)+1.5 = 1.888
-  // kept groups: g3, g2 -> candidates 4, 5, 6, 7 with biased 0.622, 0.622, 0.119, 1.769 -> experts 7 then 4
+  // group sums: g0 = s(1)+s(0) = 1.231, g1 = s(2)+s(-3) = 0.928, g2 = 2 s(.5) = 1.245, g3 = s(-2)+s(-1)+1.5
+  // = 1.888 kept groups: g3, g2 -> candidates 4, 5, 6, 7 with biased 0.622, 0.622, 0.119, 1.769 -> experts 7
+  // then 4
   Routed r = route(z, bias, p);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{7, 4}));
   const double a = sig(-1.0), b = sig(0.5);

@@ -40,7 +40,7 @@ TEST(Rope, YarnFrequenciesBlendBetweenLowAndHigh) {
     const double expect = base / 40 * ramp + base * (1 - ramp);
     EXPECT_NEAR(inv[i], expect, 1e-6 * expect) << i;
   }
-  EXPECT_NEAR(inv[5], 1.0 / std::pow(10000.0, 10.0 / 64), 1e-7);       // i <= low: unscaled
+  EXPECT_NEAR(inv[5], 1.0 / std::pow(10000.0, 10.0 / 64), 1e-7);        // i <= low: unscaled
   EXPECT_NEAR(inv[30], 1.0 / std::pow(10000.0, 60.0 / 64) / 40, 1e-9);  // i >= high: divided by factor
 }
 
@@ -64,7 +64,8 @@ TEST(Rope, Llama3Scaling) {
   for (int i = 0; i < 64; ++i) {
     const double f = 1.0 / std::pow(500000.0, 2.0 * i / 128), wl = 2 * M_PI / f;
     double expect = f;
-    if (wl > 8192) expect = f / 8;
+    if (wl > 8192)
+      expect = f / 8;
     else if (wl >= 2048) {
       const double s = (8192 / wl - 1) / 3;
       expect = (1 - s) * f / 8 + s * f;

@@ -28,9 +28,10 @@ void expect_error(const std::string& bytes, const std::string& needle) {
 }
 
 TEST(Safetensors, ParsesTensorsAndMetadata) {
-  std::string bytes = image(R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
-                            R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]}})",
-                            22);
+  std::string bytes =
+      image(R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+            R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]}})",
+            22);
   auto f = SafetensorsFile::from_bytes(bytes);
   ASSERT_EQ(f.tensors().size(), 2u);
   EXPECT_EQ(f.get("a").dtype, DType::kF32);
@@ -41,18 +42,26 @@ TEST(Safetensors, ParsesTensorsAndMetadata) {
   EXPECT_THROW(f.get("c"), Error);
 }
 
-TEST(Safetensors, RejectsTruncatedFile) { expect_error(std::string(5, '\0'), "truncated"); }
-
-TEST(Safetensors, RejectsHeaderLongerThanFile) {
-  expect_error(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4, 1000), "exceeds the file size");
+TEST(Safetensors, RejectsTruncatedFile) {
+  expect_error(std::string(5, '\0'), "truncated");
 }
 
-TEST(Safetensors, RejectsHugeHeaderLength) { expect_error(image("{}", 0, 1ull << 40), "header too long"); }
+TEST(Safetensors, RejectsHeaderLongerThanFile) {
+  expect_error(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4, 1000),
+               "exceeds the file size");
+}
 
-TEST(Safetensors, RejectsCorruptJson) { expect_error(image(R"({"a":{"dtype":)", 0), "corrupt safetensors header"); }
+TEST(Safetensors, RejectsHugeHeaderLength) {
+  expect_error(image("{}", 0, 1ull << 40), "header too long");
+}
+
+TEST(Safetensors, RejectsCorruptJson) {
+  expect_error(image(R"({"a":{"dtype":)", 0), "corrupt safetensors header");
+}
 
 TEST(Safetensors, RejectsUnknownDtype) {
-  expect_error(image(R"({"a":{"dtype":"Q4_K","shape":[1],"data_offsets":[0,4]}})", 4), "unsupported dtype Q4_K");
+  expect_error(image(R"({"a":{"dtype":"Q4_K","shape":[1],"data_offsets":[0,4]}})", 4),
+               "unsupported dtype Q4_K");
 }
 
 TEST(Safetensors, RejectsOverlappingOffsets) {

@@ -18,7 +18,9 @@ namespace {
 
 constexpr int kQueryBlock = 32;
 
-int seq_keys(const AttnMeta& m, int s) { return m.h_context_len[s] + m.h_query_start[s + 1] - m.h_query_start[s]; }
+int seq_keys(const AttnMeta& m, int s) {
+  return m.h_context_len[s] + m.h_query_start[s + 1] - m.h_query_start[s];
+}
 
 int max_keys(const AttnMeta& m) {
   int mx = 1;
@@ -70,7 +72,8 @@ void attend(const cpu::Kernels& k, const float* q, int64_t ldq, int Tq, int Dk, 
 
 void check_cache(const Tensor& cache) {
   BELUGA_CHECK(cache.dtype == DType::kF32 && cache.ndim == 3 && cache.is_contiguous(),
-               "CPU KV cache must be a contiguous F32 [blocks, block_size, entry] tensor, got ", cache.describe());
+               "CPU KV cache must be a contiguous F32 [blocks, block_size, entry] tensor, got ",
+               cache.describe());
 }
 
 }  // namespace
@@ -88,12 +91,13 @@ void CpuOps::cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m)
   }
 }
 
-void CpuOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_rank,
-                                    float scale) {
+void CpuOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                                    int kv_rank, float scale) {
   cpu::OpProfile::Scope prof(profile_, "mla_attention_absorbed");
   check_cache(cache);
   const int H = int(q.shape[1]), Dk = int(q.shape[2]);
-  BELUGA_CHECK(Dk == cache.shape[2] && out.shape[2] == kv_rank && q.stride[2] == 1, "mla_attention_absorbed: shapes");
+  BELUGA_CHECK(Dk == cache.shape[2] && out.shape[2] == kv_rank && q.stride[2] == 1,
+               "mla_attention_absorbed: shapes");
   // Tasks: (query token, group of heads). Splitting heads keeps every thread busy at batch 1.
   const int groups = std::max(1, std::min(H, (2 * threads_ + m.num_tokens - 1) / std::max(1, m.num_tokens)));
   const int per = (H + groups - 1) / groups;
@@ -118,11 +122,13 @@ void CpuOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& c
     }
     for (int h = 0; h < nh; ++h) softmax_row(*k_, S + int64_t(h) * nk, n, n, scale);
     for (int h = 0; h < nh; ++h)
-      std::memset(out.ptr<float>() + t * out.stride[0] + (h0 + h) * out.stride[1], 0, kv_rank * sizeof(float));
+      std::memset(out.ptr<float>() + t * out.stride[0] + (h0 + h) * out.stride[1], 0,
+                  kv_rank * sizeof(float));
     for (int j = 0; j < n; ++j) {
       const float* row = cache_row(cache, m, s, j);
       for (int h = 0; h < nh; ++h)
-        k_->axpy(S[int64_t(h) * nk + j], row, out.ptr<float>() + t * out.stride[0] + (h0 + h) * out.stride[1], kv_rank);
+        k_->axpy(S[int64_t(h) * nk + j], row, out.ptr<float>() + t * out.stride[0] + (h0 + h) * out.stride[1],
+                 kv_rank);
     }
   }
 }
@@ -145,7 +151,8 @@ void CpuOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& k
   cpu::OpProfile::Scope prof(profile_, "mla_attention_expanded");
   const int H = int(q.shape[1]), Dqk = int(q.shape[2]), Dv = int(out.shape[2]);
   const int Dr = int(k_pe.shape[1]), Dn = Dqk - Dr;
-  BELUGA_CHECK(kv.shape[1] == H && kv.shape[2] == Dn + Dv && q.stride[2] == 1, "mla_attention_expanded: shapes");
+  BELUGA_CHECK(kv.shape[1] == H && kv.shape[2] == Dn + Dv && q.stride[2] == 1,
+               "mla_attention_expanded: shapes");
   std::vector<int64_t> base(m.num_seqs, 0);  // first gather_context row of each sequence
   for (int s = 1; s < m.num_seqs; ++s) base[s] = base[s - 1] + seq_keys(m, s - 1);
   const int nk = max_keys(m);
@@ -168,7 +175,8 @@ void CpuOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& k
     }
     const int t0 = m.h_query_start[s];
     attend(*k_, q.ptr<const float>() + t0 * q.stride[0] + h * q.stride[1], q.stride[0], Tq, Dqk, Kt, n, V, Dv,
-           m.h_context_len[s], scale, out.ptr<float>() + t0 * out.stride[0] + h * out.stride[1], out.stride[0], S);
+           m.h_context_len[s], scale, out.ptr<float>() + t0 * out.stride[0] + h * out.stride[1],
+           out.stride[0], S);
   }
 }
 
@@ -177,7 +185,8 @@ void CpuOps::gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, con
   cpu::OpProfile::Scope prof(profile_, "gqa_attention");
   check_cache(cache);
   const int H = int(q.shape[1]), D = int(q.shape[2]);
-  BELUGA_CHECK(cache.shape[2] == 2 * kv_heads * D && H % kv_heads == 0 && q.stride[2] == 1, "gqa_attention: shapes");
+  BELUGA_CHECK(cache.shape[2] == 2 * kv_heads * D && H % kv_heads == 0 && q.stride[2] == 1,
+               "gqa_attention: shapes");
   const int group = H / kv_heads;
   const int nk = max_keys(m);
   const int64_t per_thread = int64_t(nk) * D * 2 + int64_t(kQueryBlock) * nk;
@@ -199,7 +208,8 @@ void CpuOps::gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, con
     for (int g = 0; g < group; ++g) {
       const int h = kvh * group + g;
       attend(*k_, q.ptr<const float>() + t0 * q.stride[0] + h * q.stride[1], q.stride[0], Tq, D, Kt, n, V, D,
-             m.h_context_len[s], scale, out.ptr<float>() + t0 * out.stride[0] + h * out.stride[1], out.stride[0], S);
+             m.h_context_len[s], scale, out.ptr<float>() + t0 * out.stride[0] + h * out.stride[1],
+             out.stride[0], S);
     }
   }
 }

@@ -14,10 +14,13 @@ namespace {
 
 constexpr size_t kAlign = 64;
 
-inline size_t align_up(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+inline size_t align_up(size_t n) {
+  return (n + kAlign - 1) & ~(kAlign - 1);
+}
 
 inline unsigned char* aligned(unsigned char* p) {
-  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + kAlign - 1) & ~uintptr_t(kAlign - 1));
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + kAlign - 1) &
+                                          ~uintptr_t(kAlign - 1));
 }
 
 // Reads element i of a 1-D F32 or BF16 tensor (norm weights, biases).
@@ -25,11 +28,13 @@ inline float elem(const Tensor& t, int64_t i) {
   return t.dtype == DType::kF32 ? t.ptr<const float>()[i] : bf16_to_f32(t.ptr<const uint16_t>()[i]);
 }
 
-inline float* row_f32(const Tensor& t, int64_t r) { return t.ptr<float>() + r * t.stride[0]; }
+inline float* row_f32(const Tensor& t, int64_t r) {
+  return t.ptr<float>() + r * t.stride[0];
+}
 
 void check_f32_2d(const Tensor& t, const char* what) {
-  BELUGA_CHECK(t.dtype == DType::kF32 && t.ndim == 2 && t.stride[1] == 1, what, " must be a row-major F32 matrix, got ",
-               t.describe());
+  BELUGA_CHECK(t.dtype == DType::kF32 && t.ndim == 2 && t.stride[1] == 1, what,
+               " must be a row-major F32 matrix, got ", t.describe());
 }
 
 }  // namespace
@@ -147,8 +152,10 @@ void CpuOps::copy(Tensor out, const Tensor& x) {
   int64_t s0 = nd >= 3 ? x.shape[nd - 3] : 1, s1 = nd >= 2 ? x.shape[nd - 2] : 1, D = x.shape[nd - 1];
   for (int64_t i = 0; i < s0; ++i)
     for (int64_t j = 0; j < s1; ++j) {
-      const float* src = x.ptr<const float>() + (nd >= 3 ? i * x.stride[nd - 3] : 0) + (nd >= 2 ? j * x.stride[nd - 2] : 0);
-      float* dst = out.ptr<float>() + (nd >= 3 ? i * out.stride[nd - 3] : 0) + (nd >= 2 ? j * out.stride[nd - 2] : 0);
+      const float* src =
+          x.ptr<const float>() + (nd >= 3 ? i * x.stride[nd - 3] : 0) + (nd >= 2 ? j * x.stride[nd - 2] : 0);
+      float* dst =
+          out.ptr<float>() + (nd >= 3 ? i * out.stride[nd - 3] : 0) + (nd >= 2 ? j * out.stride[nd - 2] : 0);
       std::memcpy(dst, src, D * sizeof(float));
     }
 }
@@ -169,7 +176,8 @@ void CpuOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
   const int32_t* pos = positions.ptr<const int32_t>();
   const int64_t max_pos = tab.cos.shape[0];
   for (int64_t t = 0; t < T; ++t) {
-    BELUGA_CHECK(pos[t] >= 0 && pos[t] < max_pos, "position ", pos[t], " beyond the rope table (", max_pos, ")");
+    BELUGA_CHECK(pos[t] >= 0 && pos[t] < max_pos, "position ", pos[t], " beyond the rope table (", max_pos,
+                 ")");
     const float* c = tab.cos.ptr<const float>() + int64_t(pos[t]) * half;
     const float* s = tab.sin.ptr<const float>() + int64_t(pos[t]) * half;
     for (int64_t h = 0; h < H; ++h) {
@@ -189,7 +197,8 @@ void CpuOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
   cpu::OpProfile::Scope prof(profile_, "gather_rows");
   const int64_t D = x.shape[1];
   const int32_t* r = rows.ptr<const int32_t>();
-  for (int64_t i = 0; i < rows.numel(); ++i) std::memcpy(row_f32(out, i), row_f32(x, r[i]), D * sizeof(float));
+  for (int64_t i = 0; i < rows.numel(); ++i)
+    std::memcpy(row_f32(out, i), row_f32(x, r[i]), D * sizeof(float));
 }
 
 namespace {
@@ -234,11 +243,13 @@ const uint16_t* CpuOps::maybe_bf16(const float* x, int64_t ldx, int M, int K) {
 const uint16_t* CpuOps::maybe_split(const float* x, int64_t ldx, int M, int K, int max_rows) {
   if (bf16_act_ || !k_->split_exact || M > max_rows) return nullptr;
   Tensor xs = scratch(DType::kBF16, {M, 3 * int64_t(K)});
-  for (int m = 0; m < M; ++m) k_->split_bf16x3(x + int64_t(m) * ldx, xs.ptr<uint16_t>() + int64_t(m) * 3 * K, K);
+  for (int m = 0; m < M; ++m)
+    k_->split_bf16x3(x + int64_t(m) * ldx, xs.ptr<uint16_t>() + int64_t(m) * 3 * K, K);
   return xs.ptr<const uint16_t>();
 }
 
-void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int N) {
+void CpuOps::gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w,
+                  int N) {
   const bool bf16w = w.w.dtype == DType::kBF16;
   const uint16_t* xb = bf16w ? maybe_bf16(x, ldx, M, K) : nullptr;
   const uint16_t* xs = bf16w ? maybe_split(x, ldx, M, K) : nullptr;
@@ -262,8 +273,8 @@ void CpuOps::linear(Tensor out, const Tensor& x, const Weight& w) {
   check_f32_2d(x, "linear input");
   check_f32_2d(out, "linear output");
   const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.out_features());
-  BELUGA_CHECK(w.in_features() == K && out.shape[1] == N && out.shape[0] == M, "linear: shapes ", x.describe(), " x ",
-               w.w.describe(), " -> ", out.describe());
+  BELUGA_CHECK(w.in_features() == K && out.shape[1] == N && out.shape[0] == M, "linear: shapes ",
+               x.describe(), " x ", w.w.describe(), " -> ", out.describe());
   BELUGA_ASSERT(w.w.stride[1] == 1);
   if (M == 0) return;
   gemm(out.ptr<float>(), out.stride[0], x.ptr<const float>(), x.stride[0], M, K, w, N);
@@ -297,7 +308,8 @@ void CpuOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w) {
   }
 }
 
-void CpuOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias, const RouterParams& p) {
+void CpuOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                       const RouterParams& p) {
   cpu::OpProfile::Scope prof(profile_, "moe_route");
   const int64_t T = logits.shape[0], E = logits.shape[1];
   const int K = p.top_k, G = p.n_group;
@@ -336,8 +348,9 @@ void CpuOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const T
         }
       }
       for (int g = 0; g < G; ++g) order[g] = g;
-      std::partial_sort(order.begin(), order.begin() + p.topk_group, order.begin() + G,
-                        [&](int a, int b) { return gscore[a] > gscore[b] || (gscore[a] == gscore[b] && a < b); });
+      std::partial_sort(order.begin(), order.begin() + p.topk_group, order.begin() + G, [&](int a, int b) {
+        return gscore[a] > gscore[b] || (gscore[a] == gscore[b] && a < b);
+      });
       std::vector<bool> keep(G, false);
       for (int i = 0; i < p.topk_group; ++i) keep[order[i]] = true;
       for (int64_t e = 0; e < E; ++e)
@@ -443,8 +456,8 @@ void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const T
     const Item w = items[it];
     const ExpertWeights& ex = expert(w.e);
     const int I = int(ex.gate.out_features()), r0 = start[w.e], n = start[w.e + 1] - r0;
-    k_->gemm(gemm_args(ex.down, Hh.ptr<const float>() + int64_t(r0) * Hh.stride[0], Hh.stride[0], hb[w.e], I, n,
-                       Y.ptr<float>() + int64_t(r0) * D, D, hs[w.e]),
+    k_->gemm(gemm_args(ex.down, Hh.ptr<const float>() + int64_t(r0) * Hh.stride[0], Hh.stride[0], hb[w.e], I,
+                       n, Y.ptr<float>() + int64_t(r0) * D, D, hs[w.e]),
              w.n0, w.n1);
   }
   // Each token sums its own rows (k routed + the shared one), so tokens can go in parallel.
@@ -456,7 +469,8 @@ void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const T
     std::memset(o, 0, D * sizeof(float));
     for (int64_t i = 0; i < K; ++i) {
       const int ent = int(t * K + i);
-      k_->axpy(weights.ptr<const float>()[ent], Y.ptr<const float>() + int64_t(row_of[size_t(ent)]) * D, o, int(D));
+      k_->axpy(weights.ptr<const float>()[ent], Y.ptr<const float>() + int64_t(row_of[size_t(ent)]) * D, o,
+               int(D));
     }
     if (shared) k_->axpy(1.0f, Y.ptr<const float>() + int64_t(row_of[size_t(T * K + t)]) * D, o, int(D));
   }

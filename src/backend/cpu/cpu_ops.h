@@ -54,11 +54,11 @@ class CpuOps final : public Ops {
                    std::span<const ExpertWeights> experts, const ExpertWeights* shared) override;
 
   void cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m) override;
-  void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_rank,
-                              float scale) override;
+  void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                              int kv_rank, float scale) override;
   void gather_context(Tensor out, const Tensor& cache, const AttnMeta& m) override;
-  void mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& k_pe, const AttnMeta& m,
-                              float scale) override;
+  void mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                              const AttnMeta& m, float scale) override;
   void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,
                      float scale) override;
 

@@ -27,14 +27,17 @@ inline __m256 cvt_f8(const uint8_t* p, float s) {
   __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   __m256i mag = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f)), 20);
   __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
-  __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f)), _mm256_set1_ps(s));
+  __m256 f =
+      _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f)), _mm256_set1_ps(s));
   return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(f), sign));
 }
 
 inline float w_scalar(const GemmArgs& a, int n, int k) {
   switch (a.wtype) {
-    case DType::kF32: return static_cast<const float*>(a.w)[int64_t(n) * a.ldw + k];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(a.w)[int64_t(n) * a.ldw + k]);
+    case DType::kF32:
+      return static_cast<const float*>(a.w)[int64_t(n) * a.ldw + k];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(a.w)[int64_t(n) * a.ldw + k]);
     default:
       return f8e4m3_to_f32(static_cast<const uint8_t*>(a.w)[int64_t(n) * a.ldw + k]) *
              a.scale[(n / a.bn) * a.lds + k / a.bk];
@@ -43,10 +46,13 @@ inline float w_scalar(const GemmArgs& a, int n, int k) {
 
 inline __m256 w_vec(const GemmArgs& a, int n, int k) {
   switch (a.wtype) {
-    case DType::kF32: return _mm256_loadu_ps(static_cast<const float*>(a.w) + int64_t(n) * a.ldw + k);
-    case DType::kBF16: return cvt_bf16(static_cast<const uint16_t*>(a.w) + int64_t(n) * a.ldw + k);
+    case DType::kF32:
+      return _mm256_loadu_ps(static_cast<const float*>(a.w) + int64_t(n) * a.ldw + k);
+    case DType::kBF16:
+      return cvt_bf16(static_cast<const uint16_t*>(a.w) + int64_t(n) * a.ldw + k);
     default:
-      return cvt_f8(static_cast<const uint8_t*>(a.w) + int64_t(n) * a.ldw + k, a.scale[(n / a.bn) * a.lds + k / a.bk]);
+      return cvt_f8(static_cast<const uint8_t*>(a.w) + int64_t(n) * a.ldw + k,
+                    a.scale[(n / a.bn) * a.lds + k / a.bk]);
   }
 }
 
@@ -84,8 +90,10 @@ void tile(const GemmArgs& a, int m, int n) {
 
 template <int NR>
 void rows(const GemmArgs& a, int m, int mr, int n) {
-  if (mr == 2) tile<2, NR>(a, m, n);
-  else tile<1, NR>(a, m, n);
+  if (mr == 2)
+    tile<2, NR>(a, m, n);
+  else
+    tile<1, NR>(a, m, n);
 }
 
 void gemm(const GemmArgs& a, int n0, int n1) {
@@ -102,7 +110,8 @@ void gemm(const GemmArgs& a, int n0, int n1) {
 
 // NN tile: MR rows of x times 32 columns of b (4 vectors); column tails in scalar.
 template <int MR>
-inline void tile_nn(const float* x, int64_t ldx, int K, const float* b, int64_t ldb, float* out, int64_t ldo) {
+inline void tile_nn(const float* x, int64_t ldx, int K, const float* b, int64_t ldb, float* out,
+                    int64_t ldo) {
   __m256 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -118,7 +127,8 @@ inline void tile_nn(const float* x, int64_t ldx, int K, const float* b, int64_t 
     for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + i * ldo + 8 * j, acc[i][j]);
 }
 
-void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out, int64_t ldo) {
+void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out,
+             int64_t ldo) {
   int n = 0;
   for (; n + 32 <= N; n += 32) {
     int m = 0;
@@ -172,7 +182,8 @@ inline __m256 exp256(__m256 x) {
   // n + 127 in the exponent field; n = 128 (x near 88.7) is split into two factors to stay finite.
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i half = _mm256_srai_epi32(ni, 1);
-  const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+  const __m256 f1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
   const __m256 f2 = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(_mm256_mul_ps(p, f1), f2));
@@ -206,7 +217,8 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 }  // namespace
 
 const Kernels& kernels_avx2() {
-  static const Kernels k{"avx2", false, gemm, gemm_nn, dot, axpy, to_bf16, split_bf16x3_scalar, exp_sum, silu_mul};
+  static const Kernels k{"avx2",  false,   gemm, gemm_nn, dot, axpy, to_bf16, split_bf16x3_scalar,
+                         exp_sum, silu_mul};
   return k;
 }
 

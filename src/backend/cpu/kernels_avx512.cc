@@ -16,7 +16,9 @@ namespace beluga::cpu {
 
 namespace {
 
-inline __m512 cvt_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+inline __m512 cvt_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 
 // e4m3 bits moved into an f32's exponent/mantissa, times 2^120, is the exact value (see dtype.h).
 inline __m512 cvt_f8(__m128i b, __m512 scale) {
@@ -35,14 +37,16 @@ struct WF32 {
 struct WBF16 {
   const uint16_t* w;
   int64_t ldw;
-  __m512 load(int j, int k, __mmask16 m) const { return cvt_bf16(_mm256_maskz_loadu_epi16(m, w + j * ldw + k)); }
+  __m512 load(int j, int k, __mmask16 m) const {
+    return cvt_bf16(_mm256_maskz_loadu_epi16(m, w + j * ldw + k));
+  }
 };
 struct WF8 {
   const uint8_t* w;
   int64_t ldw;
   const float* scale;  // scale row of this tile's first W row
   int64_t lds;
-  int n, bn, bk;       // absolute index of row 0, block sizes
+  int n, bn, bk;  // absolute index of row 0, block sizes
   __m512 load(int j, int k, __mmask16 m) const {
     float s = scale[((n + j) / bn - n / bn) * lds + k / bk];
     return cvt_f8(_mm_maskz_loadu_epi8(m, w + j * ldw + k), _mm512_set1_ps(s));
@@ -52,37 +56,37 @@ struct WF8 {
 template <int MR, int NR, typename W>
 inline void tile_f32(const float* x, int64_t ldx, int K, const W& w, float* out, int64_t ldo) {
   __m512 acc[MR][NR];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[NR];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = w.load(j, k, 0xffff);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   if (k < K) {
     __mmask16 m = __mmask16((1u << (K - k)) - 1);
     __m512 wv[NR];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = w.load(j, k, m);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
@@ -90,37 +94,37 @@ template <int MR, int NR>
 inline void tile_bf16(const uint16_t* x, int64_t ldx, int K, const uint16_t* w, int64_t ldw, float* out,
                       int64_t ldo) {
   __m512 acc[MR][NR];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 32 <= K; k += 32) {
     __m512i wv[NR];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(w + j * ldw + k);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       __m512i xv = _mm512_loadu_si512(x + i * ldx + k);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wv[j]);
     }
   }
   if (k < K) {
     __mmask32 m = __mmask32((1ull << (K - k)) - 1);
     __m512i wv[NR];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_epi16(m, w + j * ldw + k);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       __m512i xv = _mm512_maskz_loadu_epi16(m, x + i * ldx + k);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wv[j]);
     }
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
@@ -159,10 +163,18 @@ inline void rows_f32(const GemmArgs& a, int m, int mr, const W& w, int n) {
   const float* x = a.x + int64_t(m) * a.ldx;
   float* o = a.out + int64_t(m) * a.ldo + n;
   switch (mr) {
-    case 4: tile_f32<4, NR>(x, a.ldx, a.K, w, o, a.ldo); break;
-    case 3: tile_f32<3, NR>(x, a.ldx, a.K, w, o, a.ldo); break;
-    case 2: tile_f32<2, NR>(x, a.ldx, a.K, w, o, a.ldo); break;
-    default: tile_f32<1, NR>(x, a.ldx, a.K, w, o, a.ldo); break;
+    case 4:
+      tile_f32<4, NR>(x, a.ldx, a.K, w, o, a.ldo);
+      break;
+    case 3:
+      tile_f32<3, NR>(x, a.ldx, a.K, w, o, a.ldo);
+      break;
+    case 2:
+      tile_f32<2, NR>(x, a.ldx, a.K, w, o, a.ldo);
+      break;
+    default:
+      tile_f32<1, NR>(x, a.ldx, a.K, w, o, a.ldo);
+      break;
   }
 }
 
@@ -171,36 +183,51 @@ inline void rows_bf16(const GemmArgs& a, int m, int mr, const uint16_t* w, int n
   const uint16_t* x = a.xb + int64_t(m) * a.ldxb;
   float* o = a.out + int64_t(m) * a.ldo + n;
   switch (mr) {
-    case 4: tile_bf16<4, NR>(x, a.ldxb, a.K, w, a.ldw, o, a.ldo); break;
-    case 3: tile_bf16<3, NR>(x, a.ldxb, a.K, w, a.ldw, o, a.ldo); break;
-    case 2: tile_bf16<2, NR>(x, a.ldxb, a.K, w, a.ldw, o, a.ldo); break;
-    default: tile_bf16<1, NR>(x, a.ldxb, a.K, w, a.ldw, o, a.ldo); break;
+    case 4:
+      tile_bf16<4, NR>(x, a.ldxb, a.K, w, a.ldw, o, a.ldo);
+      break;
+    case 3:
+      tile_bf16<3, NR>(x, a.ldxb, a.K, w, a.ldw, o, a.ldo);
+      break;
+    case 2:
+      tile_bf16<2, NR>(x, a.ldxb, a.K, w, a.ldw, o, a.ldo);
+      break;
+    default:
+      tile_bf16<1, NR>(x, a.ldxb, a.K, w, a.ldw, o, a.ldo);
+      break;
   }
 }
 
 template <int NR>
 void tile_any(const GemmArgs& a, int m, int mr, int n) {
   switch (a.wtype) {
-    case DType::kF32: rows_f32<NR>(a, m, mr, WF32{static_cast<const float*>(a.w) + int64_t(n) * a.ldw, a.ldw}, n); break;
+    case DType::kF32:
+      rows_f32<NR>(a, m, mr, WF32{static_cast<const float*>(a.w) + int64_t(n) * a.ldw, a.ldw}, n);
+      break;
     case DType::kBF16: {
       const uint16_t* w = static_cast<const uint16_t*>(a.w) + int64_t(n) * a.ldw;
       if (a.xs) {
         const uint16_t* x = a.xs + int64_t(m) * 3 * a.K;
         float* o = a.out + int64_t(m) * a.ldo + n;
-        if (mr == 2) tile_bf16x3<2, NR>(x, 3 * a.K, a.K, w, a.ldw, o, a.ldo);
+        if (mr == 2)
+          tile_bf16x3<2, NR>(x, 3 * a.K, a.K, w, a.ldw, o, a.ldo);
         else
-          for (int i = 0; i < mr; ++i) tile_bf16x3<1, NR>(x + i * 3 * a.K, 3 * a.K, a.K, w, a.ldw, o + i * a.ldo, a.ldo);
-      } else if (a.xb) rows_bf16<NR>(a, m, mr, w, n);
-      else rows_f32<NR>(a, m, mr, WBF16{w, a.ldw}, n);
+          for (int i = 0; i < mr; ++i)
+            tile_bf16x3<1, NR>(x + i * 3 * a.K, 3 * a.K, a.K, w, a.ldw, o + i * a.ldo, a.ldo);
+      } else if (a.xb)
+        rows_bf16<NR>(a, m, mr, w, n);
+      else
+        rows_f32<NR>(a, m, mr, WBF16{w, a.ldw}, n);
       break;
     }
     case DType::kF8E4M3:
       rows_f32<NR>(a, m, mr,
-                   WF8{static_cast<const uint8_t*>(a.w) + int64_t(n) * a.ldw, a.ldw, a.scale + (n / a.bn) * a.lds,
-                       a.lds, n, a.bn, a.bk},
+                   WF8{static_cast<const uint8_t*>(a.w) + int64_t(n) * a.ldw, a.ldw,
+                       a.scale + (n / a.bn) * a.lds, a.lds, n, a.bn, a.bk},
                    n);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -253,7 +280,8 @@ inline void tile_nn(const float* x, int64_t ldx, int K, const float* b, int64_t 
     for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(out + i * ldo + 16 * j, mask[j], acc[i][j]);
 }
 
-void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out, int64_t ldo) {
+void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out,
+             int64_t ldo) {
   for (int n = 0; n < N; n += 64) {
     const int cols = std::min(64, N - n);
     int m = 0;
@@ -280,7 +308,8 @@ void axpy(float alpha, const float* x, float* y, int n) {
   __m512 av = _mm512_set1_ps(alpha);
   for (int i = 0; i < n; i += 16) {
     __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    _mm512_mask_storeu_ps(
+        y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
 
@@ -289,9 +318,11 @@ void split_bf16x3(const float* x, uint16_t* y, int n) {
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_loadu_ps(x + i);
     const __m256bh hi = _mm512_cvtneps_pbh(v);
-    const __m512 r1 = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi), 16)));
+    const __m512 r1 =
+        _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hi), 16)));
     const __m256bh mid = _mm512_cvtneps_pbh(r1);
-    const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)mid), 16)));
+    const __m512 r2 =
+        _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)mid), 16)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), (__m256i)hi);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + n + i), (__m256i)mid);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 2 * n + i), (__m256i)_mm512_cvtneps_pbh(r2));
@@ -335,7 +366,9 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-inline __mmask16 tail_mask(int n, int i) { return n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1); }
+inline __mmask16 tail_mask(int n, int i) {
+  return n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+}
 
 float exp_sum(float* x, int n, float scale, float shift) {
   const __m512 sc = _mm512_set1_ps(scale), sh = _mm512_set1_ps(shift);

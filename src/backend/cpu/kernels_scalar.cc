@@ -13,11 +13,14 @@ namespace {
 inline float load_w(const GemmArgs& a, int n, int k) {
   const char* row = static_cast<const char*>(a.w) + int64_t(n) * a.ldw * int64_t(dtype_size(a.wtype));
   switch (a.wtype) {
-    case DType::kF32: return reinterpret_cast<const float*>(row)[k];
-    case DType::kBF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[k]);
+    case DType::kF32:
+      return reinterpret_cast<const float*>(row)[k];
+    case DType::kBF16:
+      return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[k]);
     case DType::kF8E4M3:
       return f8e4m3_to_f32(reinterpret_cast<const uint8_t*>(row)[k]) * a.scale[(n / a.bn) * a.lds + k / a.bk];
-    default: return 0.0f;
+    default:
+      return 0.0f;
   }
 }
 
@@ -34,7 +37,8 @@ void gemm(const GemmArgs& a, int n0, int n1) {
     }
 }
 
-void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out, int64_t ldo) {
+void gemm_nn(const float* x, int64_t ldx, int M, int K, const float* b, int64_t ldb, int N, float* out,
+             int64_t ldo) {
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
       float acc = 0.0f;
@@ -80,7 +84,9 @@ void silu_mul(const float* g, const float* u, float* out, int n) {
 
 }  // namespace
 
-void split_bf16x3_scalar(const float* x, uint16_t* y, int n) { split_bf16x3(x, y, n); }
+void split_bf16x3_scalar(const float* x, uint16_t* y, int n) {
+  split_bf16x3(x, y, n);
+}
 
 const Kernels& kernels_scalar() {
   static const Kernels k{"scalar", false, gemm, gemm_nn, dot, axpy, to_bf16, split_bf16x3, exp_sum, silu_mul};
@@ -92,7 +98,9 @@ bool cpu_has_avx512_bf16() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }
 
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 
 const Kernels& select_kernels() {
   const char* env = std::getenv("BELUGA_CPU_KERNELS");

@@ -19,7 +19,8 @@ class OpProfile {
     for (const auto& [name, e] : totals_) all += e.seconds;
     std::fprintf(stderr, "%-24s %10s %10s %7s\n", "op", "calls", "ms", "share");
     for (const auto& [name, e] : totals_)
-      std::fprintf(stderr, "%-24s %10ld %10.1f %6.1f%%\n", name.c_str(), e.calls, e.seconds * 1e3, 100 * e.seconds / all);
+      std::fprintf(stderr, "%-24s %10ld %10.1f %6.1f%%\n", name.c_str(), e.calls, e.seconds * 1e3,
+                   100 * e.seconds / all);
   }
   bool enabled() const { return enabled_; }
   void add(const char* name, double s) {
