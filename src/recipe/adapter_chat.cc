@@ -118,28 +118,14 @@ ParsedRequest parse_chat_request(const Json& body, const ParseOptions& opt) {
       std::string type = f.string(f.required(t, "type", p), path_join(p, "type"));
       if (type != "function") f.fail(path_join(p, "type"), "unsupported tool type '" + type + "'");
       const Json& fn = f.object(f.required(t, "function", p), path_join(p, "function"));
-      Tool tool;
-      tool.name = f.string(f.required(fn, "name", path_join(p, "function")), path_join(p, "function.name"));
-      if (tool.name.empty()) f.fail(path_join(p, "function.name"), "must not be empty");
-      if (Fields::has(fn, "description"))
-        tool.description = f.string(fn["description"], path_join(p, "function.description"));
-      if (Fields::has(fn, "parameters"))
-        tool.parameters = f.schema(fn["parameters"], path_join(p, "function.parameters"));
+      Tool tool = f.function_tool(fn, path_join(p, "function"));
       conv.tools.push_back(std::move(tool));
     }
   }
   if (Fields::has(body, "tool_choice")) {
     const Json& tc = body["tool_choice"];
     if (tc.is_string()) {
-      std::string s = tc.get<std::string>();
-      if (s == "none")
-        conv.tool_choice.mode = ToolChoice::Mode::kNone;
-      else if (s == "auto")
-        conv.tool_choice.mode = ToolChoice::Mode::kAuto;
-      else if (s == "required")
-        conv.tool_choice.mode = ToolChoice::Mode::kRequired;
-      else
-        f.fail("tool_choice", "must be 'none', 'auto', 'required' or a function");
+      conv.tool_choice.mode = f.tool_choice_mode(tc, "tool_choice");
     } else {
       f.object(tc, "tool_choice");
       const Json& fn = f.object(f.required(tc, "function", "tool_choice"), "tool_choice.function");
@@ -150,11 +136,7 @@ ParsedRequest parse_chat_request(const Json& body, const ParseOptions& opt) {
     if (conv.tool_choice.mode != ToolChoice::Mode::kNone &&
         conv.tool_choice.mode != ToolChoice::Mode::kAuto && conv.tools.empty())
       f.fail("tool_choice", "requires 'tools'");
-    if (conv.tool_choice.mode == ToolChoice::Mode::kFunction) {
-      bool found = false;
-      for (const auto& t : conv.tools) found = found || t.name == conv.tool_choice.function;
-      if (!found) f.fail("tool_choice", "function '" + conv.tool_choice.function + "' is not in 'tools'");
-    }
+    if (conv.tool_choice.mode == ToolChoice::Mode::kFunction) f.check_choice_in_tools(conv, "tool_choice");
   }
   if (Fields::has(body, "thinking")) {
     const Json& th = f.object(body["thinking"], "thinking");

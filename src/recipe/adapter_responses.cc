@@ -133,34 +133,19 @@ ParsedRequest parse_responses_request(const Json& body, const ParseOptions& opt)
       std::string type = f.string(f.required(t, "type", p), path_join(p, "type"));
       if (type == "web_search" || type == "web_search_preview") continue;  // server tool: ignored
       if (type != "function") f.fail(path_join(p, "type"), "unsupported tool type '" + type + "'");
-      Tool tool;
-      tool.name = f.string(f.required(t, "name", p), path_join(p, "name"));
-      if (Fields::has(t, "description"))
-        tool.description = f.string(t["description"], path_join(p, "description"));
-      if (Fields::has(t, "parameters"))
-        tool.parameters = f.schema(t["parameters"], path_join(p, "parameters"));
+      Tool tool = f.function_tool(t, p);
       conv.tools.push_back(std::move(tool));
     }
   }
   if (Fields::has(body, "tool_choice")) {
     const Json& tc = body["tool_choice"];
     if (tc.is_string()) {
-      std::string s = tc.get<std::string>();
-      if (s == "none")
-        conv.tool_choice.mode = ToolChoice::Mode::kNone;
-      else if (s == "auto")
-        conv.tool_choice.mode = ToolChoice::Mode::kAuto;
-      else if (s == "required")
-        conv.tool_choice.mode = ToolChoice::Mode::kRequired;
-      else
-        f.fail("tool_choice", "must be 'none', 'auto', 'required' or a function");
+      conv.tool_choice.mode = f.tool_choice_mode(tc, "tool_choice");
     } else {
       f.object(tc, "tool_choice");
       conv.tool_choice.mode = ToolChoice::Mode::kFunction;
       conv.tool_choice.function = f.string(f.required(tc, "name", "tool_choice"), "tool_choice.name");
-      bool found = false;
-      for (const auto& t : conv.tools) found = found || t.name == conv.tool_choice.function;
-      if (!found) f.fail("tool_choice", "function '" + conv.tool_choice.function + "' is not in 'tools'");
+      f.check_choice_in_tools(conv, "tool_choice");
     }
   }
   if (Fields::has(body, "reasoning")) {

@@ -81,4 +81,27 @@ Effort Fields::effort(const Json& v, const std::string& path) const {
   fail(path, "unknown reasoning effort '" + e + "'");
 }
 
+Tool Fields::function_tool(const nlohmann::ordered_json& fn, const std::string& path) const {
+  Tool tool;
+  tool.name = string(required(fn, "name", path), path_join(path, "name"));
+  if (tool.name.empty()) fail(path_join(path, "name"), "must not be empty");
+  if (has(fn, "description")) tool.description = string(fn["description"], path_join(path, "description"));
+  if (has(fn, "parameters")) tool.parameters = schema(fn["parameters"], path_join(path, "parameters"));
+  return tool;
+}
+
+ToolChoice::Mode Fields::tool_choice_mode(const nlohmann::ordered_json& v, const std::string& path) const {
+  const std::string s = string(v, path);
+  if (s == "none") return ToolChoice::Mode::kNone;
+  if (s == "auto") return ToolChoice::Mode::kAuto;
+  if (s == "required") return ToolChoice::Mode::kRequired;
+  fail(path, "must be 'none', 'auto', 'required' or a function");
+}
+
+void Fields::check_choice_in_tools(const Conversation& conv, const std::string& path) const {
+  for (const auto& t : conv.tools)
+    if (t.name == conv.tool_choice.function) return;
+  fail(path, "function '" + conv.tool_choice.function + "' is not in 'tools'");
+}
+
 }  // namespace beluga::recipe

@@ -34,6 +34,12 @@ class Fields {
   std::vector<std::string> stop(const nlohmann::ordered_json& v, const std::string& path, size_t max) const;
   // A tool's parameter schema: an object (key order kept).
   nlohmann::ordered_json schema(const nlohmann::ordered_json& v, const std::string& path) const;
+  // A function tool {name, description?, parameters?} whose fields sit in `fn` at `path`.
+  Tool function_tool(const nlohmann::ordered_json& fn, const std::string& path) const;
+  // A string tool_choice: "none", "auto" or "required".
+  ToolChoice::Mode tool_choice_mode(const nlohmann::ordered_json& v, const std::string& path) const;
+  // A named function choice must be one of the request's tools.
+  void check_choice_in_tools(const Conversation& conv, const std::string& path) const;
   // Reasoning effort words of the public APIs -> Effort.
   Effort effort(const nlohmann::ordered_json& v, const std::string& path) const;
 
