@@ -111,9 +111,47 @@ class SentCursor {
 
 // ---------------------------------------------------------------- OpenAI Chat Completions
 
-class ChatFormatter final : public ApiFormatter {
+// The OpenAI streams (chat and legacy completions) share chunk framing, the usage chunk, [DONE] and
+// the in-stream error shape; they differ in the object name and the choice fields.
+class OpenAiFormatter : public ApiFormatter {
  public:
-  explicit ChatFormatter(FormatContext ctx) : ctx_(std::move(ctx)) {}
+  OpenAiFormatter(FormatContext ctx, const char* object) : ctx_(std::move(ctx)), object_(object) {}
+
+  void end(const std::vector<ChoiceText>&, const Usage& usage, std::string& out) override {
+    if (ctx_.include_usage) {
+      Json j = chunk(Json::array());
+      j["usage"] = openai_usage(usage);
+      out += sse_data(j);
+    }
+    out += kSseDone;
+  }
+
+  void error(const std::string& message, std::string& out) override {
+    out += sse_data(Json{
+        {"error", {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 500}}}});
+    out += kSseDone;
+  }
+
+ protected:
+  Json chunk(Json choices) const {
+    Json j{{"id", ctx_.id},
+           {"object", object_},
+           {"created", ctx_.created},
+           {"model", ctx_.model},
+           {"system_fingerprint", nullptr},
+           {"choices", std::move(choices)}};
+    if (ctx_.include_usage) j["usage"] = nullptr;
+    return j;
+  }
+
+  FormatContext ctx_;
+  const char* object_;
+  SentCursor sent_;
+};
+
+class ChatFormatter final : public OpenAiFormatter {
+ public:
+  explicit ChatFormatter(FormatContext ctx) : OpenAiFormatter(std::move(ctx), "chat.completion.chunk") {}
 
   void begin(const Usage&, std::string& out) override {
     for (int i = 0; i < ctx_.n; ++i)
@@ -160,21 +198,6 @@ class ChatFormatter final : public ApiFormatter {
                                             {"finish_reason", c.finish}}})));
   }
 
-  void end(const std::vector<ChoiceText>&, const Usage& usage, std::string& out) override {
-    if (ctx_.include_usage) {
-      Json j = chunk(Json::array());
-      j["usage"] = openai_usage(usage);
-      out += sse_data(j);
-    }
-    out += kSseDone;
-  }
-
-  void error(const std::string& message, std::string& out) override {
-    out += sse_data(Json{
-        {"error", {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 500}}}});
-    out += kSseDone;
-  }
-
   Json response(const std::vector<ChoiceText>& choices, const Usage& usage) const override {
     Json cs = Json::array();
     for (const auto& c : choices) {
@@ -205,13 +228,6 @@ class ChatFormatter final : public ApiFormatter {
   }
 
  private:
-  Json chunk(Json choices) const {
-    Json j{{"id", ctx_.id},       {"object", "chat.completion.chunk"}, {"created", ctx_.created},
-           {"model", ctx_.model}, {"system_fingerprint", nullptr},     {"choices", std::move(choices)}};
-    if (ctx_.include_usage) j["usage"] = nullptr;
-    return j;
-  }
-
   // The logprobs of the tokens added to `c` since its last chunk (null when not asked for, or
   // when `only_if_new` and there are none).
   Json logprobs(const ChoiceText& c, bool only_if_new = false) {
@@ -220,16 +236,13 @@ class ChatFormatter final : public ApiFormatter {
     if (only_if_new && from == to) return nullptr;
     return chat_logprobs(c.logprobs, from, to);
   }
-
-  FormatContext ctx_;
-  SentCursor sent_;
 };
 
 // ---------------------------------------------------------------- OpenAI (legacy) Completions
 
-class CompletionsFormatter final : public ApiFormatter {
+class CompletionsFormatter final : public OpenAiFormatter {
  public:
-  explicit CompletionsFormatter(FormatContext ctx) : ctx_(std::move(ctx)) {}
+  explicit CompletionsFormatter(FormatContext ctx) : OpenAiFormatter(std::move(ctx), "text_completion") {}
 
   void begin(const Usage&, std::string&) override {}
 
@@ -242,21 +255,6 @@ class CompletionsFormatter final : public ApiFormatter {
   void finish(const ChoiceText& c, std::string& out) override {
     out += sse_data(chunk(Json::array(
         {Json{{"index", c.index}, {"text", ""}, {"logprobs", logprobs(c)}, {"finish_reason", c.finish}}})));
-  }
-
-  void end(const std::vector<ChoiceText>&, const Usage& usage, std::string& out) override {
-    if (ctx_.include_usage) {
-      Json j = chunk(Json::array());
-      j["usage"] = openai_usage(usage);
-      out += sse_data(j);
-    }
-    out += kSseDone;
-  }
-
-  void error(const std::string& message, std::string& out) override {
-    out += sse_data(Json{
-        {"error", {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 500}}}});
-    out += kSseDone;
   }
 
   Json response(const std::vector<ChoiceText>& choices, const Usage& usage) const override {
@@ -278,22 +276,12 @@ class CompletionsFormatter final : public ApiFormatter {
   }
 
  private:
-  Json chunk(Json choices) const {
-    Json j{{"id", ctx_.id},       {"object", "text_completion"},   {"created", ctx_.created},
-           {"model", ctx_.model}, {"system_fingerprint", nullptr}, {"choices", std::move(choices)}};
-    if (ctx_.include_usage) j["usage"] = nullptr;
-    return j;
-  }
-
   // The logprobs of the tokens added to `c` since its last chunk (null when not asked for).
   Json logprobs(const ChoiceText& c) {
     if (ctx_.logprobs < 0) return nullptr;
     auto [from, to] = sent_.take(c);
     return completions_logprobs(c.logprobs, from, to);
   }
-
-  FormatContext ctx_;
-  SentCursor sent_;
 };
 
 // ---------------------------------------------------------------- OpenAI Responses
