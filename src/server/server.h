@@ -47,6 +47,8 @@ class Server {
   // Blocks until SIGINT/SIGTERM or stop().
   void wait_for_signal();
   // Stops accepting and joins the I/O threads.
+  // Shutdown order: stop(), then destroy the engine (its pending callbacks own sessions whose sockets
+  // belong to this server's io_context), then the Server.
   void stop();
 
   Metrics& metrics();

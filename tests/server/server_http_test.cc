@@ -124,9 +124,11 @@ class ServerTest : public ::testing::Test {
     port_ = server_->port();
   }
   void TearDown() override {
+    // As in `beluga serve`: stop the I/O, then drop the engine (its pending callbacks own sessions whose
+    // sockets belong to the server's io_context), then the server.
     if (server_) server_->stop();
-    server_.reset();
     engine_.reset();
+    server_.reset();
   }
   void set_text(const std::string& t) {
     std::lock_guard l(text_mu_);
