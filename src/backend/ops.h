@@ -35,8 +35,9 @@ struct AttnMeta {
   const int32_t* context_len = nullptr;  // [num_seqs]: tokens already cached before this step
   const int32_t* block_table = nullptr;  // [num_seqs, max_blocks]
   int max_blocks = 0;
-  const int32_t* slot_mapping = nullptr;  // [num_tokens]: cache slot (block * block_size + offset) per token
-  const int32_t* positions = nullptr;     // [num_tokens]
+  // [num_tokens]: cache slot (block * block_size + offset) per token; < 0: not written (padding rows)
+  const int32_t* slot_mapping = nullptr;
+  const int32_t* positions = nullptr;  // [num_tokens]
   int block_size = 64;
   // Host-side copies for backends that schedule on the host (sizes are small).
   std::vector<int32_t> h_query_start, h_context_len;
@@ -79,6 +80,20 @@ class Ops {
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;
   virtual void copy_from_host(Tensor dst, const void* src) = 0;
   virtual void synchronize() = 0;
+  // Called once on each thread that will issue ops (CUDA: selects the device).
+  virtual void bind_thread() {}
+
+  // ---- step graphs (optional; CUDA graphs) ----
+  // Between begin_capture and end_capture the enqueued work is recorded, not run; replay(id) runs it
+  // again on the same device addresses, so a replayed step reads its inputs from the buffers the
+  // capture used. Scratch handed out while capturing stays valid for replays until scratch_epoch()
+  // changes (scratch memory was reallocated); then release them and capture again.
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture() {}
+  virtual int end_capture() { return -1; }
+  virtual void replay(int /*graph*/) {}
+  virtual void release_graph(int /*graph*/) {}
+  virtual uint64_t scratch_epoch() const { return 0; }
 
   // ---- element-wise and normalisation ----
   virtual void embedding(Tensor out, const Tensor& table, const Tensor& ids) = 0;  // ids I32 [T]
@@ -92,6 +107,9 @@ class Ops {
   // x [T, heads, dim] (dim >= rotary_dim; the first rotary_dim values rotate), in place.
   virtual void rope(Tensor x, const Tensor& positions, const RopeTable& table) = 0;
   virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;  // rows I32
+  // ids I32 [R] = argmax of each row of logits F32 [R, V] (ties: the lowest id), for greedy sampling
+  // without copying the logits to the host.
+  virtual void argmax_rows(Tensor ids, const Tensor& logits) = 0;
 
   // ---- matrix products (F32 accumulation) ----
   virtual void linear(Tensor out, const Tensor& x, const Weight& w) = 0;  // out[M,N] = x[M,K] W^T + b
@@ -110,6 +128,12 @@ class Ops {
   // ---- attention over the paged cache; cache [num_blocks, block_size, entry_dim] ----
   virtual void cache_write(Tensor cache, const Tensor& entries,
                            const AttnMeta& m) = 0;  // entries [T, entry_dim]
+  // MLA's per-token prologue, fusable into one pass: cache[slot] = [rmsnorm(kva[:, :r]) * norm_w |
+  // rope(kva[:, r:])] with r = kva width - rope width, then q_pe [T, H, rope] rotated in place and,
+  // when q_pe_out is given, copied there. The default composes the primitive ops.
+  virtual void mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
+                           Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
+                           const AttnMeta& m);
   // MLA absorbed: q [T, H, r + rope] against cache rows [c_kv (r) | k_pe (rope)];
   // out [T, H, r] = sum_j p_j c_kv_j (the latent output, before W_UV).
   virtual void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
@@ -124,5 +148,22 @@ class Ops {
   virtual void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                              int kv_heads, float scale) = 0;
 };
+
+inline void Ops::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
+                             Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
+                             const AttnMeta& m) {
+  const int64_t T = kva.shape[0], width = kva.shape[1], r = width - rope.rotary_dim;
+  Tensor latent = scratch(act_dtype(), {T, width});
+  rmsnorm(latent.cols(0, r), kva.cols(0, r), norm_w, eps);
+  copy(latent.cols(r, width), kva.cols(r, width));
+  Tensor one_head = latent;  // [T, 1, width]: rope() takes heads
+  one_head.ndim = 3;
+  one_head.shape = {T, 1, width, 0};
+  one_head.stride = {latent.stride[0], width, 1, 0};
+  this->rope(one_head.cols(r, width), positions, rope);
+  this->rope(q_pe, positions, rope);
+  cache_write(cache, latent, m);
+  if (!q_pe_out.empty()) copy(q_pe_out, q_pe);
+}
 
 }  // namespace beluga

@@ -112,7 +112,7 @@ int bench_model_cuda(Args& a, LoadedModel& m);
 #endif
 
 int bench_model(int argc, char** argv) {
-  Args a(argc, argv);
+  Args a(argc, argv, {"enforce-eager"});
   LoadedModel m = load_model_from_args(a);
 #ifdef BELUGA_WITH_CUDA
   if (m.device == "cuda") return bench_model_cuda(a, m);
@@ -242,6 +242,10 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
   const std::vector<int> prefills = parse_int_list(a.get_or("prefill-lens", "512,2048,8192"));
   const int steps = int(a.get_int("steps", 8));
   const std::string out_path = a.get_or("out", "");
+  // Decode steps sample greedily on the GPU (R ids come back) unless --sample host copies the F32 logits.
+  const std::string sample_where = a.get_or("sample", "gpu");
+  BELUGA_CHECK(sample_where == "gpu" || sample_where == "host", "--sample must be gpu or host");
+  const bool gpu_sample = sample_where == "gpu";
   a.get_or("dtype", "");
   a.check_all_used();
   BELUGA_CHECK(steps > 0, "--steps must be positive");
@@ -323,6 +327,9 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
     for (int B : batches) {
       const int bps = (ctx + steps + 2 + kKvBlockSize - 1) / kKvBlockSize;
       logits.resize(size_t(B) * c.vocab_size);
+      std::vector<int32_t> sampled(static_cast<size_t>(B));
+      ForwardOptions fo;
+      if (gpu_sample) fo.greedy_tokens = sampled.data();
       std::vector<double> t;
       for (int step = 0; step < steps + 2; ++step) {
         Batch b;
@@ -334,7 +341,7 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
           b.logit_rows.push_back(s);
         }
         const double t0 = now();
-        model.forward(b, kv, logits.data());
+        model.forward(b, kv, logits.data(), fo);
         if (step >= 2) t.push_back(now() - t0);
       }
       const double mean = std::accumulate(t.begin(), t.end(), 0.0) / double(t.size());
@@ -346,13 +353,13 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
       r.ms = mean * 1e3;
       r.tokens_per_s = B / mean;
       // Bytes: the non-expert weights, the distinct experts B tokens touch (uniform routing), the LM
-      // head, every sequence's KV cache, and the F32 logits copied out. FLOPs: 2 per active weight
-      // per token and absorbed attention (QK over 576, PV over 512 per head per cached token).
+      // head, every sequence's KV cache, and (--sample host) the F32 logits copied out. FLOPs: 2 per active
+      // weight per token and absorbed attention (QK over 576, PV over 512 per head per cached token).
       const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, B)) : 0;
       const double avg_ctx = ctx + steps / 2.0 + 2;
       r.bytes =
           2.0 * (cost.dense_params + cost.head_params + cost.moe_layers * touched * cost.expert_params) +
-          B * avg_ctx * kvb + 4.0 * B * c.vocab_size;
+          B * avg_ctx * kvb + (gpu_sample ? 0.0 : 4.0 * B * c.vocab_size);
       const double attn = c.is_mla() ? 2.0 * H * (c.kv_entry_dim() + c.kv_lora_rank) : 4.0 * H * c.head_dim;
       r.flops = B * (2.0 * active + L * attn * avg_ctx);
       r.floor_ms = std::max(r.bytes / bw, r.flops / peak) * 1e3;
@@ -369,10 +376,17 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
                 100.0 * r.floor_ms / r.ms, r.bytes / bw > r.flops / peak ? "memory" : "compute");
   std::printf(
       "(floor = max(bytes / copy bandwidth, FLOPs / cuBLAS peak); 'of floor' = floor time / measured time; "
-      "decode steps include copying the F32 logits to the host)\n");
+      "decode steps end with %s)\n",
+      gpu_sample ? "greedy sampling on the GPU (B token ids copied back; --sample host copies the logits)"
+                 : "copying the F32 logits to the host (--sample host)");
+  const bool eager = a.has("enforce-eager");
+  std::printf("decode steps: %s (%d graphs recorded)\n", eager ? "eager (--enforce-eager)" : "CUDA graphs",
+              model.num_graphs());
   if (!out_path.empty()) {
     nlohmann::json j = {{"model", m.dir},
                         {"device", "cuda"},
+                        {"cuda_graphs", !eager},
+                        {"sample", sample_where},
                         {"parameters", model.num_parameters()},
                         {"copy_bandwidth_gbs", bw / 1e9},
                         {"gemm_peak_tflops", peak / 1e12}};

@@ -23,7 +23,7 @@ MlaMode parse_mla_mode(const Args& a) {
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
-  Args a(argc, argv);
+  Args a(argc, argv, {"enforce-eager"});
   LoadedModel m = load_model_from_args(a);
   GenerateParams p;
   std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
@@ -50,7 +50,7 @@ int cmd_generate(int argc, char** argv) {
 }
 
 int cmd_logits(int argc, char** argv) {
-  Args a(argc, argv);
+  Args a(argc, argv, {"enforce-eager"});
   LoadedModel m = load_model_from_args(a);
   std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
   const std::string out = a.require("out");
@@ -64,7 +64,7 @@ int cmd_logits(int argc, char** argv) {
 }
 
 int cmd_inspect(int argc, char** argv) {
-  Args a(argc, argv);
+  Args a(argc, argv, {"enforce-eager"});
   LoadedModel m = load_model_from_args(a);
   a.check_all_used();
   const ModelConfig& c = m.cfg;

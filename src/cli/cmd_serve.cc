@@ -28,7 +28,7 @@ constexpr const char* kUsage =
     "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
-    "                    [--load-format auto|dummy]\n";
+    "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n";
 
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -51,7 +51,7 @@ void generation_defaults(const std::string& dir, server::ModelInfo& info) {
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  Args args(argc, argv, {"no-enable-prefix-caching", "help"});
+  Args args(argc, argv, {"no-enable-prefix-caching", "enforce-eager", "help"});
   if (args.has("help")) {
     std::fputs(kUsage, stdout);
     return 0;

@@ -71,6 +71,7 @@ LoadedModel load_model_from_args(const Args& args) {
   }
   if (!m.weights) m.weights = std::make_unique<Checkpoint>(path);
   m.model = load_model(m.cfg, *m.weights, *m.ops, max_len);
+  m.model->set_enforce_eager(args.has("enforce-eager"));
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }

@@ -29,7 +29,7 @@ std::string default_model_dir();
 // --model DIR (or DIR/config.json; default: the built-in model), --load-format auto|dummy,
 // --threads N, --dtype float32|bfloat16 (activation rounding for BF16 GEMMs), --max-model-len N,
 // --device cpu|cuda (cuda: in builds with the CUDA backend; BF16 activations, dummy weights made
-// on the GPU).
+// on the GPU), --enforce-eager (no CUDA graphs for decode steps).
 LoadedModel load_model_from_args(const Args& args);
 
 }  // namespace beluga::cli

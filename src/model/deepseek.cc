@@ -202,19 +202,16 @@ class DeepseekModel final : public Model {
     }
     Tensor kva = ops.scratch(act, {T, r + rope});
     ops.linear(kva, x, a.kv_a);
-    Tensor latent = ops.scratch(act, {T, r + rope});
-    ops.rmsnorm(latent.cols(0, r), kva.cols(0, r), a.kv_a_norm, float(c.rms_norm_eps));
-    ops.copy(latent.cols(r, r + rope), kva.cols(r, r + rope));
-    ops.rope(split_heads(latent, 1, r + rope).cols(r, r + rope), pos, rope_);
     Tensor q3 = split_heads(q, H, nope + rope);
-    ops.rope(q3.cols(nope, nope + rope), pos, rope_);
-    ops.cache_write(cache, latent, meta);
+    // The latent [normed c_kv | rotated k_pe] goes to the cache; the rotated q_pe stays in q3 and, for
+    // the absorbed form, also lands in qlat's rope columns.
+    Tensor qlat = absorbed ? ops.scratch(act, {T, H, r + rope}) : Tensor{};
+    ops.mla_prepare(cache, kva, a.kv_a_norm, float(c.rms_norm_eps), q3.cols(nope, nope + rope),
+                    absorbed ? qlat.cols(r, r + rope) : Tensor{}, pos, rope_, meta);
 
     Tensor o = ops.scratch(act, {T, H, v});
     if (absorbed) {
-      Tensor qlat = ops.scratch(act, {T, H, r + rope});
       ops.linear_heads(qlat.cols(0, r), q3.cols(0, nope), a.w_uk_t);
-      ops.copy(qlat.cols(r, r + rope), q3.cols(nope, nope + rope));
       Tensor olat = ops.scratch(act, {T, H, r});
       ops.mla_attention_absorbed(olat, qlat, cache, meta, int(r), scale_);
       ops.linear_heads(o, olat, a.w_uv);

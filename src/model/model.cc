@@ -101,24 +101,23 @@ Tensor Model::run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& pos,
   return out;
 }
 
-void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
-  ops_.reset_scratch();
+Model::~Model() = default;
+
+StepPlan Model::plan_step(const Batch& b, const KvCache& kv) const {
   const int T = int(b.tokens.size()), S = int(b.seqs.size());
   BELUGA_CHECK(T > 0, "empty batch");
   BELUGA_CHECK(int(kv.layers.size()) == cfg_.num_layers, "KV cache has the wrong number of layers");
-
-  AttnMeta meta;
-  meta.num_seqs = S;
-  meta.num_tokens = T;
-  meta.block_size = kKvBlockSize;
-  meta.h_query_start.assign(S + 1, 0);
-  meta.h_context_len.assign(S, 0);
-  int max_blocks = 1, max_q = 0;
-  for (const auto& s : b.seqs) max_blocks = std::max(max_blocks, int(s.block_table.size()));
-  std::vector<int32_t> positions(T), slots(T), table(size_t(S) * max_blocks, 0);
+  StepPlan p;
+  p.num_seqs = S;
+  for (const auto& s : b.seqs) p.max_blocks = std::max(p.max_blocks, int(s.block_table.size()));
+  p.query_start.assign(size_t(S) + 1, 0);
+  p.context_len.assign(size_t(S), 0);
+  p.positions.resize(size_t(T));
+  p.slots.resize(size_t(T));
+  p.block_table.assign(size_t(S) * size_t(p.max_blocks), 0);
   int row = 0;
   for (int i = 0; i < S; ++i) {
-    const SeqChunk& s = b.seqs[i];
+    const SeqChunk& s = b.seqs[size_t(i)];
     const int total = s.context_len + s.query_len;
     BELUGA_CHECK(s.query_len > 0 && s.context_len >= 0, "sequence ", i, " has no new tokens");
     BELUGA_CHECK(total <= max_positions_, "sequence of ", total, " tokens exceeds the model's ",
@@ -128,56 +127,88 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
     for (size_t j = 0; j < s.block_table.size(); ++j) {
       BELUGA_CHECK(s.block_table[j] >= 0 && s.block_table[j] < kv.num_blocks, "block id ", s.block_table[j],
                    " outside the cache");
-      table[size_t(i) * max_blocks + j] = s.block_table[j];
+      p.block_table[size_t(i) * size_t(p.max_blocks) + j] = s.block_table[j];
     }
-    meta.h_query_start[i] = row;
-    meta.h_context_len[i] = s.context_len;
+    p.query_start[size_t(i)] = row;
+    p.context_len[size_t(i)] = s.context_len;
     for (int j = 0; j < s.query_len; ++j, ++row) {
       BELUGA_CHECK(row < T, "sequence query lengths exceed the batch's tokens");
-      const int p = s.context_len + j;
-      positions[row] = p;
-      slots[row] = s.block_table[p / kKvBlockSize] * kKvBlockSize + p % kKvBlockSize;
+      const int pos = s.context_len + j;
+      p.positions[size_t(row)] = pos;
+      p.slots[size_t(row)] = s.block_table[size_t(pos / kKvBlockSize)] * kKvBlockSize + pos % kKvBlockSize;
     }
-    max_q = std::max(max_q, s.query_len);
+    p.max_query_len = std::max(p.max_query_len, s.query_len);
   }
   BELUGA_CHECK(row == T, "sequence query lengths (", row, ") do not add up to the batch's ", T, " tokens");
-  meta.h_query_start[S] = T;
+  p.query_start[size_t(S)] = T;
   for (int t : b.tokens)
     BELUGA_CHECK(t >= 0 && t < cfg_.vocab_size, "token id ", t, " outside the vocabulary (", cfg_.vocab_size,
                  ")");
   for (int r : b.logit_rows) BELUGA_CHECK(r >= 0 && r < T, "logit row ", r, " out of range");
+  p.tokens.assign(b.tokens.begin(), b.tokens.end());
+  p.logit_rows.assign(b.logit_rows.begin(), b.logit_rows.end());
+  return p;
+}
 
+Tensor Model::step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
+                        KvCache& kv, const ForwardOptions& opt, int max_query_len) {
+  Tensor hidden = ops_.scratch(ops_.act_dtype(), {meta.num_tokens, cfg_.hidden_size});
+  ops_.embedding(hidden, embed_, ids);
+  capture(opt, hidden);
+  Tensor h = run_layers(hidden, meta, pos, kv, opt, max_query_len);
+  const int64_t R = rows.numel();
+  Tensor sel = ops_.scratch(ops_.act_dtype(), {R, cfg_.hidden_size});
+  ops_.gather_rows(sel, h, rows);
+  Tensor lg = ops_.scratch(DType::kF32, {R, cfg_.vocab_size});
+  ops_.linear(lg, sel, lm_head_);
+  return lg;
+}
+
+void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
+  ops_.reset_scratch();
+  const StepPlan p = plan_step(b, kv);
+  const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture &&
+                     opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p);
+  if (graph) {
+    if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
+    graphs_->run(
+        p,
+        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows) {
+          return step_body(meta, ids, pos, rows, kv, opt, 1);
+        },
+        logits, opt.greedy_tokens);
+    return;
+  }
+
+  const int T = int(p.tokens.size()), S = p.num_seqs;
   auto upload_i32 = [&](const std::vector<int32_t>& v) {
     Tensor t = ops_.scratch(DType::kI32, {int64_t(v.size())});
     ops_.copy_from_host(t, v.data());
     return t;
   };
-  Tensor ids = upload_i32(std::vector<int32_t>(b.tokens.begin(), b.tokens.end()));
-  Tensor pos = upload_i32(positions);
-  Tensor qs = upload_i32(meta.h_query_start);
-  Tensor cl = upload_i32(meta.h_context_len);
-  Tensor bt = upload_i32(table);
-  Tensor sl = upload_i32(slots);
-  meta.query_start = qs.ptr<const int32_t>();
-  meta.context_len = cl.ptr<const int32_t>();
-  meta.block_table = bt.ptr<const int32_t>();
-  meta.max_blocks = max_blocks;
-  meta.slot_mapping = sl.ptr<const int32_t>();
+  AttnMeta meta;
+  meta.num_seqs = S;
+  meta.num_tokens = T;
+  meta.block_size = kKvBlockSize;
+  meta.h_query_start = p.query_start;
+  meta.h_context_len = p.context_len;
+  Tensor ids = upload_i32(p.tokens);
+  Tensor pos = upload_i32(p.positions);
+  meta.query_start = upload_i32(p.query_start).ptr<const int32_t>();
+  meta.context_len = upload_i32(p.context_len).ptr<const int32_t>();
+  meta.block_table = upload_i32(p.block_table).ptr<const int32_t>();
+  meta.max_blocks = p.max_blocks;
+  meta.slot_mapping = upload_i32(p.slots).ptr<const int32_t>();
   meta.positions = pos.ptr<const int32_t>();
-
-  Tensor hidden = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
-  ops_.embedding(hidden, embed_, ids);
-  capture(opt, hidden);
-  Tensor h = run_layers(hidden, meta, pos, kv, opt, max_q);
-
-  const int R = int(b.logit_rows.size());
-  if (R == 0) return;
-  Tensor rows = upload_i32(std::vector<int32_t>(b.logit_rows.begin(), b.logit_rows.end()));
-  Tensor sel = ops_.scratch(ops_.act_dtype(), {R, cfg_.hidden_size});
-  ops_.gather_rows(sel, h, rows);
-  Tensor lg = ops_.scratch(DType::kF32, {R, cfg_.vocab_size});
-  ops_.linear(lg, sel, lm_head_);
-  ops_.copy_to_host(lg, logits);
+  if (p.logit_rows.empty()) {  // the KV writes only (a prefill chunk that needs no logits)
+    Tensor hidden = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
+    ops_.embedding(hidden, embed_, ids);
+    capture(opt, hidden);
+    run_layers(hidden, meta, pos, kv, opt, p.max_query_len);
+    return;
+  }
+  Tensor lg = step_body(meta, ids, pos, upload_i32(p.logit_rows), kv, opt, p.max_query_len);
+  read_logits(ops_, lg, logits, opt.greedy_tokens);
 }
 
 }  // namespace beluga

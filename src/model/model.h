@@ -10,6 +10,7 @@
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/batch.h"
+#include "model/decode_graphs.h"
 
 namespace beluga {
 
@@ -21,11 +22,14 @@ struct ForwardOptions {
   // after the final norm (for layer-by-layer comparison with a reference).
   std::vector<std::vector<float>>* hidden_capture = nullptr;
   int capture_row = -1;
+  // When set: greedy sampling on the device. Each logit row's argmax (ties: the lowest id) goes here
+  // and `logits` is not written, so the step copies R ids instead of R x vocab floats.
+  int32_t* greedy_tokens = nullptr;
 };
 
 class Model {
  public:
-  virtual ~Model() = default;
+  virtual ~Model();
   const ModelConfig& config() const { return cfg_; }
   Ops& ops() const { return ops_; }
 
@@ -36,8 +40,12 @@ class Model {
   int max_positions() const { return max_positions_; }
 
   // Runs all tokens of `batch`, writing their KV into `kv` and the logits of batch.logit_rows
-  // to `logits` (host, [logit_rows, vocab] F32).
+  // to `logits` (host, [logit_rows, vocab] F32; unused with opt.greedy_tokens).
+  // Decode steps replay recorded graphs on backends that support them (see DecodeGraphs) unless
+  // `enforce_eager` is set (as vLLM's --enforce-eager); results are the same up to rounding.
   void forward(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt = {});
+  void set_enforce_eager(bool on) { enforce_eager_ = on; }
+  int num_graphs() const { return graphs_ ? graphs_->num_graphs() : 0; }
 
  protected:
   Model(const ModelConfig& cfg, Ops& ops);
@@ -54,6 +62,10 @@ class Model {
   Weight load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in);
   Tensor load_vector(WeightSource& src, const std::string& name, int64_t n);
   void capture(const ForwardOptions& opt, const Tensor& h);
+  StepPlan plan_step(const Batch& b, const KvCache& kv) const;  // validates the batch
+  // Embedding, layers, then the F32 logits [rows, vocab] of the given rows.
+  Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
+                   KvCache& kv, const ForwardOptions& opt, int max_query_len);
   // From the embedded tokens to the final-normed hidden states [T, D].
   Tensor run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& positions, KvCache& kv,
                     const ForwardOptions& opt, int max_query_len);
@@ -66,6 +78,8 @@ class Model {
   RopeTable rope_;
   int64_t n_params_ = 0;
   int max_positions_ = 0;
+  bool enforce_eager_ = false;
+  std::unique_ptr<DecodeGraphs> graphs_;  // made on the first step that qualifies
 };
 
 // Builds the model for `cfg` from `src` (a checkpoint or dummy weights) on `ops`.

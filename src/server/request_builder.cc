@@ -90,6 +90,17 @@ int64_t resolve_max_tokens(ServerApi api, std::optional<int64_t> requested, size
                        " tokens. However, your prompt has " + std::to_string(prompt_len) + " tokens.",
                    api == ServerApi::kCompletions ? "prompt" : "messages");
   const int64_t room = info.max_model_len - int64_t(prompt_len);
+  // OpenAI (and vLLM) refuse an explicit budget past the context; Anthropic clients always send
+  // max_tokens, often larger than a small model's context, so there it is a cap, as for the defaults.
+  if (requested && *requested > room && api != ServerApi::kMessages)
+    throw ApiError(error_api(api), 400,
+                   "This model's maximum context length is " + std::to_string(info.max_model_len) +
+                       " tokens. However, you requested " + std::to_string(int64_t(prompt_len) + *requested) +
+                       " tokens (" + std::to_string(prompt_len) + " in the " +
+                       (api == ServerApi::kCompletions ? "prompt" : "messages") + ", " +
+                       std::to_string(*requested) +
+                       " in the completion). Please reduce the length of the messages or completion.",
+                   api == ServerApi::kResponses ? "max_output_tokens" : "max_tokens");
   int64_t m =
       requested ? *requested : (api == ServerApi::kCompletions ? info.default_completions_max_tokens : room);
   return std::min(m, room);

@@ -188,6 +188,21 @@ TEST_F(GpuOps, SiluMulAddCopyGatherEmbedding) {
   EXPECT_EQ(rel_l2(read(gg), read_cpu(ce)), 0.0);
 }
 
+TEST_F(GpuOps, ArgmaxRows) {
+  const int R = 5, V = 102400;
+  std::vector<float> l(size_t(R) * V);
+  for (auto& v : l) v = float(int(rng()() % 2000)) * 0.01f;  // coarse values: many ties
+  l[size_t(3) * V + 77] = 1e9f;
+  l[size_t(3) * V + 99000] = 1e9f;  // a tie at the maximum: the lowest id wins
+  std::vector<int32_t> want(R), got(R);
+  cpu.argmax_rows(Tensor::make(want.data(), DType::kI32, {R}), cpu_t(l, {R, V}));
+  Tensor ids = gpu->scratch(DType::kI32, {R});
+  gpu->argmax_rows(ids, gpu_t(l, {R, V}, DType::kF32));
+  gpu->copy_to_host(ids, got.data());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got[3], 77);
+}
+
 TEST_F(GpuOps, Rope) {
   for (bool inter : {true, false}) {
     const int T = 9, H = 16, dim = 64, P = 4096;
@@ -211,9 +226,60 @@ TEST_F(GpuOps, Rope) {
   }
 }
 
+// The fused MLA prologue equals the composition of the primitive ops it replaces (Ops' default),
+// bit for bit: cache rows (a padding row with slot -1 writes nothing), q_pe in place, and its copy.
+TEST_F(GpuOps, MlaPrepareMatchesComposedOps) {
+  for (bool inter : {true, false}) {
+    const int T = 6, H = 16, dim = 64, P = 512, r = 512, W = r + dim, blocks = 2;
+    std::vector<float> cs(size_t(P) * dim / 2), sn(cs.size());
+    for (int p = 0; p < P; ++p)
+      for (int i = 0; i < dim / 2; ++i) {
+        cs[size_t(p) * dim / 2 + i] = std::cos(p * std::pow(10000.0f, -2.0f * i / dim));
+        sn[size_t(p) * dim / 2 + i] = std::sin(p * std::pow(10000.0f, -2.0f * i / dim));
+      }
+    RopeTable rt{gpu_t(cs, {P, dim / 2}, DType::kF32), gpu_t(sn, {P, dim / 2}, DType::kF32), dim, inter};
+    std::vector<int32_t> pos = {0, 5, 77, 300, 511, 9}, slots = {3, 64, 100, -1, 127, 0};
+    AttnMeta m;
+    m.num_tokens = T;
+    m.slot_mapping = gpu_i32(slots).ptr<const int32_t>();
+    const Tensor gpos = gpu_i32(pos);
+    const auto kva = rand_bf16(size_t(T) * W), q = rand_bf16(size_t(T) * H * 192), w = rand_bf16(r);
+    const auto cache0 = rand_bf16(size_t(blocks) * 64 * W);
+    std::vector<float> got[3], want[3];
+    for (bool fused : {true, false}) {
+      Tensor cache = gpu_t(cache0, {blocks, 64, W});
+      Tensor gq = gpu_t(q, {T, H, 192});
+      Tensor out = gpu_out({T, H, W});
+      Tensor gk = gpu_t(kva, {T, W});
+      Tensor gw = gpu_t(w, {r});
+      if (fused)
+        gpu->mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
+      else
+        gpu->Ops::mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
+      auto& dst = fused ? got : want;
+      dst[0] = read(cache);
+      dst[1] = read(gq);
+      std::vector<float> o = read(out), pe;
+      for (int i = 0; i < T * H; ++i)
+        pe.insert(pe.end(), o.begin() + int64_t(i) * W + r, o.begin() + int64_t(i + 1) * W);
+      dst[2] = pe;
+    }
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(got[k], want[k]) << "part " << k << " interleaved " << inter;
+    // Slot 1 is nobody's (the padding row has slot -1): its row keeps the old contents.
+    EXPECT_TRUE(std::equal(got[0].begin() + W, got[0].begin() + 2 * W, cache0.begin() + W));
+    EXPECT_FALSE(std::equal(got[0].begin() + 3 * W, got[0].begin() + 4 * W, cache0.begin() + 3 * W));
+  }
+}
+
 // ---- GEMMs ----
 TEST_F(GpuOps, Linear) {
-  for (auto [M, N, K] : {std::tuple{1, 2112, 2048}, {17, 576, 2048}, {300, 1024, 512}}) {
+  // M <= 4 with K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven); K = 100 and M > 4: cuBLAS.
+  for (auto [M, N, K] : {std::tuple{1, 2112, 2048},
+                         {3, 3072, 2048},
+                         {4, 64, 1408},
+                         {2, 100, 100},
+                         {17, 576, 2048},
+                         {300, 1024, 512}}) {
     auto x = rand_bf16(size_t(M) * K), w = rand_bf16(size_t(N) * K, 0.05f), b = rand_bf16(N);
     std::vector<uint16_t> wb(w.size());
     for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
@@ -358,7 +424,9 @@ TEST_F(GpuOps, MoeExperts) {
   std::vector<ExpertWeights> ge;
   for (auto& e : ce) ge.push_back(up(e));
   ExpertWeights gs = up(cs);
-  for (int T : {1, 7, 300}) {  // 300: the large-tile path (T*K/E >= 64)
+  // 1, 7: the GEMV path (T*K <= 2E; 7 puts several row groups on some experts); 20: small tiles;
+  // 300: the large-tile path (T*K/E >= 64).
+  for (int T : {1, 7, 20, 300}) {
     for (bool with_shared : {true, false}) {
       auto x = rand_bf16(size_t(T) * D);
       std::vector<int32_t> ids(size_t(T) * K);
@@ -635,6 +703,100 @@ TEST(GpuModelLarge, DeepseekV2LiteTwoLayersMatchesCpu) {
           y(b.begin() + int64_t(r) * V, b.begin() + int64_t(r + 1) * V);
       EXPECT_LE(rel_l2(x, y), 5e-2) << "row " << r << " mode " << int(mode);
     }
+  }
+}
+
+// Decode steps replayed from CUDA graphs (padded batch buckets, power-of-two block-table widths)
+// give the eager path's logits: batch sizes 1..5 (buckets 1, 2, 4, 4, 8), contexts crossing the
+// 64- and 128-token widths, and a long prefill halfway that reallocates scratch (graphs re-recorded).
+void check_graphs_match_eager(const ModelConfig& cfg, WeightSource& wa, WeightSource& wb, CudaOps& ops) {
+  auto ga = load_model(cfg, wa, ops, 2048);
+  auto gb = load_model(cfg, wb, ops, 2048);
+  gb->set_enforce_eager(true);
+  const int V = cfg.vocab_size, kSeqs = 6, kBlocksPerSeq = 8;
+  KvCache ka = ga->make_kv_cache(kSeqs * kBlocksPerSeq), kb = gb->make_kv_cache(kSeqs * kBlocksPerSeq);
+  auto table = [&](int s) {
+    std::vector<int> t(kBlocksPerSeq);
+    for (int i = 0; i < kBlocksPerSeq; ++i) t[size_t(i)] = s * kBlocksPerSeq + i;
+    return t;
+  };
+  std::vector<int> len = {50, 63, 64, 100, 7}, next(5);
+  {  // prefill all five in one eager step
+    Batch b;
+    for (int s = 0; s < 5; ++s) {
+      for (int i = 0; i < len[size_t(s)]; ++i) b.tokens.push_back(int(rng()() % V));
+      b.seqs.push_back({0, len[size_t(s)], table(s)});
+      b.logit_rows.push_back(int(b.tokens.size()) - 1);
+    }
+    std::vector<float> la(5 * size_t(V)), lb(5 * size_t(V));
+    ga->forward(b, ka, la.data());
+    gb->forward(b, kb, lb.data());
+    for (int s = 0; s < 5; ++s)
+      next[size_t(s)] = int(std::max_element(la.begin() + int64_t(s) * V, la.begin() + int64_t(s + 1) * V) -
+                            (la.begin() + int64_t(s) * V));
+  }
+  double worst = 0;
+  for (int step = 0; step < 60; ++step) {
+    if (step == 30) {  // a long prefill on a sixth sequence: scratch grows, recorded graphs go stale
+      Batch b;
+      for (int i = 0; i < 400; ++i) b.tokens.push_back(int(rng()() % V));
+      b.seqs.push_back({0, 400, table(5)});
+      b.logit_rows.push_back(399);
+      std::vector<float> la(V), lb(V);
+      ga->forward(b, ka, la.data());
+      gb->forward(b, kb, lb.data());
+    }
+    const int n = 1 + step % 5;
+    Batch b;
+    for (int s = 0; s < n; ++s) {
+      b.tokens.push_back(next[size_t(s)]);
+      b.seqs.push_back({len[size_t(s)], 1, table(s)});
+      b.logit_rows.push_back(s);
+    }
+    std::vector<float> la(size_t(n) * V), lb(size_t(n) * V);
+    ga->forward(b, ka, la.data());
+    gb->forward(b, kb, lb.data());
+    // The same step again with greedy sampling on the device (it rewrites the same KV entries).
+    std::vector<int32_t> greedy(size_t(n), -1);
+    ForwardOptions fo;
+    fo.greedy_tokens = greedy.data();
+    ga->forward(b, ka, nullptr, fo);
+    for (int s = 0; s < n; ++s) {
+      const auto row = la.begin() + int64_t(s) * V;
+      ASSERT_EQ(greedy[size_t(s)], int(std::max_element(row, row + V) - row)) << "step " << step;
+    }
+    for (int s = 0; s < n; ++s) {
+      std::vector<float> x(la.begin() + int64_t(s) * V, la.begin() + int64_t(s + 1) * V),
+          y(lb.begin() + int64_t(s) * V, lb.begin() + int64_t(s + 1) * V);
+      const double e = rel_l2(x, y);
+      worst = std::max(worst, e);
+      ASSERT_LE(e, 2e-2) << "step " << step << " seq " << s;
+      next[size_t(s)] = int(std::max_element(x.begin(), x.end()) - x.begin());
+      len[size_t(s)]++;
+    }
+  }
+  EXPECT_GT(ga->num_graphs(), 0);
+  EXPECT_EQ(gb->num_graphs(), 0);
+  std::printf("  graphs vs eager: worst rel L2 %.2e, %d graphs live\n", worst, ga->num_graphs());
+}
+
+TEST(GpuGraphs, DecodeStepsMatchEager) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (const char* fx : {"dsv3-tiny", "qwen3-tiny"}) {
+    SCOPED_TRACE(fx);
+    const std::string dir = source_dir() + "/tests/fixtures/" + fx;
+    Checkpoint ckpt(dir);
+    CudaOps ops;
+    check_graphs_match_eager(ModelConfig::from_file(dir + "/config.json"), ckpt, ckpt, ops);
+  }
+  {  // V2-Lite shapes: the tensor-core MLA decode kernel with its split-KV plan
+    SCOPED_TRACE("deepseek-v2-lite, 2 layers");
+    ModelConfig cfg = ModelConfig::from_file(source_dir() + "/bench/configs/deepseek-v2-lite/config.json");
+    cfg.num_layers = 2;
+    CudaOps ops;
+    CudaDummyWeights wa(ops), wb(ops);
+    check_graphs_match_eager(cfg, wa, wb, ops);
   }
 }
 

@@ -104,7 +104,7 @@ class ServerTest : public ::testing::Test {
     delete encoder_;
   }
 
-  void start(ServerConfig cfg = {}) {
+  void start(ServerConfig cfg = {}, int max_model_len = 512) {
     engine_ = std::make_unique<testing::FakeEngine>([this](const EngineRequest& r) {
       std::lock_guard l(text_mu_);
       return tokenizer_->encode(text_, /*allow_special=*/true);
@@ -118,7 +118,7 @@ class ServerTest : public ::testing::Test {
     info.served_name = "demo";
     info.tokenizer = tokenizer_;
     info.encoder = encoder_;
-    info.max_model_len = 512;
+    info.max_model_len = max_model_len;
     info.bos_token_id = 0;
     server_->set_engine(engine_.get(), info);
     port_ = server_->port();
@@ -642,6 +642,22 @@ TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {
   EXPECT_EQ(g.status, 400);
   Reply h = post(port_, "/v1/chat/completions", chat(std::string(3000, 'x')));
   EXPECT_EQ(h.status, 400) << "prompt longer than max_model_len";
+  // An explicit budget past the context (512 here) is refused by the OpenAI APIs, capped by Anthropic's.
+  Reply h2 = post(port_, "/v1/chat/completions", chat("hi", {{"max_tokens", 600}}));
+  EXPECT_EQ(h2.status, 400);
+  EXPECT_TRUE(openai_shape(h2));
+  EXPECT_NE(h2.json()["error"]["message"].get<std::string>().find("maximum context length is 512"),
+            std::string::npos)
+      << h2.body;
+  EXPECT_EQ(post(port_, "/v1/responses", Json{{"model", "demo"}, {"input", "hi"}, {"max_output_tokens", 600}})
+                .status,
+            400);
+  EXPECT_EQ(post(port_, "/v1/messages",
+                 Json{{"model", "demo"},
+                      {"max_tokens", 600},
+                      {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}})
+                .status,
+            200);
   Reply i = post(port_, "/v1/chat/completions", chat("hi", {{"n", 0}}));
   EXPECT_EQ(i.status, 400);
   Reply k = post(port_, "/v1/responses", Json{{"model", "demo"}, {"input", 5}});
@@ -706,8 +722,7 @@ TEST_F(ServerTest, ClientDisconnectAbortsTheRequest) {
   // Long enough (4000 steps of 1 ms) to still be generating when the client leaves, even on a loaded
   // machine.
   set_text(std::string(4000, 'a'));
-  start();
-  engine_.get();
+  start({}, 8192);  // room for max_tokens 4000
   for (int round = 0; round < 20; ++round) {
     net::io_context ioc;
     tcp::socket sock(ioc);

@@ -3,6 +3,7 @@
 // with other sequences do not change results; BF16 activations stay close to F32.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -130,6 +131,37 @@ TEST(ModelConsistency, RejectsBadInputWithErrors) {
   EXPECT_THROW(g.prompt_logits({1, 2, 512}), Error);     // token outside the vocabulary
   EXPECT_THROW(g.prompt_logits({}), Error);              // empty prompt
   EXPECT_THROW(g.prompt_logits(prompt(300, 1)), Error);  // beyond max positions
+}
+
+// ForwardOptions::greedy_tokens returns each logit row's argmax (lowest id on ties) instead of the
+// logits; the logits buffer is left alone.
+TEST(ModelConsistency, GreedyTokensAreTheLogitArgmax) {
+  DummyWeights w(5);
+  CpuOps ops({1});
+  auto m = load_model(dsv3_like(), w, ops, 512);
+  KvCache kv = m->make_kv_cache(4);
+  Batch b;
+  b.tokens = prompt(40, 3);
+  b.seqs.push_back({0, 40, {0}});
+  b.logit_rows = {9, 20, 39};
+  std::vector<float> logits(3 * 512);
+  m->forward(b, kv, logits.data());
+  std::vector<int32_t> ids(3, -1);
+  std::vector<float> untouched(3 * 512, 7.0f);
+  ForwardOptions opt;
+  opt.greedy_tokens = ids.data();
+  m->forward(b, kv, untouched.data(), opt);
+  for (int r = 0; r < 3; ++r) {
+    const auto row = logits.begin() + r * 512;
+    EXPECT_EQ(ids[size_t(r)], int(std::max_element(row, row + 512) - row)) << "row " << r;
+  }
+  EXPECT_EQ(untouched, std::vector<float>(3 * 512, 7.0f));
+
+  // Ties: the lowest index, as std::max_element.
+  std::vector<float> t = {1, 5, 5, 2, -INFINITY, -INFINITY};
+  std::vector<int32_t> out(2);
+  ops.argmax_rows(Tensor::make(out.data(), DType::kI32, {2}), Tensor::make(t.data(), DType::kF32, {2, 3}));
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 0}));
 }
 
 }  // namespace

@@ -85,7 +85,8 @@ void CpuOps::cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m)
   BELUGA_CHECK(entries.shape[1] == D, "cache_write: entry width ", entries.shape[1], " != ", D);
   for (int t = 0; t < m.num_tokens; ++t) {
     const int32_t slot = m.slot_mapping[t];
-    BELUGA_CHECK(slot >= 0 && slot < slots, "cache slot ", slot, " out of range");
+    if (slot < 0) continue;  // a padding row
+    BELUGA_CHECK(slot < slots, "cache slot ", slot, " out of range");
     std::memcpy(cache.ptr<float>() + int64_t(slot) * D, entries.ptr<const float>() + t * entries.stride[0],
                 D * sizeof(float));
   }

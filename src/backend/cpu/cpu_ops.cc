@@ -193,6 +193,17 @@ void CpuOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
   }
 }
 
+void CpuOps::argmax_rows(Tensor ids, const Tensor& logits) {
+  BELUGA_CHECK(ids.dtype == DType::kI32 && logits.dtype == DType::kF32 && logits.ndim == 2 &&
+                   logits.stride[1] == 1 && ids.numel() == logits.shape[0],
+               "argmax_rows: ids I32 [R], logits F32 [R, V]");
+  const int64_t V = logits.shape[1];
+  for (int64_t r = 0; r < logits.shape[0]; ++r) {
+    const float* row = logits.ptr<const float>() + r * logits.stride[0];
+    ids.ptr<int32_t>()[r] = int32_t(std::max_element(row, row + V) - row);
+  }
+}
+
 void CpuOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
   cpu::OpProfile::Scope prof(profile_, "gather_rows");
   const int64_t D = x.shape[1];

@@ -333,6 +333,125 @@ __global__ void moe_combine_kernel(bf16* out, int64_t ldo, const float* Y, int D
   }
 }
 
+// ---- decode path: GEMV over the experts that have rows ----
+// With a few rows per expert the tensor-core tiles are mostly padding and too few blocks stream the
+// weights; here every warp streams whole weight rows (16-byte loads, no L1 allocation) and applies
+// each to up to kGvRows token rows staged in shared memory. Block y works on the y-th expert that
+// has rows (grid.y = min(rows, experts)), block x on kGvUnits output units of it.
+constexpr int kGvThreads = 256, kGvUnits = 32, kGvRows = 4;
+
+struct GemvArgs {
+  const bf16* x;
+  int64_t ldx;
+  const int* row_token;  // gate-up: x row of plan row r; down: null (row r of x)
+  const void* const* ptrs;
+  const int* inter;
+  const int* start;
+  int ne, D;
+  void* out;
+  int64_t ldo;
+};
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kGvThreads) moe_gemv_kernel(GemvArgs p) {
+  extern __shared__ __align__(16) unsigned char gv_smem[];
+  bf16* xs = reinterpret_cast<bf16*>(gv_smem);  // [kGvRows, K]
+  __shared__ int s_expert;
+  if (threadIdx.x < 32) {  // the blockIdx.y-th expert with rows: a ballot scan, 32 experts at a time
+    const int lane = threadIdx.x;
+    int want = blockIdx.y, e = -1;
+    for (int base = 0; base < p.ne && e < 0; base += 32) {
+      const int i = base + lane;
+      const unsigned mask = __ballot_sync(0xffffffffu, i < p.ne && p.start[i + 1] > p.start[i]);
+      const int cnt = __popc(mask);
+      if (want < cnt) {
+        unsigned m = mask;
+        for (int j = 0; j < want; ++j) m &= m - 1;  // drop the lower set bits
+        e = base + __ffs(int(m)) - 1;
+      } else {
+        want -= cnt;
+      }
+    }
+    if (lane == 0) s_expert = e;
+  }
+  __syncthreads();
+  const int e = s_expert;
+  if (e < 0) return;
+  const int I = p.inter[e];
+  const int K = kGateUp ? p.D : I;
+  const int N = kGateUp ? I : p.D;
+  const int u0 = blockIdx.x * kGvUnits;
+  if (u0 >= N) return;
+  const int r0 = p.start[e], r1 = p.start[e + 1], K8 = K / 8;
+  const bf16* w0 = static_cast<const bf16*>(p.ptrs[(kGateUp ? 0 : 2) * p.ne + e]);
+  const bf16* w1 = kGateUp ? static_cast<const bf16*>(p.ptrs[p.ne + e]) : w0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int rg = r0; rg < r1; rg += kGvRows) {
+    const int nr = min(kGvRows, r1 - rg);
+    __syncthreads();  // the previous group's rows are no longer read
+    for (int c = threadIdx.x; c < nr * K8; c += kGvThreads) {
+      const int rr = c / K8, part = c % K8;
+      const int64_t src = kGateUp ? int64_t(p.row_token[rg + rr]) : int64_t(rg + rr);
+      reinterpret_cast<uint4*>(xs + rr * K)[part] = reinterpret_cast<const uint4*>(p.x + src * p.ldx)[part];
+    }
+    __syncthreads();
+    for (int u = u0 + warp; u < min(u0 + kGvUnits, N); u += kGvThreads / 32) {
+      float ag[kGvRows] = {}, au[kGvRows] = {};
+      const bf16* wg = w0 + int64_t(u) * K;
+      const bf16* wu = w1 + int64_t(u) * K;
+      constexpr int U = 4;  // 16-byte loads in flight per lane and matrix (measured: 8, or two units
+                            // per warp at once, were slower)
+      for (int k0 = lane; k0 < K8; k0 += 32 * U) {
+        uint4 g[U], up[U];
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+          const bool ok = k0 + 32 * j < K8;
+          g[j] = ok ? ld_stream(wg + (k0 + 32 * j) * 8) : uint4{};
+          if (kGateUp) up[j] = ok ? ld_stream(wu + (k0 + 32 * j) * 8) : uint4{};
+        }
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+          const int k8 = k0 + 32 * j;
+          if (k8 >= K8) break;
+#pragma unroll
+          for (int r = 0; r < kGvRows; ++r)
+            if (r < nr) {
+              const uint4 xv = reinterpret_cast<const uint4*>(xs + r * K)[k8];
+              ag[r] += dot8(g[j], xv);
+              if (kGateUp) au[r] += dot8(up[j], xv);
+            }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kGvRows; ++r) {
+        if (r >= nr) break;
+        const float gv = warp_sum(ag[r]);
+        if (kGateUp) {
+          const float uv = warp_sum(au[r]);
+          if (lane == 0)
+            static_cast<bf16*>(p.out)[int64_t(rg + r) * p.ldo + u] =
+                __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+        } else if (lane == 0) {
+          static_cast<float*>(p.out)[int64_t(rg + r) * p.ldo + u] = gv;
+        }
+      }
+    }
+  }
+}
+
+template <bool G>
+void launch_gemv(const GemvArgs& a, int k_max, int grid_x, int grid_y, cudaStream_t st) {
+  const int smem = kGvRows * k_max * 2;
+  static int configured = 48 << 10;  // the default dynamic shared memory limit
+  if (smem > configured) {
+    BELUGA_CUDA_CHECK(
+        cudaFuncSetAttribute(moe_gemv_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = smem;
+  }
+  moe_gemv_kernel<G><<<dim3(grid_x, grid_y), kGvThreads, smem, st>>>(a);
+  BELUGA_LAUNCH_CHECK();
+}
+
 template <int BM, bool G>
 void launch_grouped(const GroupedArgs& a, int grid_x, int grid_y, cudaStream_t st) {
   constexpr int smem = grouped_smem<BM>();
@@ -448,6 +567,41 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   BELUGA_LAUNCH_CHECK();
   Tensor H = scratch(DType::kBF16, {R, tab.i_max});
   Tensor Y = scratch(DType::kF32, {R, D});
+  // Decode: about one row per expert or fewer (and aligned rows) -> the GEMV path.
+  const bool gemv = int64_t(T) * K <= 2 * int64_t(E) && x.stride[0] % 8 == 0 && aligned16(x.data);
+  if (gemv) {
+    GemvArgs g{};
+    g.ptrs = tab.ptrs;
+    g.inter = tab.inter;
+    g.start = start;
+    g.ne = ne;
+    g.D = D;
+    g.x = x.ptr<const bf16>();
+    g.ldx = x.stride[0];
+    g.row_token = row_token;
+    g.out = H.data;
+    g.ldo = tab.i_max;
+    const int gy = std::min(R, ne);
+    launch_gemv<true>(g, D, int(ceil_div(tab.i_max, kGvUnits)), gy, st);
+    g.x = H.ptr<const bf16>();
+    g.ldx = tab.i_max;
+    g.row_token = nullptr;
+    g.out = Y.data;
+    g.ldo = D;
+    launch_gemv<false>(g, tab.i_max, int(ceil_div(D, kGvUnits)), gy, st);
+  } else {
+    run_grouped(x, H, Y, tab, start, tile_start, row_token, R, big, st);
+  }
+  moe_combine_kernel<<<int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st>>>(
+      out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
+      shared ? T * K : -1);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
+                          const int* tile_start, const int* row_token, int R, bool big, void* stream) {
+  cudaStream_t st = S(stream);
+  const int ne = tab.ne, D = tab.d, bm = big ? 128 : 32;
   const int grid_y = int(ceil_div(R, bm)) + ne;
   GroupedArgs a{};
   a.ptrs = tab.ptrs;
@@ -478,10 +632,6 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     launch_grouped<128, false>(a, gx2, grid_y, st);
   else
     launch_grouped<32, false>(a, gx2, grid_y, st);
-  moe_combine_kernel<<<int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st>>>(
-      out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
-      shared ? T * K : -1);
-  BELUGA_LAUNCH_CHECK();
 }
 
 }  // namespace beluga

@@ -2,6 +2,7 @@
 // weights. MoE lives in cuda_moe.cu, attention and the KV cache in cuda_attention.cu.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +62,87 @@ __global__ void fill_uniform_kernel(T* p, int64_t n, uint64_t seed, float lo, fl
       v = __fadd_rn(
           lo, __fmul_rn(__fmul_rn(span, float(mix64(seed + uint64_t(i)) >> 40)), 1.0f / float(1 << 24)));
     p[i] = from_f<T>(v);
+  }
+}
+
+// Few-row products (decode): one warp per output unit streams its weight row with 16-byte loads past
+// L1 and dots it with each of the M <= kGemvRows activation rows, which every warp of the SM shares
+// through L1. cuBLAS at M = 1..4 reaches about a third of the bandwidth on these shapes.
+constexpr int kGemvRows = 4, kGemvThreads = 256;
+
+__device__ __forceinline__ void store_out(float* p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void store_out(bf16* p, float v) {
+  *p = __float2bfloat16(v);
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_kernel(OutT* out, int64_t ldo, const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, int M, int N,
+                int K8) {
+  const int lane = threadIdx.x & 31;
+  const int u = blockIdx.x * (kGemvThreads / 32) + (threadIdx.x >> 5);
+  if (u >= N) return;
+  const bf16* wr = w + int64_t(u) * ldw;
+  float acc[kGemvRows] = {};
+  constexpr int U = 4;  // 16-byte loads in flight per lane (8 measured slower)
+  for (int k0 = lane; k0 < K8; k0 += 32 * U) {
+    uint4 wv[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) wv[j] = k0 + 32 * j < K8 ? ld_stream(wr + (k0 + 32 * j) * 8) : uint4{};
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int k8 = k0 + 32 * j;
+      if (k8 >= K8) break;
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r)
+        if (r < M) acc[r] += dot8(wv[j], __ldg(reinterpret_cast<const uint4*>(x + r * ldx) + k8));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    if (r >= M) break;
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) store_out(out + r * ldo + u, v);
+  }
+}
+
+// One block per row: the first index of the row's maximum (as std::max_element on the host).
+__global__ void argmax_kernel(int32_t* ids, const float* logits, int64_t ld, int V) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const float* row = logits + int64_t(blockIdx.x) * ld;
+  float best = -INFINITY;
+  int bi = INT_MAX;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = row[i];
+    if (v > best || bi == INT_MAX) {  // strictly greater: the lowest index wins ties within a thread
+      best = v;
+      bi = i;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > best || (ov == best && oi < bi)) {
+      best = ov;
+      bi = oi;
+    }
+  }
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (lane == 0) {
+    sv[w] = best;
+    si[w] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < int(blockDim.x >> 5); ++k)
+      if (sv[k] > best || (sv[k] == best && si[k] < bi)) {
+        best = sv[k];
+        bi = si[k];
+      }
+    ids[blockIdx.x] = bi;
   }
 }
 
@@ -200,6 +282,7 @@ CudaOps::CudaOps(CudaOptions opt) {
   BELUGA_CUDA_CHECK(cudaGetDeviceCount(&n));
   BELUGA_CHECK(n > opt.device, "CUDA device ", opt.device, " not present (", n, " devices)");
   BELUGA_CUDA_CHECK(cudaSetDevice(opt.device));
+  device_ = opt.device;
   cudaDeviceProp prop{};
   BELUGA_CUDA_CHECK(cudaGetDeviceProperties(&prop, opt.device));
   BELUGA_CHECK(prop.major >= 9, "the CUDA backend is built for sm_90a (Hopper); device ", prop.name,
@@ -243,6 +326,8 @@ CudaOps::~CudaOps() {
       std::fprintf(stderr, "  %-24s %10.2f ms %8ld calls %8.1f us/call %5.1f%%\n", k.c_str(), v.first * 1e3,
                    v.second, v.first * 1e6 / double(v.second), 100.0 * v.first / total);
   }
+  for (void* g : graphs_)
+    if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   expert_tables_.clear();
   for (void* p : chunks_) cudaFree(p);
   for (void* p : persistent_) cudaFree(p);
@@ -272,6 +357,7 @@ void CudaOps::reset_scratch() {
     size_t total = 0;
     for (size_t s : chunk_size_) total += s;
     for (void* p : chunks_) BELUGA_CUDA_CHECK(cudaFree(p));
+    ++scratch_epoch_;  // recorded graphs point into the freed chunks
     chunks_.clear();
     chunk_size_.clear();
     void* p = nullptr;
@@ -323,6 +409,39 @@ void CudaOps::synchronize() {
   BELUGA_CUDA_CHECK(cudaStreamSynchronize(S(stream_)));
 }
 
+void CudaOps::bind_thread() {
+  BELUGA_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+void CudaOps::begin_capture() {
+  // Thread-local mode: other threads' CUDA calls (e.g. a loader) do not invalidate the capture.
+  BELUGA_CUDA_CHECK(cudaStreamBeginCapture(S(stream_), cudaStreamCaptureModeThreadLocal));
+}
+
+int CudaOps::end_capture() {
+  cudaGraph_t g = nullptr;
+  BELUGA_CUDA_CHECK(cudaStreamEndCapture(S(stream_), &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  BELUGA_CUDA_CHECK(err);
+  graphs_.push_back(exec);
+  return int(graphs_.size()) - 1;
+}
+
+void CudaOps::replay(int graph) {
+  BELUGA_CHECK(graph >= 0 && graph < int(graphs_.size()) && graphs_[size_t(graph)], "replay: no graph ",
+               graph);
+  BELUGA_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[size_t(graph)]), S(stream_)));
+}
+
+void CudaOps::release_graph(int graph) {
+  if (graph < 0 || graph >= int(graphs_.size()) || !graphs_[size_t(graph)]) return;
+  cudaStreamSynchronize(S(stream_));
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graphs_[size_t(graph)]));
+  graphs_[size_t(graph)] = nullptr;
+}
+
 void CudaOps::fill_uniform(Tensor t, uint64_t seed, float lo, float hi) {
   BELUGA_CHECK(t.is_contiguous(), "fill_uniform: tensor must be contiguous");
   const int64_t n = t.numel();
@@ -360,6 +479,18 @@ void CudaOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
   if (R == 0) return;
   gather_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(
       out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], rows.ptr<const int32_t>(), R, D);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::argmax_rows(Tensor ids, const Tensor& logits) {
+  Prof prof_scope(this, "argmax_rows");
+  BELUGA_CHECK(ids.dtype == DType::kI32 && logits.dtype == DType::kF32 && logits.ndim == 2 &&
+                   logits.stride[1] == 1 && ids.numel() == logits.shape[0],
+               "argmax_rows: ids I32 [R], logits F32 [R, V]");
+  const int R = int(logits.shape[0]);
+  if (R == 0) return;
+  argmax_kernel<<<R, 512, 0, S(stream_)>>>(ids.ptr<int32_t>(), logits.ptr<const float>(), logits.stride[0],
+                                           int(logits.shape[1]));
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -489,6 +620,20 @@ const Tensor& CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int blo
 
 void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w) {
   const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.shape[0]);
+  if (M <= kGemvRows && K % 8 == 0 && x.stride[0] % 8 == 0 && w.stride[0] % 8 == 0 && aligned16(x.data) &&
+      aligned16(w.data)) {
+    const int grid = int(ceil_div(N, kGemvThreads / 32));
+    if (out.dtype == DType::kF32)
+      gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(out.ptr<float>(), out.stride[0], x.ptr<const bf16>(),
+                                                         x.stride[0], w.ptr<const bf16>(), w.stride[0], M, N,
+                                                         K / 8);
+    else
+      gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(),
+                                                         x.stride[0], w.ptr<const bf16>(), w.stride[0], M, N,
+                                                         K / 8);
+    BELUGA_LAUNCH_CHECK();
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   const cudaDataType_t ct = out.dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   // Column-major view: out^T [N, M] = W [K, N]^T * x^T [K, M].

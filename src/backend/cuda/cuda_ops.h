@@ -35,6 +35,14 @@ class CudaOps final : public Ops {
   void copy_to_host(const Tensor& src, void* dst) override;
   void copy_from_host(Tensor dst, const void* src) override;
   void synchronize() override;
+  void bind_thread() override;
+
+  bool supports_graphs() const override { return !profile_; }
+  void begin_capture() override;
+  int end_capture() override;
+  void replay(int graph) override;
+  void release_graph(int graph) override;
+  uint64_t scratch_epoch() const override { return scratch_epoch_; }
 
   void embedding(Tensor out, const Tensor& table, const Tensor& ids) override;
   void rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) override;
@@ -44,6 +52,7 @@ class CudaOps final : public Ops {
   void silu_mul(Tensor out, const Tensor& gate_up) override;
   void rope(Tensor x, const Tensor& positions, const RopeTable& table) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
+  void argmax_rows(Tensor ids, const Tensor& logits) override;
 
   void linear(Tensor out, const Tensor& x, const Weight& w) override;
   void linear_heads(Tensor out, const Tensor& x, const Tensor& w) override;
@@ -54,6 +63,9 @@ class CudaOps final : public Ops {
                    std::span<const ExpertWeights> experts, const ExpertWeights* shared) override;
 
   void cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m) override;
+  void mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
+                   Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
+                   const AttnMeta& m) override;
   void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                               int kv_rank, float scale) override;
   void gather_context(Tensor out, const Tensor& cache, const AttnMeta& m) override;
@@ -93,8 +105,14 @@ class CudaOps final : public Ops {
   // Per-layer expert tables on the device (weight pointers, widths), built on first use.
   struct ExpertTable;
   const ExpertTable& expert_table(std::span<const ExpertWeights> experts, const ExpertWeights* shared);
+  // The tensor-core grouped GEMMs (gate-up with SiLU-and-mul into H, down into Y) over planned rows.
+  void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
+                   const int* tile_start, const int* row_token, int R, bool big, void* stream);
 
+  int device_ = 0;
   void* stream_ = nullptr;
+  std::vector<void*> graphs_;  // cudaGraphExec_t, by id
+  uint64_t scratch_epoch_ = 0;
   void* cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
   int sm_count_ = 0;
