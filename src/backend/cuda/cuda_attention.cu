@@ -683,7 +683,7 @@ void CudaOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& 
   mla_decode_kernel<<<dim3(splits, H / kMHG, T), 128, kMSmem, S(stream_)>>>(a);
   BELUGA_LAUNCH_CHECK();
   mla_combine_kernel<<<T * H, kMDv, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0], out.stride[1],
-                                                    o_part.ptr<float>(), ml.ptr<float>(), H, splits);
+                                                     o_part.ptr<float>(), ml.ptr<float>(), H, splits);
   BELUGA_LAUNCH_CHECK();
 }
 
