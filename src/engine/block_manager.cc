@@ -93,6 +93,17 @@ void BlockManager::publish(int block, const BlockHash& hash) {
   hash_[block] = hash;
 }
 
+void BlockManager::unpublish(int block) {
+  if (!has_hash_[block]) return;
+  auto it = index_.find(hash_[block]);
+  if (it != index_.end() && it->second == block) index_.erase(it);
+  has_hash_[block] = false;
+  if (in_free_[block]) {  // now a plain free block: reused first
+    free_.erase(free_pos_[block]);
+    free_pos_[block] = free_.insert(free_.begin(), block);
+  }
+}
+
 void BlockManager::release(std::vector<int>& table) {
   for (int b : table) {
     BELUGA_ASSERT(ref_[b] > 0);

@@ -34,6 +34,7 @@ class BlockManager {
   int num_blocks() const { return int(ref_.size()); }
   int num_free() const { return int(free_.size()); }
   int num_used() const { return num_blocks() - num_free(); }
+  bool is_published(int block) const { return has_hash_[size_t(block)]; }  // in the prefix index
 
   // The longest run of cached blocks matching `hashes` from the start; takes a reference on each.
   std::vector<int> acquire_prefix(const std::vector<BlockHash>& hashes);
@@ -41,6 +42,9 @@ class BlockManager {
   bool grow(std::vector<int>& table, int tokens);
   // Records that block `block` is full with the prefix named `hash` (later requests may share it).
   void publish(int block, const BlockHash& hash);
+  // Takes `block` out of the prefix index (its contents turned out not to be valid); no-op when it is
+  // not there.
+  void unpublish(int block);
   // Drops one reference on every block of `table` and clears it.
   void release(std::vector<int>& table);
 

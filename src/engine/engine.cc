@@ -1,11 +1,11 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <chrono>
 #include <random>
 #include <unordered_map>
 
 #include "engine/block_manager.h"
+#include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "util/error.h"
@@ -36,25 +36,42 @@ struct Engine::Impl {
     uint64_t seed = 0;
     int unfinished = 0;
   };
+  // A logit row of the step in flight, by (request slot, sequence index) rather than Seq*: the
+  // request may be aborted (and its Seqs freed) before the step's results are applied.
+  struct Row {
+    int slot, index;
+  };
 
   Impl(Model& m, const EngineConfig& cfg, int num_blocks)
       : model(m),
         blocks(num_blocks, cfg.enable_prefix_caching),
         scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens),
-        kv(m.make_kv_cache(num_blocks)) {}
+        kv(m.make_kv_cache(num_blocks)),
+        runner(m, kv, cfg.step_hook) {}
 
   Model& model;
   BlockManager blocks;
   Scheduler scheduler;
   KvCache kv;
+  ModelRunner runner;                         // after kv: its thread uses kv, so it must stop first
   std::unordered_map<int, Request> requests;  // by slot
   std::unordered_map<std::string, int> slot_of;
   int next_slot = 0;
   int64_t next_order = 0;
   std::mt19937_64 seed_source{std::random_device{}()};
-  std::vector<float> logits, scratch;
-  std::vector<int> index_scratch;
   EngineStats stats;
+
+  // Reused every step (the loop allocates little once warm).
+  std::vector<Chunk> chunks;  // the next step: scheduled before the step in flight is done
+  Batch batch;
+  std::vector<Row> rows;        // the step in flight: one per logit row
+  std::vector<int> step_slots;  // the step in flight: its requests (sorted, unique)
+  std::vector<int> published;   // the step in flight: blocks its commit put in the prefix index
+  std::vector<std::pair<int, RequestOutput>> outs;  // (slot, output) of the last applied step
+  std::unordered_map<int, size_t> out_of;           // slot -> index in outs
+  std::vector<int> failed;
+  std::vector<float> scratch;
+  std::vector<int> index_scratch;
 };
 
 namespace {
@@ -131,6 +148,18 @@ EngineStats Engine::stats() const {
   return published_stats_;
 }
 
+// One iteration of the loop, with step N on the runner (if any):
+//   a. take new requests and aborts; admit; abort (rows of N belonging to aborted requests are skipped
+//      later: they are looked up by slot).
+//   b. schedule step N+1 as chunks only, planning with tokens N has not sampled yet (Seq::pending).
+//   c. wait for N; sample its rows and apply them (append or finish); drop the chunks of sequences
+//      that finished from N+1.
+//   d. build N+1's batch (every token is known now), launch it, commit it at once: the runner runs
+//      steps in order, so N+2 sees N+1's KV even though N+1 may still be computing.
+//   e. while N+1 runs: emit N's outputs, retire finished requests, publish stats.
+// Blocks freed in a or c (abort, finish, preemption) may still be written by step N and may be handed
+// to another sequence in N+1 at once. That is safe only because steps run in order on one thread and
+// a step writes every KV slot of its new tokens before it reads them: N+1 never sees N's stale data.
 void Engine::loop() {
   Impl& im = *impl_;
   const int V = model_.config().vocab_size;
@@ -159,12 +188,74 @@ void Engine::loop() {
     im.stats.requests_finished++;
   };
 
+  // Step N's results: sample each row as a synchronous engine would, append the token or finish.
+  auto apply_step = [&] {
+    for (size_t r = 0; r < im.rows.size(); ++r) {
+      auto it = im.requests.find(im.rows[r].slot);
+      if (it == im.requests.end()) continue;  // aborted while the step ran
+      Impl::Request& rq = it->second;
+      Seq* s = rq.seqs[size_t(im.rows[r].index)].get();
+      s->pending = 0;
+      if (s->finish != FinishReason::kNone) continue;
+      SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
+                        &rq.stop_ids,     rq.seed,        s->index};
+      SampleResult res = sample(im.runner.logits() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
+      auto [oi, added] = im.out_of.try_emplace(s->request, im.outs.size());
+      if (added) im.outs.emplace_back(s->request, RequestOutput{});
+      RequestOutput& out = im.outs[oi->second].second;
+      SeqOutput so;
+      so.index = s->index;
+      const bool is_stop = std::find(rq.stop_ids.begin(), rq.stop_ids.end(), res.token) != rq.stop_ids.end();
+      im.stats.generation_tokens++;
+      if (is_stop) {
+        so.finish = FinishReason::kStop;
+        so.stop_token = res.token;
+      } else {
+        s->tokens.push_back(res.token);
+        s->output_counts[res.token]++;
+        so.tokens.push_back(res.token);
+        if (rq.req.sampling.logprobs >= 0) so.logprobs.push_back(std::move(res.logprob));
+        if (s->num_output() >= rq.req.sampling.max_tokens || int(s->tokens.size()) >= max_model_len_)
+          so.finish = FinishReason::kLength;
+      }
+      if (so.finish != FinishReason::kNone) {
+        s->finish = so.finish;
+        im.scheduler.remove(s);  // also from the waiting queue if N+1's schedule preempted it
+        rq.unfinished--;
+      }
+      out.seqs.push_back(std::move(so));
+    }
+  };
+
+  // Step N failed: fail its requests, as a synchronous engine would. Its commit already published
+  // blocks whose KV was never written; take them out of the prefix index and fail the requests that
+  // picked them up for N+1 too (they would read garbage). Their chunks leave N+1 before their Seqs go.
+  auto fail_step = [&](const std::string& error) {
+    im.failed.assign(im.step_slots.begin(), im.step_slots.end());
+    std::erase_if(im.published, [&](int b) { return !im.blocks.is_published(b); });  // evicted: reused
+    if (!im.published.empty())
+      for (auto& [slot, rq] : im.requests)
+        for (auto& s : rq.seqs)
+          if (std::find_first_of(s->blocks.begin(), s->blocks.end(), im.published.begin(),
+                                 im.published.end()) != s->blocks.end())
+            im.failed.push_back(slot);
+    std::sort(im.failed.begin(), im.failed.end());
+    im.failed.erase(std::unique(im.failed.begin(), im.failed.end()), im.failed.end());
+    std::erase_if(im.chunks, [&](const Chunk& c) {
+      return std::binary_search(im.failed.begin(), im.failed.end(), c.seq->request);
+    });
+    for (int slot : im.failed) emit_final(slot, FinishReason::kError, error);
+    for (int b : im.published) im.blocks.unpublish(b);
+  };
+
+  std::deque<EngineRequest> incoming;
+  std::vector<std::string> aborts;
   for (;;) {
-    std::deque<EngineRequest> incoming;
-    std::vector<std::string> aborts;
+    // a. New requests and aborts; block only when there is nothing to do at all.
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
+      if (!im.runner.in_flight())
+        cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
       if (stop_) break;
       incoming.swap(incoming_);
       aborts.swap(aborts_);
@@ -188,94 +279,98 @@ void Engine::loop() {
         s->salt = &rr.req.cache_salt;
         s->tokens = rr.req.prompt;
         s->num_prompt = int(rr.req.prompt.size());
+        s->max_length = std::min(s->num_prompt + rr.req.sampling.max_tokens, max_model_len_);
         im.scheduler.add(s.get());
         rr.seqs.push_back(std::move(s));
       }
       rr.unfinished = rr.req.sampling.n;
       im.stats.prompt_tokens += int64_t(rr.req.prompt.size());
     }
+    incoming.clear();
 
     // After admitting: an abort may name a request that arrived in the same batch.
     for (const auto& id : aborts) {
       auto it = im.slot_of.find(id);
       if (it != im.slot_of.end()) emit_final(it->second, FinishReason::kAbort, "");
     }
-    Seq* stuck = nullptr;
-    std::vector<Chunk> chunks = im.scheduler.schedule(&stuck);
-    if (stuck) emit_final(stuck->request, FinishReason::kError, "the request does not fit in the KV cache");
-    if (!chunks.empty()) {
-      Batch b;
-      std::vector<size_t> sample_chunks;
-      for (size_t i = 0; i < chunks.size(); ++i) {
-        const Chunk& c = chunks[i];
-        b.seqs.push_back({c.start, c.len, c.seq->blocks});
-        b.tokens.insert(b.tokens.end(), c.seq->tokens.begin() + c.start,
-                        c.seq->tokens.begin() + c.start + c.len);
-        if (c.sample) {
-          b.logit_rows.push_back(int(b.tokens.size()) - 1);
-          sample_chunks.push_back(i);
-        }
-      }
-      im.logits.resize(b.logit_rows.size() * size_t(V));
-      try {
-        model_.forward(b, im.kv, im.logits.data());
-      } catch (const std::exception& e) {
-        // A failed step fails the requests in it; the engine keeps serving the others.
-        std::vector<int> slots;
-        for (const Chunk& c : chunks) slots.push_back(c.seq->request);
-        std::sort(slots.begin(), slots.end());
-        slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
-        for (int slot : slots) emit_final(slot, FinishReason::kError, e.what());
-        continue;
-      }
-      im.scheduler.commit(chunks);
-      im.stats.steps++;
+    aborts.clear();
 
-      std::unordered_map<int, RequestOutput> outs;
-      for (size_t r = 0; r < sample_chunks.size(); ++r) {
-        Seq* s = chunks[sample_chunks[r]].seq;
-        Impl::Request& rq = im.requests.at(s->request);
-        SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
-                          &rq.stop_ids,     rq.seed,        s->index};
-        SampleResult res = sample(im.logits.data() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
-        RequestOutput& out = outs[s->request];
-        SeqOutput so;
-        so.index = s->index;
-        const bool is_stop =
-            std::find(rq.stop_ids.begin(), rq.stop_ids.end(), res.token) != rq.stop_ids.end();
-        im.stats.generation_tokens++;
-        if (is_stop) {
-          so.finish = FinishReason::kStop;
-          so.stop_token = res.token;
-        } else {
-          s->tokens.push_back(res.token);
-          s->output_counts[res.token]++;
-          so.tokens.push_back(res.token);
-          if (rq.req.sampling.logprobs >= 0) so.logprobs.push_back(std::move(res.logprob));
-          if (s->num_output() >= rq.req.sampling.max_tokens || int(s->tokens.size()) >= max_model_len_)
-            so.finish = FinishReason::kLength;
-        }
-        if (so.finish != FinishReason::kNone) {
-          s->finish = so.finish;
-          im.scheduler.remove(s);
-          rq.unfinished--;
-        }
-        out.seqs.push_back(std::move(so));
+    // b. Step N+1's skeleton.
+    Seq* stuck = nullptr;
+    im.scheduler.schedule(im.chunks, &stuck);
+    if (stuck) emit_final(stuck->request, FinishReason::kError, "the request does not fit in the KV cache");
+
+    // c. Step N's results.
+    if (im.runner.in_flight()) {
+      std::string error;
+      bool ok = true;
+      try {
+        im.runner.wait();
+      } catch (const std::exception& e) {
+        ok = false;
+        error = e.what();
+      } catch (...) {
+        ok = false;
+        error = "the forward step failed";
       }
-      for (auto& [slot, out] : outs) {
-        Impl::Request& rq = im.requests.at(slot);
-        out.request_id = rq.req.id;
-        out.prompt_tokens = int(rq.req.prompt.size());
-        out.cached_tokens = rq.seqs[0]->num_cached;
-        out.finished = rq.unfinished == 0;
-        if (rq.req.on_output) rq.req.on_output(std::move(out));
-        if (rq.unfinished == 0) {
-          im.slot_of.erase(rq.req.id);
-          im.requests.erase(slot);
-          im.stats.requests_finished++;
-        }
+      if (ok) {
+        im.stats.steps++;
+        apply_step();
+        // A sequence that finished at N may still have a chunk in N+1 (a stop token arrived); its
+        // blocks are already released. Seqs stay alive until step e, so c.seq is valid here.
+        std::erase_if(im.chunks, [](const Chunk& c) { return c.seq->finish != FinishReason::kNone; });
+      } else {
+        fail_step(error);  // a failed step fails the requests in it; the engine keeps serving the others
       }
     }
+
+    // d. Step N+1: build, launch, commit.
+    if (!im.chunks.empty()) {
+      Batch& b = im.batch;
+      b.tokens.clear();
+      b.logit_rows.clear();
+      b.seqs.resize(im.chunks.size());
+      im.rows.clear();
+      im.step_slots.clear();
+      for (size_t i = 0; i < im.chunks.size(); ++i) {
+        const Chunk& c = im.chunks[i];
+        const Seq* s = c.seq;
+        BELUGA_ASSERT(c.start + c.len <= int(s->tokens.size()));
+        b.seqs[i].context_len = c.start;
+        b.seqs[i].query_len = c.len;
+        b.seqs[i].block_table.assign(s->blocks.begin(), s->blocks.end());
+        b.tokens.insert(b.tokens.end(), s->tokens.begin() + c.start, s->tokens.begin() + c.start + c.len);
+        if (c.sample) {
+          b.logit_rows.push_back(int(b.tokens.size()) - 1);
+          im.rows.push_back({s->request, s->index});
+        }
+        im.step_slots.push_back(s->request);
+      }
+      std::sort(im.step_slots.begin(), im.step_slots.end());
+      im.step_slots.erase(std::unique(im.step_slots.begin(), im.step_slots.end()), im.step_slots.end());
+      im.runner.launch(b);  // b now holds an older batch, kept for its capacity
+      im.published.clear();
+      im.scheduler.commit(im.chunks, &im.published);
+      for (const Chunk& c : im.chunks)
+        if (c.sample) c.seq->pending = 1;
+    }
+
+    // e. Step N's outputs, while N+1 runs.
+    for (auto& [slot, out] : im.outs) {
+      Impl::Request& rq = im.requests.at(slot);
+      out.request_id = rq.req.id;
+      out.prompt_tokens = int(rq.req.prompt.size());
+      out.cached_tokens = rq.seqs[0]->num_cached;
+      out.finished = rq.unfinished == 0;
+      if (rq.req.on_output) rq.req.on_output(std::move(out));
+      if (rq.unfinished == 0) {
+        im.slot_of.erase(rq.req.id);
+        im.requests.erase(slot);
+        im.stats.requests_finished++;
+      }
+    }
+    im.outs.clear();
+    im.out_of.clear();
     {
       std::lock_guard<std::mutex> lk(mu_);
       waiting_count_ = im.scheduler.num_waiting();
@@ -288,7 +383,14 @@ void Engine::loop() {
       published_stats_ = im.stats;
     }
   }
-  // Shutting down: every request still here ends as aborted.
+  // Shutting down: the step in flight finishes (its results are dropped); every request still here
+  // ends as aborted.
+  if (im.runner.in_flight()) {
+    try {
+      im.runner.wait();
+    } catch (...) {  // the requests end as aborted either way
+    }
+  }
   std::vector<int> slots;
   for (auto& [slot, r] : im.requests) slots.push_back(slot);
   for (int slot : slots) emit_final(slot, FinishReason::kAbort, "");

@@ -1,11 +1,13 @@
 // Engine: owns a Model and its paged KV cache and runs the serving loop on its own thread:
-// schedule -> build batch -> forward -> sample -> emit outputs. Thread-safe submit/abort; outputs go
-// to each request's callback on the engine thread.
+// schedule -> build batch -> forward -> sample -> emit outputs, with the forward on a thread of its
+// own (ModelRunner) so that the CPU work of step N+1 overlaps the model's work on step N.
+// Thread-safe submit/abort; outputs go to each request's callback on the engine thread.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +27,9 @@ struct EngineConfig {
   int max_model_len = 0;    // 0: the model's max positions
   int max_queue_len = 256;  // waiting requests; beyond it submit() says kQueueFull
   bool enable_prefix_caching = true;
+  // Testing aid: called on the model thread before each step's forward with the step's number
+  // (0, 1, ...); an exception it throws fails the step like a forward error.
+  std::function<void(int64_t step)> step_hook;
 };
 
 enum class SubmitStatus { kOk, kQueueFull, kPromptTooLong, kInvalid };

@@ -32,14 +32,15 @@ void Scheduler::preempt(Seq* s) {
   ++preemptions_;
 }
 
-std::vector<Chunk> Scheduler::schedule(Seq** stuck) {
+void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
   *stuck = nullptr;
-  std::vector<Chunk> chunks;
+  chunks.clear();
   int budget = max_tokens_;
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Seq* s = running_[i];
-    const int n = std::min(int(s->tokens.size()) - s->num_computed, budget);
+    if (s->max_length > 0 && s->length() >= s->max_length) continue;  // its pending token ends it
+    const int n = std::min(s->length() - s->num_computed, budget);
     if (n <= 0) continue;
     bool fits = bm_.grow(s->blocks, s->num_computed + n);
     while (!fits && running_.back() != s) {  // the youngest makes room; it has not been scheduled yet
@@ -52,12 +53,14 @@ std::vector<Chunk> Scheduler::schedule(Seq** stuck) {
       preempted = true;
       break;
     }
-    chunks.push_back({s, s->num_computed, n, s->num_computed + n == int(s->tokens.size())});
+    chunks.push_back({s, s->num_computed, n, s->num_computed + n == s->length()});
     budget -= n;
   }
   // New work only when nothing had to give way this step.
   while (!preempted && !waiting_.empty() && budget > 0 && int(running_.size()) < max_seqs_) {
     Seq* s = waiting_.front();
+    // Preempted while its sample was in flight: wait (in order) until the engine has applied it.
+    if (s->pending > 0) break;
     if (s->num_computed == 0 && s->blocks.empty()) {
       // Share the longest cached prefix, but compute at least the last token (its logits are needed).
       const auto hashes = block_hashes(s->tokens, *s->salt, (s->tokens.size() - 1) / kKvBlockSize);
@@ -84,18 +87,19 @@ std::vector<Chunk> Scheduler::schedule(Seq** stuck) {
     chunks.push_back({s, s->num_computed, n, s->num_computed + n == int(s->tokens.size())});
     budget -= n;
   }
-  return chunks;
 }
 
-void Scheduler::commit(const std::vector<Chunk>& chunks) {
+void Scheduler::commit(const std::vector<Chunk>& chunks, std::vector<int>* published) {
   for (const Chunk& c : chunks) {
     Seq* s = c.seq;
+    BELUGA_ASSERT(c.start + c.len <= int(s->tokens.size()));
     s->num_computed = c.start + c.len;
     const int full = s->num_computed / kKvBlockSize;
     for (int b = int(s->hashes.size()); b < full; ++b) {
       const BlockHash prev = b == 0 ? BlockHash{} : s->hashes.back();
       s->hashes.push_back(chain_hash(prev, s->tokens.data() + int64_t(b) * kKvBlockSize, *s->salt));
       bm_.publish(s->blocks[size_t(b)], s->hashes.back());
+      if (published) published->push_back(s->blocks[size_t(b)]);
     }
   }
 }

@@ -2,6 +2,10 @@
 // go first (oldest first: decodes and unfinished prefill chunks), then waiting ones in arrival order,
 // each reusing its longest cached prefix. When blocks run out the youngest running sequence is
 // preempted: its blocks are released and it is recomputed later from its tokens so far.
+//
+// The engine schedules step N+1 while step N is still running, before N's samples are known. A
+// sequence's length is therefore tokens.size() + pending: a decode chunk may cover a token that step N
+// is still sampling; the engine appends it before it builds the batch.
 #pragma once
 
 #include <deque>
@@ -20,6 +24,8 @@ struct Seq {
   int index = 0;      // 0..n-1 within the request
   const std::string* salt = nullptr;
   std::vector<int> tokens;  // prompt, then generated tokens
+  int pending = 0;          // tokens sampled by the step in flight, not yet in `tokens` (0 or 1)
+  int max_length = 0;       // length at which it finishes for sure (max_tokens, max_model_len); 0: none
   int num_prompt = 0;
   int num_computed = 0;  // tokens whose KV is in the cache
   int num_cached = 0;    // prompt tokens found in the prefix cache at first admission
@@ -29,12 +35,13 @@ struct Seq {
   std::unordered_map<int, int> output_counts;
   FinishReason finish = FinishReason::kNone;
   int num_output() const { return int(tokens.size()) - num_prompt; }
+  int length() const { return int(tokens.size()) + pending; }  // what the scheduler plans with
 };
 
 struct Chunk {
   Seq* seq;
   int start, len;
-  bool sample;  // the chunk ends at the sequence's last token: its logits give the next token
+  bool sample;  // the chunk ends at the sequence's length(): its logits give the next token
 };
 
 class Scheduler {
@@ -43,10 +50,15 @@ class Scheduler {
 
   void add(Seq* s);     // to the back of the waiting queue
   void remove(Seq* s);  // finished or aborted: releases its blocks
-  // This step's chunks; `stuck` is set when a waiting sequence can never fit in the whole cache.
-  std::vector<Chunk> schedule(Seq** stuck);
-  // After the forward pass: advances num_computed and publishes newly full blocks to the prefix index.
-  void commit(const std::vector<Chunk>& chunks);
+  // This step's chunks (into `chunks`, cleared first); `stuck` is set when a waiting sequence can never
+  // fit in the whole cache. A waiting sequence with a pending token is not admitted until the token is
+  // applied (its prefix lookup needs all its tokens); a running one whose pending token is its last
+  // (length() >= max_length) is not scheduled: it finishes when the token is applied.
+  void schedule(std::vector<Chunk>& chunks, Seq** stuck);
+  // Once the step is launched (steps run in order, so the next one sees this one's KV): advances
+  // num_computed and publishes newly full blocks to the prefix index; appends those blocks to
+  // `published` when given. Every chunk's tokens must be known by then.
+  void commit(const std::vector<Chunk>& chunks, std::vector<int>* published = nullptr);
 
   int num_running() const { return int(running_.size()); }
   int num_waiting() const { return int(waiting_.size()); }

@@ -89,5 +89,30 @@ TEST(BlockManager, NoSharingWhenCachingIsOff) {
   EXPECT_TRUE(bm.acquire_prefix(h).empty());
 }
 
+TEST(BlockManager, UnpublishedBlocksAreNoLongerFoundAndAreReusedFirst) {
+  BlockManager bm(4, true);
+  auto t = tokens(2 * kKvBlockSize, 5);
+  auto h = block_hashes(t, "", 2);
+  std::vector<int> a;
+  ASSERT_TRUE(bm.grow(a, 2 * kKvBlockSize));
+  bm.publish(a[0], h[0]);
+  bm.publish(a[1], h[1]);
+  const int kept = a[0], dropped = a[1];
+  EXPECT_TRUE(bm.is_published(dropped));
+  bm.release(a);
+  bm.unpublish(dropped);  // freed and cached: becomes a plain free block
+  EXPECT_FALSE(bm.is_published(dropped));
+  EXPECT_TRUE(bm.is_published(kept));
+  std::vector<int> b = bm.acquire_prefix(h);
+  EXPECT_EQ(b, std::vector<int>{kept});  // the chain stops at the dropped block
+  std::vector<int> c;
+  ASSERT_TRUE(bm.grow(c, 1));
+  EXPECT_EQ(c[0], dropped);  // no longer worth keeping: reused first
+  bm.unpublish(dropped);     // not published: no-op
+  bm.release(b);
+  bm.release(c);
+  EXPECT_EQ(bm.num_used(), 0);
+}
+
 }  // namespace
 }  // namespace beluga

@@ -1,0 +1,83 @@
+#include "engine/model_runner.h"
+
+#include <utility>
+
+#include "util/error.h"
+
+namespace beluga {
+
+ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook)
+    : model_(model), kv_(kv), hook_(std::move(hook)), vocab_(model.config().vocab_size) {
+  thread_ = std::thread([this] { run(); });
+}
+
+ModelRunner::~ModelRunner() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();  // run() finishes a step in flight before it looks at stop_
+}
+
+void ModelRunner::launch(Batch& b) {
+  BELUGA_ASSERT(!in_flight_);
+  std::swap(batch_, b);
+  // Sized here, not on the thread: logits() stays valid for the caller between wait() and launch().
+  logits_.resize(batch_.logit_rows.size() * size_t(vocab_));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    has_work_ = true;
+    done_ = false;
+  }
+  in_flight_ = true;
+  cv_.notify_all();
+}
+
+void ModelRunner::wait() {
+  BELUGA_ASSERT(in_flight_);
+  std::exception_ptr err;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return done_; });
+    err = std::exchange(error_, nullptr);
+  }
+  in_flight_ = false;
+  if (err) std::rethrow_exception(err);
+}
+
+void ModelRunner::run() {
+  // A backend that cannot bind this thread fails every step with that error instead of crashing.
+  std::exception_ptr bind_error;
+  try {
+    model_.ops().bind_thread();
+  } catch (...) {
+    bind_error = std::current_exception();
+  }
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return has_work_ || stop_; });
+      if (!has_work_) return;  // stopping with nothing in flight
+      has_work_ = false;
+    }
+    std::exception_ptr err = bind_error;
+    if (!err) {
+      try {
+        if (hook_) hook_(step_);
+        model_.forward(batch_, kv_, logits_.data());
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    ++step_;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      error_ = err;
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace beluga

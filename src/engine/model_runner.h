@@ -1,0 +1,68 @@
+// ModelRunner: runs Model::forward on a thread of its own, one step at a time, so that the engine
+// thread can prepare the next step (schedule, emit outputs) while the model computes the current one.
+//
+// Contract:
+//   - launch(b) hands one step to the thread; at most one step is in flight (launch after launch
+//     without wait() in between is a bug).
+//   - wait() blocks until that step is done and rethrows the exception its forward threw, if any;
+//     otherwise logits() holds [b.logit_rows.size(), vocab] F32 rows in b.logit_rows order.
+//   - Steps run in launch order on one thread, so a step sees the KV cache writes of every earlier
+//     step. The engine relies on this to reuse blocks and to schedule ahead of the results.
+//   - The thread calls model.ops().bind_thread() once before its first step; only that thread issues
+//     ops, so the model and `kv` must not be used from elsewhere while the runner lives.
+//   - Destruction waits for a step in flight (its result is dropped) and joins the thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "model/model.h"
+
+namespace beluga {
+
+class ModelRunner {
+ public:
+  // Called on the runner's thread before each step's forward with the step's number (0, 1, ...);
+  // an exception it throws fails that step like a forward error. A testing aid; empty by default.
+  using StepHook = std::function<void(int64_t step)>;
+
+  ModelRunner(Model& model, KvCache& kv, StepHook hook = {});
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
+
+  // Starts one step. Swaps `b` with the runner's previous batch, so the caller gets vectors back whose
+  // capacity it can reuse for the next step instead of allocating.
+  void launch(Batch& b);
+  // Waits for the step in flight; rethrows its exception.
+  void wait();
+  bool in_flight() const { return in_flight_; }
+  // The last finished step's logits. Mutable: the caller may use the rows as scratch until the next
+  // launch() (the sampler works on them in place).
+  float* logits() { return logits_.data(); }
+
+ private:
+  void run();
+
+  Model& model_;
+  KvCache& kv_;
+  StepHook hook_;
+  const int vocab_;
+  Batch batch_;                // the step in flight (owned by the thread between launch and done)
+  std::vector<float> logits_;  // sized by launch(), written by the thread
+  bool in_flight_ = false;     // engine thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool has_work_ = false, done_ = false, stop_ = false;
+  int64_t step_ = 0;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts after everything above is initialised
+};
+
+}  // namespace beluga
