@@ -199,7 +199,11 @@ void Engine::loop() {
       if (s->finish != FinishReason::kNone) continue;
       SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
                         &rq.stop_ids,     rq.seed,        s->index};
-      SampleResult res = sample(im.runner.logits() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
+      SampleResult res{};
+      if (im.runner.greedy())  // every row samples_raw_argmax(): the device took the argmax
+        res.token = im.runner.greedy_tokens()[r];
+      else
+        res = sample(im.runner.logits() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
       auto [oi, added] = im.out_of.try_emplace(s->request, im.outs.size());
       if (added) im.outs.emplace_back(s->request, RequestOutput{});
       RequestOutput& out = im.outs[oi->second].second;
@@ -332,6 +336,7 @@ void Engine::loop() {
       b.seqs.resize(im.chunks.size());
       im.rows.clear();
       im.step_slots.clear();
+      bool greedy = true;  // all rows greedy on raw logits: sample on the device
       for (size_t i = 0; i < im.chunks.size(); ++i) {
         const Chunk& c = im.chunks[i];
         const Seq* s = c.seq;
@@ -343,12 +348,15 @@ void Engine::loop() {
         if (c.sample) {
           b.logit_rows.push_back(int(b.tokens.size()) - 1);
           im.rows.push_back({s->request, s->index});
+          const Impl::Request& rq = im.requests.at(s->request);
+          greedy = greedy && samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts,
+                                                 s->num_output(), &rq.stop_ids, rq.seed, s->index});
         }
         im.step_slots.push_back(s->request);
       }
       std::sort(im.step_slots.begin(), im.step_slots.end());
       im.step_slots.erase(std::unique(im.step_slots.begin(), im.step_slots.end()), im.step_slots.end());
-      im.runner.launch(b);  // b now holds an older batch, kept for its capacity
+      im.runner.launch(b, greedy && !b.logit_rows.empty());  // b now holds an older batch (capacity)
       im.published.clear();
       im.scheduler.commit(im.chunks, &im.published);
       for (const Chunk& c : im.chunks)

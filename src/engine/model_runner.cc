@@ -20,11 +20,15 @@ ModelRunner::~ModelRunner() {
   thread_.join();  // run() finishes a step in flight before it looks at stop_
 }
 
-void ModelRunner::launch(Batch& b) {
+void ModelRunner::launch(Batch& b, bool greedy) {
   BELUGA_ASSERT(!in_flight_);
   std::swap(batch_, b);
+  greedy_ = greedy;
   // Sized here, not on the thread: logits() stays valid for the caller between wait() and launch().
-  logits_.resize(batch_.logit_rows.size() * size_t(vocab_));
+  if (greedy)
+    greedy_tokens_.resize(batch_.logit_rows.size());
+  else
+    logits_.resize(batch_.logit_rows.size() * size_t(vocab_));
   {
     std::lock_guard<std::mutex> lk(mu_);
     has_work_ = true;
@@ -65,7 +69,9 @@ void ModelRunner::run() {
     if (!err) {
       try {
         if (hook_) hook_(step_);
-        model_.forward(batch_, kv_, logits_.data());
+        ForwardOptions opt;
+        if (greedy_) opt.greedy_tokens = greedy_tokens_.data();
+        model_.forward(batch_, kv_, logits_.data(), opt);
       } catch (...) {
         err = std::current_exception();
       }

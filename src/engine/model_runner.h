@@ -37,14 +37,18 @@ class ModelRunner {
   ModelRunner& operator=(const ModelRunner&) = delete;
 
   // Starts one step. Swaps `b` with the runner's previous batch, so the caller gets vectors back whose
-  // capacity it can reuse for the next step instead of allocating.
-  void launch(Batch& b);
+  // capacity it can reuse for the next step instead of allocating. With `greedy`, the step samples
+  // each logit row's argmax on the device (ForwardOptions::greedy_tokens): greedy_tokens() holds the
+  // ids and logits() is not written.
+  void launch(Batch& b, bool greedy = false);
   // Waits for the step in flight; rethrows its exception.
   void wait();
   bool in_flight() const { return in_flight_; }
   // The last finished step's logits. Mutable: the caller may use the rows as scratch until the next
   // launch() (the sampler works on them in place).
   float* logits() { return logits_.data(); }
+  const int32_t* greedy_tokens() const { return greedy_tokens_.data(); }
+  bool greedy() const { return greedy_; }
 
  private:
   void run();
@@ -55,7 +59,9 @@ class ModelRunner {
   const int vocab_;
   Batch batch_;                // the step in flight (owned by the thread between launch and done)
   std::vector<float> logits_;  // sized by launch(), written by the thread
-  bool in_flight_ = false;     // engine thread only
+  std::vector<int32_t> greedy_tokens_;
+  bool greedy_ = false;
+  bool in_flight_ = false;  // engine thread only
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -29,6 +29,13 @@ std::vector<double>& prob_scratch(int n) {
 
 }  // namespace
 
+bool samples_raw_argmax(const SampleContext& ctx) {
+  const SamplingParams& p = *ctx.params;
+  return p.temperature <= 0.0f && p.logprobs < 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         (ctx.num_output >= p.min_tokens || ctx.stop_ids->empty());
+}
+
 double sample_uniform(uint64_t seed, int seq_index, int step) {
   return unit_double(seed ^ mix64(uint64_t(seq_index) * 0x100000001b3ull + uint64_t(step)));
 }

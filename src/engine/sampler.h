@@ -28,6 +28,11 @@ struct SampleResult {
 SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vector<float>& scratch,
                     std::vector<int>& index_scratch);
 
+// Whether sample() would return the argmax of the raw logits (ties: the lowest id): greedy with no
+// logprobs and nothing that edits the logits. Such rows can be sampled on the device (the engine then
+// copies one id per row instead of the logits).
+bool samples_raw_argmax(const SampleContext& ctx);
+
 // A uniform double in [0, 1) from (seed, sequence, step), independent of batch composition.
 double sample_uniform(uint64_t seed, int seq_index, int step);
 

@@ -30,6 +30,35 @@ TEST(Sampler, GreedyTakesArgmax) {
   EXPECT_EQ(f.run({0.1f, 3.0f, 2.9f, -1.0f}, p).token, 1);
 }
 
+// The engine samples rows on the device (argmax of the raw logits) exactly when samples_raw_argmax()
+// says so; every parameter that edits the logits or needs them must turn it off, and when it is on,
+// sample() must give the raw argmax.
+TEST(Sampler, RawArgmaxPredicateMatchesSample) {
+  Fixture f;
+  f.counts = {{3, 2}};  // token 3 generated twice: penalties would move it
+  const std::vector<float> logits = {0.5f, 1.0f, 0.9f, 1.2f, 1.2f};  // argmax 3 (tie with 4: lowest wins)
+  auto raw_argmax = [&](const SamplingParams& p) {
+    SampleContext ctx{&p, &f.prompt, &f.counts, f.num_output, &f.stops, 1, 0};
+    return samples_raw_argmax(ctx);
+  };
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  EXPECT_TRUE(raw_argmax(greedy));
+  EXPECT_EQ(f.run(logits, greedy).token, 3);
+  std::vector<SamplingParams> edits(7, greedy);
+  edits[0].temperature = 0.7f;
+  edits[1].logprobs = 0;
+  edits[2].logit_bias = {{0, 5.0f}};
+  edits[3].repetition_penalty = 1.5f;
+  edits[4].presence_penalty = 1.0f;
+  edits[5].frequency_penalty = 1.0f;
+  edits[6].min_tokens = 5;  // stop ids are masked before min_tokens
+  for (size_t i = 0; i < edits.size(); ++i) EXPECT_FALSE(raw_argmax(edits[i])) << "edit " << i;
+  f.num_output = 5;  // min_tokens reached: nothing is masked any more
+  EXPECT_TRUE(raw_argmax(edits[6]));
+  EXPECT_EQ(f.run(logits, edits[6]).token, 3);
+}
+
 TEST(Sampler, LogitBiasAndMinTokens) {
   Fixture f;
   SamplingParams p;
