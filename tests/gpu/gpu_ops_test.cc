@@ -273,10 +273,11 @@ TEST_F(GpuOps, MlaPrepareMatchesComposedOps) {
 
 // ---- GEMMs ----
 TEST_F(GpuOps, Linear) {
-  // M <= 4 with K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven); K = 100 and M > 4: cuBLAS.
+  // M <= 4, N >= 256, K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven); the rest: cuBLAS.
   for (auto [M, N, K] : {std::tuple{1, 2112, 2048},
                          {3, 3072, 2048},
-                         {4, 64, 1408},
+                         {4, 512, 1408},
+                         {1, 64, 2048},
                          {2, 100, 100},
                          {17, 576, 2048},
                          {300, 1024, 512}}) {
@@ -332,7 +333,7 @@ TEST_F(GpuOps, LinearFp8AndF32Weights) {
 }
 
 TEST_F(GpuOps, LinearHeads) {
-  for (int T : {1, 33}) {
+  for (int T : {1, 3, 33}) {  // 1, 3: the per-head GEMV; 33: cuBLAS batched
     const int H = 16, K = 128, N = 512;
     auto x = rand_bf16(size_t(T) * H * 192), w = rand_bf16(size_t(H) * N * K, 0.1f);
     Tensor cw = cpu_t(w, {H, N, K});

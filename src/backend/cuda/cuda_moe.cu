@@ -338,7 +338,14 @@ __global__ void moe_combine_kernel(bf16* out, int64_t ldo, const float* Y, int D
 // weights; here every warp streams whole weight rows (16-byte loads, no L1 allocation) and applies
 // each to up to kGvRows token rows staged in shared memory. Block y works on the y-th expert that
 // has rows (grid.y = min(rows, experts)), block x on kGvUnits output units of it.
-constexpr int kGvThreads = 256, kGvUnits = 32, kGvRows = 4;
+constexpr int kGvThreads = 256, kGvRows = 4;
+// Output units per block and 16-byte loads in flight per lane and matrix. A warp's units run one after
+// another, so per-warp latency bounds these kernels; measured (ncu, V2-Lite b=1): gate-up best at
+// 32 units / 4 loads (two matrices in flight), down (K = 1408: one round trip) at 16 units / 8 loads.
+template <bool kGateUp>
+constexpr int kGvUnits = kGateUp ? 32 : 16;
+template <bool kGateUp>
+constexpr int kGvLoads = kGateUp ? 4 : 8;
 
 struct GemvArgs {
   const bf16* x;
@@ -380,7 +387,7 @@ __global__ void __launch_bounds__(kGvThreads) moe_gemv_kernel(GemvArgs p) {
   const int I = p.inter[e];
   const int K = kGateUp ? p.D : I;
   const int N = kGateUp ? I : p.D;
-  const int u0 = blockIdx.x * kGvUnits;
+  const int u0 = blockIdx.x * kGvUnits<kGateUp>;
   if (u0 >= N) return;
   const int r0 = p.start[e], r1 = p.start[e + 1], K8 = K / 8;
   const bf16* w0 = static_cast<const bf16*>(p.ptrs[(kGateUp ? 0 : 2) * p.ne + e]);
@@ -395,12 +402,11 @@ __global__ void __launch_bounds__(kGvThreads) moe_gemv_kernel(GemvArgs p) {
       reinterpret_cast<uint4*>(xs + rr * K)[part] = reinterpret_cast<const uint4*>(p.x + src * p.ldx)[part];
     }
     __syncthreads();
-    for (int u = u0 + warp; u < min(u0 + kGvUnits, N); u += kGvThreads / 32) {
+    for (int u = u0 + warp; u < min(u0 + kGvUnits<kGateUp>, N); u += kGvThreads / 32) {
       float ag[kGvRows] = {}, au[kGvRows] = {};
       const bf16* wg = w0 + int64_t(u) * K;
       const bf16* wu = w1 + int64_t(u) * K;
-      constexpr int U = 4;  // 16-byte loads in flight per lane and matrix (measured: 8, or two units
-                            // per warp at once, were slower)
+      constexpr int U = kGvLoads<kGateUp>;
       for (int k0 = lane; k0 < K8; k0 += 32 * U) {
         uint4 g[U], up[U];
 #pragma unroll
@@ -582,13 +588,13 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     g.out = H.data;
     g.ldo = tab.i_max;
     const int gy = std::min(R, ne);
-    launch_gemv<true>(g, D, int(ceil_div(tab.i_max, kGvUnits)), gy, st);
+    launch_gemv<true>(g, D, int(ceil_div(tab.i_max, kGvUnits<true>)), gy, st);
     g.x = H.ptr<const bf16>();
     g.ldx = tab.i_max;
     g.row_token = nullptr;
     g.out = Y.data;
     g.ldo = D;
-    launch_gemv<false>(g, tab.i_max, int(ceil_div(D, kGvUnits)), gy, st);
+    launch_gemv<false>(g, tab.i_max, int(ceil_div(D, kGvUnits<false>)), gy, st);
   } else {
     run_grouped(x, H, Y, tab, start, tile_start, row_token, R, big, st);
   }

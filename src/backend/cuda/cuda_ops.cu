@@ -77,14 +77,21 @@ __device__ __forceinline__ void store_out(bf16* p, float v) {
   *p = __float2bfloat16(v);
 }
 
+// blockIdx.y selects a head (linear_heads): x, w and out advance by their head strides.
+struct HeadStrides {
+  int64_t x, w, out;
+};
+
 template <typename OutT>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(OutT* out, int64_t ldo, const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, int M, int N,
-                int K8) {
+                int K8, HeadStrides hs) {
   const int lane = threadIdx.x & 31;
   const int u = blockIdx.x * (kGemvThreads / 32) + (threadIdx.x >> 5);
   if (u >= N) return;
-  const bf16* wr = w + int64_t(u) * ldw;
+  out += blockIdx.y * hs.out;
+  x += blockIdx.y * hs.x;
+  const bf16* wr = w + blockIdx.y * hs.w + int64_t(u) * ldw;
   float acc[kGemvRows] = {};
   constexpr int U = 4;  // 16-byte loads in flight per lane (8 measured slower)
   for (int k0 = lane; k0 < K8; k0 += 32 * U) {
@@ -620,17 +627,18 @@ const Tensor& CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int blo
 
 void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w) {
   const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.shape[0]);
-  if (M <= kGemvRows && K % 8 == 0 && x.stride[0] % 8 == 0 && w.stride[0] % 8 == 0 && aligned16(x.data) &&
-      aligned16(w.data)) {
+  // Narrow outputs (a MoE router: N = 64) leave too few warps to hide the loads; cuBLAS splits K there.
+  if (M <= kGemvRows && N >= 256 && K % 8 == 0 && x.stride[0] % 8 == 0 && w.stride[0] % 8 == 0 &&
+      aligned16(x.data) && aligned16(w.data)) {
     const int grid = int(ceil_div(N, kGemvThreads / 32));
     if (out.dtype == DType::kF32)
       gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(out.ptr<float>(), out.stride[0], x.ptr<const bf16>(),
                                                          x.stride[0], w.ptr<const bf16>(), w.stride[0], M, N,
-                                                         K / 8);
+                                                         K / 8, HeadStrides{});
     else
       gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(),
                                                          x.stride[0], w.ptr<const bf16>(), w.stride[0], M, N,
-                                                         K / 8);
+                                                         K / 8, HeadStrides{});
     BELUGA_LAUNCH_CHECK();
     return;
   }
@@ -675,6 +683,15 @@ void CudaOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w_in) {
                "linear_heads: shapes ", x.describe(), " x ", w_in.describe(), " -> ", out.describe());
   if (T == 0) return;
   const Tensor& w = bf16_weight(w_in, Tensor{}, 128, 128);
+  if (T <= kGemvRows && K % 8 == 0 && x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 && w.stride[0] % 8 == 0 &&
+      w.stride[1] % 8 == 0 && aligned16(x.data) && aligned16(w.data)) {
+    const dim3 grid(unsigned(ceil_div(N, kGemvThreads / 32)), unsigned(H));
+    gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(
+        out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(), w.stride[1],
+        int(T), int(N), int(K / 8), HeadStrides{x.stride[1], w.stride[0], out.stride[1]});
+    BELUGA_LAUNCH_CHECK();
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   BELUGA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w.data,
