@@ -10,6 +10,7 @@ OUT=${OUT:-gpu-out}
 BELUGA=${BELUGA:-build-cuda/beluga}
 TEST_GPU=${TEST_GPU:-build-cuda/test_gpu}
 mkdir -p "$OUT"
+export BELUGA_SOURCE_DIR=${BELUGA_SOURCE_DIR:-$PWD}  # fixtures for a test_gpu built elsewhere
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 V2=bench/configs/deepseek-v2-lite/config.json
 

@@ -25,6 +25,7 @@ constexpr const char* kUsage =
     "usage: beluga serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]\n"
     "                    [--api-key KEY] [--max-num-seqs 64] [--max-num-batched-tokens 2048]\n"
     "                    [--max-model-len N] [--max-queue-len 256] [--max-body-bytes 16777216]\n"
+    "                    [--max-stored-responses 1024]\n"
     "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
@@ -64,6 +65,9 @@ int cmd_serve(int argc, char** argv) {
   BELUGA_CHECK(scfg.port >= 0 && scfg.port < 65536, "--port must be 0..65535");
   scfg.api_key = args.get_or("api-key", "");
   scfg.max_body_bytes = size_t(args.get_int("max-body-bytes", long(scfg.max_body_bytes)));
+  const long stored = args.get_int("max-stored-responses", long(scfg.max_stored_responses));
+  BELUGA_CHECK(stored >= 0, "--max-stored-responses must be >= 0");
+  scfg.max_stored_responses = size_t(stored);
   scfg.io_threads = int(args.get_int("io-threads", 2));
 
   EngineConfig ecfg;

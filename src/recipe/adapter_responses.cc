@@ -1,5 +1,6 @@
 // OpenAI Responses request -> ParsedRequest: `instructions`, `input` (a string or items: messages,
-// function_call, function_call_output, reasoning), function tools (web_search is dropped, as
+// function_call, function_call_output, reasoning) after the conversation of `previous_response_id`
+// (looked up by the caller, see ParseOptions), `store`, function tools (web_search is dropped, as
 // deepseek-recipe does), `reasoning.effort` (none disables thinking), `text.format`.
 #include "recipe/json_fields.h"
 #include "recipe/py_json.h"
@@ -43,7 +44,70 @@ Message& open_assistant(Conversation& conv) {
   return conv.messages.back();
 }
 
+// Appends input items (messages, function calls and their outputs, reasoning) at `path` to `conv`.
+void add_items(const Fields& f, Conversation& conv, const Json& items, const std::string& path) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string p = path_index(path, i);
+    const Json& item = f.object(items[i], p);
+    std::string type = Fields::has(item, "type") ? f.string(item["type"], path_join(p, "type")) : "message";
+    if (type == "message") {
+      std::string role = f.string(f.required(item, "role", p), path_join(p, "role"));
+      Message m;
+      if (role == "system" || role == "developer")
+        m.role = Role::kSystem;
+      else if (role == "user")
+        m.role = Role::kUser;
+      else if (role == "assistant")
+        m.role = Role::kAssistant;
+      else
+        f.fail(path_join(p, "role"), "unknown role '" + role + "'");
+      m.content = input_content(f, f.required(item, "content", p), path_join(p, "content"));
+      if (m.role == Role::kAssistant) {
+        Message& a = open_assistant(conv);  // joins a preceding reasoning item
+        a.content.insert(a.content.end(), m.content.begin(), m.content.end());
+      } else {
+        conv.messages.push_back(std::move(m));
+      }
+    } else if (type == "function_call") {
+      ToolCall tc;
+      tc.id = f.string(f.required(item, "call_id", p), path_join(p, "call_id"));
+      tc.name = f.string(f.required(item, "name", p), path_join(p, "name"));
+      tc.arguments = f.string(f.required(item, "arguments", p), path_join(p, "arguments"));
+      open_assistant(conv).tool_calls.push_back(std::move(tc));
+    } else if (type == "function_call_output") {
+      Message m;
+      m.role = Role::kTool;
+      m.tool_call_id = f.string(f.required(item, "call_id", p), path_join(p, "call_id"));
+      const Json& out = f.required(item, "output", p);
+      m.content = input_content(f, out, path_join(p, "output"));
+      conv.messages.push_back(std::move(m));
+    } else if (type == "reasoning") {
+      std::string text;
+      for (const char* key : {"content", "summary"}) {
+        if (!Fields::has(item, key)) continue;
+        const Json& parts = f.array(item[key], path_join(p, key));
+        for (size_t k = 0; k < parts.size(); ++k) {
+          const Json& part = f.object(parts[k], path_index(path_join(p, key), k));
+          if (Fields::has(part, "text"))
+            text += f.string(part["text"], path_index(path_join(p, key), k) + ".text");
+        }
+        if (!text.empty()) break;  // full reasoning text preferred over its summary
+      }
+      open_assistant(conv).reasoning += text;
+    } else {
+      f.fail(path_join(p, "type"), "unsupported input item type '" + type + "'");
+    }
+  }
+}
+
 }  // namespace
+
+Json responses_input_items(const Json& input) {
+  if (!input.is_string()) return input;
+  return Json::array({Json{{"type", "message"},
+                           {"role", "user"},
+                           {"content", Json::array({Json{{"type", "input_text"}, {"text", input}}})}}});
+}
 
 ParsedRequest parse_responses_request(const Json& body, const ParseOptions& opt) {
   const Fields f(Api::kResponses);
@@ -53,8 +117,15 @@ ParsedRequest parse_responses_request(const Json& body, const ParseOptions& opt)
   Conversation& conv = r.conversation;
   conv.thinking = opt.default_thinking;
   if (Fields::has(body, "model")) r.model = f.string(body["model"], "model");
-  if (Fields::has(body, "previous_response_id"))
-    f.fail("previous_response_id", "stored responses are not supported; send the full input");
+  if (Fields::has(body, "store")) r.store = f.boolean(body["store"], "store");
+  if (Fields::has(body, "previous_response_id")) {
+    r.previous_response_id = f.string(body["previous_response_id"], "previous_response_id");
+    // OpenAI's answer for an id it does not have (or that another organization owns).
+    if (!opt.previous_items.is_array())
+      throw ApiError(Api::kResponses, 404,
+                     "Previous response with id '" + r.previous_response_id + "' not found.",
+                     "previous_response_id", "previous_response_not_found");
+  }
   if (Fields::has(body, "instructions")) {
     conv.messages.push_back(
         Message{Role::kSystem,
@@ -65,6 +136,9 @@ ParsedRequest parse_responses_request(const Json& body, const ParseOptions& opt)
                 {},
                 false});
   }
+  // The previous response's conversation, then this request's input.
+  if (Fields::has(body, "previous_response_id"))
+    add_items(f, conv, opt.previous_items, "previous_response_id");
   const Json& input = f.required(body, "input", "");
   if (input.is_string()) {
     conv.messages.push_back(Message{
@@ -72,58 +146,7 @@ ParsedRequest parse_responses_request(const Json& body, const ParseOptions& opt)
   } else {
     f.array(input, "input");
     if (input.empty()) f.fail("input", "must not be empty");
-    for (size_t i = 0; i < input.size(); ++i) {
-      const std::string p = path_index("input", i);
-      const Json& item = f.object(input[i], p);
-      std::string type = Fields::has(item, "type") ? f.string(item["type"], path_join(p, "type")) : "message";
-      if (type == "message") {
-        std::string role = f.string(f.required(item, "role", p), path_join(p, "role"));
-        Message m;
-        if (role == "system" || role == "developer")
-          m.role = Role::kSystem;
-        else if (role == "user")
-          m.role = Role::kUser;
-        else if (role == "assistant")
-          m.role = Role::kAssistant;
-        else
-          f.fail(path_join(p, "role"), "unknown role '" + role + "'");
-        m.content = input_content(f, f.required(item, "content", p), path_join(p, "content"));
-        if (m.role == Role::kAssistant) {
-          Message& a = open_assistant(conv);  // joins a preceding reasoning item
-          a.content.insert(a.content.end(), m.content.begin(), m.content.end());
-        } else {
-          conv.messages.push_back(std::move(m));
-        }
-      } else if (type == "function_call") {
-        ToolCall tc;
-        tc.id = f.string(f.required(item, "call_id", p), path_join(p, "call_id"));
-        tc.name = f.string(f.required(item, "name", p), path_join(p, "name"));
-        tc.arguments = f.string(f.required(item, "arguments", p), path_join(p, "arguments"));
-        open_assistant(conv).tool_calls.push_back(std::move(tc));
-      } else if (type == "function_call_output") {
-        Message m;
-        m.role = Role::kTool;
-        m.tool_call_id = f.string(f.required(item, "call_id", p), path_join(p, "call_id"));
-        const Json& out = f.required(item, "output", p);
-        m.content = input_content(f, out, path_join(p, "output"));
-        conv.messages.push_back(std::move(m));
-      } else if (type == "reasoning") {
-        std::string text;
-        for (const char* key : {"content", "summary"}) {
-          if (!Fields::has(item, key)) continue;
-          const Json& parts = f.array(item[key], path_join(p, key));
-          for (size_t k = 0; k < parts.size(); ++k) {
-            const Json& part = f.object(parts[k], path_index(path_join(p, key), k));
-            if (Fields::has(part, "text"))
-              text += f.string(part["text"], path_index(path_join(p, key), k) + ".text");
-          }
-          if (!text.empty()) break;  // full reasoning text preferred over its summary
-        }
-        open_assistant(conv).reasoning += text;
-      } else {
-        f.fail(path_join(p, "type"), "unsupported input item type '" + type + "'");
-      }
-    }
+    add_items(f, conv, input, "input");
   }
   if (Fields::has(body, "tools")) {
     const Json& tools = f.array(body["tools"], "tools");

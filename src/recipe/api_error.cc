@@ -35,14 +35,15 @@ const char* error_type(Api api, int status) {
   }
 }
 
-nlohmann::json make_body(Api api, int status, const std::string& message, const std::string& param) {
+nlohmann::json make_body(Api api, int status, const std::string& message, const std::string& param,
+                         const std::string& code) {
   const char* type = error_type(api, status);
   if (api == Api::kMessages) return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
   return {{"error",
            {{"message", message},
             {"type", type},
             {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param)},
-            {"code", type}}}};
+            {"code", code.empty() ? type : code}}}};
 }
 
 }  // namespace
@@ -59,7 +60,8 @@ const char* api_name(Api api) {
   return "?";
 }
 
-ApiError::ApiError(Api api, int status, const std::string& message, const std::string& param)
-    : Error(message), status_(status), body_(make_body(api, status, message, param)) {}
+ApiError::ApiError(Api api, int status, const std::string& message, const std::string& param,
+                   const std::string& code)
+    : Error(message), status_(status), body_(make_body(api, status, message, param, code)) {}
 
 }  // namespace beluga::recipe

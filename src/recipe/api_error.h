@@ -17,7 +17,10 @@ const char* api_name(Api api);
 
 class ApiError : public Error {
  public:
-  ApiError(Api api, int status, const std::string& message, const std::string& param = "");
+  // `code`: the OpenAI body's `code` (empty: the error type, e.g. "invalid_request_error"); Anthropic
+  // bodies have none.
+  ApiError(Api api, int status, const std::string& message, const std::string& param = "",
+           const std::string& code = "");
   int status() const { return status_; }
   const nlohmann::json& body() const { return body_; }
 

@@ -34,15 +34,26 @@ struct ParsedRequest {
   std::optional<int64_t> max_tokens;  // unset: the server's default
   bool stream = false;
   bool include_usage = false;  // chat stream_options.include_usage
+  // Responses: `store` (OpenAI's default: true) and the `previous_response_id` continued (or empty).
+  bool store = true;
+  std::string previous_response_id;
 };
 
 struct ParseOptions {
   bool default_thinking = false;  // thinking mode when the request does not say
+  // Responses `previous_response_id`: the named response's conversation as Responses input items
+  // (its input items, previous responses expanded, then its output items), which the caller looks
+  // up (the server's response store). They come before the request's `input`; the stored
+  // response's instructions do not apply (OpenAI semantics). Null while the request names a previous
+  // response means no such response (for this caller): a 404 with param `previous_response_id`.
+  nlohmann::ordered_json previous_items;
 };
 
 ParsedRequest parse_chat_request(const nlohmann::ordered_json& body, const ParseOptions& opt = {});
 ParsedRequest parse_responses_request(const nlohmann::ordered_json& body, const ParseOptions& opt = {});
 ParsedRequest parse_messages_request(const nlohmann::ordered_json& body, const ParseOptions& opt = {});
+// A Responses `input` (a string or an item array) as an item array: a string is one user message.
+nlohmann::ordered_json responses_input_items(const nlohmann::ordered_json& input);
 // Parses the body text first (malformed JSON is a 400 in the API's shape).
 ParsedRequest parse_request(Api api, std::string_view body, const ParseOptions& opt = {});
 

@@ -346,8 +346,11 @@ class ResponsesFormatter final : public ApiFormatter {
     const bool incomplete = !choices.empty() && choices[0].finish == "length";
     Json r = base(incomplete ? "incomplete" : "completed", std::move(output), responses_usage(usage));
     if (incomplete) r["incomplete_details"] = Json{{"reason", "max_output_tokens"}};
+    final_ = r;
     event(out, incomplete ? "response.incomplete" : "response.completed", Json{{"response", std::move(r)}});
   }
+
+  Json streamed_response() const override { return final_; }
 
   void error(const std::string& message, std::string& out) override {
     Json output = Json::array();
@@ -401,9 +404,9 @@ class ResponsesFormatter final : public ApiFormatter {
                 {"model", ctx_.model},
                 {"output", std::move(output)},
                 {"parallel_tool_calls", json_or_null(q, "parallel_tool_calls", true)},
-                {"previous_response_id", nullptr},
+                {"previous_response_id", json_or_null(q, "previous_response_id")},
                 {"reasoning", json_or_null(q, "reasoning", Json{{"effort", nullptr}, {"summary", nullptr}})},
-                {"store", false},
+                {"store", json_or_null(q, "store", false)},
                 {"temperature", json_or_null(q, "temperature", 1.0)},
                 {"text", json_or_null(q, "text", Json{{"format", {{"type", "text"}}}})},
                 {"tool_choice", json_or_null(q, "tool_choice", "auto")},
@@ -521,6 +524,7 @@ class ResponsesFormatter final : public ApiFormatter {
   int64_t seq_ = 0;
   std::vector<Item> items_;
   bool open_ = false;
+  Json final_;  // the response object of the last event
 };
 
 // ---------------------------------------------------------------- Anthropic Messages

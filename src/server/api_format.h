@@ -85,9 +85,12 @@ class ApiFormatter {
   virtual void end(const std::vector<ChoiceText>& choices, const Usage& usage, std::string& out) = 0;
   // Stream: the request failed after the stream began.
   virtual void error(const std::string& message, std::string& out) = 0;
-  // The non-streamed response.
+  // The non-streamed response (item ids are drawn anew on each call).
   virtual nlohmann::ordered_json response(const std::vector<ChoiceText>& choices,
                                           const Usage& usage) const = 0;
+  // Stream: the complete response object the stream ended with, for APIs whose last event carries
+  // one (Responses: what is stored for GET /v1/responses/{id}); null otherwise or before end().
+  virtual nlohmann::ordered_json streamed_response() const { return nullptr; }
 };
 
 std::unique_ptr<ApiFormatter> make_formatter(ServerApi api, FormatContext ctx);

@@ -68,6 +68,11 @@ class Job {
   int num_subs() const { return spec_.num_prompts; }
 
   nlohmann::ordered_json response() const { return fmt_->response(choices_, usage_); }
+  // The response object as the client got it: streamed, the one the last event carried (null for
+  // APIs whose stream has none); otherwise response(). Call once: item ids are drawn anew each time.
+  nlohmann::ordered_json final_response() const {
+    return stream_ ? fmt_->streamed_response() : fmt_->response(choices_, usage_);
+  }
   const Usage& usage() const { return usage_; }
   const std::vector<ChoiceText>& choices() const { return choices_; }
 

@@ -122,7 +122,7 @@ void apply_recipe_sampling(const recipe::SamplingParams& r, SamplingParams& sp) 
 }
 
 // Chat Completions, Responses and Messages: the recipe adapters + the model's chat encoder.
-BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info) {
+BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info, const StoreView& responses) {
   const recipe::Api rapi = error_api(api);
   const Fields f(rapi);
   BuiltRequest b;
@@ -133,9 +133,16 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info) {
     case ServerApi::kChat:
       pr = recipe::parse_chat_request(body);
       break;
-    case ServerApi::kResponses:
-      pr = recipe::parse_responses_request(body);
+    case ServerApi::kResponses: {
+      recipe::ParseOptions opt;
+      if (responses.store && Fields::has(body, "previous_response_id") &&
+          body["previous_response_id"].is_string()) {
+        b.previous = responses.store->get(body["previous_response_id"].get<std::string>(), responses.tenant);
+        if (b.previous) opt.previous_items = b.previous->conversation();
+      }
+      pr = recipe::parse_responses_request(body, opt);
       break;
+    }
     default:
       pr = recipe::parse_messages_request(body);
       break;
@@ -193,8 +200,12 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info) {
       break;
     case ServerApi::kResponses:
       b.ctx.id = random_id("resp_");
+      b.store = pr.store && responses.store && responses.store->capacity() > 0;
+      if (b.store) b.input = recipe::responses_input_items(body["input"]);
       b.ctx.request = body;
-      if (b.ctx.request.is_object()) b.ctx.request.erase("input");
+      b.ctx.request.erase("input");
+      // The response object reports whether it was kept (not just asked to be).
+      b.ctx.request["store"] = b.store;
       break;
     default:
       b.ctx.id = random_id("msg_");
@@ -304,7 +315,8 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
 
 }  // namespace
 
-BuiltRequest build_request(ServerApi api, std::string_view body, const ModelInfo& info) {
+BuiltRequest build_request(ServerApi api, std::string_view body, const ModelInfo& info,
+                           const StoreView& responses) {
   const recipe::Api rapi = error_api(api);
   if (tok::utf8_first_invalid(body) != body.size())
     throw ApiError(rapi, 400, "the request body is not valid UTF-8");
@@ -313,7 +325,7 @@ BuiltRequest build_request(ServerApi api, std::string_view body, const ModelInfo
   if (!j.is_object()) throw ApiError(rapi, 400, "the request body must be a JSON object");
   check_model(api, j, info);
   if (api == ServerApi::kCompletions) return build_completions(std::move(j), info);
-  return build_chat_like(api, std::move(j), info);
+  return build_chat_like(api, std::move(j), info, responses);
 }
 
 }  // namespace beluga::server

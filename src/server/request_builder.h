@@ -13,6 +13,7 @@
 #include "recipe/chat_format.h"
 #include "server/api_format.h"
 #include "server/job.h"
+#include "server/response_store.h"
 #include "tokenizer/tokenizer.h"
 
 namespace beluga::server {
@@ -36,12 +37,25 @@ struct BuiltRequest {
   JobSpec spec;
   FormatContext ctx;
   bool stream = false;
+  // Responses: whether to store the response once it completes, the response it continues, and this
+  // request's own input items (what StoredResponse keeps).
+  bool store = false;
+  std::shared_ptr<const StoredResponse> previous;
+  nlohmann::ordered_json input;
+};
+
+// Where a Responses request's `previous_response_id` is looked up: the server's store (null: none,
+// so nothing is stored and every previous id is unknown) as seen by the request's tenant.
+struct StoreView {
+  ResponseStore* store = nullptr;
+  std::string tenant;
 };
 
 recipe::Api error_api(ServerApi api);        // the error shape an API answers in
 const char* server_api_name(ServerApi api);  // "chat", "completions", "responses", "messages"
 
-// `body` is the raw request body (UTF-8 is checked here).
-BuiltRequest build_request(ServerApi api, std::string_view body, const ModelInfo& info);
+// `body` is the raw request body (UTF-8 is checked here). An unknown `previous_response_id` is a 404.
+BuiltRequest build_request(ServerApi api, std::string_view body, const ModelInfo& info,
+                           const StoreView& responses = {});
 
 }  // namespace beluga::server

@@ -36,6 +36,7 @@ struct Server::State {
   EngineHandle* engine = nullptr;
   ModelInfo info;
   Metrics metrics;
+  std::unique_ptr<ResponseStore> responses;
   std::vector<std::thread> threads;
   std::mutex mu;
   std::condition_variable cv;
@@ -219,6 +220,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return send_response(200, "application/json", dump_json(model));
     }
 
+    if (path.starts_with("/v1/responses/")) return handle_stored_response(req, path.substr(14));
+
     auto api = generation_route(path);
     if (!api) return send_error(eapi, 404, "no route for " + path, "");
     label_ = server_api_name(*api);
@@ -227,13 +230,33 @@ class Session : public std::enable_shared_from_this<Session> {
     handle_generate(*api, req);
   }
 
+  // GET / DELETE /v1/responses/{id}: only the tenant that created a response sees it.
+  void handle_stored_response(const http::request<http::string_body>& req, const std::string& id) {
+    const recipe::Api eapi = recipe::Api::kResponses;
+    label_ = "responses";
+    if (id.empty() || id.find('/') != std::string::npos)
+      return send_error(eapi, 404, "no route for /v1/responses/" + id, "");
+    const auto not_found = [&] { send_error(eapi, 404, "Response with id '" + id + "' not found.", ""); };
+    if (req.method() == http::verb::get) {
+      auto r = st_.responses->get(id, presented_key(req));
+      if (!r) return not_found();
+      return send_json(200, r->response);
+    }
+    if (req.method() == http::verb::delete_) {
+      if (!st_.responses->erase(id, presented_key(req))) return not_found();
+      return send_json(200, Json{{"id", id}, {"object", "response"}, {"deleted", true}});
+    }
+    send_error(eapi, 405, "use GET or DELETE for /v1/responses/" + id, "");
+  }
+
   // ------------------------------------------------------------------ generation
 
   void handle_generate(ServerApi api, const http::request<http::string_body>& req) {
     const recipe::Api eapi = error_api(api);
+    const std::string salt = presented_key(req);
     BuiltRequest b;
     try {
-      b = build_request(api, req.body(), st_.info);
+      b = build_request(api, req.body(), st_.info, StoreView{st_.responses.get(), salt});
     } catch (const recipe::ApiError& e) {
       return send_json(e.status(), e.body());
     } catch (const std::exception& e) {
@@ -245,7 +268,7 @@ class Session : public std::enable_shared_from_this<Session> {
         std::make_unique<Job>(std::move(b.spec), *st_.info.tokenizer, make_formatter(api, b.ctx), b.stream);
     ++gen_;
     ids_.clear();
-    const std::string salt = presented_key(req);
+    to_store_.reset();
     for (size_t k = 0; k < b.prompts.size(); ++k) {
       EngineRequest er;
       er.id = b.prompts.size() == 1 ? b.ctx.id : b.ctx.id + "-" + std::to_string(k);
@@ -276,6 +299,12 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       ids_.push_back(b.prompts.size() == 1 ? b.ctx.id : b.ctx.id + "-" + std::to_string(k));
     }
+    if (b.store) {
+      to_store_ = std::make_shared<StoredResponse>();
+      to_store_->tenant = salt;
+      to_store_->input = std::move(b.input);
+      to_store_->previous = std::move(b.previous);
+    }
     active_ = true;
     st_.metrics.in_flight(+1);
     if (stream_mode_) {
@@ -296,11 +325,12 @@ class Session : public std::enable_shared_from_this<Session> {
     if (gen != gen_ || !active_ || !job_) return;
     std::string out;
     job_->on_output(sub, std::move(o), out);
+    if (job_->complete()) return finish_job(std::move(out));
     if (stream_mode_ && !out.empty()) queue_body(out);
-    if (job_->complete()) finish_job();
   }
 
-  void finish_job() {
+  // `out`: the stream's last events.
+  void finish_job(std::string out) {
     active_ = false;
     st_.metrics.in_flight(-1);
     bool aborted_early = false;
@@ -326,7 +356,19 @@ class Session : public std::enable_shared_from_this<Session> {
     st_.metrics.tokens(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
     st_.metrics.latency(ttft, tpot, e2e, has_ttft, has_tpot);
 
+    Json response;
+    if (!job_->failed()) {
+      response = job_->final_response();
+      // Stored before the client can see the response end, so a follow-up may name it at once.
+      if (to_store_ && response.is_object()) {
+        to_store_->response = response;
+        st_.responses->put(std::move(to_store_));
+      }
+    }
+    to_store_.reset();
+
     if (stream_mode_) {
+      if (!out.empty()) queue_body(out);
       st_.metrics.request_done(label_, 200);
       if (http11_) queue_raw(http_chunk(""));
       response_complete_ = true;
@@ -334,7 +376,7 @@ class Session : public std::enable_shared_from_this<Session> {
     } else if (job_->failed()) {
       send_error(error_api(api_), 500, job_->error(), "");
     } else {
-      send_json(200, job_->response());
+      send_json(200, response);
     }
     job_.reset();
   }
@@ -350,6 +392,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (job_->engine_active(k)) st_.engine->abort(ids_[size_t(k)]);
       ++gen_;
       job_.reset();
+      to_store_.reset();
     }
     do_close();
   }
@@ -482,6 +525,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The generation in flight.
   ServerApi api_ = ServerApi::kChat;
   std::unique_ptr<Job> job_;
+  std::shared_ptr<StoredResponse> to_store_;  // Responses with store: kept once the job completes
   std::vector<std::string> ids_;
   uint64_t gen_ = 0;
   bool active_ = false, stream_mode_ = false;
@@ -511,6 +555,7 @@ void do_accept(Server::State* st) {
 
 Server::Server(ServerConfig cfg) : st_(std::make_shared<State>()) {
   st_->cfg = std::move(cfg);
+  st_->responses = std::make_unique<ResponseStore>(st_->cfg.max_stored_responses);
 }
 
 Server::~Server() {

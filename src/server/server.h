@@ -1,6 +1,7 @@
 // The HTTP server: Boost.Beast on Asio, one strand per connection, N I/O threads.
 // Routes: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages;
-// GET /v1/models, /health, /metrics. Generation responses stream as SSE when asked; engine outputs
+// GET /v1/models, /health, /metrics; GET and DELETE /v1/responses/{id} (stored responses, see
+// response_store.h). Generation responses stream as SSE when asked; engine outputs
 // (delivered on the engine thread) are posted to the connection's strand. A client that goes away
 // mid-request has its engine request aborted. Bad input gets the API's own error JSON and status.
 #pragma once
@@ -22,6 +23,9 @@ struct ServerConfig {
   size_t max_body_bytes = 16u << 20;  // larger bodies get 413
   int io_threads = 2;
   int idle_timeout_s = 300;  // keep-alive connections idle this long are closed
+  // Responses kept for previous_response_id and GET /v1/responses/{id} (least recently used evicted
+  // first); 0 stores none (responses then report store: false).
+  size_t max_stored_responses = 1024;
 };
 
 class Server {

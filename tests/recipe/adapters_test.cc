@@ -133,7 +133,7 @@ TEST(ResponsesAdapter, ValidationErrors) {
   expect_openai_shape(responses_error(R"({"input": [{"type": "message", "role": "user"}]})"),
                       "input[0].content");
   expect_openai_shape(responses_error(R"({"input": [{"type": "mystery"}]})"), "input[0].type");
-  expect_openai_shape(responses_error(R"({"input": "x", "previous_response_id": "r1"})"),
+  expect_openai_shape(responses_error(R"({"input": "x", "previous_response_id": 5})"),
                       "previous_response_id");
   expect_openai_shape(responses_error(R"({"input": "x", "tools": [{"type": "file_search"}]})"),
                       "tools[0].type");

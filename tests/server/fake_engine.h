@@ -1,6 +1,6 @@
 // A scripted engine for server tests: each request's sequences emit the tokens of a fixed text
 // (chosen per request by a callback), one token per step, then finish with kStop (or kLength at
-// max_tokens). Records aborts; can be told to refuse submissions (queue full). With
+// max_tokens). Records aborts and prompts; can be told to refuse submissions (queue full). With
 // sampling.logprobs >= 0 each token carries fake_logprob(pos) and, for k > 0, the top k
 // alternatives fake_top(token, pos, k) (the chosen token first, then token+1, token+2, ...).
 #pragma once
@@ -48,6 +48,7 @@ class FakeEngine final : public EngineHandle {
     if (refuse_) return SubmitStatus::kQueueFull;
     submitted_.push_back(req.id);
     salts_.push_back(req.cache_salt);
+    prompts_.push_back(req.prompt);
     last_sampling_ = req.sampling;
     Active a;
     a.tokens = tokens_for_(req);
@@ -82,6 +83,11 @@ class FakeEngine final : public EngineHandle {
   std::vector<std::string> salts() const {
     std::lock_guard l(mu_);
     return salts_;
+  }
+  // Prompt token ids of every submitted request, in submission order.
+  std::vector<std::vector<int>> prompts() const {
+    std::lock_guard l(mu_);
+    return prompts_;
   }
   SamplingParams last_sampling() const {
     std::lock_guard l(mu_);
@@ -156,6 +162,7 @@ class FakeEngine final : public EngineHandle {
   std::vector<Active> active_;
   std::set<std::string> aborted_;
   std::vector<std::string> submitted_, salts_;
+  std::vector<std::vector<int>> prompts_;
   SamplingParams last_sampling_;
   int processing_ = 0;
   bool refuse_ = false, stop_ = false;

@@ -1,6 +1,7 @@
 // End-to-end test of `beluga serve` with the official `openai` and `@anthropic-ai/sdk` clients.
 // Starts the server on free ports with the built-in demo model and checks: chat / completions /
-// responses / messages, streamed and not; tool-call history round trips; n=2; a seeded request
+// responses / messages, streamed and not; stored responses (previous_response_id, retrieve,
+// delete); tool-call history round trips; n=2; a seeded request
 // repeated under concurrent load gives identical tokens; error statuses and shapes; queue full
 // -> 429; 200 clients that disconnect mid-stream leave no KV blocks in use and the server keeps
 // serving; chat logprobs (top_logprobs) through the SDK; greedy parity: 32 concurrent token-id
@@ -197,6 +198,59 @@ async function testResponses(openai) {
         types.includes('response.output_text.done') && types.includes('response.output_item.done'), 'responses stream: item events', types);
   check(final && text === r.output_text, 'responses stream: same greedy text', { text, want: r.output_text });
   check(final && final.usage && final.usage.output_tokens > 0, 'responses stream: final usage');
+}
+
+// Stored responses (store defaults to true): previous_response_id continues a conversation (the
+// follow-up's prompt holds the first turn: more input tokens, and the same prompt and greedy answer as
+// the whole conversation sent explicitly); retrieve returns the stored response, streamed ones too;
+// delete removes it; store: false keeps nothing.
+async function testResponsesStore(openai) {
+  const NEXT = 'Now add type hints.';
+  const r = await openai.responses.create({ model: MODEL, input: USER, max_output_tokens: 8, temperature: 0 });
+  check(r.store === true && r.previous_response_id === null, 'responses store: store true by default',
+        { store: r.store, previous_response_id: r.previous_response_id });
+  const f = await openai.responses.create({ model: MODEL, previous_response_id: r.id, input: NEXT, max_output_tokens: 8, temperature: 0 });
+  check(f.previous_response_id === r.id, 'responses store: previous_response_id reported', f.previous_response_id);
+  check(f.usage.input_tokens > r.usage.input_tokens, 'responses store: the follow-up prompt holds the first turn',
+        { first: r.usage.input_tokens, follow_up: f.usage.input_tokens });
+  const e = await openai.responses.create({ model: MODEL, input: [{ role: 'user', content: USER }, ...r.output, { role: 'user', content: NEXT }],
+    max_output_tokens: 8, temperature: 0, store: false });
+  check(e.usage.input_tokens === f.usage.input_tokens && e.output_text === f.output_text,
+        'responses store: continuing equals sending the whole conversation',
+        { chained: [f.usage.input_tokens, f.output_text], explicit: [e.usage.input_tokens, e.output_text] });
+
+  const got = await openai.responses.retrieve(r.id);
+  check(got.id === r.id && got.status === r.status && JSON.stringify(got.output) === JSON.stringify(r.output) &&
+        JSON.stringify(got.usage) === JSON.stringify(r.usage), 'responses store: retrieve returns the response as created', { got, want: r });
+  const deleted = await openai.responses.delete(r.id);
+  check(deleted && deleted.id === r.id && deleted.deleted === true, 'responses store: delete', deleted);
+  try {
+    await openai.responses.retrieve(r.id);
+    check(false, 'responses store: retrieve after delete -> 404');
+  } catch (err) { check(err instanceof OpenAI.NotFoundError, 'responses store: retrieve after delete -> 404', String(err)); }
+  try {
+    await openai.responses.create({ model: MODEL, previous_response_id: r.id, input: NEXT, max_output_tokens: 2 });
+    check(false, 'responses store: unknown previous_response_id -> 404');
+  } catch (err) {
+    check(err instanceof OpenAI.NotFoundError && err.error && err.error.param === 'previous_response_id',
+          'responses store: unknown previous_response_id -> 404 naming the param', String(err));
+  }
+  // The chained response outlives the one it continued.
+  check((await openai.responses.retrieve(f.id)).previous_response_id === r.id, 'responses store: the follow-up is still stored');
+
+  const n = await openai.responses.create({ model: MODEL, input: 'hi', max_output_tokens: 2, store: false });
+  check(n.store === false, 'responses store: store false reported', n.store);
+  try {
+    await openai.responses.retrieve(n.id);
+    check(false, 'responses store: store false is not retrievable');
+  } catch (err) { check(err instanceof OpenAI.NotFoundError, 'responses store: store false is not retrievable', String(err)); }
+
+  const s = await openai.responses.create({ model: MODEL, input: USER, max_output_tokens: 8, temperature: 0, stream: true });
+  let final = null;
+  for await (const ev of s) if (ev.type === 'response.completed' || ev.type === 'response.incomplete') final = ev.response;
+  const sg = final && await openai.responses.retrieve(final.id);
+  check(sg && sg.store === true && JSON.stringify(sg.output) === JSON.stringify(final.output),
+        'responses store: a streamed response is stored as its last event', { got: sg, want: final });
 }
 
 async function testMessages(anthropic) {
@@ -486,6 +540,7 @@ async function main() {
     ['chat', () => testChat(openai)],
     ['completions', () => testCompletions(openai)],
     ['responses', () => testResponses(openai)],
+    ['responses store', () => testResponsesStore(openai)],
     ['messages', () => testMessages(anthropic)],
     ['tool round trip', () => testToolRoundTrip(openai, anthropic)],
     ['n=2', () => testN2(openai)],
