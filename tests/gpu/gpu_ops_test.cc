@@ -426,8 +426,8 @@ TEST_F(GpuOps, MoeExperts) {
   for (auto& e : ce) ge.push_back(up(e));
   ExpertWeights gs = up(cs);
   // 1, 7: the GEMV path (T*K <= 2E; 7 puts several row groups on some experts); 20: small tiles;
-  // 300: the large-tile path (T*K/E >= 64).
-  for (int T : {1, 7, 20, 300}) {
+  // 300: the large-tile path (T*K/E >= 64); 2100: one cuBLAS GEMM per expert (T*K/E >= 512).
+  for (int T : {1, 7, 20, 300, 2100}) {
     for (bool with_shared : {true, false}) {
       auto x = rand_bf16(size_t(T) * D);
       std::vector<int32_t> ids(size_t(T) * K);

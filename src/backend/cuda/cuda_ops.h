@@ -101,6 +101,15 @@ class CudaOps final : public Ops {
   // The weight as a BF16 [out, in] matrix: BF16 weights as they are; F32 and FP8 (block scales)
   // converted once on first use and cached for the backend's lifetime.
   const Tensor& bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
+  // Scratch an op needs only while it runs: released at the op's end so that a step's scratch does not
+  // grow with the number of layers (the stream runs in order, so later kernels may reuse the bytes).
+  struct ScratchMark {
+    size_t chunks, used;
+  };
+  ScratchMark scratch_mark() const { return {chunks_.size(), used_}; }
+  void scratch_release(ScratchMark m) {
+    if (chunks_.size() == m.chunks) used_ = m.used;  // a chunk added meanwhile stays until the reset
+  }
   void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w);  // out[M,N] = x[M,K] w[N,K]^T
   // Per-layer expert tables on the device (weight pointers, widths), built on first use.
   struct ExpertTable;
@@ -108,6 +117,9 @@ class CudaOps final : public Ops {
   // The tensor-core grouped GEMMs (gate-up with SiLU-and-mul into H, down into Y) over planned rows.
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
                    const int* tile_start, const int* row_token, int R, bool big, void* stream);
+  // The same with one cuBLAS GEMM per expert and projection (prefill); reads the plan's row counts.
+  void run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
+                        const ExpertWeights* shared, const int* start, const int* row_token, int R);
 
   int device_ = 0;
   void* stream_ = nullptr;
