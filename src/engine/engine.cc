@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <climits>
 #include <random>
 #include <unordered_map>
 
@@ -35,11 +36,21 @@ struct Engine::Impl {
     std::vector<int> stop_ids;
     uint64_t seed = 0;
     int unfinished = 0;
+    // Prompt logprobs (sampling.prompt_logprobs >= 0). Whichever sequence's prefill reaches a prompt
+    // position first scores it, and each position is scored once: a sequence recomputing after a
+    // preemption, or a later one of the n, adds no rows for positions already asked for.
+    bool prompt_lps_pending = false;       // asked for and not yet sent
+    std::vector<TokenLogprob> prompt_lps;  // prompt token i+1's entry at i
+    int prompt_lp_next = 0;  // positions with a row so far (applied or in the batch being built)
+    // Every Seq's prefix_cap: the positions scored so far may come from the prefix cache, the others
+    // must be computed (their logits are needed). INT_MAX when nothing is pending.
+    int prefix_cap = INT_MAX;
   };
   // A logit row of the step in flight, by (request slot, sequence index) rather than Seq*: the
   // request may be aborted (and its Seqs freed) before the step's results are applied.
   struct Row {
     int slot, index;
+    int prompt_pos;  // -1: samples the sequence's next token; else scores prompt token prompt_pos + 1
   };
 
   Impl(Model& m, const EngineConfig& cfg, int num_blocks)
@@ -119,7 +130,8 @@ SubmitStatus Engine::submit(EngineRequest req, std::string* why) {
   if (p.n < 1 || p.n > 128) return say(SubmitStatus::kInvalid, "n must be between 1 and 128");
   if (p.max_tokens < 1) return say(SubmitStatus::kInvalid, "max_tokens must be at least 1");
   if (p.temperature < 0 || p.top_p <= 0 || p.top_p > 1 || p.top_k < 0 || p.min_p < 0 || p.min_p > 1 ||
-      p.repetition_penalty <= 0 || p.min_tokens < 0 || p.logprobs > 20)
+      p.repetition_penalty <= 0 || p.min_tokens < 0 || p.logprobs > 20 || p.prompt_logprobs < -1 ||
+      p.prompt_logprobs > 20)
     return say(SubmitStatus::kInvalid, "sampling parameters out of range");
   if (int64_t(req.prompt.size()) + p.max_tokens > max_model_len_)
     return say(SubmitStatus::kPromptTooLong,
@@ -156,6 +168,8 @@ EngineStats Engine::stats() const {
 //      that finished from N+1.
 //   d. build N+1's batch (every token is known now), launch it, commit it at once: the runner runs
 //      steps in order, so N+2 sees N+1's KV even though N+1 may still be computing.
+//      Requests that want prompt logprobs add a logit row per prompt position not yet asked for;
+//      such a step takes the logits back (no device argmax).
 //   e. while N+1 runs: emit N's outputs, retire finished requests, publish stats.
 // Blocks freed in a or c (abort, finish, preemption) may still be written by step N and may be handed
 // to another sequence in N+1 at once. That is safe only because steps run in order on one thread and
@@ -194,6 +208,16 @@ void Engine::loop() {
       auto it = im.requests.find(im.rows[r].slot);
       if (it == im.requests.end()) continue;  // aborted while the step ran
       Impl::Request& rq = it->second;
+      if (const int p = im.rows[r].prompt_pos; p >= 0) {
+        // Rows were handed out in position order, each position once, all before the request's
+        // first sampled token (see step d).
+        BELUGA_ASSERT(rq.prompt_lps_pending && int(rq.prompt_lps.size()) == p);
+        rq.prompt_lps.push_back(token_logprob(im.runner.logits() + r * size_t(V), V,
+                                              rq.req.prompt[size_t(p) + 1], rq.req.sampling.prompt_logprobs,
+                                              im.scratch, im.index_scratch));
+        rq.prefix_cap = p + 1;
+        continue;
+      }
       Seq* s = rq.seqs[size_t(im.rows[r].index)].get();
       s->pending = 0;
       if (s->finish != FinishReason::kNone) continue;
@@ -207,6 +231,14 @@ void Engine::loop() {
       auto [oi, added] = im.out_of.try_emplace(s->request, im.outs.size());
       if (added) im.outs.emplace_back(s->request, RequestOutput{});
       RequestOutput& out = im.outs[oi->second].second;
+      if (rq.prompt_lps_pending) {
+        // The request's first sampled token: its sequence's prefill computed every prompt position
+        // not scored before (prefix_cap kept the others out of the cache), so all are here.
+        BELUGA_ASSERT(rq.prompt_lps.size() + 1 == rq.req.prompt.size());
+        out.prompt_logprobs = std::move(rq.prompt_lps);
+        rq.prompt_lps_pending = false;
+        rq.prefix_cap = INT_MAX;
+      }
       SeqOutput so;
       so.index = s->index;
       const bool is_stop = std::find(rq.stop_ids.begin(), rq.stop_ids.end(), res.token) != rq.stop_ids.end();
@@ -275,12 +307,18 @@ void Engine::loop() {
       im.slot_of[r.req.id] = slot;
       auto [it, ok] = im.requests.emplace(slot, std::move(r));
       Impl::Request& rr = it->second;
+      if (rr.req.sampling.prompt_logprobs >= 0) {
+        rr.prompt_lps_pending = true;
+        rr.prompt_lps.reserve(rr.req.prompt.size() - 1);
+        rr.prefix_cap = 0;
+      }
       for (int i = 0; i < rr.req.sampling.n; ++i) {
         auto s = std::make_unique<Seq>();
         s->order = im.next_order++;
         s->request = slot;
         s->index = i;
         s->salt = &rr.req.cache_salt;
+        s->prefix_cap = &rr.prefix_cap;  // stable: requests are map nodes
         s->tokens = rr.req.prompt;
         s->num_prompt = int(rr.req.prompt.size());
         s->max_length = std::min(s->num_prompt + rr.req.sampling.max_tokens, max_model_len_);
@@ -344,11 +382,28 @@ void Engine::loop() {
         b.seqs[i].context_len = c.start;
         b.seqs[i].query_len = c.len;
         b.seqs[i].block_table.assign(s->blocks.begin(), s->blocks.end());
+        const int base = int(b.tokens.size()) - c.start;  // row of position c.start + k: base + c.start + k
         b.tokens.insert(b.tokens.end(), s->tokens.begin() + c.start, s->tokens.begin() + c.start + c.len);
+        Impl::Request& rq = im.requests.at(s->request);
+        if (rq.prompt_lps_pending) {
+          // The prompt positions of this chunk no row has asked for yet; position p's logits score
+          // prompt token p + 1 (the last prompt position's are the sample row below). Every step
+          // before this one has been applied, so prompt_lp_next counts rows exactly.
+          BELUGA_ASSERT(c.start <= rq.prompt_lp_next || c.start >= s->num_prompt - 1);  // prefix_cap
+          const int from = std::max(c.start, rq.prompt_lp_next);
+          const int to = std::min(c.start + c.len, s->num_prompt - 1);
+          for (int p = from; p < to; ++p) {
+            b.logit_rows.push_back(base + p);
+            im.rows.push_back({s->request, s->index, p});
+          }
+          if (from < to) {
+            rq.prompt_lp_next = to;
+            greedy = false;  // these rows need the logits themselves
+          }
+        }
         if (c.sample) {
           b.logit_rows.push_back(int(b.tokens.size()) - 1);
-          im.rows.push_back({s->request, s->index});
-          const Impl::Request& rq = im.requests.at(s->request);
+          im.rows.push_back({s->request, s->index, -1});
           greedy = greedy && samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts,
                                                  s->num_output(), &rq.stop_ids, rq.seed, s->index});
         }

@@ -28,6 +28,10 @@ struct SamplingParams {
   std::map<int, float> logit_bias;
   std::optional<uint64_t> seed;
   int logprobs = -1;  // -1: none; 0: the chosen token's; k: also the top k
+  // -1: none; k >= 0: each prompt token's logprob given the tokens before it (the first has none),
+  // with the top k alternatives, from the raw distribution like `logprobs`. The prompt is computed,
+  // not taken from the prefix cache (its logits are needed).
+  int prompt_logprobs = -1;
   int max_tokens = 256;
   int min_tokens = 0;
   std::vector<int> stop_token_ids;  // in addition to the model's EOS unless ignore_eos
@@ -42,6 +46,7 @@ struct TokenLogprob {
   int token = 0;
   float logprob = 0.0f;
   std::vector<std::pair<int, float>> top;  // (token, logprob), best first
+  int rank = 0;  // 1-based: how many tokens are at least as likely (itself included), as vLLM counts
 };
 
 struct SeqOutput {
@@ -58,7 +63,10 @@ struct RequestOutput {
   int prompt_tokens = 0;
   int cached_tokens = 0;  // prompt tokens served from the prefix cache (multiple of the block size)
   bool finished = false;  // every sequence has finished; no further output for this request
-  std::string error;      // set with FinishReason::kError
+  // With sampling.prompt_logprobs >= 0: prompt tokens 1..P-1 in order (token 0 has none), delivered
+  // once, in the output with the request's first sampled token (its first output, unless it failed).
+  std::vector<TokenLogprob> prompt_logprobs;
+  std::string error;  // set with FinishReason::kError
 };
 
 // Called on the engine thread, in order, once per step with news; must return quickly.

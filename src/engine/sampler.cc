@@ -20,6 +20,26 @@ void log_softmax(const float* x, int n, std::vector<float>& out) {
   for (int i = 0; i < n; ++i) out[size_t(i)] = x[i] - lse;
 }
 
+// The entry of `token` given `lp` (log-softmax over the vocabulary): its rank as vLLM counts it (the
+// tokens at least as likely, itself included) and the top k, best first (ties: the lower id).
+TokenLogprob logprob_entry(const std::vector<float>& lp, int vocab, int token, int k, std::vector<int>& idx) {
+  TokenLogprob t;
+  t.token = token;
+  t.logprob = lp[size_t(token)];
+  t.rank = int(std::count_if(lp.begin(), lp.begin() + vocab, [&](float x) { return x >= t.logprob; }));
+  k = std::min(k, vocab);
+  if (k > 0) {
+    idx.resize(size_t(vocab));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+      return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
+    });
+    t.top.reserve(size_t(k));
+    for (int i = 0; i < k; ++i) t.top.emplace_back(idx[size_t(i)], lp[size_t(idx[size_t(i)])]);
+  }
+  return t;
+}
+
 // Per-thread scratch for candidate probabilities (the engine samples on one thread).
 std::vector<double>& prob_scratch(int n) {
   thread_local std::vector<double> v;
@@ -117,20 +137,14 @@ SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vec
     }
   }
   r.token = token;
-  if (p.logprobs >= 0) {
-    r.logprob.token = token;
-    r.logprob.logprob = scratch[size_t(token)];
-    if (p.logprobs > 0) {
-      const int k = std::min(p.logprobs, vocab);
-      idx.resize(size_t(vocab));
-      std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
-        return scratch[size_t(a)] > scratch[size_t(b)] || (scratch[size_t(a)] == scratch[size_t(b)] && a < b);
-      });
-      for (int i = 0; i < k; ++i) r.logprob.top.emplace_back(idx[size_t(i)], scratch[size_t(idx[size_t(i)])]);
-    }
-  }
+  if (p.logprobs >= 0) r.logprob = logprob_entry(scratch, vocab, token, p.logprobs, idx);
   return r;
+}
+
+TokenLogprob token_logprob(const float* logits, int vocab, int token, int k, std::vector<float>& scratch,
+                           std::vector<int>& idx) {
+  log_softmax(logits, vocab, scratch);
+  return logprob_entry(scratch, vocab, token, k, idx);
 }
 
 }  // namespace beluga

@@ -28,6 +28,12 @@ struct SampleResult {
 SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vector<float>& scratch,
                     std::vector<int>& index_scratch);
 
+// The logprob entry of `token` for one row of raw logits, as sample() computes logprobs: log-softmax
+// of the model's distribution, `token`'s rank in it, and the top `k` alternatives (k = 0: none). For
+// prompt logprobs, where the token is given instead of sampled. `logits` is left unchanged.
+TokenLogprob token_logprob(const float* logits, int vocab, int token, int k, std::vector<float>& scratch,
+                           std::vector<int>& index_scratch);
+
 // Whether sample() would return the argmax of the raw logits (ties: the lowest id): greedy with no
 // logprobs and nothing that edits the logits. Such rows can be sampled on the device (the engine then
 // copies one id per row instead of the logits).

@@ -62,8 +62,11 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
     // Preempted while its sample was in flight: wait (in order) until the engine has applied it.
     if (s->pending > 0) break;
     if (s->num_computed == 0 && s->blocks.empty()) {
-      // Share the longest cached prefix, but compute at least the last token (its logits are needed).
-      const auto hashes = block_hashes(s->tokens, *s->salt, (s->tokens.size() - 1) / kKvBlockSize);
+      // Share the longest cached prefix, but compute at least the last token (its logits are needed)
+      // and every position from the prefix cap on.
+      size_t cacheable = s->tokens.size() - 1;
+      if (s->prefix_cap) cacheable = std::min(cacheable, size_t(std::max(0, *s->prefix_cap)));
+      const auto hashes = block_hashes(s->tokens, *s->salt, cacheable / kKvBlockSize);
       s->blocks = bm_.acquire_prefix(hashes);
       s->num_computed = int(s->blocks.size()) * kKvBlockSize;
       s->hashes.assign(hashes.begin(), hashes.begin() + int64_t(s->blocks.size()));

@@ -23,6 +23,9 @@ struct Seq {
   int request = 0;    // the engine's request slot
   int index = 0;      // 0..n-1 within the request
   const std::string* salt = nullptr;
+  // When set: at most this many leading tokens may come from the prefix cache (prompt logprobs need
+  // the logits of the positions from there on). Owned by the engine's request; read at admission.
+  const int* prefix_cap = nullptr;
   std::vector<int> tokens;  // prompt, then generated tokens
   int pending = 0;          // tokens sampled by the step in flight, not yet in `tokens` (0 or 1)
   int max_length = 0;       // length at which it finishes for sure (max_tokens, max_model_len); 0: none

@@ -62,6 +62,7 @@ ChatFormat detect_chat_format(std::string_view tmpl, std::string_view model_type
 ChatEncoder::ChatEncoder(ChatFormat format, std::shared_ptr<const ChatTemplate> tmpl)
     : format_(format), template_(std::move(tmpl)) {
   BELUGA_CHECK(format_ != ChatFormat::kTemplate || template_, "chat format 'template' needs a chat_template");
+  if (format_ == ChatFormat::kTemplate) syntax_ = template_output_syntax(*template_);
 }
 
 ChatEncoder ChatEncoder::from_model_dir(const std::string& dir, std::optional<ChatFormat> format) {

@@ -10,6 +10,7 @@
 
 #include "recipe/chat_template.h"
 #include "recipe/conversation.h"
+#include "recipe/output_syntax.h"
 #include "recipe/prompt.h"
 
 namespace beluga::recipe {
@@ -32,11 +33,15 @@ class ChatEncoder {
   explicit ChatEncoder(ChatFormat format, std::shared_ptr<const ChatTemplate> tmpl = nullptr);
 
   ChatFormat format() const { return format_; }
+  // For kTemplate: the markup the template declares (tool calls, `<think>`); default for the
+  // DeepSeek formats, whose markup follows from the format itself.
+  const OutputSyntax& output_syntax() const { return syntax_; }
   Prompt encode(const Conversation& conv) const;
 
  private:
   ChatFormat format_;
   std::shared_ptr<const ChatTemplate> template_;
+  OutputSyntax syntax_;
 };
 
 }  // namespace beluga::recipe

@@ -74,7 +74,7 @@ Value message_value(const Message& m) {
 }  // namespace
 
 ChatTemplate::ChatTemplate(const std::string& source, ChatTemplateTokens tokens)
-    : template_(source), tokens_(std::move(tokens)) {
+    : source_(source), template_(source), tokens_(std::move(tokens)) {
   // Longest spelling first, so `<｜tool▁calls▁begin｜>` wins over any shorter token it contains.
   std::sort(tokens_.added.begin(), tokens_.added.end(),
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });

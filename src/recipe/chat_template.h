@@ -23,10 +23,12 @@ class ChatTemplate {
  public:
   ChatTemplate(const std::string& source, ChatTemplateTokens tokens);
   Prompt render(const Conversation& conv) const;
+  const std::string& source() const { return source_; }
   // The Jinja context apply_chat_template would see (request data marked as data).
   jinja::Dict context(const Conversation& conv) const;
 
  private:
+  std::string source_;
   jinja::Template template_;
   ChatTemplateTokens tokens_;
 };

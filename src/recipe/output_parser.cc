@@ -28,11 +28,25 @@ enum Action {
   kDsmlString,
   kDsmlRaw,
   kDsmlValueEnd,
+  kJsonCallEnd,
   kStop0 = 100,  // kStop0 + i: stop sequence i
 };
 
 const std::string kDsmlOpen = std::string("<") + ds::kDsml;
 const std::string kDsmlClose = std::string("</") + ds::kDsml;
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";  // Llama 3.x: the reply is code / a call
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+// The DeepSeek syntaxes, whose models may also call tools from inside their reasoning.
+bool deepseek_tools(ToolSyntax ts) {
+  return ts == ToolSyntax::kV3 || ts == ToolSyntax::kV31 || ts == ToolSyntax::kDsml;
+}
 
 // Length of an incomplete UTF-8 sequence at the end of `s` (0 if it ends on a character boundary).
 size_t incomplete_utf8_tail(std::string_view s) {
@@ -79,6 +93,33 @@ const char* finish_reason_name(FinishReason r) {
   return "stop";
 }
 
+namespace {
+
+// A continued assistant message resumes where it stopped (mid-reasoning when it has no answer yet).
+void continue_prefix(const Conversation& conv, ParserOptions& o) {
+  if (conv.messages.empty() || !conv.messages.back().prefix) return;
+  const Message& m = conv.messages.back();
+  o.start_in_reasoning = o.start_in_reasoning && !m.reasoning.empty() && m.text().empty();
+  o.start_in_tool_calls = false;
+  o.think_tags = false;  // the reply is under way: it no longer opens
+}
+
+}  // namespace
+
+ParserOptions parser_options(const ChatEncoder& encoder, const Conversation& conv,
+                             const std::vector<std::string>& stop) {
+  if (encoder.format() != ChatFormat::kTemplate) return parser_options(encoder.format(), conv, stop);
+  const OutputSyntax& syn = encoder.output_syntax();
+  ParserOptions o;
+  o.stop = stop;
+  o.json_mode = conv.json_mode;
+  o.tools = conv.tools_enabled() ? syn.tools : ToolSyntax::kNone;
+  o.think_tags = syn.think_tags;
+  o.start_in_reasoning = syn.prompt_opens_reasoning[conv.thinking ? 1 : 0];
+  continue_prefix(conv, o);
+  return o;
+}
+
 ParserOptions parser_options(ChatFormat format, const Conversation& conv,
                              const std::vector<std::string>& stop) {
   ParserOptions o;
@@ -104,31 +145,35 @@ ParserOptions parser_options(ChatFormat format, const Conversation& conv,
       o.start_in_tool_calls = tools && conv.tool_choice.mode == ToolChoice::Mode::kRequired;
       break;
     case ChatFormat::kTemplate:
-      break;  // model-specific markup is not parsed: all content
+      break;  // the template's markup is unknown here: all content
   }
-  // A continued assistant message resumes where it stopped (mid-reasoning when it has no answer yet).
-  if (!conv.messages.empty() && conv.messages.back().prefix) {
-    const Message& m = conv.messages.back();
-    o.start_in_reasoning = o.start_in_reasoning && !m.reasoning.empty() && m.text().empty();
-    o.start_in_tool_calls = false;
-  }
+  continue_prefix(conv, o);
   return o;
 }
 
 OutputParser::OutputParser(ParserOptions options) : opt_(std::move(options)) {
   std::erase_if(opt_.stop, [](const std::string& s) { return s.empty(); });
-  state_ = opt_.start_in_tool_calls  ? State::kToolCalls
-           : opt_.start_in_reasoning ? State::kReasoning
-                                     : State::kContent;
+  state_ = opt_.start_in_tool_calls                                   ? State::kToolCalls
+           : opt_.start_in_reasoning                                  ? State::kReasoning
+           : opt_.think_tags || opt_.tools == ToolSyntax::kLlama3Json ? State::kStart
+                                                                      : State::kContent;
+  think_open_ = opt_.think_tags && !opt_.start_in_reasoning;
 }
 
 std::vector<OutputParser::Branch> OutputParser::branches() const {
   std::vector<Branch> b;
   const ToolSyntax ts = opt_.tools;
-  const std::string calls_open = ts == ToolSyntax::kDsml ? kDsmlOpen : std::string(ds::kCallsBegin);
+  // The marker that opens tool calls anywhere in the text (Llama calls only open the reply: kStart).
+  const std::string calls_open = ts == ToolSyntax::kDsml     ? kDsmlOpen
+                                 : ts == ToolSyntax::kHermes ? std::string(kHermesOpen)
+                                 : deepseek_tools(ts)        ? std::string(ds::kCallsBegin)
+                                                             : std::string();
   switch (state_) {
+    case State::kStart:
+      break;  // start() decides
     case State::kReasoning:
-      if (ts != ToolSyntax::kNone) b.push_back({calls_open, true, kCallsBegin});
+      // Qwen closes its reasoning before calling tools, and thinks aloud about `<tool_call>`.
+      if (deepseek_tools(ts)) b.push_back({calls_open, true, kCallsBegin});
       b.push_back({ds::kThinkEnd, true, kThinkEnd});
       break;
     case State::kContent:
@@ -140,7 +185,7 @@ std::vector<OutputParser::Branch> OutputParser::branches() const {
       } else {
         for (size_t i = 0; i < opt_.stop.size(); ++i) b.push_back({opt_.stop[i], false, kStop0 + int(i)});
       }
-      if (ts != ToolSyntax::kNone) b.push_back({calls_open, true, kCallsBegin});
+      if (!calls_open.empty()) b.push_back({calls_open, true, kCallsBegin});
       b.push_back({ds::kThinkEnd, false, kStrayThinkEnd});
       break;
     case State::kJson:
@@ -148,7 +193,7 @@ std::vector<OutputParser::Branch> OutputParser::branches() const {
       b.push_back({"\n```", false, kJsonEnd});
       break;
     case State::kMatchedJson:
-      if (ts != ToolSyntax::kNone) b.push_back({calls_open, true, kCallsBegin});
+      if (!calls_open.empty()) b.push_back({calls_open, true, kCallsBegin});
       break;
     case State::kToolCalls:
       if (ts == ToolSyntax::kDsml) {
@@ -195,6 +240,15 @@ std::vector<OutputParser::Branch> OutputParser::branches() const {
     case State::kDsmlParamValue:
       b.push_back({kDsmlClose, false, kDsmlValueEnd});
       break;
+    case State::kJsonCall:
+      if (ts == ToolSyntax::kHermes) {
+        b.push_back({std::string(kHermesClose), false, kJsonCallEnd});
+        // A model that forgets `</tool_call>` between calls opens the next one directly.
+        if (call_.status() == JsonToolCallReader::Status::kDone)
+          b.push_back({std::string(kHermesOpen), true, kCallsBegin});
+      }
+      break;  // a Llama call ends with its object
+    case State::kJsonCallsNext:
     case State::kFinished:
       break;
   }
@@ -281,9 +335,118 @@ void OutputParser::emit(std::string_view bytes, std::vector<ParserEvent>& events
       }
       break;
     }
+    case State::kJsonCall:
+      read_json_call(bytes, events);
+      break;
+    case State::kJsonCallsNext: {
+      size_t i = 0;
+      while (i < bytes.size() && is_space(bytes[i])) ++i;
+      if (i == bytes.size()) break;
+      if (bytes[i] == ';') {
+        open_json_call(State::kContent, "");
+        replay_ = bytes.substr(i + 1);
+        replaying_ = true;
+      } else {
+        state_ = State::kFinished;  // text after the calls (an end-of-message tag) is not part of them
+      }
+      break;
+    }
     default:
       break;  // markup between tool-call parts, and anything after the end: dropped
   }
+}
+
+void OutputParser::open_json_call(State resume, std::string opener) {
+  call_ = JsonToolCallReader();
+  resume_ = resume;
+  opener_ = std::move(opener);
+  state_ = State::kJsonCall;
+}
+
+void OutputParser::read_json_call(std::string_view bytes, std::vector<ParserEvent>& events) {
+  if (call_.status() != JsonToolCallReader::Status::kReading) return;  // the rest of a Hermes block
+  const std::string text = valid_utf8(bytes);
+  JsonToolCallReader::Output out;
+  const size_t n = call_.feed(text, out);
+  if (out.begin) {
+    name_ = out.name;
+    begin_call(events);
+  }
+  delta(ParserEvent::Kind::kToolCallArgs, std::move(out.args), events);
+  const std::string_view rest = std::string_view(text).substr(n);
+  switch (call_.status()) {
+    case JsonToolCallReader::Status::kReading:
+      break;
+    case JsonToolCallReader::Status::kDone:
+      end_call(events);
+      // Llama: `;` and another call may follow. Hermes: the rest of the block is dropped up to
+      // `</tool_call>`, or a next `<tool_call>`. Either way the markers to look for have changed, so
+      // the bytes after the object are parsed again.
+      if (opt_.tools == ToolSyntax::kLlama3Json) state_ = State::kJsonCallsNext;
+      replay_ = rest;
+      replaying_ = true;
+      break;
+    case JsonToolCallReader::Status::kFailed:
+      reject_json_call(rest, events);
+      break;
+  }
+}
+
+// Not a tool call after all: its opener is text of the state it interrupted, and the bytes read as
+// the call are parsed again there.
+void OutputParser::reject_json_call(std::string_view rest, std::vector<ParserEvent>& events) {
+  state_ = resume_;
+  const std::string opener = std::move(opener_);
+  opener_.clear();
+  emit(opener, events);
+  replay_ = call_.raw();
+  replay_ += rest;
+  replaying_ = true;
+}
+
+// Puts the bytes of a rejected call (or those after a Llama call) back in front of the unparsed
+// buffer, of which `consumed` bytes were used.
+bool OutputParser::take_replay(size_t consumed) {
+  if (!replaying_) return false;
+  buf_ = replay_ + buf_.substr(consumed);
+  replay_.clear();
+  replaying_ = false;
+  return true;
+}
+
+// Decides how the reply opens, once its first non-space bytes are in; false: wait for more.
+bool OutputParser::start(bool final) {
+  size_t i = 0;
+  while (i < buf_.size() && is_space(buf_[i])) ++i;
+  const std::string_view rest = std::string_view(buf_).substr(i);
+  bool undecided = rest.empty();
+  auto opens = [&](std::string_view opener) {
+    if (rest.starts_with(opener)) return true;
+    if (opener.starts_with(rest)) undecided = true;
+    return false;
+  };
+  if (think_open_ && opens(kThinkOpen)) {
+    buf_.erase(0, i + kThinkOpen.size());
+    state_ = State::kReasoning;
+    think_open_ = false;
+    lead_ = true;
+    return true;
+  }
+  if (opt_.tools == ToolSyntax::kLlama3Json) {
+    if (opens(kPythonTag)) {
+      open_json_call(State::kContent, buf_.substr(0, i + kPythonTag.size()));
+      buf_.erase(0, i + kPythonTag.size());
+      return true;
+    }
+    if (opens("{")) {
+      open_json_call(State::kContent, buf_.substr(0, i));
+      buf_.erase(0, i);
+      return true;
+    }
+  }
+  if (undecided && !final) return false;
+  state_ = State::kContent;
+  return true;
 }
 
 void OutputParser::on_match(int action, std::vector<ParserEvent>& events) {
@@ -295,11 +458,30 @@ void OutputParser::on_match(int action, std::vector<ParserEvent>& events) {
   }
   switch (action) {
     case kThinkEnd:
-      state_ = State::kContent;
+      // A Llama reply may still open with a call after its reasoning.
+      state_ = opt_.tools == ToolSyntax::kLlama3Json ? State::kStart : State::kContent;
+      think_open_ = false;
       lead_ = true;
       break;
     case kCallsBegin:
-      state_ = State::kToolCalls;
+      if (opt_.tools != ToolSyntax::kHermes) {
+        state_ = State::kToolCalls;
+      } else if (state_ == State::kJsonCall) {  // the previous block was left open
+        end_call(events);
+        open_json_call(State::kContent, matched_);
+      } else {
+        open_json_call(state_, matched_);
+      }
+      break;
+    case kJsonCallEnd:
+      call_.close();
+      if (call_.status() == JsonToolCallReader::Status::kFailed) {
+        reject_json_call(kHermesClose, events);
+      } else {
+        end_call(events);
+        state_ = State::kContent;
+        lead_ = true;
+      }
       break;
     case kStrayThinkEnd:
       break;
@@ -377,6 +559,10 @@ void OutputParser::process(bool final, std::vector<ParserEvent>& events) {
       buf_.clear();
       return;
     }
+    if (state_ == State::kStart) {
+      if (!start(final)) return;
+      continue;
+    }
     const std::vector<Branch> bs = branches();
     // The match that completes first wins; ties go to the earlier branch.
     size_t best_end = std::string::npos, best_start = 0;
@@ -398,14 +584,18 @@ void OutputParser::process(bool final, std::vector<ParserEvent>& events) {
     }
     if (best_action >= 0) {
       emit(std::string_view(buf_).substr(0, best_start), events);
+      if (take_replay(best_start)) continue;  // a call was rejected before the marker: parse again
       std::string pattern(best_pattern);
+      matched_ = buf_.substr(best_start, best_end - best_start);
       buf_.erase(0, best_end);
       on_match(best_action, events);
       if (best_action == kJsonBrace) delta(ParserEvent::Kind::kContent, pattern, events);
+      take_replay(0);
       continue;
     }
     if (final) {
       emit(buf_, events);
+      if (take_replay(buf_.size())) continue;
       buf_.clear();
       return;
     }
@@ -424,6 +614,7 @@ void OutputParser::process(bool final, std::vector<ParserEvent>& events) {
       hold = std::min(hold, h);
     }
     emit(std::string_view(buf_).substr(0, hold), events);
+    if (take_replay(hold)) continue;
     buf_.erase(0, hold);
     return;
   }
@@ -437,6 +628,16 @@ void OutputParser::feed(std::string_view chunk, std::vector<ParserEvent>& events
 
 FinishReason OutputParser::finish(bool engine_length, std::vector<ParserEvent>& events) {
   process(true, events);
+  // The output ended inside a JSON call: a committed one is closed below, an uncommitted one is text
+  // (which may hold another call).
+  while (state_ == State::kJsonCall && call_.status() == JsonToolCallReader::Status::kReading) {
+    call_.close();
+    if (call_.status() == JsonToolCallReader::Status::kFailed) {
+      reject_json_call("", events);
+      take_replay(0);
+      process(true, events);
+    }
+  }
   if (!matched_stop_.empty()) return FinishReason::kStop;
   if (engine_length) return FinishReason::kLength;
   if (in_call_) end_call(events);  // the model ended inside a call: close it so clients see it

@@ -80,17 +80,43 @@ Json completions_logprobs(const std::vector<TokenLogprobOut>& lps, size_t from, 
   for (size_t i = from; i < to; ++i) {
     const TokenLogprobOut& t = lps[i];
     tokens.push_back(t.chosen.token);
+    off.push_back(t.text_offset);
+    if (t.no_logprob) {  // the echoed prompt's first token, as OpenAI and vLLM give it
+      lp.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
     lp.push_back(t.chosen.logprob);
     Json alts = Json::object();
     for (const auto& a : t.top)
       if (!alts.contains(a.token)) alts[a.token] = a.logprob;
     top.push_back(std::move(alts));
-    off.push_back(t.text_offset);
   }
   return Json{{"tokens", std::move(tokens)},
               {"token_logprobs", std::move(lp)},
               {"top_logprobs", std::move(top)},
               {"text_offset", std::move(off)}};
+}
+
+// vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}, ...}, ...] (null when
+// not known).
+Json prompt_logprobs_json(const std::optional<PromptLogprobs>& p) {
+  if (!p) return nullptr;
+  Json a = Json::array();
+  for (const auto& pos : *p) {
+    if (pos.empty()) {
+      a.push_back(nullptr);
+      continue;
+    }
+    Json d = Json::object();
+    for (const auto& alt : pos) {
+      const std::string key = std::to_string(alt.id);
+      if (!d.contains(key))  // the prompt token may also be one of the top alternatives
+        d[key] = Json{{"logprob", alt.logprob}, {"rank", alt.rank}, {"decoded_token", alt.decoded}};
+    }
+    a.push_back(std::move(d));
+  }
+  return a;
 }
 
 // How many logprob entries of each choice a stream has sent.
@@ -218,13 +244,18 @@ class ChatFormatter final : public OpenAiFormatter {
           {"logprobs", ctx_.logprobs >= 0 ? chat_logprobs(c.logprobs, 0, c.logprobs.size()) : Json(nullptr)},
           {"finish_reason", c.finish}});
     }
-    return Json{{"id", ctx_.id},
-                {"object", "chat.completion"},
-                {"created", ctx_.created},
-                {"model", ctx_.model},
-                {"choices", std::move(cs)},
-                {"usage", openai_usage(usage)},
-                {"system_fingerprint", nullptr}};
+    Json r{{"id", ctx_.id},
+           {"object", "chat.completion"},
+           {"created", ctx_.created},
+           {"model", ctx_.model},
+           {"choices", std::move(cs)},
+           {"usage", openai_usage(usage)},
+           {"system_fingerprint", nullptr}};
+    // vLLM puts a chat request's prompt logprobs on the response (one prompt for all choices).
+    if (ctx_.prompt_logprobs)
+      r["prompt_logprobs"] =
+          choices.empty() ? Json(nullptr) : prompt_logprobs_json(choices[0].prompt_logprobs);
+    return r;
   }
 
  private:
@@ -259,13 +290,15 @@ class CompletionsFormatter final : public OpenAiFormatter {
 
   Json response(const std::vector<ChoiceText>& choices, const Usage& usage) const override {
     Json cs = Json::array();
-    for (const auto& c : choices)
+    for (const auto& c : choices) {
       cs.push_back(
           Json{{"index", c.index},
                {"text", c.content},
                {"logprobs",
                 ctx_.logprobs >= 0 ? completions_logprobs(c.logprobs, 0, c.logprobs.size()) : Json(nullptr)},
                {"finish_reason", c.finish}});
+      if (ctx_.prompt_logprobs) cs.back()["prompt_logprobs"] = prompt_logprobs_json(c.prompt_logprobs);
+    }
     return Json{{"id", ctx_.id},
                 {"object", "text_completion"},
                 {"created", ctx_.created},

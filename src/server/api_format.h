@@ -30,12 +30,24 @@ struct LogprobAlt {
   float logprob = 0.0f;
 };
 
-// One generated token's logprobs, as text.
+// One token's logprobs, as text: a generated token's, or (completions echo) a prompt token's.
 struct TokenLogprobOut {
   LogprobAlt chosen;
   std::vector<LogprobAlt> top;  // best first (empty unless top logprobs were asked for)
   int64_t text_offset = 0;      // completions: code points of the choice's text before this token
+  bool no_logprob = false;      // the first prompt token: nothing before it (null logprob and top)
 };
+
+// One entry of vLLM's prompt_logprobs ({token id: {logprob, rank, decoded_token}}).
+struct PromptLogprobAlt {
+  int id = 0;
+  float logprob = 0.0f;
+  int rank = 0;
+  std::string decoded;
+};
+// vLLM's prompt_logprobs of one prompt: per prompt token, the token itself then its top alternatives;
+// the first token's is empty (null: nothing precedes it).
+using PromptLogprobs = std::vector<std::vector<PromptLogprobAlt>>;
 
 // One generated sequence as text, accumulated so far.
 struct ChoiceText {
@@ -47,9 +59,12 @@ struct ChoiceText {
   std::string stop_sequence;  // the stop string that ended it, if one did
   int tokens = 0;             // generated tokens (the stopping EOS excluded)
   int reasoning_tokens = 0;
-  // Per generated token when logprobs were asked for (chat: content tokens only). A streaming
-  // formatter sends the entries added since its last event for the choice.
+  // Per generated token when logprobs were asked for (chat: content tokens only; completions with
+  // echo: the prompt's tokens first). A streaming formatter sends the entries added since its last
+  // event for the choice.
   std::vector<TokenLogprobOut> logprobs;
+  // vLLM's prompt_logprobs of the choice's prompt, once known (the engine's first output for it).
+  std::optional<PromptLogprobs> prompt_logprobs;
 };
 
 struct Usage {
@@ -64,9 +79,10 @@ struct FormatContext {
   std::string id;  // response id (chatcmpl-…, cmpl-…, resp_…, msg_…)
   std::string model;
   int64_t created = 0;
-  int n = 1;                   // choices
-  bool include_usage = false;  // chat / completions streams: a final usage chunk
-  int logprobs = -1;           // chat / completions: -1 no logprobs; else k top alternatives
+  int n = 1;                     // choices
+  bool include_usage = false;    // chat / completions streams: a final usage chunk
+  int logprobs = -1;             // chat / completions: -1 no logprobs; else k top alternatives
+  bool prompt_logprobs = false;  // chat / completions (not streamed): vLLM's prompt_logprobs field
   nlohmann::ordered_json request = nlohmann::ordered_json::object();  // the request body (echoed fields)
 };
 

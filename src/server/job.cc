@@ -97,6 +97,7 @@ Job::Job(JobSpec spec, const tok::Tokenizer& tokenizer, std::unique_ptr<ApiForma
     choices_[i].index = int(i);
   }
   engine_active_.assign(size_t(spec_.num_prompts), true);
+  sub_begun_.assign(size_t(spec_.num_prompts), false);
   sub_prompt_.assign(size_t(spec_.num_prompts), 0);
   sub_cached_.assign(size_t(spec_.num_prompts), 0);
   for (int i = 0; i < spec_.num_prompts && size_t(i) < spec_.prompt_tokens.size(); ++i) {
@@ -201,16 +202,12 @@ void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
   if (!begun_) {
     begun_ = true;
     if (stream_) fmt_->begin(usage_, out);
-    if (!spec_.echo.empty()) {
-      for (size_t ci = 0; ci < choices_.size(); ++ci) {
-        const size_t p = ci / size_t(spec_.n);
-        if (p < spec_.echo.size() && !spec_.echo[p].empty()) {
-          seqs_[ci].text_chars += code_points(spec_.echo[p]);
-          std::vector<Ev> evs{Ev{Ev::Kind::kContent, spec_.echo[p], -1}};
-          apply(ci, evs, out);
-        }
-      }
-    }
+  }
+  // Per prompt, not at the job's first output: the engine sends a prompt's logprobs with its own
+  // first output, and the echo (with them) must come before the prompt's generated text.
+  if (!sub_begun_[s]) {
+    sub_begun_[s] = true;
+    begin_sub(s, o.prompt_logprobs, out);
   }
 
   std::vector<Ev> evs;
@@ -254,20 +251,71 @@ void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
   check_complete(out);
 }
 
+LogprobAlt Job::alt_of(int id, float logprob) const {
+  LogprobAlt a;
+  a.bytes = std::string(tok_.token_bytes(id));
+  a.token = token_text_of_bytes(a.bytes);
+  a.logprob = logprob;
+  return a;
+}
+
 void Job::add_logprob(size_t ci, const TokenLogprob& lp, int64_t text_offset) {
-  auto alt = [&](int id, float logprob) {
-    LogprobAlt a;
-    a.bytes = std::string(tok_.token_bytes(id));
-    a.token = token_text_of_bytes(a.bytes);
-    a.logprob = logprob;
-    return a;
-  };
   TokenLogprobOut t;
-  t.chosen = alt(lp.token, lp.logprob);
+  t.chosen = alt_of(lp.token, lp.logprob);
   const size_t k = std::min(lp.top.size(), size_t(std::max(0, spec_.logprobs)));
-  for (size_t i = 0; i < k; ++i) t.top.push_back(alt(lp.top[i].first, lp.top[i].second));
+  for (size_t i = 0; i < k; ++i) t.top.push_back(alt_of(lp.top[i].first, lp.top[i].second));
   t.text_offset = text_offset;
   choices_[ci].logprobs.push_back(std::move(t));
+}
+
+void Job::begin_sub(size_t sub, const std::vector<TokenLogprob>& prompt_lps, std::string& out) {
+  const bool echo = sub < spec_.echo.size();
+  const std::vector<int>* ids = sub < spec_.prompt_ids.size() ? &spec_.prompt_ids[sub] : nullptr;
+  // prompt_lps[i] is prompt token i + 1's; the first token has none.
+  auto lp_of = [&](size_t i) { return i > 0 && i - 1 < prompt_lps.size() ? &prompt_lps[i - 1] : nullptr; };
+
+  std::optional<PromptLogprobs> vllm;  // the same for every choice of this prompt
+  if (spec_.prompt_logprobs >= 0 && ids) {
+    vllm.emplace(ids->size());
+    for (size_t i = 0; i < ids->size(); ++i) {
+      const TokenLogprob* e = lp_of(i);
+      if (!e) continue;  // null
+      auto& pos = (*vllm)[i];
+      auto decoded = [&](int id) { return token_text_of_bytes(tok_.token_bytes(id)); };
+      pos.push_back({e->token, e->logprob, e->rank, decoded(e->token)});
+      const size_t k = std::min(e->top.size(), size_t(spec_.prompt_logprobs));
+      for (size_t j = 0; j < k; ++j)
+        pos.push_back({e->top[j].first, e->top[j].second, int(j) + 1, decoded(e->top[j].first)});
+    }
+  }
+  // Completions echo with logprobs: the prompt's tokens lead the choice's logprobs. Offsets are code
+  // points of the prompt as decoded, special tokens (a BOS the server added) counting as none.
+  std::vector<TokenLogprobOut> echo_lps;
+  if (echo && spec_.logprobs >= 0 && ids) {
+    tok::IncrementalDecoder dec(tok_, /*skip_special=*/true);
+    int64_t chars = 0;
+    for (size_t i = 0; i < ids->size(); ++i) {
+      TokenLogprobOut t;
+      const TokenLogprob* e = lp_of(i);
+      t.chosen = alt_of((*ids)[i], e ? e->logprob : 0.0f);
+      t.no_logprob = !e;
+      if (e) {
+        const size_t k = std::min(e->top.size(), size_t(spec_.logprobs));
+        for (size_t j = 0; j < k; ++j) t.top.push_back(alt_of(e->top[j].first, e->top[j].second));
+      }
+      t.text_offset = chars;
+      chars += code_points(dec.feed((*ids)[i]));
+      echo_lps.push_back(std::move(t));
+    }
+  }
+  for (size_t ci = sub * size_t(spec_.n); ci < (sub + 1) * size_t(spec_.n); ++ci) {
+    if (vllm) choices_[ci].prompt_logprobs = vllm;
+    if (!echo) continue;
+    choices_[ci].logprobs.insert(choices_[ci].logprobs.end(), echo_lps.begin(), echo_lps.end());
+    seqs_[ci].text_chars += code_points(spec_.echo[sub]);
+    std::vector<Ev> evs{Ev{Ev::Kind::kContent, spec_.echo[sub], -1}};
+    apply(ci, evs, out);  // a stream sends the echo, and its logprobs, in the choice's first chunk
+  }
 }
 
 void Job::check_complete(std::string& out) {

@@ -45,6 +45,10 @@ struct JobSpec {
   std::vector<std::string> echo;   // completions echo: prompt text per prompt (empty: no echo)
   std::vector<int> prompt_tokens;  // per prompt
   int logprobs = -1;               // engine logprobs asked for: -1 none; else top k alternatives
+  int prompt_logprobs = -1;        // vLLM's prompt_logprobs asked for: -1 none; else top k alternatives
+  // Per prompt, when the engine computes prompt logprobs (prompt_logprobs, or echo with logprobs):
+  // the ids whose logprobs the engine reports (all but the first).
+  std::vector<std::vector<int>> prompt_ids;
 };
 
 // The token's own text: its bytes, with each byte that is not part of a valid UTF-8 sequence
@@ -94,6 +98,9 @@ class Job {
   void apply(size_t ci, std::vector<recipe::ParserEvent>& evs, std::string& out);
   void check_complete(std::string& out);
   void add_logprob(size_t ci, const TokenLogprob& lp, int64_t text_offset);
+  LogprobAlt alt_of(int id, float logprob) const;
+  // Sub-request `sub`'s first output: its choices' prompt logprobs and echo.
+  void begin_sub(size_t sub, const std::vector<TokenLogprob>& prompt_lps, std::string& out);
 
   JobSpec spec_;
   const tok::Tokenizer& tok_;
@@ -101,7 +108,7 @@ class Job {
   bool stream_;
   std::vector<Seq> seqs_;
   std::vector<ChoiceText> choices_;
-  std::vector<bool> engine_active_;
+  std::vector<bool> engine_active_, sub_begun_;
   std::vector<int> sub_prompt_, sub_cached_;
   Usage usage_;
   bool begun_ = false, complete_ = false, failed_ = false;

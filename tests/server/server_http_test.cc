@@ -563,18 +563,171 @@ TEST_F(ServerTest, CompletionsLogprobs) {
   }
   check(all, 0);
 
-  // Echo: offsets count from the end of the echoed prompt.
+  // Echo: the prompt's tokens lead (CompletionsEchoLogprobsCoverThePrompt); the generated tokens'
+  // offsets count from the end of the echoed prompt.
   Reply e =
       post(port_, "/v1/completions",
            Json{{"model", "demo"}, {"prompt", "Say: "}, {"echo", true}, {"max_tokens", 50}, {"logprobs", 2}});
   ASSERT_EQ(e.status, 200) << e.body;
-  check(e.json()["choices"][0]["logprobs"], 5);
+  const size_t prompt_len = engine_->prompts().back().size();
+  const Json elp = e.json()["choices"][0]["logprobs"];
+  Json generated = Json::object();
+  for (auto& [k, v] : elp.items()) {
+    ASSERT_EQ(v.size(), prompt_len + ids.size()) << k;
+    generated[k] = Json(std::vector<Json>(v.begin() + std::ptrdiff_t(prompt_len), v.end()));
+  }
+  check(generated, 5);
 
   // Not asked for: null.
   Reply n = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", "Say: "}});
   ASSERT_EQ(n.status, 200);
   EXPECT_TRUE(n.json()["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(engine_->last_sampling().logprobs, -1);
+}
+
+// Completions with echo and logprobs, as OpenAI answers: the logprobs cover the prompt's tokens (the
+// first with null token_logprobs and top_logprobs entries), then the generated ones; streamed, the
+// echoed prompt and its logprobs come in the first chunk.
+TEST_F(ServerTest, CompletionsEchoLogprobsCoverThePrompt) {
+  const std::string text = "Hi there.";
+  set_text(text);
+  start();
+  const std::vector<int> gen = tokenizer_->encode(text, true);
+  Json body{{"model", "demo"}, {"prompt", "Say: "}, {"echo", true}, {"max_tokens", 50}, {"logprobs", 2}};
+  Reply r = post(port_, "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(engine_->last_sampling().prompt_logprobs, 2);   // the engine computes them for echo
+  const std::vector<int> pids = engine_->prompts().back();  // BOS, then "Say: "
+  ASSERT_GE(pids.size(), 3u);
+  EXPECT_EQ(pids[0], 0);
+  auto token_text = [&](int id) { return token_text_of_bytes(tokenizer_->token_bytes(id)); };
+  auto check_prompt_part = [&](const Json& lp) {
+    ASSERT_GE(lp["tokens"].size(), pids.size()) << lp;
+    int64_t offset = 0;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      EXPECT_EQ(lp["tokens"][i], token_text(pids[i])) << i;
+      EXPECT_EQ(lp["text_offset"][i], offset) << i;
+      if (i > 0) offset += int64_t(token_text(pids[i]).size());  // ASCII; the BOS adds no text
+      if (i == 0) {
+        EXPECT_TRUE(lp["token_logprobs"][i].is_null()) << lp;
+        EXPECT_TRUE(lp["top_logprobs"][i].is_null()) << lp;
+        continue;
+      }
+      const TokenLogprob want = testing::fake_prompt_logprob(pids, i, 2);
+      EXPECT_FLOAT_EQ(lp["token_logprobs"][i].get<float>(), want.logprob) << i;
+      const Json& top = lp["top_logprobs"][i];
+      ASSERT_EQ(top.size(), 2u) << top;
+      for (const auto& [t, l] : want.top) EXPECT_FLOAT_EQ(top[token_text(t)].get<float>(), l) << top;
+    }
+    EXPECT_EQ(offset, 5);
+    // The generated tokens follow, from the end of the echo.
+    ASSERT_EQ(lp["tokens"].size(), pids.size() + gen.size()) << lp;
+    EXPECT_EQ(lp["text_offset"][pids.size()], 5);
+    EXPECT_EQ(lp["tokens"][pids.size()], token_text(gen[0]));
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][pids.size()].get<float>(), testing::fake_logprob(0));
+  };
+  const Json c = r.json()["choices"][0];
+  EXPECT_EQ(c["text"], "Say: " + text);
+  check_prompt_part(c["logprobs"]);
+  EXPECT_FALSE(c.contains("prompt_logprobs")) << c;  // vLLM's field only when asked for
+
+  // Streamed: the first chunk is the echo with the prompt's logprobs; all chunks together equal the
+  // non-streamed logprobs.
+  body["stream"] = true;
+  Reply s = post(port_, "/v1/completions", body);
+  ASSERT_EQ(s.status, 200) << s.body;
+  Json all{{"tokens", Json::array()},
+           {"token_logprobs", Json::array()},
+           {"top_logprobs", Json::array()},
+           {"text_offset", Json::array()}};
+  bool first = true;
+  for (const auto& e : parse_sse(s.body)) {
+    if (e.data == "[DONE]") continue;
+    const Json ch = Json::parse(e.data)["choices"][0];
+    if (first) {
+      EXPECT_EQ(ch["text"], "Say: ") << ch;
+      EXPECT_EQ(ch["logprobs"]["tokens"].size(), pids.size()) << ch;
+      first = false;
+    }
+    for (auto& [k, v] : ch["logprobs"].items())
+      for (const auto& x : v) all[k].push_back(x);
+  }
+  check_prompt_part(all);
+  EXPECT_EQ(all, c["logprobs"]);
+
+  // Echo alone, or logprobs alone: no prompt logprobs are computed.
+  body.erase("stream");
+  body.erase("logprobs");
+  ASSERT_EQ(post(port_, "/v1/completions", body).status, 200);
+  EXPECT_EQ(engine_->last_sampling().prompt_logprobs, -1);
+  body.erase("echo");
+  body["logprobs"] = 1;
+  ASSERT_EQ(post(port_, "/v1/completions", body).status, 200);
+  EXPECT_EQ(engine_->last_sampling().prompt_logprobs, -1);
+}
+
+// Checks vLLM's prompt_logprobs list against the fake engine's values for `prompt` with k alternatives.
+void check_vllm_prompt_logprobs(const tok::Tokenizer& tok, const Json& pl, const std::vector<int>& prompt,
+                                int k) {
+  ASSERT_TRUE(pl.is_array()) << pl;
+  ASSERT_EQ(pl.size(), prompt.size()) << pl;
+  EXPECT_TRUE(pl[0].is_null()) << pl;
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const TokenLogprob want = testing::fake_prompt_logprob(prompt, i, k);
+    const Json& d = pl[i];
+    ASSERT_EQ(d.size(), size_t(k) + 1) << d;  // the prompt token, then k others
+    const Json& self = d[std::to_string(prompt[i])];
+    EXPECT_FLOAT_EQ(self["logprob"].get<float>(), want.logprob) << d;
+    EXPECT_EQ(self["rank"], want.rank) << d;
+    EXPECT_EQ(self["decoded_token"], token_text_of_bytes(tok.token_bytes(prompt[i]))) << d;
+    for (int j = 0; j < k; ++j) {
+      const auto [t, l] = want.top[size_t(j)];
+      const Json& a = d[std::to_string(t)];
+      EXPECT_FLOAT_EQ(a["logprob"].get<float>(), l) << d;
+      EXPECT_EQ(a["rank"], j + 1) << d;
+      EXPECT_EQ(a["decoded_token"], token_text_of_bytes(tok.token_bytes(t))) << d;
+    }
+  }
+}
+
+// vLLM's prompt_logprobs extension: completions carry it in each choice (its prompt's), chat on the
+// response; absent unless asked for.
+TEST_F(ServerTest, VllmPromptLogprobs) {
+  set_text("Hi.");
+  start();
+  Reply r = post(port_, "/v1/completions",
+                 Json{{"model", "demo"},
+                      {"prompt", Json::array({"Say: ", "Go on"})},
+                      {"n", 2},
+                      {"max_tokens", 5},
+                      {"prompt_logprobs", 1}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(engine_->last_sampling().prompt_logprobs, 1);
+  const auto prompts = engine_->prompts();
+  ASSERT_GE(prompts.size(), 2u);
+  const Json cs = r.json()["choices"];
+  ASSERT_EQ(cs.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(cs[i]["logprobs"].is_null()) << cs[i];
+    check_vllm_prompt_logprobs(*tokenizer_, cs[i]["prompt_logprobs"], prompts[prompts.size() - 2 + i / 2], 1);
+  }
+
+  Reply c = post(port_, "/v1/chat/completions", chat("hi", {{"prompt_logprobs", 0}, {"n", 2}}));
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(engine_->last_sampling().prompt_logprobs, 0);
+  const Json cj = c.json();
+  check_vllm_prompt_logprobs(*tokenizer_, cj["prompt_logprobs"], engine_->prompts().back(), 0);
+  for (const auto& ch : cj["choices"]) EXPECT_FALSE(ch.contains("prompt_logprobs")) << ch;
+  EXPECT_TRUE(cj["choices"][0]["logprobs"].is_null());
+
+  // Not asked for (or null): no field, nothing computed.
+  Reply n = post(port_, "/v1/chat/completions", chat("hi", {{"prompt_logprobs", nullptr}}));
+  ASSERT_EQ(n.status, 200) << n.body;
+  EXPECT_FALSE(n.json().contains("prompt_logprobs")) << n.body;
+  EXPECT_EQ(engine_->last_sampling().prompt_logprobs, -1);
+  Reply m = post(port_, "/v1/completions", Json{{"model", "demo"}, {"prompt", "x"}});
+  ASSERT_EQ(m.status, 200) << m.body;
+  EXPECT_FALSE(m.json()["choices"][0].contains("prompt_logprobs")) << m.body;
 }
 
 TEST_F(ServerTest, LogprobsValidation) {
@@ -608,6 +761,22 @@ TEST_F(ServerTest, LogprobsValidation) {
   EXPECT_EQ(engine_->last_sampling().logprobs, 5);
   EXPECT_EQ(status("/v1/completions", with(0)), 200);
   EXPECT_EQ(engine_->last_sampling().logprobs, 0);
+  // vLLM's prompt_logprobs: 0..20, not with stream.
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    auto plp = [&](Json v, bool stream = false) {
+      Json b = path == "/v1/completions" ? p : chat("hi");
+      b["prompt_logprobs"] = std::move(v);
+      if (stream) b["stream"] = true;
+      return b;
+    };
+    EXPECT_EQ(status(path, plp(-1)), 400) << path;
+    EXPECT_EQ(status(path, plp(21)), 400) << path;
+    EXPECT_EQ(status(path, plp("2")), 400) << path;
+    EXPECT_EQ(status(path, plp(1.5)), 400) << path;
+    EXPECT_EQ(status(path, plp(2, true)), 400) << path;
+    EXPECT_EQ(status(path, plp(20)), 200) << path;
+    EXPECT_EQ(engine_->last_sampling().prompt_logprobs, 20) << path;
+  }
 }
 
 TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {

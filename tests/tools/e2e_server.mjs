@@ -4,7 +4,8 @@
 // delete); tool-call history round trips; n=2; a seeded request
 // repeated under concurrent load gives identical tokens; error statuses and shapes; queue full
 // -> 429; 200 clients that disconnect mid-stream leave no KV blocks in use and the server keeps
-// serving; chat logprobs (top_logprobs) through the SDK; greedy parity: 32 concurrent token-id
+// serving; chat logprobs (top_logprobs) through the SDK; prompt logprobs (completions echo +
+// logprobs, vLLM's prompt_logprobs); greedy parity: 32 concurrent token-id
 // completions equal each prompt served alone and `beluga generate` + `beluga detokenize`.
 // Usage: node tests/tools/e2e_server.mjs [path/to/beluga]   (exit code 0 = pass)
 import { spawn, execFile } from 'node:child_process';
@@ -373,6 +374,68 @@ async function mapLimit(items, limit, fn) {
 // ids 2..8000) give the same completion batched together as alone, and as `beluga generate`
 // (detokenized by `beluga detokenize`). EOS: ignore_eos on the server and no stop ids in
 // `generate`, so both sides produce exactly max_tokens tokens (an EOS, if sampled, is text on both).
+// Prompt logprobs: completions with echo and logprobs cover the prompt's tokens (the first with null
+// token_logprobs / top_logprobs) and then the completion's, as OpenAI's legacy format has it, streamed
+// and not; vLLM's prompt_logprobs field (the SDK passes it through) agrees with them.
+async function testPromptLogprobs(openai) {
+  const prompt = 'def read_json(path):';
+  const req = { model: MODEL, prompt, echo: true, logprobs: 2, max_tokens: 3, temperature: 0 };
+  const r = await openai.completions.create(req);
+  const c = r.choices[0];
+  const lp = c.logprobs;
+  const P = r.usage.prompt_tokens, G = r.usage.completion_tokens, N = P + G;
+  check(c.text.startsWith(prompt), 'echo logprobs: the text starts with the prompt', c.text);
+  check(lp && ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset'].every((k) => Array.isArray(lp[k]) && lp[k].length === N),
+        'echo logprobs: one entry per prompt and completion token', { lp, usage: r.usage });
+  if (!lp || !Array.isArray(lp.tokens) || lp.tokens.length !== N) return;
+  check(lp.token_logprobs[0] === null && lp.top_logprobs[0] === null, 'echo logprobs: null for the first prompt token', lp);
+  for (let i = 1; i < N; i++) {
+    const v = lp.token_logprobs[i], top = lp.top_logprobs[i];
+    check(typeof v === 'number' && v <= 0, `echo logprobs[${i}]: a logprob <= 0`, v);
+    const alts = top ? Object.values(top) : [];
+    check(alts.length >= 1 && alts.length <= 2 && alts.every((a) => a <= 0), `echo logprobs[${i}]: up to 2 top_logprobs`, top);
+    check(Math.max(...alts) >= v - 1e-5, `echo logprobs[${i}]: the best alternative is at least as likely`, { v, top });
+    if (i >= P) check(Math.abs(Math.max(...alts) - v) < 1e-5, `echo logprobs[${i}]: the greedy token is the best`, { v, top });
+    check(lp.text_offset[i] >= lp.text_offset[i - 1], `echo logprobs[${i}]: text_offset non-decreasing`, lp.text_offset);
+  }
+  check(lp.text_offset[P] === prompt.length, 'echo logprobs: the completion starts after the prompt', lp.text_offset);
+  // The completion's entries are those of the same request without echo.
+  const plain = (await openai.completions.create({ ...req, echo: false })).choices[0].logprobs;
+  check(plain.token_logprobs.length === G && plain.token_logprobs.every((v, i) => Math.abs(v - lp.token_logprobs[P + i]) < 1e-4) &&
+        JSON.stringify(plain.tokens) === JSON.stringify(lp.tokens.slice(P)),
+        'echo logprobs: completion entries equal the request without echo', { plain, lp });
+  // Streamed: the first chunk is the echoed prompt with its logprobs; all chunks equal the non-streamed.
+  const s = await openai.completions.create({ ...req, stream: true });
+  const all = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  let first = null;
+  for await (const chunk of s) for (const ch of chunk.choices) {
+    if (first === null) first = ch;
+    if (ch.logprobs) for (const k of Object.keys(all)) all[k].push(...ch.logprobs[k]);
+  }
+  check(first && first.text === prompt && first.logprobs && first.logprobs.tokens.length === P,
+        'echo logprobs stream: the first chunk is the prompt with its logprobs', first);
+  check(JSON.stringify(all.tokens) === JSON.stringify(lp.tokens) && all.token_logprobs[0] === null &&
+        all.token_logprobs.every((v, i) => i === 0 || Math.abs(v - lp.token_logprobs[i]) < 1e-4),
+        'echo logprobs stream: same entries as non-streamed', { all, lp });
+  // vLLM's prompt_logprobs: [null, {id: {logprob, rank, decoded_token}}...], the same values.
+  const v = await openai.completions.create({ model: MODEL, prompt, max_tokens: 1, temperature: 0, prompt_logprobs: 1 });
+  const pl = v.choices[0].prompt_logprobs;
+  check(Array.isArray(pl) && pl.length === P && pl[0] === null, 'prompt_logprobs: one entry per prompt token, null first', pl);
+  if (Array.isArray(pl) && pl.length === P)
+    for (let i = 1; i < P; i++) {
+      const es = pl[i] ? Object.values(pl[i]) : [];
+      check(es.length >= 1 && es.length <= 2 && es.every((e) => e.logprob <= 0 && Number.isInteger(e.rank) && e.rank >= 1 &&
+            typeof e.decoded_token === 'string') && es.some((e) => e.rank === 1),
+            `prompt_logprobs[${i}]: the token and the best, with rank and decoded_token`, pl[i]);
+      check(es.some((e) => Math.abs(e.logprob - lp.token_logprobs[i]) < 1e-4 && e.decoded_token === lp.tokens[i]),
+            `prompt_logprobs[${i}]: the prompt token's logprob equals the echo's`, { pl: pl[i], echo: lp.token_logprobs[i] });
+    }
+  try {
+    await openai.completions.create({ model: MODEL, prompt, max_tokens: 1, prompt_logprobs: 21 });
+    check(false, 'prompt_logprobs 21 -> 400');
+  } catch (e) { check(e instanceof OpenAI.BadRequestError, 'prompt_logprobs 21 -> 400', String(e)); }
+}
+
 async function testGreedyParity(openai) {
   let x = 20240607;
   const rand = () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x >>> 8; };
@@ -546,6 +609,7 @@ async function main() {
     ['n=2', () => testN2(openai)],
     ['seeded under load', () => testSeededUnderLoad(openai)],
     ['logprobs', () => testLogprobs(openai)],
+    ['prompt logprobs', () => testPromptLogprobs(openai)],
     ['greedy parity', () => testGreedyParity(openai)],
     ['errors', () => testErrors(s.base, openai, anthropic)],
     ['disconnects', () => testDisconnects(s.base, openai)],
