@@ -73,6 +73,14 @@ class Ops {
   // Scratch for one forward step; everything from it is released by reset_scratch().
   virtual Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) = 0;
   virtual void reset_scratch() = 0;
+  // Scratch taken after scratch_mark() may be handed back with scratch_release() once nothing will
+  // read it: ops run in order, so later ops may reuse the bytes. Keeps a step's scratch from growing
+  // with the number of layers. A backend may ignore it (the defaults).
+  struct ScratchMark {
+    size_t chunks = 0, used = 0;
+  };
+  virtual ScratchMark scratch_mark() const { return {}; }
+  virtual void scratch_release(ScratchMark) {}
   // Long-lived device memory (KV cache, derived weights); zero-filled; freed with the backend.
   virtual Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) = 0;
   // Makes a host tensor available to the device (weights). The CPU backend returns the same view.

@@ -173,9 +173,12 @@ class DeepseekModel final : public Model {
     return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm};
   }
 
-  Tensor feed_forward(int l, const Tensor& x) override {
+  void feed_forward(int l, const Tensor& x, Tensor out) override {
     const Layer& L = layers_[size_t(l)];
-    return L.is_moe ? moe(L, x) : run_mlp(ops_, L.mlp, x);
+    if (L.is_moe)
+      moe(L, x, out);
+    else
+      run_mlp(ops_, L.mlp, x, out);
   }
 
   Tensor attention(int l, const Tensor& x, const AttnMeta& meta, const Tensor& pos, Tensor cache,
@@ -230,7 +233,7 @@ class DeepseekModel final : public Model {
     return out;
   }
 
-  Tensor moe(const Layer& L, const Tensor& x) {
+  void moe(const Layer& L, const Tensor& x, Tensor out) {
     const auto& c = cfg_;
     const int64_t T = x.shape[0], E = c.n_routed_experts, K = c.num_experts_per_tok;
     Tensor logits = ops_.scratch(DType::kF32, {T, E});
@@ -238,9 +241,7 @@ class DeepseekModel final : public Model {
     Tensor ids = ops_.scratch(DType::kI32, {T, K});
     Tensor w = ops_.scratch(DType::kF32, {T, K});
     ops_.moe_route(ids, w, logits, L.moe.bias, router_);
-    Tensor out = ops_.scratch(ops_.act_dtype(), {T, c.hidden_size});
     ops_.moe_experts(out, x, ids, w, L.moe.experts, L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared);
-    return out;
   }
 
   std::vector<Layer> layers_;

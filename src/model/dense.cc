@@ -67,7 +67,9 @@ class DenseModel final : public Model {
     return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm};
   }
 
-  Tensor feed_forward(int l, const Tensor& x) override { return run_mlp(ops_, layers_[size_t(l)].mlp, x); }
+  void feed_forward(int l, const Tensor& x, Tensor out) override {
+    run_mlp(ops_, layers_[size_t(l)].mlp, x, out);
+  }
 
   Tensor attention(int l, const Tensor& x, const AttnMeta& meta, const Tensor& pos, Tensor cache,
                    const ForwardOptions&, int) override {

@@ -4,16 +4,14 @@
 
 namespace beluga {
 
-Tensor run_mlp(Ops& ops, const MlpWeights& w, const Tensor& x) {
+void run_mlp(Ops& ops, const MlpWeights& w, const Tensor& x, Tensor out) {
   const int64_t T = x.shape[0], I = w.gate.out_features();
   Tensor gu = ops.scratch(ops.act_dtype(), {T, 2 * I});
   ops.linear(gu.cols(0, I), x, w.gate);
   ops.linear(gu.cols(I, 2 * I), x, w.up);
   Tensor h = ops.scratch(ops.act_dtype(), {T, I});
   ops.silu_mul(h, gu);
-  Tensor out = ops.scratch(ops.act_dtype(), {T, w.down.out_features()});
   ops.linear(out, h, w.down);
-  return out;
 }
 
 Tensor split_heads(const Tensor& t, int64_t heads, int64_t dim) {

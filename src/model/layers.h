@@ -11,7 +11,7 @@ struct MlpWeights {
 };
 
 // down(silu(gate x) * up x), in scratch memory.
-Tensor run_mlp(Ops& ops, const MlpWeights& w, const Tensor& x);
+void run_mlp(Ops& ops, const MlpWeights& w, const Tensor& x, Tensor out);  // out [T, D]
 
 // A 2-D [T, H*d] tensor (rows may be strided) seen as [T, H, d].
 Tensor split_heads(const Tensor& t, int64_t heads, int64_t dim);

@@ -81,7 +81,9 @@ Tensor Model::run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& pos,
   const int64_t T = hidden.shape[0];
   Tensor residual = hidden;
   Tensor x = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
-  Tensor delta;
+  // The feed-forward output carried into the next layer; everything else a layer takes from scratch
+  // is handed back when the layer ends, so a step's scratch is one layer's, not num_layers'.
+  Tensor delta = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerNorms n = layer_norms(l);
     if (l == 0) {
@@ -90,9 +92,11 @@ Tensor Model::run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& pos,
       ops_.add_rmsnorm(residual, delta, x, n.input, eps);  // completes layer l-1
       capture(opt, residual);
     }
+    const Ops::ScratchMark mark = ops_.scratch_mark();
     Tensor attn = attention(l, x, meta, pos, kv.layers[size_t(l)], opt, max_query_len);
     ops_.add_rmsnorm(residual, attn, x, n.post, eps);
-    delta = feed_forward(l, x);
+    feed_forward(l, x, delta);
+    ops_.scratch_release(mark);
   }
   Tensor out = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
   ops_.add_rmsnorm(residual, delta, out, final_norm_, eps);

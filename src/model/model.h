@@ -58,7 +58,8 @@ class Model {
   virtual LayerNorms layer_norms(int l) const = 0;
   virtual Tensor attention(int l, const Tensor& x, const AttnMeta& meta, const Tensor& positions,
                            Tensor cache, const ForwardOptions& opt, int max_query_len) = 0;
-  virtual Tensor feed_forward(int l, const Tensor& x) = 0;
+  // Writes into `out` [T, D] (a buffer that outlives the layer's scratch).
+  virtual void feed_forward(int l, const Tensor& x, Tensor out) = 0;
   Weight load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in);
   Tensor load_vector(WeightSource& src, const std::string& name, int64_t n);
   void capture(const ForwardOptions& opt, const Tensor& h);

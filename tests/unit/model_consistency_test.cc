@@ -164,5 +164,27 @@ TEST(ModelConsistency, GreedyTokensAreTheLogitArgmax) {
   EXPECT_EQ(out, (std::vector<int32_t>{1, 0}));
 }
 
+// A step's scratch is one layer's plus the hidden state, not one per layer: a 12-layer model needs no
+// more scratch than a 2-layer one of the same width for the same batch.
+TEST(ModelConsistency, ScratchDoesNotGrowWithLayers) {
+  auto scratch_after_prefill = [](int layers) {
+    nlohmann::json j = nlohmann::json::parse(R"({
+      "model_type": "deepseek_v3", "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,
+      "num_attention_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+      "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 64, "n_shared_experts": 1, "first_k_dense_replace": 1,
+      "max_position_embeddings": 4096})");
+    j["num_hidden_layers"] = layers;
+    DummyWeights w(7);
+    CpuOps ops({1});
+    auto m = load_model(ModelConfig::from_json(j), w, ops, 1024);
+    Generator(*m).prompt_logits(prompt(300, 2));
+    return ops.scratch_capacity();
+  };
+  const size_t two = scratch_after_prefill(2), twelve = scratch_after_prefill(12);
+  EXPECT_GT(two, 0u);
+  EXPECT_LE(twelve, two) << "2 layers: " << two << " bytes, 12 layers: " << twelve;
+}
+
 }  // namespace
 }  // namespace beluga

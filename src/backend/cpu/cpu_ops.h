@@ -27,9 +27,19 @@ class CpuOps final : public Ops {
   DType act_dtype() const override { return DType::kF32; }
   int threads() const { return threads_; }
   const cpu::Kernels& kernels() const { return *k_; }
+  // Bytes the scratch arena holds (its high-water mark since the backend was made).
+  size_t scratch_capacity() const {
+    size_t n = 0;
+    for (size_t s : chunk_size_) n += s;
+    return n;
+  }
 
   Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
   void reset_scratch() override;
+  ScratchMark scratch_mark() const override { return {chunks_.size(), used_}; }
+  void scratch_release(ScratchMark m) override {
+    if (chunks_.size() == m.chunks) used_ = m.used;  // a chunk added meanwhile stays until the reset
+  }
   Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) override;
   Tensor upload(const Tensor& host) override { return host; }
   void copy_to_host(const Tensor& src, void* dst) override;

@@ -30,6 +30,10 @@ class CudaOps final : public Ops {
 
   Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
   void reset_scratch() override;
+  ScratchMark scratch_mark() const override { return {chunks_.size(), used_}; }
+  void scratch_release(ScratchMark m) override {
+    if (chunks_.size() == m.chunks) used_ = m.used;  // a chunk added meanwhile stays until the reset
+  }
   Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) override;
   Tensor upload(const Tensor& host) override;
   void copy_to_host(const Tensor& src, void* dst) override;
@@ -101,15 +105,6 @@ class CudaOps final : public Ops {
   // The weight as a BF16 [out, in] matrix: BF16 weights as they are; F32 and FP8 (block scales)
   // converted once on first use and cached for the backend's lifetime.
   const Tensor& bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
-  // Scratch an op needs only while it runs: released at the op's end so that a step's scratch does not
-  // grow with the number of layers (the stream runs in order, so later kernels may reuse the bytes).
-  struct ScratchMark {
-    size_t chunks, used;
-  };
-  ScratchMark scratch_mark() const { return {chunks_.size(), used_}; }
-  void scratch_release(ScratchMark m) {
-    if (chunks_.size() == m.chunks) used_ = m.used;  // a chunk added meanwhile stays until the reset
-  }
   void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w);  // out[M,N] = x[M,K] w[N,K]^T
   // Per-layer expert tables on the device (weight pointers, widths), built on first use.
   struct ExpertTable;
