@@ -506,6 +506,26 @@ TEST_F(ServerTest, ChatLogprobsStreamedFollowTheirDeltas) {
   EXPECT_EQ(n.json()["choices"][0]["logprobs"]["content"], Json(entries));
 }
 
+// The first choice of each streamed completions chunk, in order ([DONE] skipped).
+std::vector<Json> stream_choices(const std::string& sse_body) {
+  std::vector<Json> out;
+  for (const auto& e : parse_sse(sse_body))
+    if (e.data != "[DONE]") out.push_back(Json::parse(e.data)["choices"][0]);
+  return out;
+}
+
+// The legacy completions logprobs of streamed chunks, concatenated array by array.
+Json concat_logprobs(const std::vector<Json>& chunks) {
+  Json all{{"tokens", Json::array()},
+           {"token_logprobs", Json::array()},
+           {"top_logprobs", Json::array()},
+           {"text_offset", Json::array()}};
+  for (const Json& ch : chunks)
+    for (auto& [k, v] : ch["logprobs"].items())
+      for (const auto& x : v) all[k].push_back(x);
+  return all;
+}
+
 TEST_F(ServerTest, CompletionsLogprobs) {
   const std::string text = "def f(x):\n    return x";
   set_text(text);
@@ -547,21 +567,14 @@ TEST_F(ServerTest, CompletionsLogprobs) {
   body["stream"] = true;
   Reply s = post(port_, "/v1/completions", body);
   ASSERT_EQ(s.status, 200) << s.body;
-  Json all{{"tokens", Json::array()},
-           {"token_logprobs", Json::array()},
-           {"top_logprobs", Json::array()},
-           {"text_offset", Json::array()}};
-  for (const auto& e : parse_sse(s.body)) {
-    if (e.data == "[DONE]") continue;
-    const Json ch = Json::parse(e.data)["choices"][0];
+  const std::vector<Json> chunks = stream_choices(s.body);
+  for (const Json& ch : chunks) {
     ASSERT_TRUE(ch["logprobs"].is_object()) << ch;
     std::string chunk_tokens;
     for (const auto& t : ch["logprobs"]["tokens"]) chunk_tokens += t.get<std::string>();
     EXPECT_EQ(chunk_tokens, ch["text"].get<std::string>()) << ch;
-    for (auto& [k, v] : ch["logprobs"].items())
-      for (const auto& x : v) all[k].push_back(x);
   }
-  check(all, 0);
+  check(concat_logprobs(chunks), 0);
 
   // Echo: the prompt's tokens lead (CompletionsEchoLogprobsCoverThePrompt); the generated tokens'
   // offsets count from the end of the echoed prompt.
@@ -636,22 +649,11 @@ TEST_F(ServerTest, CompletionsEchoLogprobsCoverThePrompt) {
   body["stream"] = true;
   Reply s = post(port_, "/v1/completions", body);
   ASSERT_EQ(s.status, 200) << s.body;
-  Json all{{"tokens", Json::array()},
-           {"token_logprobs", Json::array()},
-           {"top_logprobs", Json::array()},
-           {"text_offset", Json::array()}};
-  bool first = true;
-  for (const auto& e : parse_sse(s.body)) {
-    if (e.data == "[DONE]") continue;
-    const Json ch = Json::parse(e.data)["choices"][0];
-    if (first) {
-      EXPECT_EQ(ch["text"], "Say: ") << ch;
-      EXPECT_EQ(ch["logprobs"]["tokens"].size(), pids.size()) << ch;
-      first = false;
-    }
-    for (auto& [k, v] : ch["logprobs"].items())
-      for (const auto& x : v) all[k].push_back(x);
-  }
+  const std::vector<Json> chunks = stream_choices(s.body);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks[0]["text"], "Say: ") << chunks[0];
+  EXPECT_EQ(chunks[0]["logprobs"]["tokens"].size(), pids.size()) << chunks[0];
+  const Json all = concat_logprobs(chunks);
   check_prompt_part(all);
   EXPECT_EQ(all, c["logprobs"]);
 
