@@ -160,6 +160,7 @@ Tensor Model::step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& p
   ops_.embedding(hidden, embed_, ids);
   capture(opt, hidden);
   Tensor h = run_layers(hidden, meta, pos, kv, opt, max_query_len);
+  if (rows.empty()) return {};
   const int64_t R = rows.numel();
   Tensor sel = ops_.scratch(ops_.act_dtype(), {R, cfg_.hidden_size});
   ops_.gather_rows(sel, h, rows);
@@ -204,15 +205,10 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
   meta.max_blocks = p.max_blocks;
   meta.slot_mapping = upload_i32(p.slots).ptr<const int32_t>();
   meta.positions = pos.ptr<const int32_t>();
-  if (p.logit_rows.empty()) {  // the KV writes only (a prefill chunk that needs no logits)
-    Tensor hidden = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
-    ops_.embedding(hidden, embed_, ids);
-    capture(opt, hidden);
-    run_layers(hidden, meta, pos, kv, opt, p.max_query_len);
-    return;
-  }
-  Tensor lg = step_body(meta, ids, pos, upload_i32(p.logit_rows), kv, opt, p.max_query_len);
-  read_logits(ops_, lg, logits, opt.greedy_tokens);
+  // A prefill chunk that needs no logits only writes its KV.
+  const Tensor rows = p.logit_rows.empty() ? Tensor{} : upload_i32(p.logit_rows);
+  Tensor lg = step_body(meta, ids, pos, rows, kv, opt, p.max_query_len);
+  if (!lg.empty()) read_logits(ops_, lg, logits, opt.greedy_tokens);
 }
 
 }  // namespace beluga

@@ -64,7 +64,7 @@ class Model {
   Tensor load_vector(WeightSource& src, const std::string& name, int64_t n);
   void capture(const ForwardOptions& opt, const Tensor& h);
   StepPlan plan_step(const Batch& b, const KvCache& kv) const;  // validates the batch
-  // Embedding, layers, then the F32 logits [rows, vocab] of the given rows.
+  // Embedding, layers, then the F32 logits [rows, vocab] of the given rows (none: empty `rows`).
   Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
                    KvCache& kv, const ForwardOptions& opt, int max_query_len);
   // From the embedded tokens to the final-normed hidden states [T, D].

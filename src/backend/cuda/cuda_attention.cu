@@ -19,9 +19,6 @@ using namespace cuda;
 
 namespace {
 
-cudaStream_t S(void* s) {
-  return static_cast<cudaStream_t>(s);
-}
 constexpr float kLog2e = 1.4426950408889634f;
 
 __global__ void cache_write_kernel(bf16* cache, int D, const bf16* e, int64_t lde, const int32_t* slots,
@@ -564,20 +561,19 @@ void CudaOps::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w,
   const int T = int(kva.shape[0]), width = int(kva.shape[1]), r = width - rope.rotary_dim;
   const int H = int(q_pe.shape[1]), half = rope.rotary_dim / 2;
   BELUGA_CHECK(kva.dtype == DType::kBF16 && kva.stride[1] == 1 && cache.shape[2] == width && r > 0 &&
-                   norm_w.numel() == r && (norm_w.dtype == DType::kF32 || norm_w.dtype == DType::kBF16) &&
-                   q_pe.dtype == DType::kBF16 && q_pe.ndim == 3 && q_pe.stride[2] == 1 &&
-                   q_pe.shape[0] == T && q_pe.shape[2] == rope.rotary_dim &&
+                   norm_w.numel() == r && q_pe.dtype == DType::kBF16 && q_pe.ndim == 3 &&
+                   q_pe.stride[2] == 1 && q_pe.shape[0] == T && q_pe.shape[2] == rope.rotary_dim &&
                    (q_pe_out.empty() ||
                     (q_pe_out.dtype == DType::kBF16 && q_pe_out.ndim == 3 && q_pe_out.stride[2] == 1 &&
                      q_pe_out.shape[1] == H && q_pe_out.shape[2] == rope.rotary_dim)),
                "mla_prepare: shapes ", kva.describe(), " ", q_pe.describe(), " ", cache.describe());
   if (T == 0) return;
   mla_prepare_kernel<<<T, 128, 0, S(stream_)>>>(
-      cache.ptr<bf16>(), width, kva.ptr<const bf16>(), kva.stride[0], r,
-      VecRef{norm_w.data, norm_w.dtype == DType::kF32}, eps, q_pe.ptr<bf16>(), q_pe.stride[0], q_pe.stride[1],
-      H, q_pe_out.empty() ? nullptr : q_pe_out.ptr<bf16>(), q_pe_out.empty() ? 0 : q_pe_out.stride[0],
-      q_pe_out.empty() ? 0 : q_pe_out.stride[1], positions.ptr<const int32_t>(), m.slot_mapping,
-      rope.cos.ptr<const float>(), rope.sin.ptr<const float>(), half, rope.interleaved);
+      cache.ptr<bf16>(), width, kva.ptr<const bf16>(), kva.stride[0], r, vec(norm_w), eps, q_pe.ptr<bf16>(),
+      q_pe.stride[0], q_pe.stride[1], H, q_pe_out.empty() ? nullptr : q_pe_out.ptr<bf16>(),
+      q_pe_out.empty() ? 0 : q_pe_out.stride[0], q_pe_out.empty() ? 0 : q_pe_out.stride[1],
+      positions.ptr<const int32_t>(), m.slot_mapping, rope.cos.ptr<const float>(),
+      rope.sin.ptr<const float>(), half, rope.interleaved);
   BELUGA_LAUNCH_CHECK();
 }
 

@@ -6,8 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "tensor/tensor.h"
 #include "util/error.h"
 
 namespace beluga::cuda {
@@ -69,6 +71,26 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+inline cudaStream_t S(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+// Grid for a grid-stride loop over n elements: enough blocks to cover it, at most 65536.
+inline int grid_for(int64_t n, int threads = 256) {
+  return int(std::min<int64_t>(std::max<int64_t>(ceil_div(n, threads), 1), 65536));
+}
+
+inline void check_bf16_rows(const Tensor& t, const char* what) {
+  BELUGA_CHECK(t.dtype == DType::kBF16 && t.ndim == 2 && t.stride[1] == 1, what,
+               " must be a BF16 [rows, cols] matrix with unit column stride, got ", t.describe());
+}
+
+inline VecRef vec(const Tensor& t) {
+  BELUGA_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16, "vector must be F32 or BF16, got ",
+               t.describe());
+  return VecRef{t.data, t.dtype == DType::kF32};
 }
 
 inline bool aligned16(const void* p) {

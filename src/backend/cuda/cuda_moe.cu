@@ -15,10 +15,6 @@ using namespace cuda;
 
 namespace {
 
-cudaStream_t S(void* s) {
-  return static_cast<cudaStream_t>(s);
-}
-
 bool capturing(cudaStream_t st) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   BELUGA_CUDA_CHECK(cudaStreamIsCapturing(st, &status));

@@ -1,0 +1,202 @@
+// CudaOps' dense products: weights converted to BF16 once (F32, FP8 with block scales), cuBLAS GEMMs,
+// our GEMV kernel for the few-row products of decode (dense and per head), and the bias epilogue.
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace beluga {
+
+using namespace cuda;
+
+namespace {
+
+// Few-row products (decode): one warp per output unit streams its weight row with 16-byte loads past
+// L1 and dots it with each of the M <= kGemvRows activation rows, which every warp of the SM shares
+// through L1. cuBLAS at M = 1..4 reaches about a third of the bandwidth on these shapes.
+constexpr int kGemvRows = 4, kGemvThreads = 256;
+
+__device__ __forceinline__ void store_out(float* p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void store_out(bf16* p, float v) {
+  *p = __float2bfloat16(v);
+}
+
+// blockIdx.y selects a head (linear_heads): x, w and out advance by their head strides.
+struct HeadStrides {
+  int64_t x, w, out;
+};
+
+template <typename OutT>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_kernel(OutT* out, int64_t ldo, const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, int M, int N,
+                int K8, HeadStrides hs) {
+  const int lane = threadIdx.x & 31;
+  const int u = blockIdx.x * (kGemvThreads / 32) + (threadIdx.x >> 5);
+  if (u >= N) return;
+  out += blockIdx.y * hs.out;
+  x += blockIdx.y * hs.x;
+  const bf16* wr = w + blockIdx.y * hs.w + int64_t(u) * ldw;
+  float acc[kGemvRows] = {};
+  constexpr int U = 4;  // 16-byte loads in flight per lane (8 measured slower)
+  for (int k0 = lane; k0 < K8; k0 += 32 * U) {
+    uint4 wv[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) wv[j] = k0 + 32 * j < K8 ? ld_stream(wr + (k0 + 32 * j) * 8) : uint4{};
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int k8 = k0 + 32 * j;
+      if (k8 >= K8) break;
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r)
+        if (r < M) acc[r] += dot8(wv[j], __ldg(reinterpret_cast<const uint4*>(x + r * ldx) + k8));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    if (r >= M) break;
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) store_out(out + r * ldo + u, v);
+  }
+}
+
+template <typename T>
+__global__ void bias_kernel(T* out, int64_t ldo, VecRef b, int M, int N) {
+  const int64_t n = int64_t(M) * N;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / N, c = i % N;
+    out[r * ldo + c] = from_f<T>(to_f(out[r * ldo + c]) + b[c]);
+  }
+}
+
+// FP8 E4M3 (block scales) or F32 -> BF16, row-major [N, K].
+__global__ void to_bf16_kernel(bf16* out, const void* w, bool fp8, const float* scale, int64_t lds, int bn,
+                               int bk, int64_t N, int64_t K) {
+  const int64_t n = N * K;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / K, c = i % K;
+    float v;
+    if (fp8) {
+      const uint8_t b = static_cast<const uint8_t*>(w)[i];
+      if ((b & 0x7f) == 0x7f) {
+        v = __int_as_float(0x7fc00000);
+      } else {
+        v = __uint_as_float(uint32_t(b & 0x7f) << 20) * 0x1p120f;
+        if (b & 0x80) v = -v;
+      }
+      v *= scale[(r / bn) * lds + c / bk];
+    } else {
+      v = static_cast<const float*>(w)[i];
+    }
+    out[i] = __float2bfloat16(v);
+  }
+}
+
+}  // namespace
+
+const Tensor& CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k) {
+  static thread_local Tensor same;
+  if (w.dtype == DType::kBF16) {
+    same = w;
+    return same;
+  }
+  auto it = converted_.find(w.data);
+  if (it != converted_.end()) return it->second;
+  BELUGA_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF8E4M3, "weight dtype ", w.describe(),
+               " unsupported");
+  BELUGA_CHECK(w.is_contiguous(), "weight must be contiguous, got ", w.describe());
+  const bool fp8 = w.dtype == DType::kF8E4M3;
+  BELUGA_CHECK(!fp8 || (!scale.empty() && scale.dtype == DType::kF32), "FP8 weight without F32 block scales");
+  int64_t shape[4] = {w.shape[0], w.shape[1], w.shape[2], w.shape[3]};
+  const int64_t K = w.shape[w.ndim - 1], N = w.numel() / K;
+  void* p = nullptr;
+  BELUGA_CUDA_CHECK(cudaMalloc(&p, size_t(N * K) * 2));
+  persistent_.push_back(p);
+  persistent_bytes_ += size_t(N * K) * 2;
+  to_bf16_kernel<<<grid_for(N * K), 256, 0, S(stream_)>>>(static_cast<bf16*>(p), w.data, fp8,
+                                                          fp8 ? scale.ptr<const float>() : nullptr,
+                                                          fp8 ? scale.stride[0] : 0, block_n, block_k, N, K);
+  BELUGA_LAUNCH_CHECK();
+  Tensor t = Tensor::make(p, DType::kBF16, shape, w.ndim, Device::kCuda);
+  return converted_.emplace(w.data, t).first->second;
+}
+
+void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w) {
+  const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.shape[0]);
+  // Narrow outputs (a MoE router: N = 64) leave too few warps to hide the loads; cuBLAS splits K there.
+  if (M <= kGemvRows && N >= 256 && K % 8 == 0 && x.stride[0] % 8 == 0 && w.stride[0] % 8 == 0 &&
+      aligned16(x.data) && aligned16(w.data)) {
+    const int grid = int(ceil_div(N, kGemvThreads / 32));
+    if (out.dtype == DType::kF32)
+      gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(out.ptr<float>(), out.stride[0], x.ptr<const bf16>(),
+                                                         x.stride[0], w.ptr<const bf16>(), w.stride[0], M, N,
+                                                         K / 8, HeadStrides{});
+    else
+      gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(),
+                                                         x.stride[0], w.ptr<const bf16>(), w.stride[0], M, N,
+                                                         K / 8, HeadStrides{});
+    BELUGA_LAUNCH_CHECK();
+    return;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  const cudaDataType_t ct = out.dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  // Column-major view: out^T [N, M] = W [K, N]^T * x^T [K, M].
+  BELUGA_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
+                                   &one, w.data, CUDA_R_16BF, int(w.stride[0]), x.data, CUDA_R_16BF,
+                                   int(x.stride[0]), &zero, out.data, ct, int(out.stride[0]),
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::linear(Tensor out, const Tensor& x, const Weight& w) {
+  Prof prof_scope(this, "linear");
+  check_bf16_rows(x, "linear input");
+  BELUGA_CHECK((out.dtype == DType::kBF16 || out.dtype == DType::kF32) && out.ndim == 2 && out.stride[1] == 1,
+               "linear output must be a BF16 or F32 matrix, got ", out.describe());
+  const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.out_features());
+  BELUGA_CHECK(w.in_features() == K && out.shape[1] == N && out.shape[0] == M, "linear: shapes ",
+               x.describe(), " x ", w.w.describe(), " -> ", out.describe());
+  if (M == 0) return;
+  const Tensor& wb = bf16_weight(w.w, w.scale, w.block_n, w.block_k);
+  BELUGA_CHECK(wb.stride[1] == 1, "linear: weight must have unit column stride");
+  gemm_bf16(out, x, wb);
+  if (!w.bias.empty()) {
+    if (out.dtype == DType::kF32)
+      bias_kernel<<<grid_for(int64_t(M) * N), 256, 0, S(stream_)>>>(out.ptr<float>(), out.stride[0],
+                                                                    vec(w.bias), M, N);
+    else
+      bias_kernel<<<grid_for(int64_t(M) * N), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
+                                                                    vec(w.bias), M, N);
+    BELUGA_LAUNCH_CHECK();
+  }
+}
+
+void CudaOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w_in) {
+  Prof prof_scope(this, "linear_heads");
+  const int64_t T = x.shape[0], H = x.shape[1], K = x.shape[2], N = w_in.shape[1];
+  BELUGA_CHECK(w_in.ndim == 3 && w_in.shape[0] == H && w_in.shape[2] == K && w_in.stride[2] == 1 &&
+                   out.shape[2] == N && x.stride[2] == 1 && out.stride[2] == 1 && x.dtype == DType::kBF16 &&
+                   out.dtype == DType::kBF16,
+               "linear_heads: shapes ", x.describe(), " x ", w_in.describe(), " -> ", out.describe());
+  if (T == 0) return;
+  const Tensor& w = bf16_weight(w_in, Tensor{}, 128, 128);
+  if (T <= kGemvRows && K % 8 == 0 && x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 && w.stride[0] % 8 == 0 &&
+      w.stride[1] % 8 == 0 && aligned16(x.data) && aligned16(w.data)) {
+    const dim3 grid(unsigned(ceil_div(N, kGemvThreads / 32)), unsigned(H));
+    gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(
+        out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(), w.stride[1],
+        int(T), int(N), int(K / 8), HeadStrides{x.stride[1], w.stride[0], out.stride[1]});
+    BELUGA_LAUNCH_CHECK();
+    return;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  BELUGA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(T), int(K), &one, w.data,
+      CUDA_R_16BF, int(w.stride[1]), w.stride[0], x.data, CUDA_R_16BF, int(x.stride[0]), x.stride[1], &zero,
+      out.data, CUDA_R_16BF, int(out.stride[0]), out.stride[1], int(H), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace beluga
