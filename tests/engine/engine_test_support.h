@@ -1,0 +1,177 @@
+// Shared by the engine tests: a Collector of request outputs and the EngineTest fixture (the dsv3-tiny
+// fixture checkpoint on the CPU backend, plus reference runs through the plain Generator).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "backend/cpu/cpu_ops.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "loader/weight_source.h"
+#include "util/error.h"
+
+namespace beluga::engine_test {
+
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::map<int, std::vector<int>>> tokens;
+  std::map<std::string, std::map<int, FinishReason>> finish;
+  std::map<std::string, int> cached;
+  std::map<std::string, bool> done;
+  std::map<std::string, std::map<int, int>> stop_token;
+  std::map<std::string, std::string> error;
+  std::map<std::string, std::vector<TokenLogprob>> prompt_lps;
+  std::map<std::string, int> prompt_lp_outputs;  // outputs that carried prompt logprobs
+  std::map<std::string, int> outputs;            // outputs so far
+  std::map<std::string, int> prompt_lp_at;       // which output (0: the first) carried them
+  int late = 0;  // outputs for a sequence or request that had already finished
+
+  OutputCallback callback() {
+    return [this](RequestOutput&& o) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (done.count(o.request_id)) late++;
+      if (!o.prompt_logprobs.empty()) {
+        prompt_lp_outputs[o.request_id]++;
+        prompt_lp_at[o.request_id] = outputs[o.request_id];
+        prompt_lps[o.request_id] = std::move(o.prompt_logprobs);
+      }
+      outputs[o.request_id]++;
+      for (auto& s : o.seqs) {
+        if (finish[o.request_id].count(s.index)) late++;
+        auto& v = tokens[o.request_id][s.index];
+        v.insert(v.end(), s.tokens.begin(), s.tokens.end());
+        if (s.finish != FinishReason::kNone) finish[o.request_id][s.index] = s.finish;
+        if (s.finish == FinishReason::kStop) stop_token[o.request_id][s.index] = s.stop_token;
+      }
+      cached[o.request_id] = o.cached_tokens;
+      if (!o.error.empty()) error[o.request_id] = o.error;
+      if (o.finished) done[o.request_id] = true;
+      cv.notify_all();
+    };
+  }
+  size_t num_tokens(const std::string& id) {
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = tokens.find(id);
+    return it == tokens.end() || it->second.empty() ? 0 : it->second.begin()->second.size();
+  }
+  bool is_done(const std::string& id) {
+    std::lock_guard<std::mutex> lk(mu);
+    return done.count(id) > 0;
+  }
+  bool wait(size_t n, int seconds = 120) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return done.size() >= n; });
+  }
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny";
+    cfg_ = ModelConfig::from_file(dir + "/config.json");
+    ckpt_ = std::make_unique<Checkpoint>(dir);
+    ops_ = std::make_unique<CpuOps>(CpuOptions{2});
+    model_ = load_model(cfg_, *ckpt_, *ops_, 2048);
+  }
+  std::vector<int> prompt(int n, int seed) const {
+    std::vector<int> p(n);
+    for (int i = 0; i < n; ++i) p[i] = 2 + (i * 131 + seed * 977) % (cfg_.vocab_size - 2);
+    return p;
+  }
+  EngineRequest greedy(const std::string& id, std::vector<int> p, int max_tokens, Collector& c) {
+    EngineRequest r;
+    r.id = id;
+    r.prompt = std::move(p);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    r.on_output = c.callback();
+    return r;
+  }
+  std::vector<int> reference(const std::vector<int>& p, int max_tokens) {
+    GenerateParams g;
+    g.max_tokens = max_tokens;
+    return Generator(*model_).generate({p}, g)[0];
+  }
+  // Prompt logprobs from one full-prompt pass of the plain generator: log-softmax (in double) of the
+  // logits at position i scores prompt token i + 1.
+  std::vector<std::vector<double>> reference_prompt_lps(const std::vector<int>& p) {
+    const int V = cfg_.vocab_size;
+    const std::vector<float> logits = Generator(*model_).prompt_logits(p);
+    std::vector<std::vector<double>> out;
+    for (size_t i = 0; i + 1 < p.size(); ++i) {
+      const float* row = logits.data() + i * size_t(V);
+      const double mx = *std::max_element(row, row + V);
+      double sum = 0;
+      for (int t = 0; t < V; ++t) sum += std::exp(double(row[t]) - mx);
+      std::vector<double> lp(static_cast<size_t>(V));
+      for (int t = 0; t < V; ++t) lp[size_t(t)] = double(row[t]) - mx - std::log(sum);
+      out.push_back(std::move(lp));
+    }
+    return out;
+  }
+  // `got` against the reference for prompt `p` with k alternatives: one entry per prompt token after
+  // the first, each the given token's logprob (within 1e-4), its rank, and the k best, best first.
+  void expect_prompt_lps(const std::vector<TokenLogprob>& got, const std::vector<int>& p, int k,
+                         const std::string& what) {
+    const auto ref = reference_prompt_lps(p);
+    ASSERT_EQ(got.size(), p.size() - 1) << what;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const std::vector<double>& lp = ref[i];
+      const TokenLogprob& g = got[i];
+      ASSERT_EQ(g.token, p[i + 1]) << what << " @" << i;
+      EXPECT_NEAR(g.logprob, lp[size_t(g.token)], 1e-4) << what << " @" << i;
+      // Rank: 1 + the tokens clearly more likely, up to near-ties.
+      int above = 0, near = 0;
+      for (double x : lp) {
+        above += x > lp[size_t(g.token)] + 1e-4;
+        near += std::abs(x - lp[size_t(g.token)]) <= 1e-4;
+      }
+      EXPECT_GE(g.rank, above + 1) << what << " @" << i;
+      EXPECT_LE(g.rank, above + near) << what << " @" << i;
+      std::vector<double> sorted(lp);
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      ASSERT_EQ(g.top.size(), size_t(k)) << what << " @" << i;
+      for (int j = 0; j < k; ++j) {
+        const auto [id, v] = g.top[size_t(j)];
+        EXPECT_NEAR(v, sorted[size_t(j)], 1e-4) << what << " @" << i << " top " << j;
+        EXPECT_NEAR(v, lp[size_t(id)], 1e-4) << what << " @" << i << " top " << j;
+      }
+    }
+  }
+  EngineRequest with_prompt_lps(EngineRequest r, int k) {
+    r.sampling.prompt_logprobs = k;
+    return r;
+  }
+  // Stats once the engine has nothing left (outputs arrive before the stats that follow them).
+  static EngineStats wait_idle(Engine& engine) {
+    EngineStats st{};
+    for (int i = 0; i < 2000; ++i) {
+      st = engine.stats();
+      if (st.running == 0 && st.waiting == 0 && st.kv_blocks_used == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return st;
+  }
+  static std::vector<int> head(const std::vector<int>& v, size_t n) {
+    return {v.begin(), v.begin() + std::min(n, v.size())};
+  }
+
+  ModelConfig cfg_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<CpuOps> ops_;
+  std::unique_ptr<Model> model_;
+};
+
+}  // namespace beluga::engine_test
