@@ -128,6 +128,11 @@ class Ops {
   // From router logits [T, E] (F32): top-k expert ids (I32 [T, k]) and weights (F32 [T, k]).
   virtual void moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
                          const RouterParams& p) = 0;
+  // The router and the routing as one op: logits = x [T, D] · router^T (F32 [T, E]), then exactly
+  // moe_route(ids, weights, logits, bias, p). Decode spends more on launching the two than on their
+  // work, so a backend may fuse them; the default composes them.
+  virtual void moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
+                        const RouterParams& p);
   // out [T, D] = sum_i weights[t,i] * E_{ids[t,i]}(x[t]) (+ shared(x[t]) when given),
   // E(x) = down(silu(gate x) * up x).
   virtual void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -172,6 +177,13 @@ inline void Ops::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm
   this->rope(q_pe, positions, rope);
   cache_write(cache, latent, m);
   if (!q_pe_out.empty()) copy(q_pe_out, q_pe);
+}
+
+inline void Ops::moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router,
+                          const Tensor& bias, const RouterParams& p) {
+  Tensor logits = scratch(DType::kF32, {x.shape[0], router.out_features()});
+  linear(logits, x, router);
+  moe_route(ids, weights, logits, bias, p);
 }
 
 }  // namespace beluga

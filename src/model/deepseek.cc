@@ -15,10 +15,11 @@ namespace beluga {
 namespace {
 
 struct MlaWeights {
-  Weight q_proj;  // when q_lora_rank == 0
-  Weight q_a, q_b;
+  // [q_proj (q_lora_rank == 0) or q_a | kv_a_proj_with_mqa]: both read the layer's input, so decode
+  // streams them in one product.
+  Weight q_kva;
+  Weight q_b;
   Tensor q_a_norm;
-  Weight kv_a;
   Tensor kv_a_norm;
   Weight kv_b;
   Weight o_proj;
@@ -55,14 +56,14 @@ class DeepseekModel final : public Model {
       L.input_norm = load_vector(src, p + "input_layernorm.weight", D);
       L.post_norm = load_vector(src, p + "post_attention_layernorm.weight", D);
       MlaWeights& a = L.attn;
+      const std::string kv_a = p + "self_attn.kv_a_proj_with_mqa";
       if (c.q_lora_rank > 0) {
-        a.q_a = load_linear(src, p + "self_attn.q_a_proj", c.q_lora_rank, D);
+        a.q_kva = load_stacked(src, {p + "self_attn.q_a_proj", kv_a}, {c.q_lora_rank, r + rope}, D);
         a.q_a_norm = load_vector(src, p + "self_attn.q_a_layernorm.weight", c.q_lora_rank);
         a.q_b = load_linear(src, p + "self_attn.q_b_proj", H * (nope + rope), c.q_lora_rank);
       } else {
-        a.q_proj = load_linear(src, p + "self_attn.q_proj", H * (nope + rope), D);
+        a.q_kva = load_stacked(src, {p + "self_attn.q_proj", kv_a}, {H * (nope + rope), r + rope}, D);
       }
-      a.kv_a = load_linear(src, p + "self_attn.kv_a_proj_with_mqa", r + rope, D);
       a.kv_a_norm = load_vector(src, p + "self_attn.kv_a_layernorm.weight", r);
       a.kv_b = load_linear(src, p + "self_attn.kv_b_proj", H * (nope + v), r);
       a.o_proj = load_linear(src, p + "self_attn.o_proj", D, H * v);
@@ -194,17 +195,17 @@ class DeepseekModel final : public Model {
     const int64_t T = x.shape[0], H = c.num_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
                   v = c.v_head_dim, r = c.kv_lora_rank;
     const MlaWeights& a = L.attn;
-    Tensor q = ops.scratch(act, {T, H * (nope + rope)});
+    const int64_t qw = c.q_lora_rank > 0 ? c.q_lora_rank : H * (nope + rope);
+    Tensor q_kva = ops.scratch(act, {T, qw + r + rope});
+    ops.linear(q_kva, x, a.q_kva);
+    Tensor q = q_kva.cols(0, qw);
     if (c.q_lora_rank > 0) {
       Tensor qa = ops.scratch(act, {T, c.q_lora_rank});
-      ops.linear(qa, x, a.q_a);
-      ops.rmsnorm(qa, qa, a.q_a_norm, float(c.rms_norm_eps));
+      ops.rmsnorm(qa, q, a.q_a_norm, float(c.rms_norm_eps));
+      q = ops.scratch(act, {T, H * (nope + rope)});
       ops.linear(q, qa, a.q_b);
-    } else {
-      ops.linear(q, x, a.q_proj);
     }
-    Tensor kva = ops.scratch(act, {T, r + rope});
-    ops.linear(kva, x, a.kv_a);
+    Tensor kva = q_kva.cols(qw, qw + r + rope);
     Tensor q3 = split_heads(q, H, nope + rope);
     // The latent [normed c_kv | rotated k_pe] goes to the cache; the rotated q_pe stays in q3 and, for
     // the absorbed form, also lands in qlat's rope columns.
@@ -235,12 +236,10 @@ class DeepseekModel final : public Model {
 
   void moe(const Layer& L, const Tensor& x, Tensor out) {
     const auto& c = cfg_;
-    const int64_t T = x.shape[0], E = c.n_routed_experts, K = c.num_experts_per_tok;
-    Tensor logits = ops_.scratch(DType::kF32, {T, E});
-    ops_.linear(logits, x, L.moe.router);
+    const int64_t T = x.shape[0], K = c.num_experts_per_tok;
     Tensor ids = ops_.scratch(DType::kI32, {T, K});
     Tensor w = ops_.scratch(DType::kF32, {T, K});
-    ops_.moe_route(ids, w, logits, L.moe.bias, router_);
+    ops_.moe_gate(ids, w, x, L.moe.router, L.moe.bias, router_);
     ops_.moe_experts(out, x, ids, w, L.moe.experts, L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared);
   }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "model/rope.h"
+#include "model/stacked_weight.h"
 #include "util/error.h"
 
 namespace beluga {
@@ -43,6 +44,11 @@ Weight Model::load_linear(WeightSource& src, const std::string& prefix, int64_t 
   }
   n_params_ += out * in;
   return w;
+}
+
+Weight Model::load_stacked(WeightSource& src, const std::vector<std::string>& prefixes,
+                           const std::vector<int64_t>& outs, int64_t in) {
+  return beluga::load_stacked(src, ops_, prefixes, outs, in, cfg_.fp8_block_n, cfg_.fp8_block_k, &n_params_);
 }
 
 Tensor Model::load_vector(WeightSource& src, const std::string& name, int64_t n) {

@@ -61,6 +61,9 @@ class Model {
   // Writes into `out` [T, D] (a buffer that outlives the layer's scratch).
   virtual void feed_forward(int l, const Tensor& x, Tensor out) = 0;
   Weight load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in);
+  // beluga::load_stacked (stacked_weight.h) with the config's FP8 blocks, counting the parameters.
+  Weight load_stacked(WeightSource& src, const std::vector<std::string>& prefixes,
+                      const std::vector<int64_t>& outs, int64_t in);
   Tensor load_vector(WeightSource& src, const std::string& name, int64_t n);
   void capture(const ForwardOptions& opt, const Tensor& h);
   StepPlan plan_step(const Batch& b, const KvCache& kv) const;  // validates the batch

@@ -228,6 +228,8 @@ cpu::GemmArgs gemm_args(const Weight& w, const float* x, int64_t ldx, const uint
   a.ldo = ldo;
   if (w.w.dtype == DType::kF8E4M3) {
     BELUGA_CHECK(!w.scale.empty(), "FP8 weight without weight_scale_inv");
+    // The vector kernels scale 16 consecutive inputs at once (checkpoints use 128-wide blocks).
+    BELUGA_CHECK(w.block_k % 16 == 0, "FP8 scale blocks must span a multiple of 16 inputs, got ", w.block_k);
     a.scale = w.scale.ptr<const float>();
     a.lds = w.scale.stride[0];
     a.bn = w.block_n;
