@@ -93,7 +93,8 @@ class GpuOps : public ::testing::Test {
   }
   Tensor gpu_out(std::initializer_list<int64_t> shape, DType dt = DType::kBF16) {
     Tensor t = gpu->scratch(dt, shape);
-    cudaMemset(t.data, 0xff, t.nbytes());
+    // On the ops' stream: the bytes may be scratch an op handed back while its kernels still run.
+    cudaMemsetAsync(t.data, 0xff, t.nbytes(), static_cast<cudaStream_t>(gpu->stream()));
     return t;
   }
   std::vector<float> read(const Tensor& t) {
@@ -273,10 +274,13 @@ TEST_F(GpuOps, MlaPrepareMatchesComposedOps) {
 
 // ---- GEMMs ----
 TEST_F(GpuOps, Linear) {
-  // M <= 4, N >= 256, K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven); the rest: cuBLAS.
+  // M <= 4, N >= 256, K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven; K <= 128: several
+  // rows per warp); the rest: cuBLAS.
   for (auto [M, N, K] : {std::tuple{1, 2112, 2048},
                          {3, 3072, 2048},
                          {4, 512, 1408},
+                         {2, 301, 64},   // 8 lanes per row, units past N in the last warp
+                         {1, 260, 120},  // 16 lanes per row, K8 = 15
                          {1, 64, 2048},
                          {2, 100, 100},
                          {17, 576, 2048},
@@ -355,22 +359,30 @@ TEST_F(GpuOps, LinearHeads) {
 }
 
 // ---- MoE ----
+RouterParams v2lite_router() {  // softmax, greedy top-6 (of 64)
+  RouterParams p;
+  p.top_k = 6;
+  return p;
+}
+RouterParams v3_router() {  // sigmoid, noaux_tc: top-8 (of 256) within the best 4 of 8 groups
+  RouterParams p;
+  p.scoring = RouterScoring::kSigmoid;
+  p.top_k = 8;
+  p.n_group = 8;
+  p.topk_group = 4;
+  p.group_by_top2_sum = true;
+  p.norm_topk_prob = true;
+  p.routed_scaling_factor = 2.5f;
+  return p;
+}
+
 TEST_F(GpuOps, MoeRoute) {
   struct Case {
     RouterParams p;
     int E;
     bool bias;
   };
-  RouterParams v2lite;
-  v2lite.top_k = 6;
-  RouterParams v3;
-  v3.scoring = RouterScoring::kSigmoid;
-  v3.top_k = 8;
-  v3.n_group = 8;
-  v3.topk_group = 4;
-  v3.group_by_top2_sum = true;
-  v3.norm_topk_prob = true;
-  v3.routed_scaling_factor = 2.5f;
+  const RouterParams v2lite = v2lite_router(), v3 = v3_router();
   RouterParams v2 = v2lite;
   v2.n_group = 8;
   v2.topk_group = 3;
@@ -396,37 +408,47 @@ TEST_F(GpuOps, MoeRoute) {
   }
 }
 
+// E experts of width I (BF16, on both backends) and a shared one of width 2 I, hidden size D.
+struct Experts {
+  std::vector<std::vector<uint16_t>> store;  // the host copies' bytes
+  std::vector<ExpertWeights> cpu, gpu;
+  ExpertWeights cpu_shared, gpu_shared;
+};
+Experts make_experts(CudaOps& gpu, int D, int I, int E) {
+  Experts x;
+  x.store.reserve(size_t(3 * (E + 1)));  // stable pointers
+  auto bf = [&](int rows, int cols) {
+    const std::vector<float> v = rand_bf16(size_t(rows) * cols, 0.08f);
+    std::vector<uint16_t>& b = x.store.emplace_back(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    return Tensor::make(b.data(), DType::kBF16, {rows, cols});
+  };
+  auto make = [&](int inter, ExpertWeights& c, ExpertWeights& g) {
+    c.gate.w = bf(inter, D);
+    c.up.w = bf(inter, D);
+    c.down.w = bf(D, inter);
+    g.gate.w = gpu.upload(c.gate.w);
+    g.up.w = gpu.upload(c.up.w);
+    g.down.w = gpu.upload(c.down.w);
+  };
+  x.cpu.resize(size_t(E));
+  x.gpu.resize(size_t(E));
+  for (int e = 0; e < E; ++e) make(I, x.cpu[size_t(e)], x.gpu[size_t(e)]);
+  make(2 * I, x.cpu_shared, x.gpu_shared);
+  return x;
+}
+
 TEST_F(GpuOps, MoeExperts) {
   const int D = 512, I = 384, E = 16, K = 4;
-  std::vector<std::vector<uint16_t>> store;
-  auto bf = [&](std::vector<float> v) {
-    std::vector<uint16_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-    store.push_back(std::move(b));
-    return store.back().data();
-  };
-  auto make_expert = [&](int inter) {
-    ExpertWeights e;
-    e.gate.w = Tensor::make(bf(rand_bf16(size_t(inter) * D, 0.08f)), DType::kBF16, {inter, D});
-    e.up.w = Tensor::make(bf(rand_bf16(size_t(inter) * D, 0.08f)), DType::kBF16, {inter, D});
-    e.down.w = Tensor::make(bf(rand_bf16(size_t(D) * inter, 0.08f)), DType::kBF16, {D, inter});
-    return e;
-  };
-  std::vector<ExpertWeights> ce;
-  for (int e = 0; e < E; ++e) ce.push_back(make_expert(I));
-  ExpertWeights cs = make_expert(2 * I);
-  auto up = [&](const ExpertWeights& e) {
-    ExpertWeights g;
-    g.gate.w = gpu->upload(e.gate.w);
-    g.up.w = gpu->upload(e.up.w);
-    g.down.w = gpu->upload(e.down.w);
-    return g;
-  };
-  std::vector<ExpertWeights> ge;
-  for (auto& e : ce) ge.push_back(up(e));
-  ExpertWeights gs = up(cs);
+  const Experts ex = make_experts(*gpu, D, I, E);
+  const std::vector<ExpertWeights>&ce = ex.cpu, &ge = ex.gpu;
+  const ExpertWeights &cs = ex.cpu_shared, &gs = ex.gpu_shared;
   // 1, 7: the GEMV path (T*K <= 2E; 7 puts several row groups on some experts); 20: small tiles;
-  // 300: the large-tile path (T*K/E >= 64); 2100: one cuBLAS GEMM per expert (T*K/E >= 512).
+  // 300 and 2100 (T*K/E >= 64): auto keeps these small layers on the large-tile kernel; each prefill
+  // path is also forced (2100: >= 512 rows per expert, where auto would pick one GEMM per expert).
+  std::vector<std::unique_ptr<CudaOps>> forced;
+  for (MoePrefill m : {MoePrefill::kKernel, MoePrefill::kPerExpert, MoePrefill::kCublasGrouped})
+    forced.push_back(std::make_unique<CudaOps>(CudaOptions{0, m}));
   for (int T : {1, 7, 20, 300, 2100}) {
     for (bool with_shared : {true, false}) {
       auto x = rand_bf16(size_t(T) * D);
@@ -447,9 +469,191 @@ TEST_F(GpuOps, MoeExperts) {
       Tensor go = gpu_out({T, D});
       Tensor gid = gpu->scratch(DType::kI32, {T, K});
       gpu->copy_from_host(gid, ids.data());
-      gpu->moe_experts(go, gpu_t(x, {T, D}), gid, gpu_t(w, {T, K}, DType::kF32), ge,
-                       with_shared ? &gs : nullptr);
+      const Tensor gx = gpu_t(x, {T, D}), gw = gpu_t(w, {T, K}, DType::kF32);
+      gpu->moe_experts(go, gx, gid, gw, ge, with_shared ? &gs : nullptr);
       EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2) << "T " << T << " shared " << with_shared;
+      if (T < 300) continue;
+      for (size_t i = 0; i < forced.size(); ++i) {
+        Tensor fo = gpu_out({T, D});
+        gpu->synchronize();  // inputs and output are the fixture's; `forced` runs on its own stream
+        forced[i]->moe_experts(fo, gx, gid, gw, ge, with_shared ? &gs : nullptr);
+        forced[i]->synchronize();
+        EXPECT_LE(rel_l2(read(fo), read_cpu(co)), 2e-2)
+            << "T " << T << " shared " << with_shared << " path " << i;
+      }
+    }
+  }
+}
+
+// The fused router + routing (moe_gate) against the CPU's linear + moe_route, and against the GPU's
+// own linear + moe_route. Inputs are small integers and weights multiples of 2^-8 with at most 3
+// significant bits, so every logit is exact in F32 whatever the summation order: the logits of all
+// three paths agree bit for bit and the ids must be identical. 1..32 tokens take the one-kernel path
+// (1, 3: one partial group of 8; 16, 32: several groups); 33 and 300 fall back to GEMM + route.
+TEST_F(GpuOps, MoeGate) {
+  struct Case {
+    RouterParams p;
+    int E, D;
+    bool bias, f32_router, strided_x;
+  };
+  const RouterParams v2lite = v2lite_router(), v3 = v3_router();
+  const Case cases[] = {{v2lite, 64, 2048, false, false, true}, {v3, 256, 7168, true, true, false}};
+  for (const Case& c : cases) {
+    const int E = c.E, D = c.D, K = c.p.top_k, ld = c.strided_x ? D + 64 : D;
+    std::uniform_int_distribution<int> small(-4, 4);
+    std::vector<float> w(size_t(E) * D);
+    for (auto& v : w) v = float(small(rng())) * 0x1p-8f;
+    std::vector<uint16_t> wb(w.size());
+    for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+    std::normal_distribution<float> nd(0.0f, 0.1f);
+    std::vector<float> bias(E);
+    for (auto& v : bias) v = nd(rng());
+    Weight cw;
+    cw.w = c.f32_router ? Tensor::make(w.data(), DType::kF32, {E, D})
+                        : Tensor::make(wb.data(), DType::kBF16, {E, D});
+    Weight gw;
+    gw.w = gpu->upload(cw.w);  // F32: converted to BF16 on first use (exact here)
+    const Tensor gbias = c.bias ? gpu_t(bias, {E}, DType::kF32) : Tensor{};
+    for (int T : {1, 3, 16, 32, 33, 300}) {
+      SCOPED_TRACE(testing::Message() << "E " << E << " T " << T);
+      std::vector<float> x(size_t(T) * ld);
+      for (auto& v : x) v = float(small(rng()));
+      std::vector<float> xd(size_t(T) * D);  // the dense rows, for the CPU
+      for (int t = 0; t < T; ++t) std::copy_n(x.begin() + int64_t(t) * ld, D, xd.begin() + int64_t(t) * D);
+      Tensor clog = cpu_t(std::vector<float>(size_t(T) * E), {T, E});
+      cpu.linear(clog, cpu_t(xd, {T, D}), cw);
+      std::vector<int32_t> cid(size_t(T) * K);
+      std::vector<float> cwt(size_t(T) * K);
+      cpu.moe_route(Tensor::make(cid.data(), DType::kI32, {T, K}),
+                    Tensor::make(cwt.data(), DType::kF32, {T, K}), clog, c.bias ? cpu_t(bias, {E}) : Tensor{},
+                    c.p);
+
+      const Tensor gx = gpu_t(x, {T, ld}).cols(0, D);
+      Tensor glog = gpu_out({T, E}, DType::kF32);
+      gpu->linear(glog, gx, gw);
+      EXPECT_EQ(read(glog), read_cpu(clog)) << "logits (exact inputs)";
+      Tensor rid = gpu_out({T, K}, DType::kI32), rw = gpu_out({T, K}, DType::kF32);
+      gpu->moe_route(rid, rw, glog, gbias, c.p);
+      std::vector<int32_t> ref_ids(size_t(T) * K);
+      gpu->copy_to_host(rid, ref_ids.data());
+      const std::vector<float> ref_w = read(rw);
+
+      // Twice: the arrival counters must be back at 0 after each call.
+      for (int rep = 0; rep < 2; ++rep) {
+        Tensor gid = gpu_out({T, K}, DType::kI32), gwt = gpu_out({T, K}, DType::kF32);
+        gpu->moe_gate(gid, gwt, gx, gw, gbias, c.p);
+        std::vector<int32_t> ids(size_t(T) * K);
+        gpu->copy_to_host(gid, ids.data());
+        const std::vector<float> got_w = read(gwt);
+        EXPECT_EQ(ids, ref_ids) << "rep " << rep;
+        EXPECT_EQ(ids, cid) << "rep " << rep;
+        EXPECT_LE(rel_l2(got_w, ref_w), 1e-6) << "rep " << rep;
+        EXPECT_LE(rel_l2(got_w, cwt), 1e-5) << "rep " << rep;
+      }
+    }
+  }
+}
+
+// The decode (GEMV) path of moe_experts is deterministic: the same inputs give bit-identical outputs,
+// call after call (the plan's row order may vary, the values may not), and agree with the CPU. Half
+// the tokens pick from 12 of the 64 experts, so experts get many rows (several 4-row groups).
+TEST_F(GpuOps, MoeExpertsGemvDeterministic) {
+  const int D = 1024, I = 256, E = 64, K = 6;
+  const Experts ex = make_experts(*gpu, D, I, E);
+  const std::vector<ExpertWeights>&ce = ex.cpu, &ge = ex.gpu;
+  const ExpertWeights &cs = ex.cpu_shared, &gs = ex.gpu_shared;
+  for (int T : {1, 4, 16, 21}) {  // T * K <= 2 E: the GEMV path
+    for (bool with_shared : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "T " << T << " shared " << with_shared);
+      auto x = rand_bf16(size_t(T) * D);
+      std::vector<int32_t> ids(size_t(T) * K);
+      std::vector<float> w(size_t(T) * K);
+      std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+      for (int t = 0; t < T; ++t) {
+        std::vector<int> perm(t % 2 ? E : 12);
+        for (size_t e = 0; e < perm.size(); ++e) perm[e] = int(e);
+        std::shuffle(perm.begin(), perm.end(), rng());
+        for (int k = 0; k < K; ++k) {
+          ids[size_t(t) * K + k] = perm[size_t(k)];
+          w[size_t(t) * K + k] = ud(rng());
+        }
+      }
+      Tensor co = cpu_t(std::vector<float>(size_t(T) * D), {T, D});
+      cpu.moe_experts(co, cpu_t(x, {T, D}), Tensor::make(ids.data(), DType::kI32, {T, K}),
+                      Tensor::make(w.data(), DType::kF32, {T, K}), ce, with_shared ? &cs : nullptr);
+      const Tensor gx = gpu_t(x, {T, D}), gwt = gpu_t(w, {T, K}, DType::kF32);
+      Tensor gid = gpu->scratch(DType::kI32, {T, K});
+      gpu->copy_from_host(gid, ids.data());
+      std::vector<uint16_t> first;
+      for (int rep = 0; rep < 4; ++rep) {
+        Tensor go = gpu_out({T, D});
+        gpu->moe_experts(go, gx, gid, gwt, ge, with_shared ? &gs : nullptr);
+        std::vector<uint16_t> bits(size_t(T) * D);
+        gpu->copy_to_host(go, bits.data());
+        if (rep == 0) {
+          first = bits;
+          EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2);
+        } else {
+          EXPECT_EQ(bits, first) << "rep " << rep;
+        }
+      }
+    }
+  }
+}
+
+// moe_gate plans the experts' rows for the moe_experts that follows (no plan kernel): the output must
+// be bit-identical to routing with linear + moe_route and planning in moe_experts. T 9 and 30 route
+// in several token groups; 30 takes the grouped-kernel path (T * K > 2 E), the rest the GEMV path.
+TEST_F(GpuOps, MoeGatePlanFeedsExperts) {
+  const int D = 512, I = 128, E = 64;
+  RouterParams p;
+  p.top_k = 6;
+  std::vector<std::vector<uint16_t>> store;
+  auto dev = [&](int rows, int cols, float scale) {
+    std::vector<uint16_t> b(size_t(rows) * cols);
+    const std::vector<float> v = rand_bf16(b.size(), scale);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    store.push_back(std::move(b));
+    return gpu->upload(Tensor::make(store.back().data(), DType::kBF16, {rows, cols}));
+  };
+  std::vector<ExpertWeights> ge(E);
+  for (auto& e : ge) {
+    e.gate.w = dev(I, D, 0.08f);
+    e.up.w = dev(I, D, 0.08f);
+    e.down.w = dev(D, I, 0.08f);
+  }
+  ExpertWeights gs;
+  gs.gate.w = dev(2 * I, D, 0.08f);
+  gs.up.w = dev(2 * I, D, 0.08f);
+  gs.down.w = dev(D, 2 * I, 0.08f);
+  // Small integers (times 2^-8 in the router): every logit is exact in any summation order, so the
+  // fused gate and linear + moe_route pick the same experts with the same weights.
+  std::uniform_int_distribution<int> small(-4, 4);
+  auto ints = [&](size_t n, float scale) {
+    std::vector<float> v(n);
+    for (auto& f : v) f = float(small(rng())) * scale;
+    return v;
+  };
+  Weight router;
+  router.w = gpu_t(ints(size_t(E) * D, 0x1p-8f), {E, D});
+  for (int T : {1, 5, 9, 21, 30}) {
+    for (bool with_shared : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "T " << T << " shared " << with_shared);
+      const Tensor x = gpu_t(ints(size_t(T) * D, 1.0f), {T, D});
+      const ExpertWeights* sh = with_shared ? &gs : nullptr;
+      Tensor logits = gpu_out({T, E}, DType::kF32);
+      gpu->linear(logits, x, router);
+      Tensor rid = gpu_out({T, p.top_k}, DType::kI32), rw = gpu_out({T, p.top_k}, DType::kF32);
+      gpu->moe_route(rid, rw, logits, Tensor{}, p);
+      Tensor ref = gpu_out({T, D});
+      gpu->moe_experts(ref, x, rid, rw, ge, sh);
+      for (int rep = 0; rep < 2; ++rep) {
+        Tensor gid = gpu_out({T, p.top_k}, DType::kI32), gw = gpu_out({T, p.top_k}, DType::kF32);
+        gpu->moe_gate(gid, gw, x, router, Tensor{}, p);
+        Tensor got = gpu_out({T, D});
+        gpu->moe_experts(got, x, gid, gw, ge, sh);
+        EXPECT_EQ(read(got), read(ref)) << "rep " << rep;
+      }
     }
   }
 }
@@ -541,7 +745,8 @@ TEST_F(GpuOps, MlaAbsorbed) {
     std::vector<std::pair<int, int>> seqs;
   };
   const std::vector<Case> cases = {
-      {16, 512, 64, false, {{0, 1}}},
+      {16, 512, 64, false, {{0, 1}}},    // one split: the kernel writes the output itself
+      {16, 512, 64, false, {{700, 1}}},  // three splits merged by the last
       {16, 512, 64, false, {{1000, 1}, {37, 1}, {4095, 1}, {64, 1}}},
       {32, 512, 64, false, {{300, 5}, {0, 9}}},  // several query tokens per sequence (causal)
       {16, 512, 64, true, {{300, 2}, {5, 1}}},
@@ -559,6 +764,10 @@ TEST_F(GpuOps, MlaAbsorbed) {
     gpu->mla_attention_absorbed(go, gpu_t(q, {T, c.H, W}), gpu_t(cache, {nb, 64, W}), m.gpu, c.rank, scale);
     EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2)
         << "H " << c.H << " rank " << c.rank << " ref " << c.reference << " seqs " << c.seqs.size();
+    // Again: the split blocks' arrival counters must be back at zero, and the merge order fixed.
+    Tensor go2 = gpu_out({T, c.H, c.rank});
+    gpu->mla_attention_absorbed(go2, gpu_t(q, {T, c.H, W}), gpu_t(cache, {nb, 64, W}), m.gpu, c.rank, scale);
+    EXPECT_EQ(read(go2), read(go)) << "second run differs, seqs " << c.seqs.size();
   }
   gpu->set_reference_attention(false);
 }

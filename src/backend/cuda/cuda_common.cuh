@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 
 #include "tensor/tensor.h"
 #include "util/error.h"
@@ -75,6 +77,45 @@ __device__ __forceinline__ float warp_max(float v) {
 
 inline cudaStream_t S(void* s) {
   return static_cast<cudaStream_t>(s);
+}
+
+// ---- programmatic dependent launch (PDL, sm_90) ----
+// With PDL, a kernel launched by launch() may start while the previous kernel in the stream is still
+// running, so every kernel calls pdl_entry() before it reads or writes anything in memory (weights
+// too: the first use of an F32/FP8 weight converts it in the kernel before). pdl_entry() waits until
+// the previous kernel has finished and its writes are visible, then lets the next kernel start
+// launching; without PDL it costs nothing. Off by default: measured on V2-Lite decode (H200, graphs),
+// PDL made batch 1 2.5 % slower (3.58 -> 3.67 ms per step) and batch 16 0.8 % faster, with and without
+// L2 prefetches of the weights before pdl_entry(). BELUGA_CUDA_PDL=1 turns it on for comparisons.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// BELUGA_CUDA_PDL=1 launches with the programmatic-serialization attribute; read once.
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("BELUGA_CUDA_PDL");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  BELUGA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 // Grid for a grid-stride loop over n elements: enough blocks to cover it, at most 65536.

@@ -28,25 +28,30 @@ struct HeadStrides {
   int64_t x, w, out;
 };
 
-template <typename OutT>
+// kLanes lanes share one output unit: 32 for long rows; 16 or 8 when a row is only K8 <= kLanes
+// 16-byte chunks (the absorbed MLA's W_UK, K = 128), so no lane idles.
+template <typename OutT, int kLanes>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(OutT* out, int64_t ldo, const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, int M, int N,
                 int K8, HeadStrides hs) {
-  const int lane = threadIdx.x & 31;
-  const int u = blockIdx.x * (kGemvThreads / 32) + (threadIdx.x >> 5);
-  if (u >= N) return;
+  const int sub = threadIdx.x % kLanes;
+  const int u = (blockIdx.x * kGemvThreads + threadIdx.x) / kLanes;
+  const bool ok = u < N;  // lanes of one warp may differ when kLanes < 32: all stay for the shuffles
+  const bf16* wr = w + blockIdx.y * hs.w + int64_t(u) * ldw;
+  pdl_entry();
+  if (kLanes == 32 && !ok) return;
   out += blockIdx.y * hs.out;
   x += blockIdx.y * hs.x;
-  const bf16* wr = w + blockIdx.y * hs.w + int64_t(u) * ldw;
   float acc[kGemvRows] = {};
   constexpr int U = 4;  // 16-byte loads in flight per lane (8 measured slower)
-  for (int k0 = lane; k0 < K8; k0 += 32 * U) {
+  for (int k0 = sub; k0 < K8; k0 += kLanes * U) {
     uint4 wv[U];
 #pragma unroll
-    for (int j = 0; j < U; ++j) wv[j] = k0 + 32 * j < K8 ? ld_stream(wr + (k0 + 32 * j) * 8) : uint4{};
+    for (int j = 0; j < U; ++j)
+      wv[j] = ok && k0 + kLanes * j < K8 ? ld_stream(wr + (k0 + kLanes * j) * 8) : uint4{};
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const int k8 = k0 + 32 * j;
+      const int k8 = k0 + kLanes * j;
       if (k8 >= K8) break;
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r)
@@ -56,13 +61,33 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
     if (r >= M) break;
-    const float v = warp_sum(acc[r]);
-    if (lane == 0) store_out(out + r * ldo + u, v);
+    float v = acc[r];
+#pragma unroll
+    for (int o = kLanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (sub == 0 && ok) store_out(out + r * ldo + u, v);
   }
+}
+
+// Launches the GEMV with the narrowest lane group that still covers a row in one pass.
+template <typename OutT>
+void launch_gemv(OutT* out, int64_t ldo, const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, int M, int N,
+                 int K8, HeadStrides hs, int heads, cudaStream_t st) {
+  auto go = [&](auto kernel, int lanes) {
+    const dim3 grid(unsigned(ceil_div(int64_t(N) * lanes, kGemvThreads)), unsigned(heads));
+    launch(kernel, grid, kGemvThreads, 0, st, out, ldo, x, ldx, w, ldw, M, N, K8, hs);
+  };
+  if (K8 <= 8)
+    go(gemv_kernel<OutT, 8>, 8);
+  else if (K8 <= 16)
+    go(gemv_kernel<OutT, 16>, 16);
+  else
+    go(gemv_kernel<OutT, 32>, 32);
+  BELUGA_LAUNCH_CHECK();
 }
 
 template <typename T>
 __global__ void bias_kernel(T* out, int64_t ldo, VecRef b, int M, int N) {
+  pdl_entry();
   const int64_t n = int64_t(M) * N;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -74,6 +99,7 @@ __global__ void bias_kernel(T* out, int64_t ldo, VecRef b, int M, int N) {
 // FP8 E4M3 (block scales) or F32 -> BF16, row-major [N, K].
 __global__ void to_bf16_kernel(bf16* out, const void* w, bool fp8, const float* scale, int64_t lds, int bn,
                                int bk, int64_t N, int64_t K) {
+  pdl_entry();
   const int64_t n = N * K;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -116,37 +142,32 @@ const Tensor& CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int blo
   BELUGA_CUDA_CHECK(cudaMalloc(&p, size_t(N * K) * 2));
   persistent_.push_back(p);
   persistent_bytes_ += size_t(N * K) * 2;
-  to_bf16_kernel<<<grid_for(N * K), 256, 0, S(stream_)>>>(static_cast<bf16*>(p), w.data, fp8,
-                                                          fp8 ? scale.ptr<const float>() : nullptr,
-                                                          fp8 ? scale.stride[0] : 0, block_n, block_k, N, K);
+  launch(to_bf16_kernel, grid_for(N * K), 256, 0, S(stream_), static_cast<bf16*>(p), w.data, fp8,
+         fp8 ? scale.ptr<const float>() : nullptr, fp8 ? scale.stride[0] : 0, block_n, block_k, N, K);
   BELUGA_LAUNCH_CHECK();
   Tensor t = Tensor::make(p, DType::kBF16, shape, w.ndim, Device::kCuda);
   return converted_.emplace(w.data, t).first->second;
 }
 
-void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w) {
+void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cublas) {
   const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.shape[0]);
   // Narrow outputs (a MoE router: N = 64) leave too few warps to hide the loads; cuBLAS splits K there.
-  if (M <= kGemvRows && N >= 256 && K % 8 == 0 && x.stride[0] % 8 == 0 && w.stride[0] % 8 == 0 &&
+  if (!cublas && M <= kGemvRows && N >= 256 && K % 8 == 0 && x.stride[0] % 8 == 0 && w.stride[0] % 8 == 0 &&
       aligned16(x.data) && aligned16(w.data)) {
-    const int grid = int(ceil_div(N, kGemvThreads / 32));
     if (out.dtype == DType::kF32)
-      gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(out.ptr<float>(), out.stride[0], x.ptr<const bf16>(),
-                                                         x.stride[0], w.ptr<const bf16>(), w.stride[0], M, N,
-                                                         K / 8, HeadStrides{});
+      launch_gemv(out.ptr<float>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(),
+                  w.stride[0], M, N, K / 8, HeadStrides{}, 1, S(stream_));
     else
-      gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(),
-                                                         x.stride[0], w.ptr<const bf16>(), w.stride[0], M, N,
-                                                         K / 8, HeadStrides{});
-    BELUGA_LAUNCH_CHECK();
+      launch_gemv(out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(),
+                  w.stride[0], M, N, K / 8, HeadStrides{}, 1, S(stream_));
     return;
   }
   const float one = 1.0f, zero = 0.0f;
   const cudaDataType_t ct = out.dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   // Column-major view: out^T [N, M] = W [K, N]^T * x^T [K, M].
-  BELUGA_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
-                                   &one, w.data, CUDA_R_16BF, int(w.stride[0]), x.data, CUDA_R_16BF,
-                                   int(x.stride[0]), &zero, out.data, ct, int(out.stride[0]),
+  BELUGA_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas ? cublas : cublas_), CUBLAS_OP_T,
+                                   CUBLAS_OP_N, N, M, K, &one, w.data, CUDA_R_16BF, int(w.stride[0]), x.data,
+                                   CUDA_R_16BF, int(x.stride[0]), &zero, out.data, ct, int(out.stride[0]),
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -164,11 +185,11 @@ void CudaOps::linear(Tensor out, const Tensor& x, const Weight& w) {
   gemm_bf16(out, x, wb);
   if (!w.bias.empty()) {
     if (out.dtype == DType::kF32)
-      bias_kernel<<<grid_for(int64_t(M) * N), 256, 0, S(stream_)>>>(out.ptr<float>(), out.stride[0],
-                                                                    vec(w.bias), M, N);
+      launch(bias_kernel<float>, grid_for(int64_t(M) * N), 256, 0, S(stream_), out.ptr<float>(),
+             out.stride[0], vec(w.bias), M, N);
     else
-      bias_kernel<<<grid_for(int64_t(M) * N), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
-                                                                    vec(w.bias), M, N);
+      launch(bias_kernel<bf16>, grid_for(int64_t(M) * N), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+             vec(w.bias), M, N);
     BELUGA_LAUNCH_CHECK();
   }
 }
@@ -184,11 +205,9 @@ void CudaOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w_in) {
   const Tensor& w = bf16_weight(w_in, Tensor{}, 128, 128);
   if (T <= kGemvRows && K % 8 == 0 && x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 && w.stride[0] % 8 == 0 &&
       w.stride[1] % 8 == 0 && aligned16(x.data) && aligned16(w.data)) {
-    const dim3 grid(unsigned(ceil_div(N, kGemvThreads / 32)), unsigned(H));
-    gemv_kernel<<<grid, kGemvThreads, 0, S(stream_)>>>(
-        out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(), w.stride[1],
-        int(T), int(N), int(K / 8), HeadStrides{x.stride[1], w.stride[0], out.stride[1]});
-    BELUGA_LAUNCH_CHECK();
+    launch_gemv(out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(),
+                w.stride[1], int(T), int(N), int(K / 8), HeadStrides{x.stride[1], w.stride[0], out.stride[1]},
+                int(H), S(stream_));
     return;
   }
   const float one = 1.0f, zero = 0.0f;

@@ -1,10 +1,12 @@
 // Mixture of experts on the GPU: routing (softmax/sigmoid, bias for selection, group-limited top-k),
-// a device-side plan that groups token rows by expert, one grouped GEMM launch for gate+up (with
-// SiLU-and-mul in its epilogue) and one for down over all experts at once, and a combine step.
-// Tile schedules are computed on the device, so nothing waits for the host.
+// for a few tokens fused with the router GEMV into one kernel, a device-side plan that groups token
+// rows by expert, one grouped GEMM launch for gate+up (with SiLU-and-mul in its epilogue) and one for
+// down over all experts at once, and a combine step. Tile schedules are computed on the device, so
+// nothing waits for the host.
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -49,24 +51,22 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
   }
 }
 
-__global__ void moe_route_kernel(RouteArgs a) {
-  extern __shared__ float sm[];
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-  const int t = blockIdx.x * (blockDim.x >> 5) + wib;
-  if (t >= a.T) return;
-  float* s = sm + size_t(wib) * 2 * a.E;
+// Routes token t with the calling warp; s: [2 E] floats of shared memory for the warp. Logits are read
+// from L2 (__ldcg): the fused gate kernel reads logits that other blocks of its grid wrote.
+__device__ void route_token(const RouteArgs& a, int t, float* s) {
+  const int lane = threadIdx.x & 31;
   float* sel = s + a.E;
   const float* z = a.logits + int64_t(t) * a.ldl;
   if (a.softmax) {
     float mx = -INFINITY;
-    for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, z[e]);
+    for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, __ldcg(z + e));
     mx = warp_max(mx);
     float sum = 0;
-    for (int e = lane; e < a.E; e += 32) sum += (s[e] = expf(z[e] - mx));
+    for (int e = lane; e < a.E; e += 32) sum += (s[e] = expf(__ldcg(z + e) - mx));
     sum = warp_sum(sum);
     for (int e = lane; e < a.E; e += 32) s[e] /= sum;
   } else {
-    for (int e = lane; e < a.E; e += 32) s[e] = 1.0f / (1.0f + expf(-z[e]));
+    for (int e = lane; e < a.E; e += 32) s[e] = 1.0f / (1.0f + expf(-__ldcg(z + e)));
   }
   for (int e = lane; e < a.E; e += 32) {
     float b = 0;
@@ -133,17 +133,27 @@ __global__ void moe_route_kernel(RouteArgs a) {
     }
 }
 
+__global__ void moe_route_kernel(RouteArgs a) {
+  pdl_entry();
+  extern __shared__ float sm[];
+  const int wib = threadIdx.x >> 5;
+  const int t = blockIdx.x * (blockDim.x >> 5) + wib;
+  if (t >= a.T) return;
+  route_token(a, t, sm + size_t(wib) * 2 * a.E);
+}
+
 // ---- plan: rows grouped by expert ----
 // start[e]: first row of expert e; tile_start[e]: first BM-row tile; row_token[r]: token of row r;
 // entry_row[t*K+i]: row of (token t, choice i). The shared expert (index E) takes every token.
-__global__ void moe_plan_kernel(const int32_t* ids, int T, int K, int E, int ne, int bm, int* start,
-                                int* tile_start, int* row_token, int* entry_row) {
-  extern __shared__ int cnt[];  // [ne] counts, then [ne] fill cursors
+// One block builds it; `cnt` is 2 ne ints of shared memory. ids are read past L1: the fused gate
+// builds the plan from ids that other blocks wrote.
+__device__ void build_plan(const int32_t* ids, int T, int K, int E, int ne, int bm, int* start,
+                           int* tile_start, int* row_token, int* entry_row, int* cnt) {
   int* fill = cnt + ne;
   for (int e = threadIdx.x; e < ne; e += blockDim.x) cnt[e] = e < E ? 0 : T;
   __syncthreads();
   const int n = T * K;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[__ldcg(ids + i)], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
     int s = 0, ts = 0;
@@ -159,12 +169,121 @@ __global__ void moe_plan_kernel(const int32_t* ids, int T, int K, int E, int ne,
   }
   __syncthreads();
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int slot = atomicAdd(&fill[ids[i]], 1);
+    const int slot = atomicAdd(&fill[__ldcg(ids + i)], 1);
     row_token[slot] = i / K;
     entry_row[i] = slot;
   }
   if (ne > E)
     for (int t = threadIdx.x; t < T; t += blockDim.x) row_token[n + t] = t;
+}
+
+__global__ void moe_plan_kernel(const int32_t* ids, int T, int K, int E, int ne, int bm, int* start,
+                                int* tile_start, int* row_token, int* entry_row) {
+  pdl_entry();
+  extern __shared__ int cnt[];  // [ne] counts, then [ne] fill cursors
+  build_plan(ids, T, K, E, ne, bm, start, tile_start, row_token, entry_row, cnt);
+}
+
+// Where the fused gate leaves its plan: laid out for E routed experts plus a shared one (which
+// moe_experts ignores when it has none: routed experts' entries are the same either way).
+struct GatePlanLayout {
+  int64_t start, tile_start, row_token, entry_row, total;
+  __host__ __device__ GatePlanLayout(int T, int K, int E)
+      : start(0),
+        tile_start(E + 2),
+        row_token(2 * (E + 2)),
+        entry_row(row_token + int64_t(T) * K + T),
+        total(entry_row + int64_t(T) * K) {}
+};
+constexpr int kGatePlanBm = 32;  // the grouped kernel's tile for T <= kGateMaxT (small tiles)
+
+// ---- router GEMV + routing in one kernel (decode) ----
+// Block (e, g) dots router row e with the kGateTok token rows of group g: its warps split D, and the
+// per-warp sums are added in a fixed order, so the logits do not depend on scheduling. Each block then
+// counts itself in on the group's counter; the last one of the group, seeing every logit of its
+// tokens, routes them (one warp per token) and puts the counter back to 0 for the next call.
+constexpr int kGateThreads = 256, kGateWarps = kGateThreads / 32, kGateTok = kGateWarps, kGateLoads = 4;
+// Up to 4 groups: beyond 32 tokens a tensor-core GEMM that reuses each weight tile across many rows
+// beats re-streaming the router per 8 tokens, and the route kernel spreads the tokens over more SMs
+// than the groups' last blocks. E <= 512 keeps the routing scratch (kGateWarps x 2E floats) in 32 KB.
+constexpr int kGateMaxT = 32, kGateMaxE = 512;
+constexpr int kGateCounters = kGateMaxT / kGateTok;  // one per token group
+
+// Thread 0 of a block, between two __syncthreads(): counts the block in and returns the count before.
+// Release: the block's writes before the barrier are visible to whoever sees the count; acquire: the
+// writes of the blocks counted before are visible to this block after the second barrier.
+__device__ __forceinline__ int arrive(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
+struct GateArgs {
+  const bf16* x;
+  int64_t ldx;
+  const bf16* w;  // [E, D]
+  int K8;         // D / 8
+  float* logits;  // F32 [T, E] scratch; r.logits points to it
+  int* counters;  // [kGateCounters + 1]: per token group, then the groups that have routed
+  int* plan;      // GatePlanLayout(T, K, E)
+  RouteArgs r;
+};
+
+__global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
+  extern __shared__ float gate_sm[];  // routing scratch: [kGateWarps][2 E]
+  __shared__ float red[kGateWarps][kGateTok];
+  __shared__ bool s_last;
+  const int e = blockIdx.x, E = g.r.E;
+  const bf16* wr = g.w + int64_t(e) * g.K8 * 8;
+  pdl_entry();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t0 = blockIdx.y * kGateTok, nt = min(kGateTok, g.r.T - t0);
+  float acc[kGateTok] = {};
+  for (int c0 = threadIdx.x; c0 < g.K8; c0 += kGateThreads * kGateLoads) {
+    uint4 wv[kGateLoads];
+#pragma unroll
+    for (int j = 0; j < kGateLoads; ++j) {
+      const int c = c0 + j * kGateThreads;
+      wv[j] = c < g.K8 ? ld_stream(wr + c * 8) : uint4{};
+    }
+#pragma unroll
+    for (int j = 0; j < kGateLoads; ++j) {
+      const int c = c0 + j * kGateThreads;
+      if (c >= g.K8) break;
+#pragma unroll
+      for (int r = 0; r < kGateTok; ++r)
+        if (r < nt) acc[r] += dot8(wv[j], __ldg(reinterpret_cast<const uint4*>(g.x + (t0 + r) * g.ldx) + c));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGateTok; ++r) {
+    if (r >= nt) break;
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) red[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < nt) {
+    float z = 0;
+    for (int w = 0; w < kGateWarps; ++w) z += red[w][threadIdx.x];
+    g.logits[int64_t(t0 + threadIdx.x) * E + e] = z;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = arrive(&g.counters[blockIdx.y]) == int(gridDim.x) - 1;
+  __syncthreads();
+  if (!s_last) return;
+  if (warp < nt) route_token(g.r, t0 + warp, gate_sm + size_t(warp) * 2 * E);
+  // Every block of the group has arrived, and the next kernel reading this slot starts after this
+  // grid completes: a plain store resets it.
+  if (threadIdx.x == 0) g.counters[blockIdx.y] = 0;
+  // The last group to finish routing plans the experts' rows for moe_experts (saves its plan kernel).
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = arrive(&g.counters[kGateCounters]) == int(gridDim.y) - 1;
+  __syncthreads();
+  if (!s_last) return;
+  const GatePlanLayout L(g.r.T, g.r.K, E);
+  build_plan(g.r.ids, g.r.T, g.r.K, E, E + 1, kGatePlanBm, g.plan + L.start, g.plan + L.tile_start,
+             g.plan + L.row_token, g.plan + L.entry_row, reinterpret_cast<int*>(gate_sm));
+  if (threadIdx.x == 0) g.counters[kGateCounters] = 0;
 }
 
 // ---- grouped GEMM over experts (mma.sync m16n8k16, BF16 in, F32 accumulate) ----
@@ -193,6 +312,7 @@ constexpr int grouped_smem() {
 // Otherwise: down projection, F32 [R, D].
 template <int BM, bool kGateUp>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
+  pdl_entry();
   constexpr int WM = BM / 2, MT = WM / 16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* As = reinterpret_cast<bf16*>(smem_raw);
@@ -323,6 +443,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
 
 __global__ void moe_combine_kernel(bf16* out, int64_t ldo, const float* Y, int D, const int* entry_row,
                                    const float* w, int T, int K, int shared_row0) {
+  pdl_entry();
   const int64_t n = int64_t(T) * D;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -363,6 +484,7 @@ struct GemvArgs {
 
 template <bool kGateUp>
 __global__ void __launch_bounds__(kGvThreads) moe_gemv_kernel(GemvArgs p) {
+  pdl_entry();
   extern __shared__ __align__(16) unsigned char gv_smem[];
   bf16* xs = reinterpret_cast<bf16*>(gv_smem);  // [kGvRows, K]
   __shared__ int s_expert;
@@ -456,7 +578,7 @@ void launch_gemv(const GemvArgs& a, int k_max, int grid_x, int grid_y, cudaStrea
         cudaFuncSetAttribute(moe_gemv_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = smem;
   }
-  moe_gemv_kernel<G><<<dim3(grid_x, grid_y), kGvThreads, smem, st>>>(a);
+  launch(moe_gemv_kernel<G>, dim3(grid_x, grid_y), kGvThreads, smem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -469,27 +591,23 @@ void launch_grouped(const GroupedArgs& a, int grid_x, int grid_y, cudaStream_t s
         cudaFuncSetAttribute(grouped_gemm_kernel<BM, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
-  grouped_gemm_kernel<BM, G><<<dim3(grid_x, grid_y), kThreads, smem, st>>>(a);
+  launch(grouped_gemm_kernel<BM, G>, dim3(grid_x, grid_y), kThreads, smem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void CudaOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
-                        const RouterParams& p) {
-  Prof prof_scope(this, "moe_route");
-  BELUGA_CHECK(logits.dtype == DType::kF32 && logits.ndim == 2 && logits.stride[1] == 1,
-               "moe_route: logits must be an F32 matrix, got ", logits.describe());
-  const int T = int(logits.shape[0]), E = int(logits.shape[1]);
+namespace {
+
+RouteArgs route_args(Tensor ids, Tensor weights, int T, int E, const Tensor& bias, const RouterParams& p) {
   BELUGA_CHECK(
       E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= E && p.n_group <= 32 && E <= 1024,
       "moe_route: unsupported router parameters");
-  BELUGA_CHECK(ids.is_contiguous() && weights.is_contiguous() && ids.numel() == int64_t(T) * p.top_k,
-               "moe_route: outputs must be contiguous [T, k]");
-  if (T == 0) return;
+  BELUGA_CHECK(ids.dtype == DType::kI32 && weights.dtype == DType::kF32 && ids.is_contiguous() &&
+                   weights.is_contiguous() && ids.numel() == int64_t(T) * p.top_k &&
+                   weights.numel() == int64_t(T) * p.top_k,
+               "moe_route: outputs must be contiguous [T, k] (I32 ids, F32 weights)");
   RouteArgs a{};
-  a.logits = logits.ptr<const float>();
-  a.ldl = logits.stride[0];
   a.bias = bias.empty() ? nullptr : bias.data;
   a.bias_f32 = bias.dtype == DType::kF32;
   a.ids = ids.ptr<int32_t>();
@@ -503,10 +621,69 @@ void CudaOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const 
   a.top2_sum = p.group_by_top2_sum;
   a.norm = p.norm_topk_prob;
   a.scaling = p.routed_scaling_factor;
+  return a;
+}
+
+}  // namespace
+
+void CudaOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                        const RouterParams& p) {
+  Prof prof_scope(this, "moe_route");
+  gate_plan_ = {};
+  BELUGA_CHECK(logits.dtype == DType::kF32 && logits.ndim == 2 && logits.stride[1] == 1,
+               "moe_route: logits must be an F32 matrix, got ", logits.describe());
+  const int T = int(logits.shape[0]), E = int(logits.shape[1]);
+  RouteArgs a = route_args(ids, weights, T, E, bias, p);
+  if (T == 0) return;
+  a.logits = logits.ptr<const float>();
+  a.ldl = logits.stride[0];
   const int warps = 4;
-  moe_route_kernel<<<int(ceil_div(T, warps)), warps * 32, size_t(warps) * 2 * E * sizeof(float),
-                     S(stream_)>>>(a);
+  launch(moe_route_kernel, int(ceil_div(T, warps)), warps * 32, size_t(warps) * 2 * E * sizeof(float),
+         S(stream_), a);
   BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
+                       const RouterParams& p) {
+  const int T = int(x.shape[0]), D = int(x.shape[1]), E = int(router.out_features());
+  // One kernel for a few tokens (see kGateMaxT) with GEMV-friendly operands; else router GEMM + route.
+  bool fused = T >= 1 && T <= kGateMaxT && E <= kGateMaxE && x.dtype == DType::kBF16 && x.ndim == 2 &&
+               x.stride[1] == 1 && router.bias.empty() && router.in_features() == D && D % 8 == 0 &&
+               x.stride[0] % 8 == 0 && aligned16(x.data);
+  Tensor wb;
+  if (fused) {
+    wb = bf16_weight(router.w, router.scale, router.block_n, router.block_k);
+    fused = wb.ndim == 2 && wb.is_contiguous() && aligned16(wb.data);
+  }
+  if (!fused) {
+    Ops::moe_gate(ids, weights, x, router, bias, p);  // its moe_route drops any earlier plan
+    return;
+  }
+  Prof prof_scope(this, "moe_gate");
+  GateArgs g{};
+  g.r = route_args(ids, weights, T, E, bias, p);
+  const ScratchMark mark = scratch_mark();
+  Tensor logits = scratch(DType::kF32, {T, E});  // only this op's kernel reads it
+  g.logits = logits.ptr<float>();
+  g.r.logits = g.logits;
+  g.r.ldl = E;
+  g.x = x.ptr<const bf16>();
+  g.ldx = x.stride[0];
+  g.w = wb.ptr<const bf16>();
+  g.K8 = D / 8;
+  g.counters = arrival_counters(kGateCounters + 1);
+  const GatePlanLayout L(T, p.top_k, E);
+  if (L.total > gate_plan_capacity_) {
+    BELUGA_CHECK(!capturing(S(stream_)), "moe_gate: the plan buffer must grow before graph capture");
+    gate_plan_buf_ = alloc_persistent(DType::kI32, {L.total}).ptr<int>();
+    gate_plan_capacity_ = L.total;
+  }
+  g.plan = gate_plan_buf_;
+  const dim3 grid(unsigned(E), unsigned(ceil_div(T, kGateTok)));
+  launch(moe_gate_kernel, grid, kGateThreads, size_t(kGateWarps) * 2 * E * sizeof(float), S(stream_), g);
+  BELUGA_LAUNCH_CHECK();
+  scratch_release(mark);
+  gate_plan_ = {ids.data, T, p.top_k, E};
 }
 
 const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights> experts,
@@ -562,24 +739,43 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   const int E = int(experts.size()), ne = tab.ne;
   const int R = T * K + (shared ? T : 0);
   const ScratchMark mark = scratch_mark();  // plan, H, Y and the per-expert buffers: this op's own
-  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles of 32 or 128 rows,
-  // and from 512 rows per expert (long prefills) one cuBLAS GEMM per expert and projection, ~3x the
-  // FLOP rate of the grouped kernel (8K tokens on V2-Lite: 5.9 -> ~2 ms per layer, measured). That
-  // needs the row counts on the host (a sync), and ~200 cuBLAS calls per layer only pay off once each
-  // GEMM is large: at 192 rows per expert (2K tokens) it was 1.5x slower than the grouped kernel.
+  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32 rows; 128 from
+  // 64 rows when cuBLAS is not used), and from 64 rows per expert cuBLAS: grouped GEMM calls below 512
+  // rows (2K prefill on V2-Lite: 55.9 -> 49.9 ms against the tile kernel) and one GEMM per expert and
+  // projection above, on side streams (8K: 173 -> 163 ms; the grouped call took 188). Both need the
+  // row counts on the host (a sync).
   const int64_t rows_per_expert = int64_t(T) * K / std::max(E, 1);
   const bool big = rows_per_expert >= 64;
-  const bool per_expert_gemms = rows_per_expert >= 512;
+  // The sync costs tens of microseconds, so small models stay on the kernel: cuBLAS only from ~50
+  // GFLOP of expert work (V2-Lite from ~600 tokens; the demo model's 2K chunks are 2.4 GFLOP, and
+  // syncing there cut `bench serve` output from ~25 K to 17.5 K tok/s). BELUGA_MOE_PREFILL
+  // (benchmarking) forces one path from 64 rows: "kernel", "per-expert" or "cublas-grouped".
+  const double expert_flops = 6.0 * double(R) * D * double(experts[0].gate.out_features());
+  const bool per_expert_gemms = moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
+                                (expert_flops >= 5e10 || moe_prefill_ == MoePrefill::kPerExpert ||
+                                 moe_prefill_ == MoePrefill::kCublasGrouped);
   const int bm = big ? 128 : 32;
-  Tensor plan = scratch(DType::kI32, {2 * (ne + 1) + R + int64_t(T) * K});
-  int* start = plan.ptr<int>();
-  int* tile_start = start + ne + 1;
-  int* row_token = tile_start + ne + 1;
-  int* entry_row = row_token + R;
   cudaStream_t st = S(stream_);
-  moe_plan_kernel<<<1, 1024, size_t(2) * ne * sizeof(int), st>>>(ids.ptr<const int32_t>(), T, K, E, ne, bm,
-                                                                 start, tile_start, row_token, entry_row);
-  BELUGA_LAUNCH_CHECK();
+  int *start, *tile_start, *row_token, *entry_row;
+  // The fused gate that routed these ids planned them already (for the small tiles the grouped kernel
+  // uses at so few rows per expert).
+  const GatePlan gp = std::exchange(gate_plan_, GatePlan{});
+  if (gp.ids == ids.data && gp.T == T && gp.K == K && gp.E == E && bm == kGatePlanBm) {
+    const GatePlanLayout L(T, K, E);
+    start = gate_plan_buf_ + L.start;
+    tile_start = gate_plan_buf_ + L.tile_start;
+    row_token = gate_plan_buf_ + L.row_token;
+    entry_row = gate_plan_buf_ + L.entry_row;
+  } else {
+    Tensor plan = scratch(DType::kI32, {2 * (ne + 1) + R + int64_t(T) * K});
+    start = plan.ptr<int>();
+    tile_start = start + ne + 1;
+    row_token = tile_start + ne + 1;
+    entry_row = row_token + R;
+    launch(moe_plan_kernel, 1, 1024, size_t(2) * ne * sizeof(int), st, ids.ptr<const int32_t>(), T, K, E, ne,
+           bm, start, tile_start, row_token, entry_row);
+    BELUGA_LAUNCH_CHECK();
+  }
   Tensor H = scratch(DType::kBF16, {R, tab.i_max});
   Tensor Y = scratch(DType::kF32, {R, D});
   // Decode: about one row per expert or fewer (and aligned rows) -> the GEMV path.
@@ -605,13 +801,18 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     g.ldo = D;
     launch_gemv<false>(g, tab.i_max, int(ceil_div(D, kGvUnits<false>)), gy, st);
   } else if (per_expert_gemms && !capturing(st)) {
-    run_expert_gemms(x, H, Y, experts, shared, start, row_token, R);
+    // Measured (V2-Lite, H200): the grouped cuBLAS call beats the tensor-core kernel at 192 rows per
+    // expert (2K prefill 55.9 -> 49.9 ms) but loses to one call per expert at 768 (8K: 188 vs 173 ms).
+    const bool grouped = moe_prefill_ == MoePrefill::kCublasGrouped ||
+                         (moe_prefill_ == MoePrefill::kAuto && rows_per_expert < 512);
+    if (!grouped || !run_expert_gemms_grouped(x, H, Y, experts, shared, start, row_token, R))
+      run_expert_gemms(x, H, Y, experts, shared, start, row_token, R);
   } else {
     run_grouped(x, H, Y, tab, start, tile_start, row_token, R, big, st);
   }
-  moe_combine_kernel<<<int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st>>>(
-      out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
-      shared ? T * K : -1);
+  launch(moe_combine_kernel, int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st,
+         out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
+         shared ? T * K : -1);
   BELUGA_LAUNCH_CHECK();
   scratch_release(mark);
 }
@@ -650,42 +851,6 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
     launch_grouped<128, false>(a, gx2, grid_y, st);
   else
     launch_grouped<32, false>(a, gx2, grid_y, st);
-}
-
-void CudaOps::run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
-                               const ExpertWeights* shared, const int* start_dev, const int* row_token,
-                               int R) {
-  cudaStream_t st = S(stream_);
-  const int E = int(experts.size()), ne = E + (shared ? 1 : 0), D = int(x.shape[1]);
-  const int i_max = int(H.shape[1]);
-  std::vector<int> start(size_t(ne) + 1);
-  BELUGA_CUDA_CHECK(
-      cudaMemcpyAsync(start.data(), start_dev, start.size() * sizeof(int), cudaMemcpyDeviceToHost, st));
-  BELUGA_CUDA_CHECK(cudaStreamSynchronize(st));
-  // Token rows grouped by expert, then per expert: [gate | up] = A W^T into one [R, 2 * i_max] buffer,
-  // H = silu(gate) * up, Y = H W_down^T (F32, as the grouped kernels leave it for the combine).
-  Tensor A = scratch(DType::kBF16, {R, D});
-  gather_rows(A, x, Tensor::make(const_cast<int*>(row_token), DType::kI32, {R}, Device::kCuda));
-  Tensor GU = scratch(DType::kBF16, {R, 2 * int64_t(i_max)});
-  for (int e = 0; e < ne; ++e) {
-    const int r0 = start[size_t(e)], r1 = start[size_t(e) + 1];
-    if (r1 == r0) continue;
-    const ExpertWeights& w = e < E ? experts[size_t(e)] : *shared;
-    const int64_t I = w.gate.out_features();
-    const Tensor a = A.rows(r0, r1);
-    gemm_bf16(GU.rows(r0, r1).cols(0, I), a,
-              bf16_weight(w.gate.w, w.gate.scale, w.gate.block_n, w.gate.block_k));
-    gemm_bf16(GU.rows(r0, r1).cols(i_max, i_max + I), a,
-              bf16_weight(w.up.w, w.up.scale, w.up.block_n, w.up.block_k));
-  }
-  silu_mul(H, GU);  // columns past an expert's width hold garbage that its down GEMM never reads
-  for (int e = 0; e < ne; ++e) {
-    const int r0 = start[size_t(e)], r1 = start[size_t(e) + 1];
-    if (r1 == r0) continue;
-    const ExpertWeights& w = e < E ? experts[size_t(e)] : *shared;
-    gemm_bf16(Y.rows(r0, r1), H.rows(r0, r1).cols(0, w.down.in_features()),
-              bf16_weight(w.down.w, w.down.scale, w.down.block_n, w.down.block_k));
-  }
 }
 
 }  // namespace beluga

@@ -38,6 +38,7 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x) {
 
 template <typename T>
 __global__ void fill_uniform_kernel(T* p, int64_t n, uint64_t seed, float lo, float hi) {
+  pdl_entry();
   const float span = hi - lo;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -52,6 +53,7 @@ __global__ void fill_uniform_kernel(T* p, int64_t n, uint64_t seed, float lo, fl
 
 // One block per row: the first index of the row's maximum (as std::max_element on the host).
 __global__ void argmax_kernel(int32_t* ids, const float* logits, int64_t ld, int V) {
+  pdl_entry();
   __shared__ float sv[32];
   __shared__ int si[32];
   const float* row = logits + int64_t(blockIdx.x) * ld;
@@ -91,6 +93,7 @@ __global__ void argmax_kernel(int32_t* ids, const float* logits, int64_t ld, int
 // One block per row. out = w * (x / rms(x)); with `res`, first res += x and normalise res.
 __global__ void rmsnorm_kernel(bf16* out, int64_t ldo, const bf16* x, int64_t ldx, bf16* res, int64_t ldr,
                                VecRef w, int D, float eps) {
+  pdl_entry();
   __shared__ float red[33];
   const int64_t r = blockIdx.x;
   const bf16* xr = x + r * ldx;
@@ -118,6 +121,7 @@ __global__ void rmsnorm_kernel(bf16* out, int64_t ldo, const bf16* x, int64_t ld
 
 __global__ void add_kernel(bf16* out, int64_t ldo, const bf16* a, int64_t lda, const bf16* b, int64_t ldb,
                            int R, int D) {
+  pdl_entry();
   const int64_t n = int64_t(R) * D;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -130,6 +134,7 @@ __global__ void add_kernel(bf16* out, int64_t ldo, const bf16* a, int64_t lda, c
 template <typename TO, typename TI>
 __global__ void copy_kernel(TO* out, int64_t o0, int64_t o1, int64_t o2, const TI* x, int64_t x0, int64_t x1,
                             int64_t x2, int64_t n1, int64_t n2, int64_t n) {
+  pdl_entry();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t c = i % n2, b = (i / n2) % n1, a = i / (n1 * n2);
@@ -138,6 +143,7 @@ __global__ void copy_kernel(TO* out, int64_t o0, int64_t o1, int64_t o2, const T
 }
 
 __global__ void silu_mul_kernel(bf16* out, int64_t ldo, const bf16* gu, int64_t ldg, int R, int I) {
+  pdl_entry();
   const int64_t n = int64_t(R) * I;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -150,6 +156,7 @@ __global__ void silu_mul_kernel(bf16* out, int64_t ldo, const bf16* gu, int64_t 
 // x [T, H, dim] (strides s0, s1, unit last); rotates the first 2*half values of each head.
 __global__ void rope_kernel(bf16* x, int64_t s0, int64_t s1, int T, int H, int half, const int32_t* pos,
                             const float* cos_t, const float* sin_t, bool interleaved) {
+  pdl_entry();
   const int64_t n = int64_t(T) * H * half;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -170,6 +177,7 @@ __global__ void rope_kernel(bf16* x, int64_t s0, int64_t s1, int T, int H, int h
 template <typename T>
 __global__ void gather_kernel(bf16* out, int64_t ldo, const T* src, int64_t lds, const int32_t* idx, int R,
                               int D) {
+  pdl_entry();
   const int64_t n = int64_t(R) * D;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -194,6 +202,17 @@ CudaOps::CudaOps(CudaOptions opt) {
   sm_count_ = prop.multiProcessorCount;
   const char* prof = std::getenv("BELUGA_CUDA_PROFILE");
   profile_ = prof && std::string(prof) == "1";
+  if (opt.moe_prefill) {
+    moe_prefill_ = *opt.moe_prefill;
+  } else if (const char* m = std::getenv("BELUGA_MOE_PREFILL")) {
+    const std::string v = m;
+    BELUGA_CHECK(v == "auto" || v == "kernel" || v == "per-expert" || v == "cublas-grouped",
+                 "BELUGA_MOE_PREFILL must be auto, kernel, per-expert or cublas-grouped, got ", v);
+    moe_prefill_ = v == "kernel"           ? MoePrefill::kKernel
+                   : v == "per-expert"     ? MoePrefill::kPerExpert
+                   : v == "cublas-grouped" ? MoePrefill::kCublasGrouped
+                                           : MoePrefill::kAuto;
+  }
   cudaStream_t st;
   BELUGA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   stream_ = st;
@@ -204,6 +223,7 @@ CudaOps::CudaOps(CudaOptions opt) {
   BELUGA_CUDA_CHECK(cudaMalloc(&cublas_ws_, ws));
   BELUGA_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_ws_, ws));
   cublas_ = h;
+  arrival_counters(4096);  // up front, so that no first use falls inside a graph capture
 }
 
 CudaOps::Prof::Prof(CudaOps* o, const char* n) : ops(o), name(n), t0(0) {
@@ -235,9 +255,55 @@ CudaOps::~CudaOps() {
   expert_tables_.clear();
   for (void* p : chunks_) cudaFree(p);
   for (void* p : persistent_) cudaFree(p);
+  for (SideStream& x : side_) {
+    cudaStreamSynchronize(S(x.stream));
+    cublasDestroy(static_cast<cublasHandle_t>(x.cublas));
+    cudaFree(x.ws);
+    cudaEventDestroy(static_cast<cudaEvent_t>(x.done));
+    cudaStreamDestroy(S(x.stream));
+  }
+  if (fork_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_));
   cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   cudaFree(cublas_ws_);
   cudaStreamDestroy(S(stream_));
+}
+
+void CudaOps::make_side_streams() {
+  if (!side_.empty()) return;
+  cudaEvent_t ev = nullptr;
+  BELUGA_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  fork_ = static_cast<void*>(ev);
+  for (int i = 0; i < kSideStreams; ++i) {
+    SideStream x;
+    cudaStream_t st;
+    BELUGA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    x.stream = st;
+    cublasHandle_t h;
+    BELUGA_CUBLAS_CHECK(cublasCreate(&h));
+    BELUGA_CUBLAS_CHECK(cublasSetStream(h, st));
+    const size_t ws = size_t(32) << 20;
+    BELUGA_CUDA_CHECK(cudaMalloc(&x.ws, ws));
+    BELUGA_CUBLAS_CHECK(cublasSetWorkspace(h, x.ws, ws));
+    x.cublas = h;
+    cudaEvent_t done;
+    BELUGA_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    x.done = done;
+    side_.push_back(x);
+  }
+}
+
+void CudaOps::fork_side_streams() {
+  make_side_streams();
+  BELUGA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(fork_), S(stream_)));
+  for (SideStream& x : side_)
+    BELUGA_CUDA_CHECK(cudaStreamWaitEvent(S(x.stream), static_cast<cudaEvent_t>(fork_), 0));
+}
+
+void CudaOps::join_side_streams() {
+  for (SideStream& x : side_) {
+    BELUGA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(x.done), S(x.stream)));
+    BELUGA_CUDA_CHECK(cudaStreamWaitEvent(S(stream_), static_cast<cudaEvent_t>(x.done), 0));
+  }
 }
 
 Tensor CudaOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
@@ -256,6 +322,7 @@ Tensor CudaOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
 }
 
 void CudaOps::reset_scratch() {
+  gate_plan_ = {};
   if (chunks_.size() > 1) {
     BELUGA_CUDA_CHECK(cudaStreamSynchronize(S(stream_)));
     size_t total = 0;
@@ -280,6 +347,19 @@ Tensor CudaOps::alloc_persistent(DType dtype, std::initializer_list<int64_t> sha
   persistent_.push_back(p);
   persistent_bytes_ += bytes;
   return Tensor::make(p, dtype, shape.begin(), int(shape.size()), Device::kCuda);
+}
+
+int* CudaOps::arrival_counters(int64_t n) {
+  if (n > num_counters_) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    BELUGA_CUDA_CHECK(cudaStreamIsCapturing(S(stream_), &status));
+    BELUGA_CHECK(status == cudaStreamCaptureStatusNone, "arrival counters must grow before graph capture (",
+                 n, " > ", num_counters_, ")");
+    const int64_t grown = std::max<int64_t>(n, std::max<int64_t>(4096, 2 * num_counters_));
+    counters_ = alloc_persistent(DType::kI32, {grown}).ptr<int>();
+    num_counters_ = grown;
+  }
+  return counters_;
 }
 
 Tensor CudaOps::upload(const Tensor& host) {
@@ -350,9 +430,9 @@ void CudaOps::fill_uniform(Tensor t, uint64_t seed, float lo, float hi) {
   BELUGA_CHECK(t.is_contiguous(), "fill_uniform: tensor must be contiguous");
   const int64_t n = t.numel();
   if (t.dtype == DType::kF32)
-    fill_uniform_kernel<<<grid_for(n), 256, 0, S(stream_)>>>(t.ptr<float>(), n, seed, lo, hi);
+    launch(fill_uniform_kernel<float>, grid_for(n), 256, 0, S(stream_), t.ptr<float>(), n, seed, lo, hi);
   else if (t.dtype == DType::kBF16)
-    fill_uniform_kernel<<<grid_for(n), 256, 0, S(stream_)>>>(t.ptr<bf16>(), n, seed, lo, hi);
+    launch(fill_uniform_kernel<bf16>, grid_for(n), 256, 0, S(stream_), t.ptr<bf16>(), n, seed, lo, hi);
   else
     fail("fill_uniform: F32 or BF16 only, got ", t.describe());
   BELUGA_LAUNCH_CHECK();
@@ -365,13 +445,11 @@ void CudaOps::embedding(Tensor out, const Tensor& table, const Tensor& ids) {
   const int R = int(ids.numel()), D = int(table.shape[1]);
   if (R == 0) return;
   if (table.dtype == DType::kBF16)
-    gather_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
-                                                                    table.ptr<const bf16>(), table.stride[0],
-                                                                    ids.ptr<const int32_t>(), R, D);
+    launch(gather_kernel<bf16>, grid_for(int64_t(R) * D), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+           table.ptr<const bf16>(), table.stride[0], ids.ptr<const int32_t>(), R, D);
   else
-    gather_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
-                                                                    table.ptr<const float>(), table.stride[0],
-                                                                    ids.ptr<const int32_t>(), R, D);
+    launch(gather_kernel<float>, grid_for(int64_t(R) * D), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+           table.ptr<const float>(), table.stride[0], ids.ptr<const int32_t>(), R, D);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -381,8 +459,8 @@ void CudaOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
   check_bf16_rows(x, "gather_rows input");
   const int R = int(rows.numel()), D = int(x.shape[1]);
   if (R == 0) return;
-  gather_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(
-      out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], rows.ptr<const int32_t>(), R, D);
+  launch(gather_kernel<bf16>, grid_for(int64_t(R) * D), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+         x.ptr<const bf16>(), x.stride[0], rows.ptr<const int32_t>(), R, D);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -393,8 +471,8 @@ void CudaOps::argmax_rows(Tensor ids, const Tensor& logits) {
                "argmax_rows: ids I32 [R], logits F32 [R, V]");
   const int R = int(logits.shape[0]);
   if (R == 0) return;
-  argmax_kernel<<<R, 512, 0, S(stream_)>>>(ids.ptr<int32_t>(), logits.ptr<const float>(), logits.stride[0],
-                                           int(logits.shape[1]));
+  launch(argmax_kernel, R, 512, 0, S(stream_), ids.ptr<int32_t>(), logits.ptr<const float>(),
+         logits.stride[0], int(logits.shape[1]));
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -405,8 +483,8 @@ void CudaOps::rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) {
   const int R = int(x.shape[0]), D = int(x.shape[1]);
   BELUGA_CHECK(w.numel() == D && out.shape[1] == D && out.shape[0] == R, "rmsnorm: shapes");
   if (R == 0) return;
-  rmsnorm_kernel<<<R, D >= 1024 ? 512 : 128, 0, S(stream_)>>>(
-      out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], nullptr, 0, vec(w), D, eps);
+  launch(rmsnorm_kernel, R, D >= 1024 ? 512 : 128, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+         x.ptr<const bf16>(), x.stride[0], nullptr, 0, vec(w), D, eps);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -417,9 +495,8 @@ void CudaOps::add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Te
   check_bf16_rows(residual, "add_rmsnorm residual");
   const int R = int(x.shape[0]), D = int(x.shape[1]);
   if (R == 0) return;
-  rmsnorm_kernel<<<R, D >= 1024 ? 512 : 128, 0, S(stream_)>>>(
-      out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], residual.ptr<bf16>(),
-      residual.stride[0], vec(w), D, eps);
+  launch(rmsnorm_kernel, R, D >= 1024 ? 512 : 128, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+         x.ptr<const bf16>(), x.stride[0], residual.ptr<bf16>(), residual.stride[0], vec(w), D, eps);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -430,9 +507,8 @@ void CudaOps::add(Tensor out, const Tensor& a, const Tensor& b) {
   check_bf16_rows(b, "add input");
   const int R = int(a.shape[0]), D = int(a.shape[1]);
   if (R == 0) return;
-  add_kernel<<<grid_for(int64_t(R) * D), 256, 0, S(stream_)>>>(out.ptr<bf16>(), out.stride[0],
-                                                               a.ptr<const bf16>(), a.stride[0],
-                                                               b.ptr<const bf16>(), b.stride[0], R, D);
+  launch(add_kernel, grid_for(int64_t(R) * D), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+         a.ptr<const bf16>(), a.stride[0], b.ptr<const bf16>(), b.stride[0], R, D);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -456,17 +532,17 @@ void CudaOps::copy(Tensor out, const Tensor& x) {
   const bool ob = out.dtype == DType::kBF16, xb = x.dtype == DType::kBF16;
   BELUGA_CHECK((ob || out.dtype == DType::kF32) && (xb || x.dtype == DType::kF32), "copy: BF16/F32 only");
   if (ob && xb)
-    copy_kernel<<<g, 256, 0, st>>>(out.ptr<bf16>(), so[0], so[1], so[2], x.ptr<const bf16>(), sx[0], sx[1],
-                                   sx[2], n[1], n[2], total);
+    launch(copy_kernel<bf16, bf16>, g, 256, 0, st, out.ptr<bf16>(), so[0], so[1], so[2], x.ptr<const bf16>(),
+           sx[0], sx[1], sx[2], n[1], n[2], total);
   else if (ob)
-    copy_kernel<<<g, 256, 0, st>>>(out.ptr<bf16>(), so[0], so[1], so[2], x.ptr<const float>(), sx[0], sx[1],
-                                   sx[2], n[1], n[2], total);
+    launch(copy_kernel<bf16, float>, g, 256, 0, st, out.ptr<bf16>(), so[0], so[1], so[2],
+           x.ptr<const float>(), sx[0], sx[1], sx[2], n[1], n[2], total);
   else if (xb)
-    copy_kernel<<<g, 256, 0, st>>>(out.ptr<float>(), so[0], so[1], so[2], x.ptr<const bf16>(), sx[0], sx[1],
-                                   sx[2], n[1], n[2], total);
+    launch(copy_kernel<float, bf16>, g, 256, 0, st, out.ptr<float>(), so[0], so[1], so[2],
+           x.ptr<const bf16>(), sx[0], sx[1], sx[2], n[1], n[2], total);
   else
-    copy_kernel<<<g, 256, 0, st>>>(out.ptr<float>(), so[0], so[1], so[2], x.ptr<const float>(), sx[0], sx[1],
-                                   sx[2], n[1], n[2], total);
+    launch(copy_kernel<float, float>, g, 256, 0, st, out.ptr<float>(), so[0], so[1], so[2],
+           x.ptr<const float>(), sx[0], sx[1], sx[2], n[1], n[2], total);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -477,8 +553,8 @@ void CudaOps::silu_mul(Tensor out, const Tensor& gate_up) {
   const int R = int(out.shape[0]), I = int(out.shape[1]);
   BELUGA_CHECK(gate_up.shape[1] == 2 * I, "silu_mul: shapes");
   if (R == 0) return;
-  silu_mul_kernel<<<grid_for(int64_t(R) * I), 256, 0, S(stream_)>>>(
-      out.ptr<bf16>(), out.stride[0], gate_up.ptr<const bf16>(), gate_up.stride[0], R, I);
+  launch(silu_mul_kernel, grid_for(int64_t(R) * I), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+         gate_up.ptr<const bf16>(), gate_up.stride[0], R, I);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -488,9 +564,9 @@ void CudaOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
                "rope: x must be BF16 [T, H, dim] with unit last stride, got ", x.describe());
   const int T = int(x.shape[0]), H = int(x.shape[1]), half = tab.rotary_dim / 2;
   if (T == 0) return;
-  rope_kernel<<<grid_for(int64_t(T) * H * half), 256, 0, S(stream_)>>>(
-      x.ptr<bf16>(), x.stride[0], x.stride[1], T, H, half, positions.ptr<const int32_t>(),
-      tab.cos.ptr<const float>(), tab.sin.ptr<const float>(), tab.interleaved);
+  launch(rope_kernel, grid_for(int64_t(T) * H * half), 256, 0, S(stream_), x.ptr<bf16>(), x.stride[0],
+         x.stride[1], T, H, half, positions.ptr<const int32_t>(), tab.cos.ptr<const float>(),
+         tab.sin.ptr<const float>(), tab.interleaved);
   BELUGA_LAUNCH_CHECK();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,8 +17,14 @@
 
 namespace beluga {
 
+// How prefill MoE layers run their experts (see CudaOps::moe_experts). kAuto picks by size; the others
+// force one path from 64 rows per expert (benchmarks and tests). Default: BELUGA_MOE_PREFILL
+// (auto, kernel, per-expert, cublas-grouped), else kAuto.
+enum class MoePrefill { kAuto, kKernel, kPerExpert, kCublasGrouped };
+
 struct CudaOptions {
   int device = 0;
+  std::optional<MoePrefill> moe_prefill;
 };
 
 class CudaOps final : public Ops {
@@ -33,6 +40,7 @@ class CudaOps final : public Ops {
   ScratchMark scratch_mark() const override { return {chunks_.size(), used_}; }
   void scratch_release(ScratchMark m) override {
     if (chunks_.size() == m.chunks) used_ = m.used;  // a chunk added meanwhile stays until the reset
+    gate_plan_ = {};                                 // its ids' bytes may be handed out again
   }
   Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) override;
   Tensor upload(const Tensor& host) override;
@@ -63,6 +71,8 @@ class CudaOps final : public Ops {
 
   void moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
                  const RouterParams& p) override;
+  void moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
+                const RouterParams& p) override;
   void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    std::span<const ExpertWeights> experts, const ExpertWeights* shared) override;
 
@@ -105,7 +115,8 @@ class CudaOps final : public Ops {
   // The weight as a BF16 [out, in] matrix: BF16 weights as they are; F32 and FP8 (block scales)
   // converted once on first use and cached for the backend's lifetime.
   const Tensor& bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
-  void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w);  // out[M,N] = x[M,K] w[N,K]^T
+  // out[M,N] = x[M,K] w[N,K]^T on the main stream, or always through cuBLAS on `cublas`'s stream.
+  void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cublas = nullptr);
   // Per-layer expert tables on the device (weight pointers, widths), built on first use.
   struct ExpertTable;
   const ExpertTable& expert_table(std::span<const ExpertWeights> experts, const ExpertWeights* shared);
@@ -113,11 +124,49 @@ class CudaOps final : public Ops {
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
                    const int* tile_start, const int* row_token, int R, bool big, void* stream);
   // The same with one cuBLAS GEMM per expert and projection (prefill); reads the plan's row counts.
+  // The GEMMs of different experts run side by side on kSideStreams streams: one expert's GEMM alone
+  // covers a fraction of the SMs (768 x 1408 is 36 tiles of 128 x 256 on 132 SMs).
   void run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
                         const ExpertWeights* shared, const int* start, const int* row_token, int R);
+  // The same products as cuBLAS grouped GEMMs (one call for gate+up of all experts, one for down):
+  // no per-expert host launches, so it pays off at fewer rows per expert. False: unsupported here.
+  bool run_expert_gemms_grouped(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
+                                const ExpertWeights* shared, const int* start, const int* row_token, int R);
+  // n zeroed counters for kernels whose last block to finish does a final step (it counts itself in
+  // with an atomic and leaves the counter at zero again, so graph replays find them zeroed). Kernels
+  // run one at a time, so all share one buffer; it grows only outside graph capture.
+  int* arrival_counters(int64_t n);
+
+  // The expert plan the fused moe_gate left for the ids it wrote: the next moe_experts on those ids
+  // uses it instead of planning again. Any moe_experts, moe_route, scratch release or reset drops it,
+  // so an address match means the same ids (scratch is not reused in between).
+  struct GatePlan {
+    const void* ids = nullptr;
+    int T = 0, K = 0, E = 0;
+  };
+  GatePlan gate_plan_;
+  int* gate_plan_buf_ = nullptr;
+  int64_t gate_plan_capacity_ = 0;
+  MoePrefill moe_prefill_ = MoePrefill::kAuto;
+  // Streams for independent work within one op, each with its own cuBLAS handle and workspace (a
+  // workspace must not be shared by GEMMs that run at the same time); made on first use.
+  static constexpr int kSideStreams = 4;
+  struct SideStream {
+    void* stream = nullptr;  // cudaStream_t
+    void* cublas = nullptr;  // cublasHandle_t bound to `stream`
+    void* ws = nullptr;
+    void* done = nullptr;  // cudaEvent_t: this stream's work so far
+  };
+  std::vector<SideStream> side_;
+  void* fork_ = nullptr;  // cudaEvent_t: the main stream's work so far
+  void make_side_streams();
+  void fork_side_streams();  // side streams wait for the main stream's work so far
+  void join_side_streams();  // the main stream waits for the side streams' work so far
 
   int device_ = 0;
   void* stream_ = nullptr;
+  int* counters_ = nullptr;
+  int64_t num_counters_ = 0;
   std::vector<void*> graphs_;  // cudaGraphExec_t, by id
   uint64_t scratch_epoch_ = 0;
   void* cublas_ = nullptr;
