@@ -22,8 +22,11 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (a separate build tree).
+# -O1 -g1 (line tables are enough for ASan's stack traces): half the compile time of -O2 -g, which
+# made this build most of the CI run (measured: 12.7 of 20.7 min).
 test-asan: setup
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBELUGA_SANITIZE=ON -DBELUGA_CUDA=OFF
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBELUGA_SANITIZE=ON -DBELUGA_CUDA=OFF \
+	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
 	cmake --build build-asan -j $(JOBS)
 	bash scripts/setup-test-tools.sh
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
