@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "backend/ops.h"
 #include "tensor/tensor.h"
 #include "util/error.h"
 
@@ -77,6 +78,13 @@ __device__ __forceinline__ float warp_max(float v) {
 
 inline cudaStream_t S(void* s) {
   return static_cast<cudaStream_t>(s);
+}
+
+// Whether `st` is recording a graph (nothing may allocate or synchronise then).
+inline bool capturing(cudaStream_t st) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  BELUGA_CUDA_CHECK(cudaStreamIsCapturing(st, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 // ---- programmatic dependent launch (PDL, sm_90) ----
@@ -234,6 +242,21 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---- the paged KV cache ----
+// The longest sequence (cached + new tokens) of a step, at least 1.
+inline int max_keys(const AttnMeta& m) {
+  int mx = 1;
+  for (int s = 0; s < m.num_seqs; ++s)
+    mx = std::max(mx, m.h_context_len[s] + m.h_query_start[s + 1] - m.h_query_start[s]);
+  return mx;
+}
+
+inline void check_cache(const Tensor& cache) {
+  BELUGA_CHECK(cache.dtype == DType::kBF16 && cache.ndim == 3 && cache.is_contiguous(),
+               "CUDA KV cache must be a contiguous BF16 [blocks, block_size, entry] tensor, got ",
+               cache.describe());
 }
 
 // Index of the sequence holding token row t (query_start is [S + 1], ascending).

@@ -223,7 +223,8 @@ CudaOps::CudaOps(CudaOptions opt) {
   BELUGA_CUDA_CHECK(cudaMalloc(&cublas_ws_, ws));
   BELUGA_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_ws_, ws));
   cublas_ = h;
-  arrival_counters(4096);  // up front, so that no first use falls inside a graph capture
+  // Up front, so that no first use falls inside a graph capture.
+  counters_ = alloc_persistent(DType::kI32, {kArrivalCounters}).ptr<int>();
 }
 
 CudaOps::Prof::Prof(CudaOps* o, const char* n) : ops(o), name(n), t0(0) {
@@ -350,15 +351,7 @@ Tensor CudaOps::alloc_persistent(DType dtype, std::initializer_list<int64_t> sha
 }
 
 int* CudaOps::arrival_counters(int64_t n) {
-  if (n > num_counters_) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    BELUGA_CUDA_CHECK(cudaStreamIsCapturing(S(stream_), &status));
-    BELUGA_CHECK(status == cudaStreamCaptureStatusNone, "arrival counters must grow before graph capture (",
-                 n, " > ", num_counters_, ")");
-    const int64_t grown = std::max<int64_t>(n, std::max<int64_t>(4096, 2 * num_counters_));
-    counters_ = alloc_persistent(DType::kI32, {grown}).ptr<int>();
-    num_counters_ = grown;
-  }
+  BELUGA_CHECK(n <= kArrivalCounters, "arrival counters: ", n, " wanted, ", kArrivalCounters, " allocated");
   return counters_;
 }
 

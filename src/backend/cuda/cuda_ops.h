@@ -134,7 +134,7 @@ class CudaOps final : public Ops {
                                 const ExpertWeights* shared, const int* start, const int* row_token, int R);
   // n zeroed counters for kernels whose last block to finish does a final step (it counts itself in
   // with an atomic and leaves the counter at zero again, so graph replays find them zeroed). Kernels
-  // run one at a time, so all share one buffer; it grows only outside graph capture.
+  // run one at a time, so all share one buffer (kArrivalCounters, allocated at start).
   int* arrival_counters(int64_t n);
 
   // The expert plan the fused moe_gate left for the ids it wrote: the next moe_experts on those ids
@@ -165,8 +165,8 @@ class CudaOps final : public Ops {
 
   int device_ = 0;
   void* stream_ = nullptr;
+  static constexpr int64_t kArrivalCounters = 64;
   int* counters_ = nullptr;
-  int64_t num_counters_ = 0;
   std::vector<void*> graphs_;  // cudaGraphExec_t, by id
   uint64_t scratch_epoch_ = 0;
   void* cublas_ = nullptr;

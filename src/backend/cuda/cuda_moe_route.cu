@@ -1,0 +1,312 @@
+// MoE routing on the GPU: softmax/sigmoid scores, bias for selection, group-limited top-k, one warp
+// per token; for a few tokens fused with the router GEMV into one kernel whose last block also plans
+// the experts' rows for the moe_experts that follows.
+#include <climits>
+#include <cmath>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_moe_plan.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace beluga {
+
+using namespace cuda;
+
+namespace {
+
+// ---- routing: one warp per token ----
+struct RouteArgs {
+  const float* logits;
+  int64_t ldl;
+  const void* bias;
+  bool bias_f32;
+  int32_t* ids;
+  float* weights;
+  int T, E, K, G, topk_group;
+  bool softmax, top2_sum, norm;
+  float scaling;
+};
+
+__device__ __forceinline__ bool better(float v1, int i1, float v2, int i2) {
+  return v1 > v2 || (v1 == v2 && i1 < i2);
+}
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// Routes token t with the calling warp; s: [2 E] floats of shared memory for the warp. Logits are read
+// from L2 (__ldcg): the fused gate kernel reads logits that other blocks of its grid wrote.
+__device__ void route_token(const RouteArgs& a, int t, float* s) {
+  const int lane = threadIdx.x & 31;
+  float* sel = s + a.E;
+  const float* z = a.logits + int64_t(t) * a.ldl;
+  if (a.softmax) {
+    float mx = -INFINITY;
+    for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, __ldcg(z + e));
+    mx = warp_max(mx);
+    float sum = 0;
+    for (int e = lane; e < a.E; e += 32) sum += (s[e] = expf(__ldcg(z + e) - mx));
+    sum = warp_sum(sum);
+    for (int e = lane; e < a.E; e += 32) s[e] /= sum;
+  } else {
+    for (int e = lane; e < a.E; e += 32) s[e] = 1.0f / (1.0f + expf(-__ldcg(z + e)));
+  }
+  for (int e = lane; e < a.E; e += 32) {
+    float b = 0;
+    if (a.bias)
+      b = a.bias_f32 ? static_cast<const float*>(a.bias)[e] : to_f(static_cast<const bf16*>(a.bias)[e]);
+    sel[e] = s[e] + b;
+  }
+  __syncwarp();
+  if (a.G > 1) {
+    const int per = a.E / a.G;
+    float gs = -INFINITY;
+    for (int g = lane; g < a.G; g += 32) {  // G <= 32 in practice; a lane may own several groups
+      const float* b = sel + g * per;
+      float m1 = -INFINITY, m2 = -INFINITY;
+      for (int i = 0; i < per; ++i) {
+        if (b[i] > m1) {
+          m2 = m1;
+          m1 = b[i];
+        } else if (b[i] > m2) {
+          m2 = b[i];
+        }
+      }
+      gs = a.top2_sum ? (per > 1 ? m1 + m2 : m1) : m1;
+    }
+    unsigned keep = 0;  // bit g: group g kept (G <= 32)
+    bool picked = false;
+    for (int k = 0; k < a.topk_group; ++k) {
+      float v = (lane < a.G && !picked) ? gs : -INFINITY;
+      int i = (lane < a.G && !picked) ? lane : INT_MAX;
+      warp_argmax(v, i);
+      keep |= 1u << i;
+      if (lane == i) picked = true;
+    }
+    __syncwarp();
+    for (int e = lane; e < a.E; e += 32)
+      if (!((keep >> (e / per)) & 1u)) sel[e] = -INFINITY;
+    __syncwarp();
+  }
+  unsigned taken = 0;  // bit j: element lane + 32 j already chosen
+  float wsum = 0;
+  for (int k = 0; k < a.K; ++k) {
+    float v = -INFINITY;
+    int idx = INT_MAX;
+    for (int j = 0, e = lane; e < a.E; ++j, e += 32)
+      if (!((taken >> j) & 1u) && better(sel[e], e, v, idx)) {
+        v = sel[e];
+        idx = e;
+      }
+    warp_argmax(v, idx);
+    if ((idx & 31) == lane) taken |= 1u << (idx >> 5);
+    const float w = s[idx];
+    wsum += w;
+    if (lane == 0) {
+      a.ids[int64_t(t) * a.K + k] = idx;
+      a.weights[int64_t(t) * a.K + k] = w;
+    }
+  }
+  __syncwarp();
+  if (lane == 0)
+    for (int k = 0; k < a.K; ++k) {
+      float w = a.weights[int64_t(t) * a.K + k];
+      if (a.norm) w /= (wsum + 1e-20f);
+      a.weights[int64_t(t) * a.K + k] = w * a.scaling;
+    }
+}
+
+__global__ void moe_route_kernel(RouteArgs a) {
+  pdl_entry();
+  extern __shared__ float sm[];
+  const int wib = threadIdx.x >> 5;
+  const int t = blockIdx.x * (blockDim.x >> 5) + wib;
+  if (t >= a.T) return;
+  route_token(a, t, sm + size_t(wib) * 2 * a.E);
+}
+
+// ---- router GEMV + routing in one kernel (decode) ----
+// Block (e, g) dots router row e with the kGateTok token rows of group g: its warps split D, and the
+// per-warp sums are added in a fixed order, so the logits do not depend on scheduling. Each block then
+// counts itself in on the group's counter; the last one of the group, seeing every logit of its
+// tokens, routes them (one warp per token) and puts the counter back to 0 for the next call.
+constexpr int kGateThreads = 256, kGateWarps = kGateThreads / 32, kGateTok = kGateWarps, kGateLoads = 4;
+// Up to 4 groups: beyond 32 tokens a tensor-core GEMM that reuses each weight tile across many rows
+// beats re-streaming the router per 8 tokens, and the route kernel spreads the tokens over more SMs
+// than the groups' last blocks. E <= 512 keeps the routing scratch (kGateWarps x 2E floats) in 32 KB.
+constexpr int kGateMaxT = 32, kGateMaxE = 512;
+constexpr int kGateCounters = kGateMaxT / kGateTok;  // one per token group
+
+// Thread 0 of a block, between two __syncthreads(): counts the block in and returns the count before.
+// Release: the block's writes before the barrier are visible to whoever sees the count; acquire: the
+// writes of the blocks counted before are visible to this block after the second barrier.
+__device__ __forceinline__ int arrive(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
+struct GateArgs {
+  const bf16* x;
+  int64_t ldx;
+  const bf16* w;  // [E, D]
+  int K8;         // D / 8
+  float* logits;  // F32 [T, E] scratch; r.logits points to it
+  int* counters;  // [kGateCounters + 1]: per token group, then the groups that have routed
+  int* plan;      // GatePlanLayout(T, K, E)
+  RouteArgs r;
+};
+
+__global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
+  extern __shared__ float gate_sm[];  // routing scratch: [kGateWarps][2 E]
+  __shared__ float red[kGateWarps][kGateTok];
+  __shared__ bool s_last;
+  const int e = blockIdx.x, E = g.r.E;
+  const bf16* wr = g.w + int64_t(e) * g.K8 * 8;
+  pdl_entry();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t0 = blockIdx.y * kGateTok, nt = min(kGateTok, g.r.T - t0);
+  float acc[kGateTok] = {};
+  for (int c0 = threadIdx.x; c0 < g.K8; c0 += kGateThreads * kGateLoads) {
+    uint4 wv[kGateLoads];
+#pragma unroll
+    for (int j = 0; j < kGateLoads; ++j) {
+      const int c = c0 + j * kGateThreads;
+      wv[j] = c < g.K8 ? ld_stream(wr + c * 8) : uint4{};
+    }
+#pragma unroll
+    for (int j = 0; j < kGateLoads; ++j) {
+      const int c = c0 + j * kGateThreads;
+      if (c >= g.K8) break;
+#pragma unroll
+      for (int r = 0; r < kGateTok; ++r)
+        if (r < nt) acc[r] += dot8(wv[j], __ldg(reinterpret_cast<const uint4*>(g.x + (t0 + r) * g.ldx) + c));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGateTok; ++r) {
+    if (r >= nt) break;
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) red[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < nt) {
+    float z = 0;
+    for (int w = 0; w < kGateWarps; ++w) z += red[w][threadIdx.x];
+    g.logits[int64_t(t0 + threadIdx.x) * E + e] = z;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = arrive(&g.counters[blockIdx.y]) == int(gridDim.x) - 1;
+  __syncthreads();
+  if (!s_last) return;
+  if (warp < nt) route_token(g.r, t0 + warp, gate_sm + size_t(warp) * 2 * E);
+  // Every block of the group has arrived, and the next kernel reading this slot starts after this
+  // grid completes: a plain store resets it.
+  if (threadIdx.x == 0) g.counters[blockIdx.y] = 0;
+  // The last group to finish routing plans the experts' rows for moe_experts (saves its plan kernel).
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = arrive(&g.counters[kGateCounters]) == int(gridDim.y) - 1;
+  __syncthreads();
+  if (!s_last) return;
+  const GatePlanLayout L(g.r.T, g.r.K, E);
+  build_plan(g.r.ids, g.r.T, g.r.K, E, E + 1, kGatePlanBm, g.plan + L.start, g.plan + L.tile_start,
+             g.plan + L.row_token, g.plan + L.entry_row, reinterpret_cast<int*>(gate_sm));
+  if (threadIdx.x == 0) g.counters[kGateCounters] = 0;
+}
+
+RouteArgs route_args(Tensor ids, Tensor weights, int T, int E, const Tensor& bias, const RouterParams& p) {
+  BELUGA_CHECK(
+      E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= E && p.n_group <= 32 && E <= 1024,
+      "moe_route: unsupported router parameters");
+  BELUGA_CHECK(ids.dtype == DType::kI32 && weights.dtype == DType::kF32 && ids.is_contiguous() &&
+                   weights.is_contiguous() && ids.numel() == int64_t(T) * p.top_k &&
+                   weights.numel() == int64_t(T) * p.top_k,
+               "moe_route: outputs must be contiguous [T, k] (I32 ids, F32 weights)");
+  RouteArgs a{};
+  a.bias = bias.empty() ? nullptr : bias.data;
+  a.bias_f32 = bias.dtype == DType::kF32;
+  a.ids = ids.ptr<int32_t>();
+  a.weights = weights.ptr<float>();
+  a.T = T;
+  a.E = E;
+  a.K = p.top_k;
+  a.G = p.n_group;
+  a.topk_group = p.topk_group;
+  a.softmax = p.scoring == RouterScoring::kSoftmax;
+  a.top2_sum = p.group_by_top2_sum;
+  a.norm = p.norm_topk_prob;
+  a.scaling = p.routed_scaling_factor;
+  return a;
+}
+
+}  // namespace
+
+void CudaOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                        const RouterParams& p) {
+  Prof prof_scope(this, "moe_route");
+  gate_plan_ = {};
+  BELUGA_CHECK(logits.dtype == DType::kF32 && logits.ndim == 2 && logits.stride[1] == 1,
+               "moe_route: logits must be an F32 matrix, got ", logits.describe());
+  const int T = int(logits.shape[0]), E = int(logits.shape[1]);
+  RouteArgs a = route_args(ids, weights, T, E, bias, p);
+  if (T == 0) return;
+  a.logits = logits.ptr<const float>();
+  a.ldl = logits.stride[0];
+  const int warps = 4;
+  launch(moe_route_kernel, int(ceil_div(T, warps)), warps * 32, size_t(warps) * 2 * E * sizeof(float),
+         S(stream_), a);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
+                       const RouterParams& p) {
+  const int T = int(x.shape[0]), D = int(x.shape[1]), E = int(router.out_features());
+  // One kernel for a few tokens (see kGateMaxT) with GEMV-friendly operands; else router GEMM + route.
+  bool fused = T >= 1 && T <= kGateMaxT && E <= kGateMaxE && x.dtype == DType::kBF16 && x.ndim == 2 &&
+               x.stride[1] == 1 && router.bias.empty() && router.in_features() == D && D % 8 == 0 &&
+               x.stride[0] % 8 == 0 && aligned16(x.data);
+  Tensor wb;
+  if (fused) {
+    wb = bf16_weight(router.w, router.scale, router.block_n, router.block_k);
+    fused = wb.ndim == 2 && wb.is_contiguous() && aligned16(wb.data);
+  }
+  if (!fused) {
+    Ops::moe_gate(ids, weights, x, router, bias, p);  // its moe_route drops any earlier plan
+    return;
+  }
+  Prof prof_scope(this, "moe_gate");
+  GateArgs g{};
+  g.r = route_args(ids, weights, T, E, bias, p);
+  const ScratchMark mark = scratch_mark();
+  Tensor logits = scratch(DType::kF32, {T, E});  // only this op's kernel reads it
+  g.logits = logits.ptr<float>();
+  g.r.logits = g.logits;
+  g.r.ldl = E;
+  g.x = x.ptr<const bf16>();
+  g.ldx = x.stride[0];
+  g.w = wb.ptr<const bf16>();
+  g.K8 = D / 8;
+  g.counters = arrival_counters(kGateCounters + 1);
+  const GatePlanLayout L(T, p.top_k, E);
+  if (L.total > gate_plan_capacity_) {
+    BELUGA_CHECK(!capturing(S(stream_)), "moe_gate: the plan buffer must grow before graph capture");
+    gate_plan_buf_ = alloc_persistent(DType::kI32, {L.total}).ptr<int>();
+    gate_plan_capacity_ = L.total;
+  }
+  g.plan = gate_plan_buf_;
+  const dim3 grid(unsigned(E), unsigned(ceil_div(T, kGateTok)));
+  launch(moe_gate_kernel, grid, kGateThreads, size_t(kGateWarps) * 2 * E * sizeof(float), S(stream_), g);
+  BELUGA_LAUNCH_CHECK();
+  scratch_release(mark);
+  gate_plan_ = {ids.data, T, p.top_k, E};
+}
+
+}  // namespace beluga
