@@ -32,15 +32,19 @@ std::string block(const std::string& json) {
   return "<tool_call>\n" + json + "\n</tool_call>";
 }
 
-TEST(HermesParser, SingleCall) {
-  Result r = parse_all_ways(hermes(), block(R"({"name": "get_weather", "arguments": {"city": "Paris"}})"));
+// One get_weather call for Paris and nothing else; the arguments are the model's text, as written.
+void expect_paris_weather_call(const Result& r) {
   EXPECT_EQ(text_of(r, K::kContent), "");
   auto calls = calls_of(r);
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].name, "get_weather");
-  // The arguments are the model's text, as written.
   EXPECT_EQ(calls[0].text, R"({"city": "Paris"})");
   EXPECT_EQ(r.finish, FinishReason::kToolCalls);
+}
+
+TEST(HermesParser, SingleCall) {
+  expect_paris_weather_call(
+      parse_all_ways(hermes(), block(R"({"name": "get_weather", "arguments": {"city": "Paris"}})")));
 }
 
 TEST(HermesParser, ContentThenSeveralCalls) {
@@ -190,13 +194,8 @@ TEST(HermesParser, Qwen3ThinkingThenCall) {
 }
 
 TEST(Llama3JsonParser, SingleCall) {
-  Result r = parse_all_ways(llama(), R"({"name": "get_weather", "parameters": {"city": "Paris"}})");
-  EXPECT_EQ(text_of(r, K::kContent), "");
-  auto calls = calls_of(r);
-  ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0].name, "get_weather");
-  EXPECT_EQ(calls[0].text, R"({"city": "Paris"})");
-  EXPECT_EQ(r.finish, FinishReason::kToolCalls);
+  expect_paris_weather_call(
+      parse_all_ways(llama(), R"({"name": "get_weather", "parameters": {"city": "Paris"}})"));
 }
 
 TEST(Llama3JsonParser, PythonTagAndArguments) {
