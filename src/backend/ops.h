@@ -62,6 +62,18 @@ struct RouterParams {
   float routed_scaling_factor = 1.0f;
 };
 
+// A sublayer's input still to be formed (pre-norm residual blocks): residual += delta (nothing to add
+// when delta is empty), out = rmsnorm(residual) * w. An op that takes it leaves residual and out as
+// add_rmsnorm would, so later ops read `out`.
+struct NormedInput {
+  Tensor residual, delta, w, out;
+  float eps = 0;
+  // Where residual + delta goes: another buffer of residual's shape, or residual itself (in place;
+  // also when empty). Out of place, a kernel that normalizes in every block can read residual while
+  // one block writes the sum. Unused without a delta.
+  Tensor residual_out;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -108,6 +120,8 @@ class Ops {
   virtual void rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) = 0;
   // residual += x; out = rmsnorm(residual)
   virtual void add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Tensor& w, float eps) = 0;
+  // add_rmsnorm (into in.residual_out), or rmsnorm of the residual alone when `in` has no delta.
+  virtual void normalize(const NormedInput& in);
   virtual void add(Tensor out, const Tensor& a, const Tensor& b) = 0;
   virtual void copy(Tensor out, const Tensor& x) = 0;  // same shape, any strides
   // out [M, I] = silu(gate_up[:, :I]) * gate_up[:, I:]
@@ -121,6 +135,9 @@ class Ops {
 
   // ---- matrix products (F32 accumulation) ----
   virtual void linear(Tensor out, const Tensor& x, const Weight& w) = 0;  // out[M,N] = x[M,K] W^T + b
+  // normalize(in), then linear(out, in.out, w): a backend may fold the norm into the product's pass
+  // over its input (decode: one kernel instead of two); the results must equal the composition.
+  virtual void norm_linear(Tensor out, const NormedInput& in, const Weight& w);
   // Per-head products: out [T, H, N] = x [T, H, K] · w[h]^T with w [H, N, K] (may be strided).
   virtual void linear_heads(Tensor out, const Tensor& x, const Tensor& w) = 0;
 
@@ -133,6 +150,9 @@ class Ops {
   // work, so a backend may fuse them; the default composes them.
   virtual void moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
                         const RouterParams& p);
+  // normalize(in), then moe_gate(ids, weights, in.out, ...), fusable as norm_linear is.
+  virtual void norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, const Weight& router,
+                             const Tensor& bias, const RouterParams& p);
   // out [T, D] = sum_i weights[t,i] * E_{ids[t,i]}(x[t]) (+ shared(x[t]) when given),
   // E(x) = down(silu(gate x) * up x).
   virtual void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -177,6 +197,28 @@ inline void Ops::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm
   this->rope(q_pe, positions, rope);
   cache_write(cache, latent, m);
   if (!q_pe_out.empty()) copy(q_pe_out, q_pe);
+}
+
+inline void Ops::normalize(const NormedInput& in) {
+  if (in.delta.empty()) {
+    rmsnorm(in.out, in.residual, in.w, in.eps);
+  } else if (in.residual_out.empty() || in.residual_out.data == in.residual.data) {
+    add_rmsnorm(in.residual, in.delta, in.out, in.w, in.eps);
+  } else {
+    add(in.residual_out, in.residual, in.delta);
+    rmsnorm(in.out, in.residual_out, in.w, in.eps);
+  }
+}
+
+inline void Ops::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
+  normalize(in);
+  linear(out, in.out, w);
+}
+
+inline void Ops::norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, const Weight& router,
+                               const Tensor& bias, const RouterParams& p) {
+  normalize(in);
+  moe_gate(ids, weights, in.out, router, bias, p);
 }
 
 inline void Ops::moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router,

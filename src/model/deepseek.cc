@@ -174,15 +174,15 @@ class DeepseekModel final : public Model {
     return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm};
   }
 
-  void feed_forward(int l, const Tensor& x, Tensor out) override {
+  void feed_forward(int l, const NormedInput& in, Tensor out) override {
     const Layer& L = layers_[size_t(l)];
     if (L.is_moe)
-      moe(L, x, out);
+      moe(L, in, out);
     else
-      run_mlp(ops_, L.mlp, x, out);
+      run_mlp(ops_, L.mlp, in, out);
   }
 
-  Tensor attention(int l, const Tensor& x, const AttnMeta& meta, const Tensor& pos, Tensor cache,
+  Tensor attention(int l, const NormedInput& in, const AttnMeta& meta, const Tensor& pos, Tensor cache,
                    const ForwardOptions& opt, int max_query_len) override {
     const auto& c = cfg_;
     const Layer& L = layers_[size_t(l)];
@@ -192,12 +192,12 @@ class DeepseekModel final : public Model {
     if (opt.mla_mode == MlaMode::kExpanded) absorbed = false;
     Ops& ops = ops_;
     const DType act = ops.act_dtype();
-    const int64_t T = x.shape[0], H = c.num_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+    const int64_t T = in.out.shape[0], H = c.num_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
                   v = c.v_head_dim, r = c.kv_lora_rank;
     const MlaWeights& a = L.attn;
     const int64_t qw = c.q_lora_rank > 0 ? c.q_lora_rank : H * (nope + rope);
     Tensor q_kva = ops.scratch(act, {T, qw + r + rope});
-    ops.linear(q_kva, x, a.q_kva);
+    ops.norm_linear(q_kva, in, a.q_kva);
     Tensor q = q_kva.cols(0, qw);
     if (c.q_lora_rank > 0) {
       Tensor qa = ops.scratch(act, {T, c.q_lora_rank});
@@ -234,13 +234,14 @@ class DeepseekModel final : public Model {
     return out;
   }
 
-  void moe(const Layer& L, const Tensor& x, Tensor out) {
+  void moe(const Layer& L, const NormedInput& in, Tensor out) {
     const auto& c = cfg_;
-    const int64_t T = x.shape[0], K = c.num_experts_per_tok;
+    const int64_t T = in.out.shape[0], K = c.num_experts_per_tok;
     Tensor ids = ops_.scratch(DType::kI32, {T, K});
     Tensor w = ops_.scratch(DType::kF32, {T, K});
-    ops_.moe_gate(ids, w, x, L.moe.router, L.moe.bias, router_);
-    ops_.moe_experts(out, x, ids, w, L.moe.experts, L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared);
+    ops_.norm_moe_gate(ids, w, in, L.moe.router, L.moe.bias, router_);
+    ops_.moe_experts(out, in.out, ids, w, L.moe.experts,
+                     L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared);
   }
 
   std::vector<Layer> layers_;

@@ -67,18 +67,19 @@ class DenseModel final : public Model {
     return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm};
   }
 
-  void feed_forward(int l, const Tensor& x, Tensor out) override {
-    run_mlp(ops_, layers_[size_t(l)].mlp, x, out);
+  void feed_forward(int l, const NormedInput& in, Tensor out) override {
+    run_mlp(ops_, layers_[size_t(l)].mlp, in, out);
   }
 
-  Tensor attention(int l, const Tensor& x, const AttnMeta& meta, const Tensor& pos, Tensor cache,
+  Tensor attention(int l, const NormedInput& in, const AttnMeta& meta, const Tensor& pos, Tensor cache,
                    const ForwardOptions&, int) override {
     const auto& c = cfg_;
     const Layer& L = layers_[size_t(l)];
+    const Tensor& x = in.out;
     const int64_t T = x.shape[0], H = c.num_heads, KVH = c.num_kv_heads, hd = c.head_dim;
     const float eps = float(c.rms_norm_eps);
     Tensor q = ops_.scratch(ops_.act_dtype(), {T, H * hd});
-    ops_.linear(q, x, L.q);
+    ops_.norm_linear(q, in, L.q);
     // K and V are computed straight into the layout of a cache entry.
     Tensor kv = ops_.scratch(ops_.act_dtype(), {T, 2 * KVH * hd});
     ops_.linear(kv.cols(0, KVH * hd), x, L.k);

@@ -4,10 +4,11 @@
 
 namespace beluga {
 
-void run_mlp(Ops& ops, const MlpWeights& w, const Tensor& x, Tensor out) {
+void run_mlp(Ops& ops, const MlpWeights& w, const NormedInput& in, Tensor out) {
+  const Tensor& x = in.out;
   const int64_t T = x.shape[0], I = w.gate.out_features();
   Tensor gu = ops.scratch(ops.act_dtype(), {T, 2 * I});
-  ops.linear(gu.cols(0, I), x, w.gate);
+  ops.norm_linear(gu.cols(0, I), in, w.gate);
   ops.linear(gu.cols(I, 2 * I), x, w.up);
   Tensor h = ops.scratch(ops.act_dtype(), {T, I});
   ops.silu_mul(h, gu);

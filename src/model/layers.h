@@ -10,8 +10,8 @@ struct MlpWeights {
   bool empty() const { return gate.w.empty(); }
 };
 
-// down(silu(gate x) * up x), in scratch memory.
-void run_mlp(Ops& ops, const MlpWeights& w, const Tensor& x, Tensor out);  // out [T, D]
+// down(silu(gate x) * up x) with x = the normalized input (in.out), in scratch memory.
+void run_mlp(Ops& ops, const MlpWeights& w, const NormedInput& in, Tensor out);  // out [T, D]
 
 // A 2-D [T, H*d] tensor (rows may be strided) seen as [T, H, d].
 Tensor split_heads(const Tensor& t, int64_t heads, int64_t dim);

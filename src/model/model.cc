@@ -85,28 +85,33 @@ Tensor Model::run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& pos,
                          const ForwardOptions& opt, int max_query_len) {
   const float eps = float(cfg_.rms_norm_eps);
   const int64_t T = hidden.shape[0];
-  Tensor residual = hidden;
+  // The residual stream alternates between two buffers: each sublayer's norm reads one and writes
+  // the sum into the other, so a kernel that normalizes in every block (Ops::norm_linear) never
+  // overwrites rows another block still reads.
+  Tensor res[2] = {hidden, ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size})};
+  int cur = 0;
+  auto input = [&](const Tensor& delta, const Tensor& norm, const Tensor& x) {
+    if (delta.empty()) return NormedInput{res[cur], {}, norm, x, eps, {}};
+    cur ^= 1;
+    return NormedInput{res[cur ^ 1], delta, norm, x, eps, res[cur]};
+  };
   Tensor x = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
   // The feed-forward output carried into the next layer; everything else a layer takes from scratch
   // is handed back when the layer ends, so a step's scratch is one layer's, not num_layers'.
   Tensor delta = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerNorms n = layer_norms(l);
-    if (l == 0) {
-      ops_.rmsnorm(x, residual, n.input, eps);
-    } else {
-      ops_.add_rmsnorm(residual, delta, x, n.input, eps);  // completes layer l-1
-      capture(opt, residual);
-    }
     const Ops::ScratchMark mark = ops_.scratch_mark();
-    Tensor attn = attention(l, x, meta, pos, kv.layers[size_t(l)], opt, max_query_len);
-    ops_.add_rmsnorm(residual, attn, x, n.post, eps);
-    feed_forward(l, x, delta);
+    // Adding layer l-1's output completes it; attention's first op does that.
+    Tensor attn = attention(l, input(l == 0 ? Tensor{} : delta, n.input, x), meta, pos, kv.layers[size_t(l)],
+                            opt, max_query_len);
+    if (l > 0) capture(opt, res[cur]);
+    feed_forward(l, input(attn, n.post, x), delta);
     ops_.scratch_release(mark);
   }
   Tensor out = ops_.scratch(ops_.act_dtype(), {T, cfg_.hidden_size});
-  ops_.add_rmsnorm(residual, delta, out, final_norm_, eps);
-  capture(opt, residual);
+  ops_.add_rmsnorm(res[cur], delta, out, final_norm_, eps);
+  capture(opt, res[cur]);
   capture(opt, out);
   return out;
 }

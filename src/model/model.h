@@ -50,16 +50,18 @@ class Model {
  protected:
   Model(const ModelConfig& cfg, Ops& ops);
   // What each architecture supplies for decoder layer l (pre-norm residual blocks):
-  // h += attention(norm_in(h)); h += feed_forward(norm_post(h)).
+  // h += attention(norm_in(h)); h += feed_forward(norm_post(h)). Both get their input as a
+  // NormedInput still to be formed, so their first op can fold the residual add and the norm in
+  // (Ops::norm_linear, Ops::norm_moe_gate); afterwards `in.out` holds the normalized input.
   struct LayerNorms {
     const Tensor& input;
     const Tensor& post;
   };
   virtual LayerNorms layer_norms(int l) const = 0;
-  virtual Tensor attention(int l, const Tensor& x, const AttnMeta& meta, const Tensor& positions,
+  virtual Tensor attention(int l, const NormedInput& in, const AttnMeta& meta, const Tensor& positions,
                            Tensor cache, const ForwardOptions& opt, int max_query_len) = 0;
   // Writes into `out` [T, D] (a buffer that outlives the layer's scratch).
-  virtual void feed_forward(int l, const Tensor& x, Tensor out) = 0;
+  virtual void feed_forward(int l, const NormedInput& in, Tensor out) = 0;
   Weight load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in);
   // beluga::load_stacked (stacked_weight.h) with the config's FP8 blocks, counting the parameters.
   Weight load_stacked(WeightSource& src, const std::vector<std::string>& prefixes,

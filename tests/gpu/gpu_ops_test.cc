@@ -118,8 +118,10 @@ class GpuOps : public ::testing::Test {
 };
 
 // ---- element-wise ----
+// One warp per row; D 100 takes the lane-strided path (rows not in 16-byte chunks). add_rmsnorm in
+// place and normalize out of place (the residual kept, the sum in residual_out) give the same bits.
 TEST_F(GpuOps, RmsNormAndAddRmsNorm) {
-  for (auto [R, D] : {std::pair{1, 64}, {7, 2048}, {130, 7168}}) {
+  for (auto [R, D] : {std::pair{1, 64}, {7, 2048}, {3, 100}, {130, 7168}}) {
     auto x = rand_bf16(size_t(R) * D), w = rand_bf16(D), r = rand_bf16(size_t(R) * D);
     Tensor co = cpu_t(std::vector<float>(size_t(R) * D), {R, D});
     cpu.rmsnorm(co, cpu_t(x, {R, D}), cpu_t(w, {D}), 1e-6f);
@@ -135,6 +137,13 @@ TEST_F(GpuOps, RmsNormAndAddRmsNorm) {
     gpu->add_rmsnorm(gres, gpu_t(x, {R, D}), go2, gpu_t(w, {D}, DType::kF32), 1e-6f);
     EXPECT_LE(rel_l2(read(go2), read_cpu(co2)), 1e-2);
     EXPECT_LE(rel_l2(read(gres), read_cpu(cres)), 1e-2);
+
+    const Tensor gr = gpu_t(r, {R, D});
+    Tensor res_out = gpu_out({R, D}), go3 = gpu_out({R, D});
+    gpu->normalize({gr, gpu_t(x, {R, D}), gpu_t(w, {D}, DType::kF32), go3, 1e-6f, res_out});
+    EXPECT_EQ(read(gr), r);
+    EXPECT_EQ(read(res_out), read(gres));
+    EXPECT_EQ(read(go3), read(go2));
   }
 }
 
@@ -300,6 +309,56 @@ TEST_F(GpuOps, Linear) {
       Tensor go = gpu_out({M, N}, odt);
       gpu->linear(go, gpu_t(x, {M, K}), gw);
       EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2) << M << "x" << N << "x" << K;
+    }
+  }
+}
+
+// norm_linear (add_rmsnorm folded into the decode GEMV) leaves the product, the residual and the
+// normalized rows bit-identical to add_rmsnorm + linear on the same backend, and matches the CPU.
+// M 1..4 take the fused kernel (with and without a delta; BF16 and F32 outputs); 6 rows and a
+// biased weight fall back to the composition. Each case runs twice: the arrival counter must be back
+// at 0 after a call.
+TEST_F(GpuOps, NormLinearMatchesComposed) {
+  const int D = 2048;
+  const auto nw = rand_bf16(D);
+  for (auto [M, N, with_delta, bias, odt] : {std::tuple{1, 3648, true, false, DType::kBF16},
+                                             {1, 2048, false, false, DType::kF32},
+                                             {3, 2816, true, false, DType::kBF16},
+                                             {4, 1024, true, false, DType::kF32},
+                                             {6, 512, true, false, DType::kBF16},
+                                             {1, 512, true, true, DType::kBF16}}) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " delta " << with_delta << " bias "
+                                    << bias);
+    const auto r = rand_bf16(size_t(M) * D), d = rand_bf16(size_t(M) * D),
+               w = rand_bf16(size_t(N) * D, 0.05f);
+    Weight gw;
+    gw.w = gpu_t(w, {N, D});
+    if (bias) gw.bias = gpu_t(rand_bf16(N), {N});
+    const Tensor gnw = gpu_t(nw, {D}, DType::kF32), gd = gpu_t(d, {M, D}), gres = gpu_t(r, {M, D});
+    // The composition on the GPU: add_rmsnorm in place.
+    Tensor ref_res = gpu_t(r, {M, D}), ref_x = gpu_out({M, D}), ref = gpu_out({M, N}, odt);
+    gpu->normalize({ref_res, with_delta ? gd : Tensor{}, gnw, ref_x, 1e-6f, Tensor{}});
+    gpu->linear(ref, ref_x, gw);
+    // The CPU.
+    Tensor cres = cpu_t(r, {M, D}), cx = cpu_t(std::vector<float>(size_t(M) * D), {M, D});
+    Weight cw;
+    cw.w = cpu_t(w, {N, D});
+    cpu.normalize({cres, with_delta ? cpu_t(d, {M, D}) : Tensor{}, cpu_t(nw, {D}), cx, 1e-6f, Tensor{}});
+    Tensor co = cpu_t(std::vector<float>(size_t(M) * N), {M, N});
+    cpu.linear(co, cx, cw);
+    for (int rep = 0; rep < 2; ++rep) {
+      // Out of place (as the model runs it): gres stays, res_out gets the sum.
+      Tensor res_out = gpu_out({M, D}), x = gpu_out({M, D}), out = gpu_out({M, N}, odt);
+      gpu->norm_linear(out, {gres, with_delta ? gd : Tensor{}, gnw, x, 1e-6f, res_out}, gw);
+      EXPECT_EQ(read(gres), r) << "rep " << rep;
+      if (with_delta) {
+        EXPECT_EQ(read(res_out), read(ref_res)) << "rep " << rep;
+      }
+      EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
+      EXPECT_EQ(read(out), read(ref)) << "rep " << rep;
+      if (!bias) {
+        EXPECT_LE(rel_l2(read(out), read_cpu(co)), 2e-2) << "rep " << rep;
+      }
     }
   }
 }
@@ -554,6 +613,47 @@ TEST_F(GpuOps, MoeGate) {
   }
 }
 
+// norm_moe_gate (the post-attention add_rmsnorm folded into the fused gate) gives the ids, weights,
+// residual and normalized rows of add_rmsnorm + moe_gate bit for bit. T 9 and 20 span several token
+// groups; V3's T 3 rows do not fit the shared memory budget and take the composition; 40 tokens are
+// past the one-kernel gate.
+TEST_F(GpuOps, NormMoeGateMatchesComposed) {
+  struct Case {
+    RouterParams p;
+    int E, D;
+    std::vector<int> Ts;
+  };
+  for (const Case& c :
+       {Case{v2lite_router(), 64, 2048, {1, 3, 9, 20, 40}}, Case{v3_router(), 256, 7168, {1, 3}}}) {
+    const int E = c.E, D = c.D, K = c.p.top_k;
+    Weight router;
+    router.w = gpu_t(rand_bf16(size_t(E) * D, 0.05f), {E, D});
+    const Tensor bias = gpu_t(rand_bf16(E, 0.1f), {E}, DType::kF32), nw = gpu_t(rand_bf16(D), {D});
+    for (int T : c.Ts) {
+      SCOPED_TRACE(testing::Message() << "E " << E << " T " << T);
+      const auto r = rand_bf16(size_t(T) * D), d = rand_bf16(size_t(T) * D);
+      const Tensor gd = gpu_t(d, {T, D}), gres = gpu_t(r, {T, D});
+      Tensor ref_res = gpu_t(r, {T, D}), ref_x = gpu_out({T, D});
+      Tensor ref_ids = gpu_out({T, K}, DType::kI32), ref_w = gpu_out({T, K}, DType::kF32);
+      gpu->normalize({ref_res, gd, nw, ref_x, 1e-6f, Tensor{}});
+      gpu->moe_gate(ref_ids, ref_w, ref_x, router, bias, c.p);
+      for (int rep = 0; rep < 2; ++rep) {
+        Tensor res_out = gpu_out({T, D}), x = gpu_out({T, D});
+        Tensor ids = gpu_out({T, K}, DType::kI32), w = gpu_out({T, K}, DType::kF32);
+        gpu->norm_moe_gate(ids, w, {gres, gd, nw, x, 1e-6f, res_out}, router, bias, c.p);
+        EXPECT_EQ(read(gres), r) << "rep " << rep;
+        EXPECT_EQ(read(res_out), read(ref_res)) << "rep " << rep;
+        EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
+        std::vector<int32_t> got(size_t(T) * K), want(size_t(T) * K);
+        gpu->copy_to_host(ids, got.data());
+        gpu->copy_to_host(ref_ids, want.data());
+        EXPECT_EQ(got, want) << "rep " << rep;
+        EXPECT_EQ(read(w), read(ref_w)) << "rep " << rep;
+      }
+    }
+  }
+}
+
 // The decode (GEMV) path of moe_experts is deterministic: the same inputs give bit-identical outputs,
 // call after call (the plan's row order may vary, the values may not), and agree with the CPU. Half
 // the tokens pick from 12 of the 64 experts, so experts get many rows (several 4-row groups).
@@ -597,6 +697,45 @@ TEST_F(GpuOps, MoeExpertsGemvDeterministic) {
           EXPECT_EQ(bits, first) << "rep " << rep;
         }
       }
+    }
+  }
+}
+
+// One token's experts take the unplanned kernels (flat gate-up, down with the weighted sum fused):
+// at V2-Lite's widths (D 2048, I 1408, shared 2816; 1408 / 8 chunks do not fill whole 32-lane rounds)
+// and V3's top-8, bit-identical to the planned GEMV path and within bf16 error of the CPU.
+TEST_F(GpuOps, MoeExpertsOneTokenMatchesPlanned) {
+  CudaOps planned(CudaOptions{0, std::nullopt, /*token_experts=*/false});
+  struct Case {
+    int D, I, E, K;
+  };
+  for (const Case c : {Case{2048, 1408, 10, 6}, Case{1024, 256, 12, 8}}) {
+    const Experts ex = make_experts(*gpu, c.D, c.I, c.E);
+    for (bool with_shared : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "D " << c.D << " K " << c.K << " shared " << with_shared);
+      const ExpertWeights* cs = with_shared ? &ex.cpu_shared : nullptr;
+      const ExpertWeights* gs = with_shared ? &ex.gpu_shared : nullptr;
+      auto x = rand_bf16(size_t(c.D));
+      std::vector<int> perm(c.E);
+      for (int e = 0; e < c.E; ++e) perm[e] = e;
+      std::shuffle(perm.begin(), perm.end(), rng());
+      std::vector<int32_t> ids(perm.begin(), perm.begin() + c.K);
+      std::vector<float> w(size_t(c.K));
+      std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+      for (auto& v : w) v = ud(rng());
+      Tensor co = cpu_t(std::vector<float>(size_t(c.D)), {1, c.D});
+      cpu.moe_experts(co, cpu_t(x, {1, c.D}), Tensor::make(ids.data(), DType::kI32, {1, c.K}),
+                      Tensor::make(w.data(), DType::kF32, {1, c.K}), ex.cpu, cs);
+      const Tensor gx = gpu_t(x, {1, c.D}), gw = gpu_t(w, {1, c.K}, DType::kF32);
+      Tensor gid = gpu->scratch(DType::kI32, {1, c.K});
+      gpu->copy_from_host(gid, ids.data());
+      Tensor go = gpu_out({1, c.D}), po = gpu_out({1, c.D});
+      gpu->moe_experts(go, gx, gid, gw, ex.gpu, gs);
+      gpu->synchronize();  // `planned` runs on its own stream
+      planned.moe_experts(po, gx, gid, gw, ex.gpu, gs);
+      planned.synchronize();
+      EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2);
+      EXPECT_EQ(read(go), read(po));
     }
   }
 }

@@ -170,6 +170,15 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
   return acc;
 }
 
+// Thread 0 of a block, between two __syncthreads(): counts the block in and returns the count before.
+// Release: the block's writes before the barrier are visible to whoever sees the count; acquire: the
+// writes of the blocks counted before are visible to this block after the second barrier.
+__device__ __forceinline__ int arrive(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* red /* [33] shared */) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -284,6 +293,8 @@ struct beluga::CudaOps::ExpertTable {
   const void* const* ptrs = nullptr;  // gate[ne], up[ne], down[ne] (BF16 [I, D], [I, D], [D, I])
   const int* inter = nullptr;         // I of each expert
   int ne = 0, i_max = 0, d = 0;
+  int i_routed = 0;  // the routed experts' common width (0: they differ)
+  int i_shared = 0;  // the shared expert's width (0: none)
   ExpertTable() = default;
   ExpertTable(const ExpertTable&) = delete;
   ExpertTable& operator=(const ExpertTable&) = delete;

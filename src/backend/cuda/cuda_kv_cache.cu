@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -23,22 +24,18 @@ __global__ void cache_write_kernel(bf16* cache, int D, const bf16* e, int64_t ld
 }
 
 // One block per token: MLA's prologue in one pass (see Ops::mla_prepare). The arithmetic is that of
-// rmsnorm_kernel and rope_kernel (F32 from BF16 inputs, one rounding per output).
+// rmsnorm_kernel (its sum order: `vec_rows` as it decides) and rope_kernel (F32 from BF16 inputs, one
+// rounding per output).
 __global__ void mla_prepare_kernel(bf16* cache, int entry, const bf16* kva, int64_t ldk, int r, VecRef w,
                                    float eps, bf16* qpe, int64_t q0, int64_t q1, int H, bf16* qout,
                                    int64_t o0, int64_t o1, const int32_t* pos, const int32_t* slots,
-                                   const float* cos_t, const float* sin_t, int half, bool interleaved) {
+                                   const float* cos_t, const float* sin_t, int half, bool interleaved,
+                                   bool vec_rows) {
   pdl_entry();
   __shared__ float red[33];
   const int t = blockIdx.x;
   const bf16* kr = kva + int64_t(t) * ldk;
-  float ss = 0;
-  for (int d = threadIdx.x; d < r; d += blockDim.x) {
-    const float f = to_f(kr[d]);
-    ss += f * f;
-  }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(r) + eps);
+  const float inv = rsqrtf(block_row_sumsq(kr, r, vec_rows, red) / float(r) + eps);
   const int slot = slots[t], p = pos[t];
   const float* ct = cos_t + int64_t(p) * half;
   const float* st = sin_t + int64_t(p) * half;
@@ -114,11 +111,12 @@ void CudaOps::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w,
                      q_pe_out.shape[1] == H && q_pe_out.shape[2] == rope.rotary_dim)),
                "mla_prepare: shapes ", kva.describe(), " ", q_pe.describe(), " ", cache.describe());
   if (T == 0) return;
-  launch(mla_prepare_kernel, T, 128, 0, S(stream_), cache.ptr<bf16>(), width, kva.ptr<const bf16>(),
+  launch(mla_prepare_kernel, T, kNormThreads, 0, S(stream_), cache.ptr<bf16>(), width, kva.ptr<const bf16>(),
          kva.stride[0], r, vec(norm_w), eps, q_pe.ptr<bf16>(), q_pe.stride[0], q_pe.stride[1], H,
          q_pe_out.empty() ? nullptr : q_pe_out.ptr<bf16>(), q_pe_out.empty() ? 0 : q_pe_out.stride[0],
          q_pe_out.empty() ? 0 : q_pe_out.stride[1], positions.ptr<const int32_t>(), m.slot_mapping,
-         rope.cos.ptr<const float>(), rope.sin.ptr<const float>(), half, rope.interleaved);
+         rope.cos.ptr<const float>(), rope.sin.ptr<const float>(), half, rope.interleaved,
+         r % 8 == 0 && kva.stride[0] % 8 == 0 && aligned16(kva.data) && aligned16(norm_w.data));
   BELUGA_LAUNCH_CHECK();
 }
 

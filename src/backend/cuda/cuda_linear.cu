@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -65,6 +66,46 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
     for (int o = kLanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (sub == 0 && ok) store_out(out + r * ldo + u, v);
+  }
+}
+
+// norm_linear for M <= kGemvRows rows: every block normalizes the input rows into shared memory
+// (block_rmsnorm_rows; block 0 also stores them) while its weight rows are prefetched into L2, then
+// runs gemv_kernel's products (32 lanes per unit, same order: same bits).
+template <typename OutT>
+__global__ void __launch_bounds__(kGemvThreads)
+    norm_gemv_kernel(OutT* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N, NormArgs n) {
+  extern __shared__ __align__(16) unsigned char norm_smem[];
+  bf16* xs = reinterpret_cast<bf16*>(norm_smem);  // [M, D]
+  const int lane = threadIdx.x & 31, K8 = n.D / 8;
+  const int u = (blockIdx.x * kGemvThreads + threadIdx.x) / 32;
+  const bool ok = u < N;
+  const bf16* wr = w + int64_t(u) * ldw;
+  pdl_entry();
+  // The unit's weight row into L2 while the block normalizes (128-byte lines, one per lane at a time).
+  if (ok)
+    for (int l = lane; l < K8 / 8; l += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
+  block_rmsnorm_rows<kGemvRows>(n, 0, M, xs, n.D, xs, n.D, blockIdx.x == 0);
+  constexpr int U = 4;
+  float acc[kGemvRows] = {};
+  for (int k0 = lane; k0 < K8; k0 += 32 * U) {
+    uint4 wv[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) wv[j] = ok && k0 + 32 * j < K8 ? ld_stream(wr + (k0 + 32 * j) * 8) : uint4{};
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int k8 = k0 + 32 * j;
+      if (k8 >= K8) break;
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r)
+        if (r < M) acc[r] += dot8(wv[j], reinterpret_cast<const uint4*>(xs + r * n.D)[k8]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    if (r >= M) break;
+    const float v = warp_sum(acc[r]);
+    if (lane == 0 && ok) store_out(out + r * ldo + u, v);
   }
 }
 
@@ -192,6 +233,35 @@ void CudaOps::linear(Tensor out, const Tensor& x, const Weight& w) {
              vec(w.bias), M, N);
     BELUGA_LAUNCH_CHECK();
   }
+}
+
+void CudaOps::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
+  const int M = int(in.out.shape[0]), D = int(in.out.shape[1]), N = int(w.out_features());
+  NormArgs na{};
+  // Decode-sized inputs (rows in 48 KB of shared memory) whose product takes the 32-lane GEMV.
+  bool fused = M >= 1 && M <= kGemvRows && int64_t(M) * D * 2 <= (48 << 10) && D / 8 > 16 && N >= 256 &&
+               w.bias.empty() && w.in_features() == D && out.ndim == 2 && out.stride[1] == 1 &&
+               out.shape[0] == M && out.shape[1] == N &&
+               (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && norm_args(in, &na);
+  const Tensor* wb = nullptr;
+  if (fused) {
+    wb = &bf16_weight(w.w, w.scale, w.block_n, w.block_k);
+    fused = wb->stride[1] == 1 && wb->stride[0] % 8 == 0 && aligned16(wb->data);
+  }
+  if (!fused) {
+    Ops::norm_linear(out, in, w);
+    return;
+  }
+  Prof prof_scope(this, "norm_linear");
+  const int grid = int(ceil_div(int64_t(N) * 32, kGemvThreads));
+  const size_t smem = size_t(M) * D * 2;
+  if (out.dtype == DType::kF32)
+    launch(norm_gemv_kernel<float>, grid, kGemvThreads, smem, S(stream_), out.ptr<float>(), out.stride[0],
+           wb->ptr<const bf16>(), wb->stride[0], M, N, na);
+  else
+    launch(norm_gemv_kernel<bf16>, grid, kGemvThreads, smem, S(stream_), out.ptr<bf16>(), out.stride[0],
+           wb->ptr<const bf16>(), wb->stride[0], M, N, na);
+  BELUGA_LAUNCH_CHECK();
 }
 
 void CudaOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w_in) {

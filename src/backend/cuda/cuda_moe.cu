@@ -362,6 +362,10 @@ const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights>
                  "moe_experts: biases unsupported");
     t->i_max = std::max(t->i_max, inter[e]);
   }
+  t->i_routed = inter[0];
+  for (int e = 1; e < E; ++e)
+    if (inter[e] != t->i_routed) t->i_routed = 0;
+  t->i_shared = shared ? inter[E] : 0;
   const size_t pbytes = ptrs.size() * sizeof(void*);
   BELUGA_CUDA_CHECK(cudaMalloc(&t->dev, pbytes + inter.size() * sizeof(int)));
   BELUGA_CUDA_CHECK(cudaMemcpy(t->dev, ptrs.data(), pbytes, cudaMemcpyHostToDevice));
@@ -388,6 +392,10 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   const int E = int(experts.size()), ne = tab.ne;
   const int R = T * K + (shared ? T : 0);
   const ScratchMark mark = scratch_mark();  // plan, H, Y and the per-expert buffers: this op's own
+  if (token_experts(out, x, ids, weights, tab, shared != nullptr)) {
+    scratch_release(mark);  // drops any plan the gate left
+    return;
+  }
   // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32 rows; 128 from
   // 64 rows when cuBLAS is not used), and from 64 rows per expert cuBLAS: grouped GEMM calls below 512
   // rows (2K prefill on V2-Lite: 55.9 -> 49.9 ms against the tile kernel) and one GEMM per expert and

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_moe_plan.cuh"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -145,15 +146,6 @@ constexpr int kGateThreads = 256, kGateWarps = kGateThreads / 32, kGateTok = kGa
 constexpr int kGateMaxT = 32, kGateMaxE = 512;
 constexpr int kGateCounters = kGateMaxT / kGateTok;  // one per token group
 
-// Thread 0 of a block, between two __syncthreads(): counts the block in and returns the count before.
-// Release: the block's writes before the barrier are visible to whoever sees the count; acquire: the
-// writes of the blocks counted before are visible to this block after the second barrier.
-__device__ __forceinline__ int arrive(int* counter) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
-  return old;
-}
-
 struct GateArgs {
   const bf16* x;
   int64_t ldx;
@@ -161,12 +153,17 @@ struct GateArgs {
   int K8;         // D / 8
   float* logits;  // F32 [T, E] scratch; r.logits points to it
   int* counters;  // [kGateCounters + 1]: per token group, then the groups that have routed
-  int* plan;      // GatePlanLayout(T, K, E)
+  int* plan;      // GatePlanLayout(T, K, E); null: no plan (one token takes the unplanned path)
   RouteArgs r;
+  NormArgs norm;  // kNorm: x is norm's input still to be normalized (norm_moe_gate)
 };
 
+// kNorm: each block first normalizes its group's rows into shared memory after the routing scratch
+// (block_rmsnorm_rows; block 0 also stores them and the new residual rows).
+template <bool kNorm>
 __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
-  extern __shared__ float gate_sm[];  // routing scratch: [kGateWarps][2 E]
+  static_assert(kGateThreads == kNormThreads);
+  extern __shared__ __align__(16) float gate_sm[];  // routing scratch: [kGateWarps][2 E]; rows [nt][D]
   __shared__ float red[kGateWarps][kGateTok];
   __shared__ bool s_last;
   const int e = blockIdx.x, E = g.r.E;
@@ -174,6 +171,13 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
   pdl_entry();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t0 = blockIdx.y * kGateTok, nt = min(kGateTok, g.r.T - t0);
+  bf16* xs = reinterpret_cast<bf16*>(gate_sm + kGateWarps * 2 * E);
+  if (kNorm) {
+    // The router row into L2 while the block normalizes.
+    for (int l = threadIdx.x; l < g.K8 / 8; l += kGateThreads)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
+    block_rmsnorm_rows<kGateTok>(g.norm, t0, nt, xs, g.norm.D, xs, g.norm.D, blockIdx.x == 0);
+  }
   float acc[kGateTok] = {};
   for (int c0 = threadIdx.x; c0 < g.K8; c0 += kGateThreads * kGateLoads) {
     uint4 wv[kGateLoads];
@@ -188,7 +192,9 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
       if (c >= g.K8) break;
 #pragma unroll
       for (int r = 0; r < kGateTok; ++r)
-        if (r < nt) acc[r] += dot8(wv[j], __ldg(reinterpret_cast<const uint4*>(g.x + (t0 + r) * g.ldx) + c));
+        if (r < nt)
+          acc[r] += dot8(wv[j], kNorm ? reinterpret_cast<const uint4*>(xs + r * g.norm.D)[c]
+                                      : __ldg(reinterpret_cast<const uint4*>(g.x + (t0 + r) * g.ldx) + c));
     }
   }
 #pragma unroll
@@ -211,6 +217,7 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
   // Every block of the group has arrived, and the next kernel reading this slot starts after this
   // grid completes: a plain store resets it.
   if (threadIdx.x == 0) g.counters[blockIdx.y] = 0;
+  if (!g.plan) return;
   // The last group to finish routing plans the experts' rows for moe_experts (saves its plan kernel).
   __syncthreads();
   if (threadIdx.x == 0) s_last = arrive(&g.counters[kGateCounters]) == int(gridDim.y) - 1;
@@ -268,22 +275,37 @@ void CudaOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const 
 
 void CudaOps::moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
                        const RouterParams& p) {
+  if (!fused_gate(ids, weights, x, router, bias, p, nullptr))
+    Ops::moe_gate(ids, weights, x, router, bias, p);  // its moe_route drops any earlier plan
+}
+
+void CudaOps::norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, const Weight& router,
+                            const Tensor& bias, const RouterParams& p) {
+  if (!fused_gate(ids, weights, in.out, router, bias, p, &in))
+    Ops::norm_moe_gate(ids, weights, in, router, bias, p);  // normalize, then (maybe fused) moe_gate
+}
+
+bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router,
+                         const Tensor& bias, const RouterParams& p, const NormedInput* norm) {
   const int T = int(x.shape[0]), D = int(x.shape[1]), E = int(router.out_features());
   // One kernel for a few tokens (see kGateMaxT) with GEMV-friendly operands; else router GEMM + route.
+  // With a norm, the group's rows must also fit in shared memory (48 KB in all).
+  const size_t route_smem = size_t(kGateWarps) * 2 * E * sizeof(float);
+  const size_t smem = route_smem + (norm ? size_t(std::min(T, kGateTok)) * D * 2 : 0);
+  NormArgs na{};
   bool fused = T >= 1 && T <= kGateMaxT && E <= kGateMaxE && x.dtype == DType::kBF16 && x.ndim == 2 &&
                x.stride[1] == 1 && router.bias.empty() && router.in_features() == D && D % 8 == 0 &&
-               x.stride[0] % 8 == 0 && aligned16(x.data);
+               x.stride[0] % 8 == 0 && aligned16(x.data) && smem <= (48 << 10) &&
+               (!norm || norm_args(*norm, &na));
   Tensor wb;
   if (fused) {
     wb = bf16_weight(router.w, router.scale, router.block_n, router.block_k);
     fused = wb.ndim == 2 && wb.is_contiguous() && aligned16(wb.data);
   }
-  if (!fused) {
-    Ops::moe_gate(ids, weights, x, router, bias, p);  // its moe_route drops any earlier plan
-    return;
-  }
-  Prof prof_scope(this, "moe_gate");
+  if (!fused) return false;
+  Prof prof_scope(this, norm ? "norm_moe_gate" : "moe_gate");
   GateArgs g{};
+  g.norm = na;
   g.r = route_args(ids, weights, T, E, bias, p);
   const ScratchMark mark = scratch_mark();
   Tensor logits = scratch(DType::kF32, {T, E});  // only this op's kernel reads it
@@ -296,17 +318,19 @@ void CudaOps::moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight
   g.K8 = D / 8;
   g.counters = arrival_counters(kGateCounters + 1);
   const GatePlanLayout L(T, p.top_k, E);
-  if (L.total > gate_plan_capacity_) {
+  const bool plan = T > 1 || !token_experts_;
+  if (plan && L.total > gate_plan_capacity_) {
     BELUGA_CHECK(!capturing(S(stream_)), "moe_gate: the plan buffer must grow before graph capture");
     gate_plan_buf_ = alloc_persistent(DType::kI32, {L.total}).ptr<int>();
     gate_plan_capacity_ = L.total;
   }
-  g.plan = gate_plan_buf_;
+  g.plan = plan ? gate_plan_buf_ : nullptr;
   const dim3 grid(unsigned(E), unsigned(ceil_div(T, kGateTok)));
-  launch(moe_gate_kernel, grid, kGateThreads, size_t(kGateWarps) * 2 * E * sizeof(float), S(stream_), g);
+  launch(norm ? moe_gate_kernel<true> : moe_gate_kernel<false>, grid, kGateThreads, smem, S(stream_), g);
   BELUGA_LAUNCH_CHECK();
   scratch_release(mark);
-  gate_plan_ = {ids.data, T, p.top_k, E};
+  if (plan) gate_plan_ = {ids.data, T, p.top_k, E};
+  return true;
 }
 
 }  // namespace beluga

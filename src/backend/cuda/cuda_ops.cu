@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -90,33 +91,26 @@ __global__ void argmax_kernel(int32_t* ids, const float* logits, int64_t ld, int
   }
 }
 
-// One block per row. out = w * (x / rms(x)); with `res`, first res += x and normalise res.
-__global__ void rmsnorm_kernel(bf16* out, int64_t ldo, const bf16* x, int64_t ldx, bf16* res, int64_t ldr,
-                               VecRef w, int D, float eps) {
+// One block per row, in block_rmsnorm_rows' order (element-strided when the rows are not in 16-byte
+// chunks): res_out = residual + delta when there is a delta, out = w * (that / rms(that)).
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(NormArgs n, bool vectorized) {
   pdl_entry();
   __shared__ float red[33];
-  const int64_t r = blockIdx.x;
-  const bf16* xr = x + r * ldx;
-  bf16* o = out + r * ldo;
-  float ss = 0;
-  if (res) {
-    bf16* rr = res + r * ldr;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      const bf16 v = __float2bfloat16(to_f(rr[d]) + to_f(xr[d]));
-      rr[d] = v;
-      const float f = to_f(v);
-      ss += f * f;
-    }
-  } else {
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      const float f = to_f(xr[d]);
-      ss += f * f;
-    }
+  const int r = blockIdx.x;
+  bf16* dst = n.out + int64_t(r) * n.ldo;
+  bf16* sum = n.delta ? n.res_out + int64_t(r) * n.ldro : nullptr;
+  if (vectorized) {
+    block_rmsnorm_rows<1>(n, r, 1, sum, 0, dst, 0, false);
+    return;
   }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(D) + eps);
-  const bf16* src = res ? res + r * ldr : xr;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) o[d] = __float2bfloat16(w[d] * (to_f(src[d]) * inv));
+  const bf16* res = n.residual + int64_t(r) * n.ldr;
+  if (sum)
+    for (int d = threadIdx.x; d < n.D; d += kNormThreads)
+      sum[d] = __float2bfloat16(to_f(res[d]) + to_f(n.delta[int64_t(r) * n.ldd + d]));
+  const bf16* src = sum ? sum : res;  // each thread reads back only what it wrote
+  const float inv = rsqrtf(block_row_sumsq(src, n.D, false, red) / float(n.D) + n.eps);
+  for (int d = threadIdx.x; d < n.D; d += kNormThreads)
+    dst[d] = __float2bfloat16(n.w[d] * (to_f(src[d]) * inv));
 }
 
 __global__ void add_kernel(bf16* out, int64_t ldo, const bf16* a, int64_t lda, const bf16* b, int64_t ldb,
@@ -202,6 +196,7 @@ CudaOps::CudaOps(CudaOptions opt) {
   sm_count_ = prop.multiProcessorCount;
   const char* prof = std::getenv("BELUGA_CUDA_PROFILE");
   profile_ = prof && std::string(prof) == "1";
+  token_experts_ = opt.token_experts;
   if (opt.moe_prefill) {
     moe_prefill_ = *opt.moe_prefill;
   } else if (const char* m = std::getenv("BELUGA_MOE_PREFILL")) {
@@ -470,26 +465,43 @@ void CudaOps::argmax_rows(Tensor ids, const Tensor& logits) {
 }
 
 void CudaOps::rmsnorm(Tensor out, const Tensor& x, const Tensor& w, float eps) {
-  Prof prof_scope(this, "rmsnorm");
-  check_bf16_rows(out, "rmsnorm output");
-  check_bf16_rows(x, "rmsnorm input");
-  const int R = int(x.shape[0]), D = int(x.shape[1]);
-  BELUGA_CHECK(w.numel() == D && out.shape[1] == D && out.shape[0] == R, "rmsnorm: shapes");
-  if (R == 0) return;
-  launch(rmsnorm_kernel, R, D >= 1024 ? 512 : 128, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
-         x.ptr<const bf16>(), x.stride[0], nullptr, 0, vec(w), D, eps);
-  BELUGA_LAUNCH_CHECK();
+  normalize({x, Tensor{}, w, out, eps, Tensor{}});
 }
 
 void CudaOps::add_rmsnorm(Tensor residual, const Tensor& x, Tensor out, const Tensor& w, float eps) {
-  Prof prof_scope(this, "add_rmsnorm");
-  check_bf16_rows(out, "add_rmsnorm output");
-  check_bf16_rows(x, "add_rmsnorm input");
-  check_bf16_rows(residual, "add_rmsnorm residual");
-  const int R = int(x.shape[0]), D = int(x.shape[1]);
+  normalize({residual, x, w, out, eps, residual});
+}
+
+void CudaOps::normalize(const NormedInput& in) {
+  Prof prof_scope(this, in.delta.empty() ? "rmsnorm" : "add_rmsnorm");
+  check_bf16_rows(in.out, "rmsnorm output");
+  check_bf16_rows(in.residual, "rmsnorm input");
+  const bool add = !in.delta.empty();
+  const Tensor& ro = in.residual_out.empty() ? in.residual : in.residual_out;
+  if (add) {
+    check_bf16_rows(in.delta, "add_rmsnorm delta");
+    check_bf16_rows(ro, "add_rmsnorm residual output");
+  }
+  const int R = int(in.residual.shape[0]), D = int(in.residual.shape[1]);
+  BELUGA_CHECK(in.w.numel() == D && in.out.shape[0] == R && in.out.shape[1] == D &&
+                   (!add || (in.delta.shape == in.residual.shape && ro.shape == in.residual.shape)),
+               "rmsnorm: shapes");
   if (R == 0) return;
-  launch(rmsnorm_kernel, R, D >= 1024 ? 512 : 128, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
-         x.ptr<const bf16>(), x.stride[0], residual.ptr<bf16>(), residual.stride[0], vec(w), D, eps);
+  auto vec_rows = [](const Tensor& t) { return t.stride[0] % 8 == 0 && aligned16(t.data); };
+  const bool vectorized = D % 8 == 0 && vec_rows(in.residual) && vec_rows(in.out) && aligned16(in.w.data) &&
+                          (!add || (vec_rows(in.delta) && vec_rows(ro)));
+  const NormArgs n{in.residual.ptr<const bf16>(),
+                   in.residual.stride[0],
+                   add ? in.delta.ptr<const bf16>() : nullptr,
+                   add ? in.delta.stride[0] : 0,
+                   add ? const_cast<bf16*>(ro.ptr<const bf16>()) : nullptr,
+                   add ? ro.stride[0] : 0,
+                   vec(in.w),
+                   in.eps,
+                   in.out.ptr<bf16>(),
+                   in.out.stride[0],
+                   D};
+  launch(rmsnorm_kernel, R, kNormThreads, 0, S(stream_), n, vectorized);
   BELUGA_LAUNCH_CHECK();
 }
 

@@ -25,6 +25,7 @@ enum class MoePrefill { kAuto, kKernel, kPerExpert, kCublasGrouped };
 struct CudaOptions {
   int device = 0;
   std::optional<MoePrefill> moe_prefill;
+  bool token_experts = true;  // false: one token's experts take the planned GEMV path too (tests)
 };
 
 class CudaOps final : public Ops {
@@ -71,6 +72,10 @@ class CudaOps final : public Ops {
 
   void moe_route(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
                  const RouterParams& p) override;
+  void normalize(const NormedInput& in) override;
+  void norm_linear(Tensor out, const NormedInput& in, const Weight& w) override;
+  void norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, const Weight& router,
+                     const Tensor& bias, const RouterParams& p) override;
   void moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
                 const RouterParams& p) override;
   void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -132,6 +137,14 @@ class CudaOps final : public Ops {
   // no per-expert host launches, so it pays off at fewer rows per expert. False: unsupported here.
   bool run_expert_gemms_grouped(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
                                 const ExpertWeights* shared, const int* start, const int* row_token, int R);
+  // moe_gate (or norm_moe_gate, with `norm`) as one kernel for up to 32 tokens; false: not applicable
+  // here, nothing enqueued.
+  bool fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
+                  const RouterParams& p, const NormedInput* norm);
+  // One token's experts (decode at batch 1): gate-up over a flat list of the token's hidden units,
+  // down with the weighted sum fused (cuda_moe_token.cu). False: not applicable, nothing enqueued.
+  bool token_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                     const ExpertTable& tab, bool shared);
   // n zeroed counters for kernels whose last block to finish does a final step (it counts itself in
   // with an atomic and leaves the counter at zero again, so graph replays find them zeroed). Kernels
   // run one at a time, so all share one buffer (kArrivalCounters, allocated at start).
@@ -148,6 +161,7 @@ class CudaOps final : public Ops {
   int* gate_plan_buf_ = nullptr;
   int64_t gate_plan_capacity_ = 0;
   MoePrefill moe_prefill_ = MoePrefill::kAuto;
+  bool token_experts_ = true;
   // Streams for independent work within one op, each with its own cuBLAS handle and workspace (a
   // workspace must not be shared by GEMMs that run at the same time); made on first use.
   static constexpr int kSideStreams = 4;
