@@ -62,6 +62,16 @@ struct RouterParams {
   float routed_scaling_factor = 1.0f;
 };
 
+// A MoE feed-forward layer as the ops see it: router, selection bias (empty: none), routing
+// parameters, the routed experts and the shared one (null: none).
+struct MoeLayerRef {
+  const Weight& router;
+  const Tensor& bias;
+  const RouterParams& params;
+  std::span<const ExpertWeights> experts;
+  const ExpertWeights* shared;
+};
+
 // A sublayer's input still to be formed (pre-norm residual blocks): residual += delta (nothing to add
 // when delta is empty), out = rmsnorm(residual) * w. An op that takes it leaves residual and out as
 // add_rmsnorm would, so later ops read `out`.
@@ -153,6 +163,10 @@ class Ops {
   // normalize(in), then moe_gate(ids, weights, in.out, ...), fusable as norm_linear is.
   virtual void norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, const Weight& router,
                              const Tensor& bias, const RouterParams& p);
+  // The whole MoE feed-forward: out = moe_experts(x, norm_moe_gate(in)) with x = in.out. The shared
+  // expert does not depend on the routing, so a backend may run the two side by side; the default
+  // composes the ops.
+  virtual void moe(Tensor out, const NormedInput& in, const MoeLayerRef& m);
   // out [T, D] = sum_i weights[t,i] * E_{ids[t,i]}(x[t]) (+ shared(x[t]) when given),
   // E(x) = down(silu(gate x) * up x).
   virtual void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -167,6 +181,12 @@ class Ops {
   virtual void mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
                            Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
                            const AttnMeta& m);
+  // mla_prepare, and the absorbed query's latent part q_lat [T, H, r] = linear_heads(q_nope [T, H,
+  // nope], w_uk_t [H, r, nope]): independent of the prologue (other columns), so a backend may run
+  // both in one launch. The default runs them one after the other.
+  virtual void mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
+                                    Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
+                                    const AttnMeta& m, Tensor q_lat, const Tensor& q_nope, const Tensor& w_uk_t);
   // MLA absorbed: q [T, H, r + rope] against cache rows [c_kv (r) | k_pe (rope)];
   // out [T, H, r] = sum_j p_j c_kv_j (the latent output, before W_UV).
   virtual void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
@@ -199,6 +219,14 @@ inline void Ops::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm
   if (!q_pe_out.empty()) copy(q_pe_out, q_pe);
 }
 
+inline void Ops::mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps,
+                                      Tensor q_pe, Tensor q_pe_out, const Tensor& positions,
+                                      const RopeTable& rope, const AttnMeta& m, Tensor q_lat,
+                                      const Tensor& q_nope, const Tensor& w_uk_t) {
+  mla_prepare(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m);
+  linear_heads(q_lat, q_nope, w_uk_t);
+}
+
 inline void Ops::normalize(const NormedInput& in) {
   if (in.delta.empty()) {
     rmsnorm(in.out, in.residual, in.w, in.eps);
@@ -219,6 +247,14 @@ inline void Ops::norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in
                                const Tensor& bias, const RouterParams& p) {
   normalize(in);
   moe_gate(ids, weights, in.out, router, bias, p);
+}
+
+inline void Ops::moe(Tensor out, const NormedInput& in, const MoeLayerRef& m) {
+  const int64_t T = in.out.shape[0], K = m.params.top_k;
+  Tensor ids = scratch(DType::kI32, {T, K});
+  Tensor weights = scratch(DType::kF32, {T, K});
+  norm_moe_gate(ids, weights, in, m.router, m.bias, m.params);
+  moe_experts(out, in.out, ids, weights, m.experts, m.shared);
 }
 
 inline void Ops::moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router,

@@ -209,17 +209,18 @@ class DeepseekModel final : public Model {
     Tensor q3 = split_heads(q, H, nope + rope);
     // The latent [normed c_kv | rotated k_pe] goes to the cache; the rotated q_pe stays in q3 and, for
     // the absorbed form, also lands in qlat's rope columns.
-    Tensor qlat = absorbed ? ops.scratch(act, {T, H, r + rope}) : Tensor{};
-    ops.mla_prepare(cache, kva, a.kv_a_norm, float(c.rms_norm_eps), q3.cols(nope, nope + rope),
-                    absorbed ? qlat.cols(r, r + rope) : Tensor{}, pos, rope_, meta);
-
+    const float eps = float(c.rms_norm_eps);
     Tensor o = ops.scratch(act, {T, H, v});
     if (absorbed) {
-      ops.linear_heads(qlat.cols(0, r), q3.cols(0, nope), a.w_uk_t);
+      // The query in latent space: [q_nope W_UK | rotated q_pe] per head.
+      Tensor qlat = ops.scratch(act, {T, H, r + rope});
+      ops.mla_prepare_absorbed(cache, kva, a.kv_a_norm, eps, q3.cols(nope, nope + rope), qlat.cols(r, r + rope),
+                               pos, rope_, meta, qlat.cols(0, r), q3.cols(0, nope), a.w_uk_t);
       Tensor olat = ops.scratch(act, {T, H, r});
       ops.mla_attention_absorbed(olat, qlat, cache, meta, int(r), scale_);
       ops.linear_heads(o, olat, a.w_uv);
     } else {
+      ops.mla_prepare(cache, kva, a.kv_a_norm, eps, q3.cols(nope, nope + rope), Tensor{}, pos, rope_, meta);
       int64_t C = 0;
       for (int s = 0; s < meta.num_seqs; ++s)
         C += meta.h_context_len[s] + meta.h_query_start[s + 1] - meta.h_query_start[s];
@@ -235,13 +236,9 @@ class DeepseekModel final : public Model {
   }
 
   void moe(const Layer& L, const NormedInput& in, Tensor out) {
-    const auto& c = cfg_;
-    const int64_t T = in.out.shape[0], K = c.num_experts_per_tok;
-    Tensor ids = ops_.scratch(DType::kI32, {T, K});
-    Tensor w = ops_.scratch(DType::kF32, {T, K});
-    ops_.norm_moe_gate(ids, w, in, L.moe.router, L.moe.bias, router_);
-    ops_.moe_experts(out, in.out, ids, w, L.moe.experts,
-                     L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared);
+    ops_.moe(out, in,
+             {L.moe.router, L.moe.bias, router_, L.moe.experts,
+              L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared});
   }
 
   std::vector<Layer> layers_;

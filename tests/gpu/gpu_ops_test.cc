@@ -238,46 +238,63 @@ TEST_F(GpuOps, Rope) {
 
 // The fused MLA prologue equals the composition of the primitive ops it replaces (Ops' default),
 // bit for bit: cache rows (a padding row with slot -1 writes nothing), q_pe in place, and its copy.
+// mla_prepare's one kernel against the composed ops (rmsnorm, copy, rope, cache_write), and
+// mla_prepare_absorbed (the prologue and q_nope W_UK in one launch for T <= 4) against mla_prepare +
+// linear_heads, bit for bit: cache rows, rotated q_pe in place and in q_lat, and q_lat's latent part.
 TEST_F(GpuOps, MlaPrepareMatchesComposedOps) {
-  for (bool inter : {true, false}) {
-    const int T = 6, H = 16, dim = 64, P = 512, r = 512, W = r + dim, blocks = 2;
-    std::vector<float> cs(size_t(P) * dim / 2), sn(cs.size());
-    for (int p = 0; p < P; ++p)
-      for (int i = 0; i < dim / 2; ++i) {
-        cs[size_t(p) * dim / 2 + i] = std::cos(p * std::pow(10000.0f, -2.0f * i / dim));
-        sn[size_t(p) * dim / 2 + i] = std::sin(p * std::pow(10000.0f, -2.0f * i / dim));
+  const int H = 16, dim = 64, P = 512, r = 512, W = r + dim, blocks = 2, nope = 128;
+  const std::vector<int32_t> pos_all = {0, 5, 77, 300, 511, 9}, slots_all = {3, 64, 100, -1, 127, 0};
+  const auto wuk = rand_bf16(size_t(H) * r * nope, 0.05f);
+  for (int T : {6, 3, 1}) {
+    for (bool inter : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "T " << T << " interleaved " << inter);
+      std::vector<float> cs(size_t(P) * dim / 2), sn(cs.size());
+      for (int p = 0; p < P; ++p)
+        for (int i = 0; i < dim / 2; ++i) {
+          cs[size_t(p) * dim / 2 + i] = std::cos(p * std::pow(10000.0f, -2.0f * i / dim));
+          sn[size_t(p) * dim / 2 + i] = std::sin(p * std::pow(10000.0f, -2.0f * i / dim));
+        }
+      RopeTable rt{gpu_t(cs, {P, dim / 2}, DType::kF32), gpu_t(sn, {P, dim / 2}, DType::kF32), dim, inter};
+      const std::vector<int32_t> pos(pos_all.begin(), pos_all.begin() + T),
+          slots(slots_all.begin(), slots_all.begin() + T);
+      AttnMeta m;
+      m.num_tokens = T;
+      m.slot_mapping = gpu_i32(slots).ptr<const int32_t>();
+      const Tensor gpos = gpu_i32(pos), gwuk = gpu_t(wuk, {H, r, nope});
+      const auto kva = rand_bf16(size_t(T) * W), q = rand_bf16(size_t(T) * H * 192), w = rand_bf16(r);
+      const auto cache0 = rand_bf16(size_t(blocks) * 64 * W);
+      // Modes: 0 mla_prepare, 1 the composed ops, 2 mla_prepare_absorbed, 3 mla_prepare + linear_heads.
+      std::vector<float> res[4][3];
+      for (int mode = 0; mode < 4; ++mode) {
+        Tensor cache = gpu_t(cache0, {blocks, 64, W});
+        Tensor gq = gpu_t(q, {T, H, 192});
+        Tensor out = gpu_out({T, H, W});
+        const Tensor gk = gpu_t(kva, {T, W}), gw = gpu_t(w, {r});
+        if (mode == 0) gpu->mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
+        if (mode == 1) gpu->Ops::mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
+        if (mode == 2)
+          gpu->mla_prepare_absorbed(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m,
+                                    out.cols(0, r), gq.cols(0, nope), gwuk);
+        if (mode == 3)
+          gpu->Ops::mla_prepare_absorbed(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m,
+                                         out.cols(0, r), gq.cols(0, nope), gwuk);
+        res[mode][0] = read(cache);
+        res[mode][1] = read(gq);
+        res[mode][2] = read(out);
       }
-    RopeTable rt{gpu_t(cs, {P, dim / 2}, DType::kF32), gpu_t(sn, {P, dim / 2}, DType::kF32), dim, inter};
-    std::vector<int32_t> pos = {0, 5, 77, 300, 511, 9}, slots = {3, 64, 100, -1, 127, 0};
-    AttnMeta m;
-    m.num_tokens = T;
-    m.slot_mapping = gpu_i32(slots).ptr<const int32_t>();
-    const Tensor gpos = gpu_i32(pos);
-    const auto kva = rand_bf16(size_t(T) * W), q = rand_bf16(size_t(T) * H * 192), w = rand_bf16(r);
-    const auto cache0 = rand_bf16(size_t(blocks) * 64 * W);
-    std::vector<float> got[3], want[3];
-    for (bool fused : {true, false}) {
-      Tensor cache = gpu_t(cache0, {blocks, 64, W});
-      Tensor gq = gpu_t(q, {T, H, 192});
-      Tensor out = gpu_out({T, H, W});
-      Tensor gk = gpu_t(kva, {T, W});
-      Tensor gw = gpu_t(w, {r});
-      if (fused)
-        gpu->mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
-      else
-        gpu->Ops::mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
-      auto& dst = fused ? got : want;
-      dst[0] = read(cache);
-      dst[1] = read(gq);
-      std::vector<float> o = read(out), pe;
-      for (int i = 0; i < T * H; ++i)
-        pe.insert(pe.end(), o.begin() + int64_t(i) * W + r, o.begin() + int64_t(i + 1) * W);
-      dst[2] = pe;
+      for (int k = 0; k < 2; ++k) {
+        EXPECT_EQ(res[0][k], res[1][k]) << "part " << k;
+        EXPECT_EQ(res[2][k], res[0][k]) << "part " << k;
+      }
+      EXPECT_EQ(res[2][2], res[3][2]) << "q_lat";
+      for (int i = 0; i < T * H; ++i)  // the rope columns (modes 0 and 1 write only those)
+        EXPECT_TRUE(std::equal(res[0][2].begin() + int64_t(i) * W + r, res[0][2].begin() + int64_t(i + 1) * W,
+                               res[1][2].begin() + int64_t(i) * W + r))
+            << "q_pe copy, row " << i;
+      // Slot 1 is nobody's (the padding row has slot -1): its row keeps the old contents.
+      EXPECT_TRUE(std::equal(res[0][0].begin() + W, res[0][0].begin() + 2 * W, cache0.begin() + W));
+      EXPECT_FALSE(std::equal(res[0][0].begin() + 3 * W, res[0][0].begin() + 4 * W, cache0.begin() + 3 * W));
     }
-    for (int k = 0; k < 3; ++k) EXPECT_EQ(got[k], want[k]) << "part " << k << " interleaved " << inter;
-    // Slot 1 is nobody's (the padding row has slot -1): its row keeps the old contents.
-    EXPECT_TRUE(std::equal(got[0].begin() + W, got[0].begin() + 2 * W, cache0.begin() + W));
-    EXPECT_FALSE(std::equal(got[0].begin() + 3 * W, got[0].begin() + 4 * W, cache0.begin() + 3 * W));
   }
 }
 
@@ -736,6 +753,34 @@ TEST_F(GpuOps, MoeExpertsOneTokenMatchesPlanned) {
       planned.synchronize();
       EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2);
       EXPECT_EQ(read(go), read(po));
+    }
+  }
+}
+
+// moe for one token with a shared expert (the fused gate's extra blocks run the shared expert's
+// gate-up beside the routing): output, new residual and normalized row equal the composition
+// norm_moe_gate + moe_experts (Ops::moe) bit for bit; without a shared expert it is the composition.
+// Twice each: the gate's arrival counter must be back at 0.
+TEST_F(GpuOps, MoeOneTokenMatchesComposed) {
+  const int D = 2048, I = 1408, E = 16;
+  const RouterParams p = v2lite_router();
+  const Experts ex = make_experts(*gpu, D, I, E);
+  Weight router;
+  router.w = gpu_t(rand_bf16(size_t(E) * D, 0.05f), {E, D});
+  const Tensor nw = gpu_t(rand_bf16(D), {D}), none;
+  for (bool with_shared : {true, false}) {
+    SCOPED_TRACE(testing::Message() << "shared " << with_shared);
+    const MoeLayerRef m{router, none, p, ex.gpu, with_shared ? &ex.gpu_shared : nullptr};
+    const auto r = rand_bf16(size_t(D)), d = rand_bf16(size_t(D));
+    const Tensor gr = gpu_t(r, {1, D}), gd = gpu_t(d, {1, D});
+    Tensor ref_res = gpu_out({1, D}), ref_x = gpu_out({1, D}), ref = gpu_out({1, D});
+    gpu->Ops::moe(ref, {gr, gd, nw, ref_x, 1e-6f, ref_res}, m);
+    for (int rep = 0; rep < 2; ++rep) {
+      Tensor res = gpu_out({1, D}), x = gpu_out({1, D}), out = gpu_out({1, D});
+      gpu->moe(out, {gr, gd, nw, x, 1e-6f, res}, m);
+      EXPECT_EQ(read(out), read(ref)) << "rep " << rep;
+      EXPECT_EQ(read(res), read(ref_res)) << "rep " << rep;
+      EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
     }
   }
 }

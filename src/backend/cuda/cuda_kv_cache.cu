@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -23,43 +24,89 @@ __global__ void cache_write_kernel(bf16* cache, int D, const bf16* e, int64_t ld
   }
 }
 
-// One block per token: MLA's prologue in one pass (see Ops::mla_prepare). The arithmetic is that of
-// rmsnorm_kernel (its sum order: `vec_rows` as it decides) and rope_kernel (F32 from BF16 inputs, one
-// rounding per output).
-__global__ void mla_prepare_kernel(bf16* cache, int entry, const bf16* kva, int64_t ldk, int r, VecRef w,
-                                   float eps, bf16* qpe, int64_t q0, int64_t q1, int H, bf16* qout,
-                                   int64_t o0, int64_t o1, const int32_t* pos, const int32_t* slots,
-                                   const float* cos_t, const float* sin_t, int half, bool interleaved,
-                                   bool vec_rows) {
-  pdl_entry();
+struct PrepareArgs {
+  bf16* cache;
+  int entry;
+  const bf16* kva;
+  int64_t ldk;
+  int r;
+  VecRef w;
+  float eps;
+  bf16* qpe;
+  int64_t q0, q1;
+  int H;
+  bf16* qout;  // null: q_pe stays in place only
+  int64_t o0, o1;
+  const int32_t* pos;
+  const int32_t* slots;
+  const float* cos_t;
+  const float* sin_t;
+  int half;
+  bool interleaved, vec_rows;
+};
+
+// Token t's part of MLA's prologue, one block (kNormThreads) per token (see Ops::mla_prepare). The
+// arithmetic is that of rmsnorm_kernel (its sum order: `vec_rows` as it decides) and rope_kernel (F32
+// from BF16 inputs, one rounding per output).
+__device__ __forceinline__ void mla_prepare_block(const PrepareArgs& a, int t) {
   __shared__ float red[33];
-  const int t = blockIdx.x;
-  const bf16* kr = kva + int64_t(t) * ldk;
-  const float inv = rsqrtf(block_row_sumsq(kr, r, vec_rows, red) / float(r) + eps);
-  const int slot = slots[t], p = pos[t];
-  const float* ct = cos_t + int64_t(p) * half;
-  const float* st = sin_t + int64_t(p) * half;
+  const bf16* kr = a.kva + int64_t(t) * a.ldk;
+  const float inv = rsqrtf(block_row_sumsq(kr, a.r, a.vec_rows, red) / float(a.r) + a.eps);
+  const int slot = a.slots[t], p = a.pos[t], half = a.half;
+  const float* ct = a.cos_t + int64_t(p) * half;
+  const float* st = a.sin_t + int64_t(p) * half;
   auto rotate = [&](const bf16* src, bf16* dst, bf16* dst2, int k) {
-    const int ia = interleaved ? 2 * k : k, ib = interleaved ? 2 * k + 1 : k + half;
+    const int ia = a.interleaved ? 2 * k : k, ib = a.interleaved ? 2 * k + 1 : k + half;
     const float x0 = to_f(src[ia]), x1 = to_f(src[ib]);
-    const bf16 a = __float2bfloat16(x0 * ct[k] - x1 * st[k]), b = __float2bfloat16(x1 * ct[k] + x0 * st[k]);
-    dst[ia] = a;
-    dst[ib] = b;
+    const bf16 u = __float2bfloat16(x0 * ct[k] - x1 * st[k]), v = __float2bfloat16(x1 * ct[k] + x0 * st[k]);
+    dst[ia] = u;
+    dst[ib] = v;
     if (dst2) {
-      dst2[ia] = a;
-      dst2[ib] = b;
+      dst2[ia] = u;
+      dst2[ib] = v;
     }
   };
   if (slot >= 0) {  // < 0: a padding row, nothing cached
-    bf16* crow = cache + int64_t(slot) * entry;
-    for (int d = threadIdx.x; d < r; d += blockDim.x) crow[d] = __float2bfloat16(w[d] * (to_f(kr[d]) * inv));
-    for (int k = threadIdx.x; k < half; k += blockDim.x) rotate(kr + r, crow + r, nullptr, k);
+    bf16* crow = a.cache + int64_t(slot) * a.entry;
+    for (int d = threadIdx.x; d < a.r; d += blockDim.x)
+      crow[d] = __float2bfloat16(a.w[d] * (to_f(kr[d]) * inv));
+    for (int k = threadIdx.x; k < half; k += blockDim.x) rotate(kr + a.r, crow + a.r, nullptr, k);
   }
-  for (int i = threadIdx.x; i < H * half; i += blockDim.x) {
+  for (int i = threadIdx.x; i < a.H * half; i += blockDim.x) {
     const int h = i / half, k = i % half;
-    bf16* v = qpe + int64_t(t) * q0 + int64_t(h) * q1;
-    rotate(v, v, qout ? qout + int64_t(t) * o0 + int64_t(h) * o1 : nullptr, k);
+    bf16* v = a.qpe + int64_t(t) * a.q0 + int64_t(h) * a.q1;
+    rotate(v, v, a.qout ? a.qout + int64_t(t) * a.o0 + int64_t(h) * a.o1 : nullptr, k);
   }
+}
+
+__global__ void __launch_bounds__(kNormThreads) mla_prepare_kernel(PrepareArgs a) {
+  pdl_entry();
+  mla_prepare_block(a, blockIdx.x);
+}
+
+// The absorbed query's latent part (W_UK per head, gemv_block) beside the prologue in one launch:
+// the two are independent (disjoint columns of q and q_lat), and decode pays more per launch than
+// for either's work. Blocks [0, gx * H) run the product, the T after them the prologue.
+struct UkArgs {
+  bf16* out;
+  int64_t ldo;
+  const bf16* x;
+  int64_t ldx;
+  const bf16* w;
+  int64_t ldw;
+  int M, N, K8, gx;
+  HeadStrides hs;
+};
+
+template <int kLanes>
+__global__ void __launch_bounds__(kNormThreads) mla_prepare_uk_kernel(PrepareArgs a, UkArgs g) {
+  static_assert(kNormThreads == kGemvThreads);
+  pdl_entry();
+  const int b = blockIdx.x, nb = g.gx * a.H;
+  if (b < nb)
+    gemv_block<bf16, kLanes>(g.out, g.ldo, g.x, g.ldx, g.w, g.ldw, g.M, g.N, g.K8, g.hs, b % g.gx, b / g.gx);
+  else
+    mla_prepare_block(a, b - nb);
 }
 
 // Grid (row chunks, sequence): each sequence's context rows (cached + new), after those of the
@@ -96,10 +143,10 @@ void CudaOps::cache_write(Tensor cache, const Tensor& entries, const AttnMeta& m
   BELUGA_LAUNCH_CHECK();
 }
 
-void CudaOps::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
-                          Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
-                          const AttnMeta& m) {
-  Prof prof_scope(this, "mla_prepare");
+namespace {
+
+PrepareArgs prepare_args(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
+                         Tensor q_pe_out, const Tensor& positions, const RopeTable& rope, const AttnMeta& m) {
   check_cache(cache);
   const int T = int(kva.shape[0]), width = int(kva.shape[1]), r = width - rope.rotary_dim;
   const int H = int(q_pe.shape[1]), half = rope.rotary_dim / 2;
@@ -110,13 +157,56 @@ void CudaOps::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w,
                     (q_pe_out.dtype == DType::kBF16 && q_pe_out.ndim == 3 && q_pe_out.stride[2] == 1 &&
                      q_pe_out.shape[1] == H && q_pe_out.shape[2] == rope.rotary_dim)),
                "mla_prepare: shapes ", kva.describe(), " ", q_pe.describe(), " ", cache.describe());
+  const bool out = !q_pe_out.empty();
+  return PrepareArgs{cache.ptr<bf16>(), width, kva.ptr<const bf16>(), kva.stride[0], r, vec(norm_w), eps,
+                     q_pe.ptr<bf16>(), q_pe.stride[0], q_pe.stride[1], H, out ? q_pe_out.ptr<bf16>() : nullptr,
+                     out ? q_pe_out.stride[0] : 0, out ? q_pe_out.stride[1] : 0, positions.ptr<const int32_t>(),
+                     m.slot_mapping, rope.cos.ptr<const float>(), rope.sin.ptr<const float>(), half,
+                     rope.interleaved,
+                     r % 8 == 0 && kva.stride[0] % 8 == 0 && aligned16(kva.data) && aligned16(norm_w.data)};
+}
+
+}  // namespace
+
+void CudaOps::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
+                          Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
+                          const AttnMeta& m) {
+  Prof prof_scope(this, "mla_prepare");
+  const PrepareArgs a = prepare_args(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m);
+  const int T = int(kva.shape[0]);
   if (T == 0) return;
-  launch(mla_prepare_kernel, T, kNormThreads, 0, S(stream_), cache.ptr<bf16>(), width, kva.ptr<const bf16>(),
-         kva.stride[0], r, vec(norm_w), eps, q_pe.ptr<bf16>(), q_pe.stride[0], q_pe.stride[1], H,
-         q_pe_out.empty() ? nullptr : q_pe_out.ptr<bf16>(), q_pe_out.empty() ? 0 : q_pe_out.stride[0],
-         q_pe_out.empty() ? 0 : q_pe_out.stride[1], positions.ptr<const int32_t>(), m.slot_mapping,
-         rope.cos.ptr<const float>(), rope.sin.ptr<const float>(), half, rope.interleaved,
-         r % 8 == 0 && kva.stride[0] % 8 == 0 && aligned16(kva.data) && aligned16(norm_w.data));
+  launch(mla_prepare_kernel, T, kNormThreads, 0, S(stream_), a);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
+                                   Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
+                                   const AttnMeta& m, Tensor q_lat, const Tensor& q_nope, const Tensor& w_uk_t) {
+  const int64_t T = q_nope.shape[0], H = q_nope.shape[1], K = q_nope.shape[2], N = w_uk_t.shape[1];
+  const Tensor& w = bf16_weight(w_uk_t, Tensor{}, 128, 128);
+  // As linear_heads' GEMV path requires; else the two ops one after the other.
+  const bool fused = T >= 1 && T <= kGemvRows && w_uk_t.ndim == 3 && w_uk_t.shape[0] == H && w_uk_t.shape[2] == K &&
+                     q_lat.dtype == DType::kBF16 && q_lat.ndim == 3 && q_lat.shape[2] == N && q_lat.stride[2] == 1 &&
+                     q_nope.dtype == DType::kBF16 && q_nope.stride[2] == 1 && K % 8 == 0 && q_nope.stride[0] % 8 == 0 &&
+                     q_nope.stride[1] % 8 == 0 && w.stride[0] % 8 == 0 && w.stride[1] % 8 == 0 && w.stride[2] == 1 &&
+                     aligned16(q_nope.data) && aligned16(w.data);
+  if (!fused) {
+    Ops::mla_prepare_absorbed(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m, q_lat, q_nope, w_uk_t);
+    return;
+  }
+  Prof prof_scope(this, "mla_prepare_absorbed");
+  const PrepareArgs a = prepare_args(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m);
+  const int K8 = int(K / 8), lanes = K8 <= 8 ? 8 : K8 <= 16 ? 16 : 32;
+  UkArgs g{q_lat.ptr<bf16>(), q_lat.stride[0], q_nope.ptr<const bf16>(), q_nope.stride[0], w.ptr<const bf16>(),
+           w.stride[1], int(T), int(N), K8, int(ceil_div(N * lanes, kGemvThreads)),
+           HeadStrides{q_nope.stride[1], w.stride[0], q_lat.stride[1]}};
+  const int grid = int(g.gx * H + T);
+  if (lanes == 8)
+    launch(mla_prepare_uk_kernel<8>, grid, kNormThreads, 0, S(stream_), a, g);
+  else if (lanes == 16)
+    launch(mla_prepare_uk_kernel<16>, grid, kNormThreads, 0, S(stream_), a, g);
+  else
+    launch(mla_prepare_uk_kernel<32>, grid, kNormThreads, 0, S(stream_), a, g);
   BELUGA_LAUNCH_CHECK();
 }
 

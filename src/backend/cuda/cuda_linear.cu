@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -12,61 +13,12 @@ using namespace cuda;
 
 namespace {
 
-// Few-row products (decode): one warp per output unit streams its weight row with 16-byte loads past
-// L1 and dots it with each of the M <= kGemvRows activation rows, which every warp of the SM shares
-// through L1. cuBLAS at M = 1..4 reaches about a third of the bandwidth on these shapes.
-constexpr int kGemvRows = 4, kGemvThreads = 256;
-
-__device__ __forceinline__ void store_out(float* p, float v) {
-  *p = v;
-}
-__device__ __forceinline__ void store_out(bf16* p, float v) {
-  *p = __float2bfloat16(v);
-}
-
-// blockIdx.y selects a head (linear_heads): x, w and out advance by their head strides.
-struct HeadStrides {
-  int64_t x, w, out;
-};
-
-// kLanes lanes share one output unit: 32 for long rows; 16 or 8 when a row is only K8 <= kLanes
-// 16-byte chunks (the absorbed MLA's W_UK, K = 128), so no lane idles.
 template <typename OutT, int kLanes>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(OutT* out, int64_t ldo, const bf16* x, int64_t ldx, const bf16* w, int64_t ldw, int M, int N,
                 int K8, HeadStrides hs) {
-  const int sub = threadIdx.x % kLanes;
-  const int u = (blockIdx.x * kGemvThreads + threadIdx.x) / kLanes;
-  const bool ok = u < N;  // lanes of one warp may differ when kLanes < 32: all stay for the shuffles
-  const bf16* wr = w + blockIdx.y * hs.w + int64_t(u) * ldw;
   pdl_entry();
-  if (kLanes == 32 && !ok) return;
-  out += blockIdx.y * hs.out;
-  x += blockIdx.y * hs.x;
-  float acc[kGemvRows] = {};
-  constexpr int U = 4;  // 16-byte loads in flight per lane (8 measured slower)
-  for (int k0 = sub; k0 < K8; k0 += kLanes * U) {
-    uint4 wv[U];
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-      wv[j] = ok && k0 + kLanes * j < K8 ? ld_stream(wr + (k0 + kLanes * j) * 8) : uint4{};
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int k8 = k0 + kLanes * j;
-      if (k8 >= K8) break;
-#pragma unroll
-      for (int r = 0; r < kGemvRows; ++r)
-        if (r < M) acc[r] += dot8(wv[j], __ldg(reinterpret_cast<const uint4*>(x + r * ldx) + k8));
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) {
-    if (r >= M) break;
-    float v = acc[r];
-#pragma unroll
-    for (int o = kLanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (sub == 0 && ok) store_out(out + r * ldo + u, v);
-  }
+  gemv_block<OutT, kLanes>(out, ldo, x, ldx, w, ldw, M, N, K8, hs, blockIdx.x, blockIdx.y);
 }
 
 // norm_linear for M <= kGemvRows rows: every block normalizes the input rows into shared memory

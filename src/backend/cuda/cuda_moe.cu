@@ -378,6 +378,26 @@ const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights>
   return *expert_tables_.emplace(key, std::move(t)).first->second;
 }
 
+void CudaOps::moe(Tensor out, const NormedInput& in, const MoeLayerRef& m) {
+  // One token with a shared expert: the fused gate's extra blocks run the shared expert's gate-up
+  // while its router blocks route, then the routed units and the down projection.
+  const int K = m.params.top_k;
+  if (in.out.shape[0] == 1 && m.shared && token_experts_ && K <= 32 && aligned16(in.out.data)) {
+    const ExpertTable& tab = expert_table(m.experts, m.shared);
+    if (tab.i_routed > 0 && tab.d == in.out.shape[1]) {
+      Prof prof_scope(this, "moe");
+      const ScratchMark mark = scratch_mark();
+      Tensor ids = scratch(DType::kI32, {1, K}), weights = scratch(DType::kF32, {1, K});
+      Tensor H = scratch(DType::kBF16, {K + 1, tab.i_max});
+      const bool done = fused_gate(ids, weights, in.out, m.router, m.bias, m.params, &in, &tab, H) &&
+                        token_experts(out, in.out, ids, weights, tab, true, H, /*shared_done=*/true);
+      scratch_release(mark);
+      if (done) return;
+    }
+  }
+  Ops::moe(out, in, m);
+}
+
 void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                           std::span<const ExpertWeights> experts, const ExpertWeights* shared) {
   Prof prof_scope(this, "moe_experts");

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_moe_plan.cuh"
+#include "backend/cuda/cuda_moe_token.cuh"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -156,29 +157,37 @@ struct GateArgs {
   int* plan;      // GatePlanLayout(T, K, E); null: no plan (one token takes the unplanned path)
   RouteArgs r;
   NormArgs norm;  // kNorm: x is norm's input still to be normalized (norm_moe_gate)
+  TokenArgs tok;  // tok.Is > 0 (one token, kNorm): blocks E.. compute the shared expert's gate-up
 };
 
 // kNorm: each block first normalizes its group's rows into shared memory after the routing scratch
 // (block_rmsnorm_rows; block 0 also stores them and the new residual rows).
-template <bool kNorm>
+template <bool kNorm, int kRows>  // kRows: the group's rows a block holds (kGateTok, or 1 for one token)
 __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
   static_assert(kGateThreads == kNormThreads);
   extern __shared__ __align__(16) float gate_sm[];  // routing scratch: [kGateWarps][2 E]; rows [nt][D]
-  __shared__ float red[kGateWarps][kGateTok];
+  __shared__ float red[kGateWarps][kRows];
   __shared__ bool s_last;
   const int e = blockIdx.x, E = g.r.E;
   const bf16* wr = g.w + int64_t(e) * g.K8 * 8;
   pdl_entry();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t0 = blockIdx.y * kGateTok, nt = min(kGateTok, g.r.T - t0);
+  const int t0 = blockIdx.y * kGateTok, nt = min(kRows, g.r.T - t0);
   bf16* xs = reinterpret_cast<bf16*>(gate_sm + kGateWarps * 2 * E);
+  if (kNorm && e >= E) {  // the shared expert's units, on the token normalized here as well
+    block_rmsnorm_rows<kRows>(g.norm, 0, 1, xs, g.norm.D, xs, g.norm.D, false);
+    const int nb = int(gridDim.x) - E;
+    for (int u = (e - E) * kGateWarps + warp; u < g.tok.Is; u += nb * kGateWarps)
+      token_gate_up_unit(g.tok, reinterpret_cast<const uint4*>(xs), g.tok.K, u, g.tok.ne - 1);
+    return;
+  }
   if (kNorm) {
     // The router row into L2 while the block normalizes.
     for (int l = threadIdx.x; l < g.K8 / 8; l += kGateThreads)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
-    block_rmsnorm_rows<kGateTok>(g.norm, t0, nt, xs, g.norm.D, xs, g.norm.D, blockIdx.x == 0);
+    block_rmsnorm_rows<kRows>(g.norm, t0, nt, xs, g.norm.D, xs, g.norm.D, blockIdx.x == 0);
   }
-  float acc[kGateTok] = {};
+  float acc[kRows] = {};
   for (int c0 = threadIdx.x; c0 < g.K8; c0 += kGateThreads * kGateLoads) {
     uint4 wv[kGateLoads];
 #pragma unroll
@@ -191,14 +200,14 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
       const int c = c0 + j * kGateThreads;
       if (c >= g.K8) break;
 #pragma unroll
-      for (int r = 0; r < kGateTok; ++r)
+      for (int r = 0; r < kRows; ++r)
         if (r < nt)
           acc[r] += dot8(wv[j], kNorm ? reinterpret_cast<const uint4*>(xs + r * g.norm.D)[c]
                                       : __ldg(reinterpret_cast<const uint4*>(g.x + (t0 + r) * g.ldx) + c));
     }
   }
 #pragma unroll
-  for (int r = 0; r < kGateTok; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     if (r >= nt) break;
     const float v = warp_sum(acc[r]);
     if (lane == 0) red[warp][r] = v;
@@ -210,7 +219,7 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
     g.logits[int64_t(t0 + threadIdx.x) * E + e] = z;
   }
   __syncthreads();
-  if (threadIdx.x == 0) s_last = arrive(&g.counters[blockIdx.y]) == int(gridDim.x) - 1;
+  if (threadIdx.x == 0) s_last = arrive(&g.counters[blockIdx.y]) == E - 1;
   __syncthreads();
   if (!s_last) return;
   if (warp < nt) route_token(g.r, t0 + warp, gate_sm + size_t(warp) * 2 * E);
@@ -286,7 +295,8 @@ void CudaOps::norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, c
 }
 
 bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router,
-                         const Tensor& bias, const RouterParams& p, const NormedInput* norm) {
+                         const Tensor& bias, const RouterParams& p, const NormedInput* norm,
+                         const ExpertTable* tab, Tensor H) {
   const int T = int(x.shape[0]), D = int(x.shape[1]), E = int(router.out_features());
   // One kernel for a few tokens (see kGateMaxT) with GEMV-friendly operands; else router GEMM + route.
   // With a norm, the group's rows must also fit in shared memory (48 KB in all).
@@ -325,8 +335,22 @@ bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weig
     gate_plan_capacity_ = L.total;
   }
   g.plan = plan ? gate_plan_buf_ : nullptr;
-  const dim3 grid(unsigned(E), unsigned(ceil_div(T, kGateTok)));
-  launch(norm ? moe_gate_kernel<true> : moe_gate_kernel<false>, grid, kGateThreads, smem, S(stream_), g);
+  int shared_blocks = 0;
+  if (tab && norm && T == 1 && tab->i_shared > 0) {
+    // As many shared-expert blocks as fit beside the router's E at once (host-side arithmetic on
+    // the kernel's attributes; decode captures it into graphs).
+    int occupancy = 0;
+    BELUGA_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, moe_gate_kernel<true, 1>, kGateThreads, smem));
+    g.tok = token_args(x, ids, weights, *tab, true, H);
+    shared_blocks = int(std::clamp<int64_t>(int64_t(sm_count_) * std::max(occupancy, 1) - E, 1,
+                                            ceil_div(tab->i_shared, kGateWarps)));
+  }
+  const dim3 grid(unsigned(E + shared_blocks), unsigned(ceil_div(T, kGateTok)));
+  // One token: the kernel sized for one row (fewer registers, so more shared-expert blocks fit).
+  const auto kernel = norm ? (T == 1 ? moe_gate_kernel<true, 1> : moe_gate_kernel<true, kGateTok>)
+                           : (T == 1 ? moe_gate_kernel<false, 1> : moe_gate_kernel<false, kGateTok>);
+  launch(kernel, grid, kGateThreads, smem, S(stream_), g);
   BELUGA_LAUNCH_CHECK();
   scratch_release(mark);
   if (plan) gate_plan_ = {ids.data, T, p.top_k, E};

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_moe_token.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -14,22 +15,10 @@ using namespace cuda;
 
 namespace {
 
-constexpr int kTokThreads = 256, kTokWarps = kTokThreads / 32;
 // Output units per down block: 4 gives V2-Lite 512 blocks (one wave at 4 per SM), each warp a few
 // (row, unit) dots of 1408 inputs, which one round of 8 loads per lane covers.
 constexpr int kTokDownUnits = 4;
 constexpr int kTokMaxRows = 33;  // K <= 32 routed rows and the shared one
-
-struct TokenArgs {
-  const bf16* x;            // [D]: the token's row
-  const int32_t* ids;       // [K]
-  const float* w;           // [K]: routing weights (scaling included)
-  const void* const* ptrs;  // the expert table's gate[ne], up[ne], down[ne]
-  int ne, K, D, I, Is;      // routed width I; shared width Is (0: none; the table's last expert)
-  bf16* h;                  // [K + 1, ldh]: silu(gate) * up of slot k; slot K is the shared expert
-  int ldh;
-  bf16* out;  // [D]
-};
 
 // Slot k's expert: lane k of `lane_ids` holds ids[k] (K <= 32), the shared expert is slot K.
 __device__ __forceinline__ int slot_expert(const TokenArgs& a, int lane_ids, int k) {
@@ -37,39 +26,16 @@ __device__ __forceinline__ int slot_expert(const TokenArgs& a, int lane_ids, int
   return k < a.K ? e : a.ne - 1;
 }
 
-template <int U>  // 16-byte loads in flight per lane and matrix
-__global__ void __launch_bounds__(kTokThreads) token_gate_up_kernel(TokenArgs a) {
+// The routed slots' units, and the shared expert's unless `shared_done` (the fused gate ran them).
+__global__ void __launch_bounds__(kTokThreads) token_gate_up_kernel(TokenArgs a, bool shared_done) {
   pdl_entry();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lane_ids = lane < a.K ? __ldg(a.ids + lane) : 0;
-  const int routed = a.K * a.I, units = routed + a.Is, K8 = a.D / 8;
+  const int routed = a.K * a.I, units = routed + (shared_done ? 0 : a.Is);
   const uint4* x = reinterpret_cast<const uint4*>(a.x);
   for (int g = blockIdx.x * kTokWarps + warp; g < units; g += gridDim.x * kTokWarps) {
     const int k = g < routed ? g / a.I : a.K, u = g < routed ? g - k * a.I : g - routed;
-    const int e = slot_expert(a, lane_ids, k);
-    const bf16* wg = static_cast<const bf16*>(a.ptrs[e]) + int64_t(u) * a.D;
-    const bf16* wu = static_cast<const bf16*>(a.ptrs[a.ne + e]) + int64_t(u) * a.D;
-    float ag = 0, au = 0;
-    for (int k0 = lane; k0 < K8; k0 += 32 * U) {
-      uint4 gv[U], uv[U];
-#pragma unroll
-      for (int j = 0; j < U; ++j) {
-        const bool ok = k0 + 32 * j < K8;
-        gv[j] = ok ? ld_stream(wg + (k0 + 32 * j) * 8) : uint4{};
-        uv[j] = ok ? ld_stream(wu + (k0 + 32 * j) * 8) : uint4{};
-      }
-#pragma unroll
-      for (int j = 0; j < U; ++j) {
-        const int k8 = k0 + 32 * j;
-        if (k8 >= K8) break;
-        const uint4 xv = __ldg(x + k8);
-        ag += dot8(gv[j], xv);
-        au += dot8(uv[j], xv);
-      }
-    }
-    ag = warp_sum(ag);
-    au = warp_sum(au);
-    if (lane == 0) a.h[int64_t(k) * a.ldh + u] = __float2bfloat16(ag / (1.0f + __expf(-ag)) * au);
+    token_gate_up_unit(a, x, k, u, slot_expert(a, lane_ids, k));
   }
 }
 
@@ -115,34 +81,21 @@ __global__ void __launch_bounds__(kTokThreads) token_down_kernel(TokenArgs a) {
 }  // namespace
 
 bool CudaOps::token_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                            const ExpertTable& tab, bool shared) {
+                            const ExpertTable& tab, bool shared, Tensor H, bool shared_done) {
   const int K = int(ids.shape[1]);
   if (!token_experts_ || x.shape[0] != 1 || K > 32 || tab.i_routed <= 0 || !aligned16(x.data)) return false;
-  TokenArgs a{};
-  a.x = x.ptr<const bf16>();
-  a.ids = ids.ptr<const int32_t>();
-  a.w = weights.ptr<const float>();
-  a.ptrs = tab.ptrs;
-  a.ne = tab.ne;
-  a.K = K;
-  a.D = tab.d;
-  a.I = tab.i_routed;
-  a.Is = shared ? tab.i_shared : 0;
-  Tensor H = scratch(DType::kBF16, {K + 1, tab.i_max});
-  a.h = H.ptr<bf16>();
-  a.ldh = int(tab.i_max);
+  TokenArgs a = token_args(x, ids, weights, tab, shared, H.empty() ? scratch(DType::kBF16, {K + 1, tab.i_max}) : H);
   a.out = out.ptr<bf16>();
   cudaStream_t st = S(stream_);
   // Gate-up: as many blocks as fit at once (the warps stride over the units), so no second wave.
   static const int occupancy = [] {
     int n = 0;
-    BELUGA_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, token_gate_up_kernel<4>, kTokThreads, 0));
+    BELUGA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, token_gate_up_kernel, kTokThreads, 0));
     return std::max(n, 1);
   }();
-  const int units = K * a.I + a.Is;
+  const int units = K * a.I + (shared_done ? 0 : a.Is);
   const int grid = int(std::min<int64_t>(ceil_div(units, kTokWarps), int64_t(sm_count_) * occupancy));
-  launch(token_gate_up_kernel<4>, grid, kTokThreads, 0, st, a);
+  launch(token_gate_up_kernel, grid, kTokThreads, 0, st, a, shared_done);
   BELUGA_LAUNCH_CHECK();
   launch(token_down_kernel<8>, int(ceil_div(a.D, kTokDownUnits)), kTokThreads, 0, st, a);
   BELUGA_LAUNCH_CHECK();

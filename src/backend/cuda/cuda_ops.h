@@ -78,6 +78,7 @@ class CudaOps final : public Ops {
                      const Tensor& bias, const RouterParams& p) override;
   void moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
                 const RouterParams& p) override;
+  void moe(Tensor out, const NormedInput& in, const MoeLayerRef& m) override;
   void moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    std::span<const ExpertWeights> experts, const ExpertWeights* shared) override;
 
@@ -85,6 +86,9 @@ class CudaOps final : public Ops {
   void mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
                    Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
                    const AttnMeta& m) override;
+  void mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
+                            Tensor q_pe_out, const Tensor& positions, const RopeTable& rope, const AttnMeta& m,
+                            Tensor q_lat, const Tensor& q_nope, const Tensor& w_uk_t) override;
   void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                               int kv_rank, float scale) override;
   void gather_context(Tensor out, const Tensor& cache, const AttnMeta& m) override;
@@ -106,6 +110,9 @@ class CudaOps final : public Ops {
   double measure_copy_bandwidth();
   double measure_gemm_peak();
   size_t persistent_bytes() const { return persistent_bytes_; }
+  // Per-layer expert tables on the device (weight pointers, widths), built on first use; defined
+  // in cuda_common.cuh for the kernels' launchers.
+  struct ExpertTable;
   // With BELUGA_CUDA_PROFILE=1 in the environment, every op synchronizes and its time is summed
   // per op name; the table is printed to stderr when the backend is destroyed.
   struct Prof {
@@ -122,8 +129,7 @@ class CudaOps final : public Ops {
   const Tensor& bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
   // out[M,N] = x[M,K] w[N,K]^T on the main stream, or always through cuBLAS on `cublas`'s stream.
   void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cublas = nullptr);
-  // Per-layer expert tables on the device (weight pointers, widths), built on first use.
-  struct ExpertTable;
+
   const ExpertTable& expert_table(std::span<const ExpertWeights> experts, const ExpertWeights* shared);
   // The tensor-core grouped GEMMs (gate-up with SiLU-and-mul into H, down into Y) over planned rows.
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
@@ -139,12 +145,17 @@ class CudaOps final : public Ops {
                                 const ExpertWeights* shared, const int* start, const int* row_token, int R);
   // moe_gate (or norm_moe_gate, with `norm`) as one kernel for up to 32 tokens; false: not applicable
   // here, nothing enqueued.
+  // With `tab` (one token, a norm, a shared expert): extra blocks also compute the shared expert's
+  // gate-up into row K of H, beside the routing it does not depend on.
   bool fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
-                  const RouterParams& p, const NormedInput* norm);
+                  const RouterParams& p, const NormedInput* norm, const ExpertTable* tab = nullptr,
+                  Tensor H = {});
   // One token's experts (decode at batch 1): gate-up over a flat list of the token's hidden units,
   // down with the weighted sum fused (cuda_moe_token.cu). False: not applicable, nothing enqueued.
+  // H: [K + 1, i_max] for the hidden rows (empty: scratch); shared_done: row K (the shared expert's)
+  // is there already (fused_gate computed it).
   bool token_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                     const ExpertTable& tab, bool shared);
+                     const ExpertTable& tab, bool shared, Tensor H = {}, bool shared_done = false);
   // n zeroed counters for kernels whose last block to finish does a final step (it counts itself in
   // with an atomic and leaves the counter at zero again, so graph replays find them zeroed). Kernels
   // run one at a time, so all share one buffer (kArrivalCounters, allocated at start).
