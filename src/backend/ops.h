@@ -184,13 +184,18 @@ class Ops {
   // mla_prepare, and the absorbed query's latent part q_lat [T, H, r] = linear_heads(q_nope [T, H,
   // nope], w_uk_t [H, r, nope]): independent of the prologue (other columns), so a backend may run
   // both in one launch. The default runs them one after the other.
-  virtual void mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
-                                    Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
-                                    const AttnMeta& m, Tensor q_lat, const Tensor& q_nope, const Tensor& w_uk_t);
+  virtual void mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps,
+                                    Tensor q_pe, Tensor q_pe_out, const Tensor& positions,
+                                    const RopeTable& rope, const AttnMeta& m, Tensor q_lat,
+                                    const Tensor& q_nope, const Tensor& w_uk_t);
   // MLA absorbed: q [T, H, r + rope] against cache rows [c_kv (r) | k_pe (rope)];
   // out [T, H, r] = sum_j p_j c_kv_j (the latent output, before W_UV).
   virtual void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                                       int kv_rank, float scale) = 0;
+  // mla_attention_absorbed, then out [T, H, v] = linear_heads(latent, w_uv [H, v, r]): a backend may
+  // merge its split-KV combine into the product. The default runs the two ops.
+  virtual void mla_attention_absorbed_uv(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                                         int kv_rank, float scale, const Tensor& w_uv);
   // Every sequence's whole context (cached + new) as cache rows, concatenated: [sum ctx, entry_dim].
   virtual void gather_context(Tensor out, const Tensor& cache, const AttnMeta& m) = 0;
   // MLA expanded: q [T, H, nope + rope]; kv [C, H, nope + v] (k_nope | v per head, from W_kvb·c_kv);
@@ -225,6 +230,13 @@ inline void Ops::mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Ten
                                       const Tensor& q_nope, const Tensor& w_uk_t) {
   mla_prepare(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m);
   linear_heads(q_lat, q_nope, w_uk_t);
+}
+
+inline void Ops::mla_attention_absorbed_uv(Tensor out, const Tensor& q, const Tensor& cache,
+                                           const AttnMeta& m, int kv_rank, float scale, const Tensor& w_uv) {
+  Tensor latent = scratch(act_dtype(), {q.shape[0], q.shape[1], kv_rank});
+  mla_attention_absorbed(latent, q, cache, m, kv_rank, scale);
+  linear_heads(out, latent, w_uv);
 }
 
 inline void Ops::normalize(const NormedInput& in) {

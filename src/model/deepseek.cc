@@ -214,11 +214,10 @@ class DeepseekModel final : public Model {
     if (absorbed) {
       // The query in latent space: [q_nope W_UK | rotated q_pe] per head.
       Tensor qlat = ops.scratch(act, {T, H, r + rope});
-      ops.mla_prepare_absorbed(cache, kva, a.kv_a_norm, eps, q3.cols(nope, nope + rope), qlat.cols(r, r + rope),
-                               pos, rope_, meta, qlat.cols(0, r), q3.cols(0, nope), a.w_uk_t);
-      Tensor olat = ops.scratch(act, {T, H, r});
-      ops.mla_attention_absorbed(olat, qlat, cache, meta, int(r), scale_);
-      ops.linear_heads(o, olat, a.w_uv);
+      ops.mla_prepare_absorbed(cache, kva, a.kv_a_norm, eps, q3.cols(nope, nope + rope),
+                               qlat.cols(r, r + rope), pos, rope_, meta, qlat.cols(0, r), q3.cols(0, nope),
+                               a.w_uk_t);
+      ops.mla_attention_absorbed_uv(o, qlat, cache, meta, int(r), scale_, a.w_uv);
     } else {
       ops.mla_prepare(cache, kva, a.kv_a_norm, eps, q3.cols(nope, nope + rope), Tensor{}, pos, rope_, meta);
       int64_t C = 0;

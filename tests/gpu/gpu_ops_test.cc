@@ -271,7 +271,8 @@ TEST_F(GpuOps, MlaPrepareMatchesComposedOps) {
         Tensor out = gpu_out({T, H, W});
         const Tensor gk = gpu_t(kva, {T, W}), gw = gpu_t(w, {r});
         if (mode == 0) gpu->mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
-        if (mode == 1) gpu->Ops::mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
+        if (mode == 1)
+          gpu->Ops::mla_prepare(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m);
         if (mode == 2)
           gpu->mla_prepare_absorbed(cache, gk, gw, 1e-6f, gq.cols(128, 192), out.cols(r, W), gpos, rt, m,
                                     out.cols(0, r), gq.cols(0, nope), gwuk);
@@ -921,7 +922,9 @@ TEST_F(GpuOps, CacheWriteAndGatherContext) {
   EXPECT_EQ(rel_l2(read(go), read_cpu(co)), 0.0);
 }
 
-// Absorbed MLA: the tensor-core path (576/512, 16 heads) and the reference path (tiny dims).
+// Absorbed MLA: the tensor-core path (576/512, 16 heads) and the reference path (tiny dims); and
+// mla_attention_absorbed_uv, whose W_UV product merges the splits itself for up to 4 tokens (cases 2
+// and 3), bit-identical to mla_attention_absorbed + linear_heads.
 TEST_F(GpuOps, MlaAbsorbed) {
   struct Case {
     int H, rank, rope;
@@ -930,7 +933,7 @@ TEST_F(GpuOps, MlaAbsorbed) {
   };
   const std::vector<Case> cases = {
       {16, 512, 64, false, {{0, 1}}},    // one split: the kernel writes the output itself
-      {16, 512, 64, false, {{700, 1}}},  // three splits merged by the last
+      {16, 512, 64, false, {{700, 1}}},  // three splits, merged by the combine step
       {16, 512, 64, false, {{1000, 1}, {37, 1}, {4095, 1}, {64, 1}}},
       {32, 512, 64, false, {{300, 5}, {0, 9}}},  // several query tokens per sequence (causal)
       {16, 512, 64, true, {{300, 2}, {5, 1}}},
@@ -952,6 +955,14 @@ TEST_F(GpuOps, MlaAbsorbed) {
     Tensor go2 = gpu_out({T, c.H, c.rank});
     gpu->mla_attention_absorbed(go2, gpu_t(q, {T, c.H, W}), gpu_t(cache, {nb, 64, W}), m.gpu, c.rank, scale);
     EXPECT_EQ(read(go2), read(go)) << "second run differs, seqs " << c.seqs.size();
+
+    const int v = 128;
+    const Tensor wuv = gpu_t(rand_bf16(size_t(c.H) * v * c.rank, 0.05f), {c.H, v, c.rank});
+    Tensor ref = gpu_out({T, c.H, v}), uv = gpu_out({T, c.H, v});
+    gpu->linear_heads(ref, go, wuv);
+    gpu->mla_attention_absorbed_uv(uv, gpu_t(q, {T, c.H, W}), gpu_t(cache, {nb, 64, W}), m.gpu, c.rank, scale,
+                                   wuv);
+    EXPECT_EQ(read(uv), read(ref)) << "W_UV, seqs " << c.seqs.size();
   }
   gpu->set_reference_attention(false);
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -294,14 +295,10 @@ __global__ void __launch_bounds__(128) mla_decode_kernel(DecodeArgs a) {
   }
 }
 
-// out[t, h] = sum over splits of the partial outputs, each rescaled to the common maximum. A separate
-// kernel, not the last split block: merging 16 heads in one block serialises ~3 L2 round trips per
-// head (measured +36 us per layer at batch 1), while here a block per (token, head) runs in parallel.
-__global__ void mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const float* o_part,
-                                   const float* ml_part, int H, int num_splits) {
-  pdl_entry();
-  const int th = blockIdx.x, t = th / H, h = th % H;
-  const float* ml = ml_part + int64_t(th) * num_splits * 2;
+// One (token, head)'s output: the sum over splits of the partial outputs, each rescaled to the common
+// maximum, into dst[0 .. kMDv) (BF16); the block's threads split the columns. Shared by the combine
+// kernel and the W_UV product that combines in its prologue, so both give the same bits.
+__device__ __forceinline__ void combine_splits(const float* ml, const float* op, int num_splits, bf16* dst) {
   float M = -INFINITY;
   for (int i = 0; i < num_splits; ++i)
     if (ml[2 * i + 1] > 0) M = fmaxf(M, ml[2 * i]);
@@ -312,9 +309,48 @@ __global__ void mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const floa
   for (int d = threadIdx.x; d < kMDv; d += blockDim.x) {
     float acc = 0;
     for (int i = 0; i < num_splits; ++i)
-      if (ml[2 * i + 1] > 0) acc += exp2f(ml[2 * i] - M) * o_part[(int64_t(th) * num_splits + i) * kMDv + d];
-    out[t * o0 + h * o1 + d] = __float2bfloat16(acc * inv);
+      if (ml[2 * i + 1] > 0) acc += exp2f(ml[2 * i] - M) * op[int64_t(i) * kMDv + d];
+    dst[d] = __float2bfloat16(acc * inv);
   }
+}
+
+// A separate kernel, not the last split block: merging 16 heads in one block serialises ~3 L2 round
+// trips per head (measured +36 us per layer at batch 1), while here a block per (token, head) runs in
+// parallel.
+__global__ void mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const float* o_part,
+                                   const float* ml_part, int H, int num_splits) {
+  pdl_entry();
+  const int th = blockIdx.x, t = th / H, h = th % H;
+  combine_splits(ml_part + int64_t(th) * num_splits * 2, o_part + int64_t(th) * num_splits * kMDv, num_splits,
+                 out + t * o0 + h * o1);
+}
+
+// The absorbed output's W_UV product per head with the split combine in its prologue: block (x, h)
+// merges head h's splits of the T <= kGemvRows tokens into shared memory, then runs gemv_block on
+// them (in place of mla_combine_kernel + linear_heads: one launch fewer, the same bits).
+struct UvArgs {
+  const float* o_part;
+  const float* ml_part;
+  int H, num_splits, T;
+  bf16* out;  // [T, H, v]
+  int64_t o0, o1;
+  const bf16* w;  // [H, v, kMDv]
+  int64_t w0, w1;
+  int N;  // v
+};
+
+__global__ void __launch_bounds__(kGemvThreads) mla_combine_uv_kernel(UvArgs a) {
+  __shared__ __align__(16) bf16 xs[kGemvRows][kMDv];
+  pdl_entry();
+  const int h = blockIdx.y;
+  for (int t = 0; t < a.T; ++t) {
+    const int64_t th = int64_t(t) * a.H + h;
+    combine_splits(a.ml_part + th * a.num_splits * 2, a.o_part + th * a.num_splits * kMDv, a.num_splits,
+                   xs[t]);
+  }
+  __syncthreads();
+  gemv_block<bf16, 32, false>(a.out, a.o0, &xs[0][0], kMDv, a.w, a.w1, a.T, a.N, kMDv / 8,
+                              HeadStrides{0, a.w0, a.o1}, blockIdx.x, h);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -508,12 +544,38 @@ void run_reference(RefArgs a, int T, int max_keys_, Tensor scores, cudaStream_t 
 void CudaOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                                      int kv_rank, float scale) {
   Prof prof_scope(this, "mla_attention_absorbed");
+  mla_decode(out, q, cache, m, kv_rank, scale, nullptr, Tensor{});
+}
+
+void CudaOps::mla_attention_absorbed_uv(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                                        int kv_rank, float scale, const Tensor& w_uv) {
+  const int64_t T = m.num_tokens, H = q.shape[1];
+  const Tensor& w = bf16_weight(w_uv, Tensor{}, 128, 128);
+  // The fused combine + W_UV needs the GEMV's conditions (few tokens, 16-byte rows) and kMDv columns.
+  const bool fusable = T >= 1 && T <= kGemvRows && kv_rank == kMDv && w.ndim == 3 && w.shape[0] == H &&
+                       w.shape[2] == kv_rank && w.stride[2] == 1 && w.stride[1] % 8 == 0 &&
+                       w.stride[0] % 8 == 0 && aligned16(w.data) && out.dtype == DType::kBF16 &&
+                       out.ndim == 3 && out.shape[0] == T && out.shape[1] == H &&
+                       out.shape[2] == w.shape[1] && out.stride[2] == 1;
+  if (!fusable) {
+    Ops::mla_attention_absorbed_uv(out, q, cache, m, kv_rank, scale, w_uv);
+    return;
+  }
+  Prof prof_scope(this, "mla_attention_absorbed_uv");
+  // The latent output, used when there is a single split (the decode kernel writes it) or none of
+  // the fast path: then W_UV runs as its own product.
+  Tensor olat = scratch(DType::kBF16, {T, H, kv_rank});
+  if (!mla_decode(olat, q, cache, m, kv_rank, scale, &w, out)) linear_heads(out, olat, w);
+}
+
+bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_rank,
+                         float scale, const Tensor* w_uv, Tensor uv_out) {
   check_cache(cache);
   const int T = m.num_tokens, H = int(q.shape[1]), Dk = int(q.shape[2]);
   BELUGA_CHECK(q.dtype == DType::kBF16 && out.dtype == DType::kBF16 && Dk == cache.shape[2] &&
                    out.shape[2] == kv_rank && q.stride[2] == 1 && out.stride[2] == 1,
                "mla_attention_absorbed: shapes ", q.describe(), " ", cache.describe(), " ", out.describe());
-  if (T == 0) return;
+  if (T == 0) return false;
   const int nk = max_keys(m);
   const bool fast = !reference_attention_ && Dk == kMDk && kv_rank == kMDv && H % kMHG == 0 &&
                     q.stride[1] % 8 == 0 && q.stride[0] % 8 == 0 && aligned16(q.data) &&
@@ -541,16 +603,18 @@ void CudaOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& 
     a.Dv = kv_rank;
     a.scale = scale;
     run_reference(a, T, nk, scratch(DType::kF32, {int64_t(T) * H, nk}), S(stream_));
-    return;
+    return false;
   }
-  // Split the keys so that the grid covers the GPU about twice; the split length is a multiple of
-  // the tile.
+  // Split the keys so that the grid covers the GPU about twice, in at most kMaxSplits splits of at
+  // least mla_min_split_ keys (multiples of the tile): each split writes 16 heads x 512 F32 partial
+  // outputs that the combine reads back, 32 KB against 64 x 1152 B of cache read. Measured (V2-Lite,
+  // H200, b=1, graphs): minimum 256 keys -> 4 splits at 1K: 3.08 ms per step; 64 -> 16 splits:
+  // 2.50 ms; 32: 2.58 ms; at 4K, 32 splits of 128 keys 2.93 ms against 16 of 256 3.21 ms and 64 of
+  // 64 3.06 ms.
+  constexpr int64_t kMaxSplits = 32;
   const int64_t blocks = int64_t(T) * (H / kMHG);
-  const int want = int(std::max<int64_t>(1, ceil_div(2 * sm_count_, blocks)));
-  // At least 256 keys per split: each split writes (and the combine reads back) 16 heads x 512 F32
-  // partial outputs, 64 KB against 256 x 1152 B of cache read (~22 % extra); with 64-key splits the
-  // partials outweighed the cache reads at batch 1.
-  const int split_len = int(std::max<int64_t>(256, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
+  const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, kMaxSplits);
+  const int split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
   const int splits = int(ceil_div(nk, split_len));
   Tensor o_part = scratch(DType::kF32, {int64_t(T) * H * splits, kMDv});
   Tensor ml = scratch(DType::kF32, {int64_t(T) * H * splits, 2});
@@ -582,11 +646,31 @@ void CudaOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& 
   a.o1 = out.stride[1];
   launch(mla_decode_kernel, dim3(splits, H / kMHG, T), 128, kMSmem, S(stream_), a);
   BELUGA_LAUNCH_CHECK();
+  if (splits > 1 && w_uv) {  // the combine runs in the W_UV product's prologue
+    const Tensor& w = *w_uv;
+    UvArgs u{o_part.ptr<float>(),
+             ml.ptr<float>(),
+             H,
+             splits,
+             T,
+             uv_out.ptr<bf16>(),
+             uv_out.stride[0],
+             uv_out.stride[1],
+             w.ptr<const bf16>(),
+             w.stride[0],
+             w.stride[1],
+             int(w.shape[1])};
+    launch(mla_combine_uv_kernel, dim3(unsigned(ceil_div(int64_t(u.N) * 32, kGemvThreads)), unsigned(H)),
+           kGemvThreads, 0, S(stream_), u);
+    BELUGA_LAUNCH_CHECK();
+    return true;
+  }
   if (splits > 1) {
     launch(mla_combine_kernel, T * H, kMDv, 0, S(stream_), out.ptr<bf16>(), out.stride[0], out.stride[1],
            o_part.ptr<float>(), ml.ptr<float>(), H, splits);
     BELUGA_LAUNCH_CHECK();
   }
+  return false;
 }
 
 void CudaOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& k_pe,

@@ -27,9 +27,12 @@ struct HeadStrides {
 // 16-byte chunks (the absorbed MLA's W_UK, K = 128), so no lane idles.
 // Block (bx, head) of the product; a kernel calls it as its whole body (gemv_kernel) or for some
 // of its blocks (a horizontally fused launch).
-template <typename OutT, int kLanes>
+// kLdg: x is read-only global memory for the whole kernel (read through the non-coherent path); else
+// plain loads, as for rows the kernel put in shared memory.
+template <typename OutT, int kLanes, bool kLdg = true>
 __device__ __forceinline__ void gemv_block(OutT* out, int64_t ldo, const bf16* x, int64_t ldx, const bf16* w,
-                                           int64_t ldw, int M, int N, int K8, HeadStrides hs, int bx, int head) {
+                                           int64_t ldw, int M, int N, int K8, HeadStrides hs, int bx,
+                                           int head) {
   const int sub = threadIdx.x % kLanes;
   const int u = (bx * kGemvThreads + threadIdx.x) / kLanes;
   const bool ok = u < N;  // lanes of one warp may differ when kLanes < 32: all stay for the shuffles
@@ -50,7 +53,10 @@ __device__ __forceinline__ void gemv_block(OutT* out, int64_t ldo, const bf16* x
       if (k8 >= K8) break;
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r)
-        if (r < M) acc[r] += dot8(wv[j], __ldg(reinterpret_cast<const uint4*>(x + r * ldx) + k8));
+        if (r < M) {
+          const uint4* xr = reinterpret_cast<const uint4*>(x + r * ldx) + k8;
+          acc[r] += dot8(wv[j], kLdg ? __ldg(xr) : *xr);
+        }
     }
   }
 #pragma unroll

@@ -158,10 +158,25 @@ PrepareArgs prepare_args(Tensor cache, const Tensor& kva, const Tensor& norm_w, 
                      q_pe_out.shape[1] == H && q_pe_out.shape[2] == rope.rotary_dim)),
                "mla_prepare: shapes ", kva.describe(), " ", q_pe.describe(), " ", cache.describe());
   const bool out = !q_pe_out.empty();
-  return PrepareArgs{cache.ptr<bf16>(), width, kva.ptr<const bf16>(), kva.stride[0], r, vec(norm_w), eps,
-                     q_pe.ptr<bf16>(), q_pe.stride[0], q_pe.stride[1], H, out ? q_pe_out.ptr<bf16>() : nullptr,
-                     out ? q_pe_out.stride[0] : 0, out ? q_pe_out.stride[1] : 0, positions.ptr<const int32_t>(),
-                     m.slot_mapping, rope.cos.ptr<const float>(), rope.sin.ptr<const float>(), half,
+  return PrepareArgs{cache.ptr<bf16>(),
+                     width,
+                     kva.ptr<const bf16>(),
+                     kva.stride[0],
+                     r,
+                     vec(norm_w),
+                     eps,
+                     q_pe.ptr<bf16>(),
+                     q_pe.stride[0],
+                     q_pe.stride[1],
+                     H,
+                     out ? q_pe_out.ptr<bf16>() : nullptr,
+                     out ? q_pe_out.stride[0] : 0,
+                     out ? q_pe_out.stride[1] : 0,
+                     positions.ptr<const int32_t>(),
+                     m.slot_mapping,
+                     rope.cos.ptr<const float>(),
+                     rope.sin.ptr<const float>(),
+                     half,
                      rope.interleaved,
                      r % 8 == 0 && kva.stride[0] % 8 == 0 && aligned16(kva.data) && aligned16(norm_w.data)};
 }
@@ -179,26 +194,37 @@ void CudaOps::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w,
   BELUGA_LAUNCH_CHECK();
 }
 
-void CudaOps::mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
-                                   Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
-                                   const AttnMeta& m, Tensor q_lat, const Tensor& q_nope, const Tensor& w_uk_t) {
+void CudaOps::mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps,
+                                   Tensor q_pe, Tensor q_pe_out, const Tensor& positions,
+                                   const RopeTable& rope, const AttnMeta& m, Tensor q_lat,
+                                   const Tensor& q_nope, const Tensor& w_uk_t) {
   const int64_t T = q_nope.shape[0], H = q_nope.shape[1], K = q_nope.shape[2], N = w_uk_t.shape[1];
   const Tensor& w = bf16_weight(w_uk_t, Tensor{}, 128, 128);
   // As linear_heads' GEMV path requires; else the two ops one after the other.
-  const bool fused = T >= 1 && T <= kGemvRows && w_uk_t.ndim == 3 && w_uk_t.shape[0] == H && w_uk_t.shape[2] == K &&
-                     q_lat.dtype == DType::kBF16 && q_lat.ndim == 3 && q_lat.shape[2] == N && q_lat.stride[2] == 1 &&
-                     q_nope.dtype == DType::kBF16 && q_nope.stride[2] == 1 && K % 8 == 0 && q_nope.stride[0] % 8 == 0 &&
-                     q_nope.stride[1] % 8 == 0 && w.stride[0] % 8 == 0 && w.stride[1] % 8 == 0 && w.stride[2] == 1 &&
-                     aligned16(q_nope.data) && aligned16(w.data);
+  const bool fused = T >= 1 && T <= kGemvRows && w_uk_t.ndim == 3 && w_uk_t.shape[0] == H &&
+                     w_uk_t.shape[2] == K && q_lat.dtype == DType::kBF16 && q_lat.ndim == 3 &&
+                     q_lat.shape[2] == N && q_lat.stride[2] == 1 && q_nope.dtype == DType::kBF16 &&
+                     q_nope.stride[2] == 1 && K % 8 == 0 && q_nope.stride[0] % 8 == 0 &&
+                     q_nope.stride[1] % 8 == 0 && w.stride[0] % 8 == 0 && w.stride[1] % 8 == 0 &&
+                     w.stride[2] == 1 && aligned16(q_nope.data) && aligned16(w.data);
   if (!fused) {
-    Ops::mla_prepare_absorbed(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m, q_lat, q_nope, w_uk_t);
+    Ops::mla_prepare_absorbed(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m, q_lat, q_nope,
+                              w_uk_t);
     return;
   }
   Prof prof_scope(this, "mla_prepare_absorbed");
   const PrepareArgs a = prepare_args(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m);
   const int K8 = int(K / 8), lanes = K8 <= 8 ? 8 : K8 <= 16 ? 16 : 32;
-  UkArgs g{q_lat.ptr<bf16>(), q_lat.stride[0], q_nope.ptr<const bf16>(), q_nope.stride[0], w.ptr<const bf16>(),
-           w.stride[1], int(T), int(N), K8, int(ceil_div(N * lanes, kGemvThreads)),
+  UkArgs g{q_lat.ptr<bf16>(),
+           q_lat.stride[0],
+           q_nope.ptr<const bf16>(),
+           q_nope.stride[0],
+           w.ptr<const bf16>(),
+           w.stride[1],
+           int(T),
+           int(N),
+           K8,
+           int(ceil_div(N * lanes, kGemvThreads)),
            HeadStrides{q_nope.stride[1], w.stride[0], q_lat.stride[1]}};
   const int grid = int(g.gx * H + T);
   if (lanes == 8)

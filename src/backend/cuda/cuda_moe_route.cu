@@ -340,8 +340,8 @@ bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weig
     // As many shared-expert blocks as fit beside the router's E at once (host-side arithmetic on
     // the kernel's attributes; decode captures it into graphs).
     int occupancy = 0;
-    BELUGA_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, moe_gate_kernel<true, 1>, kGateThreads, smem));
+    BELUGA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, moe_gate_kernel<true, 1>,
+                                                                    kGateThreads, smem));
     g.tok = token_args(x, ids, weights, *tab, true, H);
     shared_blocks = int(std::clamp<int64_t>(int64_t(sm_count_) * std::max(occupancy, 1) - E, 1,
                                             ceil_div(tab->i_shared, kGateWarps)));

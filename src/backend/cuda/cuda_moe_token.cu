@@ -84,13 +84,15 @@ bool CudaOps::token_experts(Tensor out, const Tensor& x, const Tensor& ids, cons
                             const ExpertTable& tab, bool shared, Tensor H, bool shared_done) {
   const int K = int(ids.shape[1]);
   if (!token_experts_ || x.shape[0] != 1 || K > 32 || tab.i_routed <= 0 || !aligned16(x.data)) return false;
-  TokenArgs a = token_args(x, ids, weights, tab, shared, H.empty() ? scratch(DType::kBF16, {K + 1, tab.i_max}) : H);
+  TokenArgs a =
+      token_args(x, ids, weights, tab, shared, H.empty() ? scratch(DType::kBF16, {K + 1, tab.i_max}) : H);
   a.out = out.ptr<bf16>();
   cudaStream_t st = S(stream_);
   // Gate-up: as many blocks as fit at once (the warps stride over the units), so no second wave.
   static const int occupancy = [] {
     int n = 0;
-    BELUGA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, token_gate_up_kernel, kTokThreads, 0));
+    BELUGA_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, token_gate_up_kernel, kTokThreads, 0));
     return std::max(n, 1);
   }();
   const int units = K * a.I + (shared_done ? 0 : a.Is);

@@ -197,6 +197,11 @@ CudaOps::CudaOps(CudaOptions opt) {
   const char* prof = std::getenv("BELUGA_CUDA_PROFILE");
   profile_ = prof && std::string(prof) == "1";
   token_experts_ = opt.token_experts;
+  if (const char* v = std::getenv("BELUGA_MLA_MIN_SPLIT")) {
+    mla_min_split_ = std::atoi(v);
+    BELUGA_CHECK(mla_min_split_ >= 32 && mla_min_split_ % 32 == 0,
+                 "BELUGA_MLA_MIN_SPLIT must be a positive multiple of 32, got ", v);
+  }
   if (opt.moe_prefill) {
     moe_prefill_ = *opt.moe_prefill;
   } else if (const char* m = std::getenv("BELUGA_MOE_PREFILL")) {

@@ -87,10 +87,13 @@ class CudaOps final : public Ops {
                    Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
                    const AttnMeta& m) override;
   void mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
-                            Tensor q_pe_out, const Tensor& positions, const RopeTable& rope, const AttnMeta& m,
-                            Tensor q_lat, const Tensor& q_nope, const Tensor& w_uk_t) override;
+                            Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,
+                            const AttnMeta& m, Tensor q_lat, const Tensor& q_nope,
+                            const Tensor& w_uk_t) override;
   void mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                               int kv_rank, float scale) override;
+  void mla_attention_absorbed_uv(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                                 int kv_rank, float scale, const Tensor& w_uv) override;
   void gather_context(Tensor out, const Tensor& cache, const AttnMeta& m) override;
   void mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& k_pe,
                               const AttnMeta& m, float scale) override;
@@ -156,6 +159,11 @@ class CudaOps final : public Ops {
   // is there already (fused_gate computed it).
   bool token_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                      const ExpertTable& tab, bool shared, Tensor H = {}, bool shared_done = false);
+  // The absorbed MLA decode kernel (and its split combine) into `out` [T, H, kv_rank]; with w_uv
+  // (BF16) and several splits, the combine runs inside the W_UV product into uv_out instead, and the
+  // result is true (out untouched). False: `out` holds the latent output.
+  bool mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_rank,
+                  float scale, const Tensor* w_uv, Tensor uv_out);
   // n zeroed counters for kernels whose last block to finish does a final step (it counts itself in
   // with an atomic and leaves the counter at zero again, so graph replays find them zeroed). Kernels
   // run one at a time, so all share one buffer (kArrivalCounters, allocated at start).
@@ -198,6 +206,9 @@ class CudaOps final : public Ops {
   void* cublas_ws_ = nullptr;
   int sm_count_ = 0;
   bool reference_attention_ = false;
+  // The shortest key split of the absorbed MLA decode kernel (BELUGA_MLA_MIN_SPLIT, a multiple of
+  // its 32-key tile; for benchmarking the trade of parallelism against partial outputs).
+  int mla_min_split_ = 64;
   // Scratch arena: bump allocation over device chunks, merged into one at the next reset.
   std::vector<void*> chunks_;
   std::vector<size_t> chunk_size_;
