@@ -721,7 +721,8 @@ TEST_F(GpuOps, MoeExpertsGemvDeterministic) {
 
 // One token's experts take the unplanned kernels (flat gate-up, down with the weighted sum fused):
 // at V2-Lite's widths (D 2048, I 1408, shared 2816; 1408 / 8 chunks do not fill whole 32-lane rounds)
-// and V3's top-8, bit-identical to the planned GEMV path and within bf16 error of the CPU.
+// and V3's top-8, the planned GEMV path's result up to F32 summation order (the shared expert's down
+// dot runs in two pieces: a few BF16 roundings may differ by one unit) and within bf16 error of the CPU.
 TEST_F(GpuOps, MoeExpertsOneTokenMatchesPlanned) {
   CudaOps planned(CudaOptions{0, std::nullopt, /*token_experts=*/false});
   struct Case {
@@ -753,7 +754,10 @@ TEST_F(GpuOps, MoeExpertsOneTokenMatchesPlanned) {
       planned.moe_experts(po, gx, gid, gw, ex.gpu, gs);
       planned.synchronize();
       EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2);
-      EXPECT_EQ(read(go), read(po));
+      EXPECT_LE(rel_l2(read(go), read(po)), 2e-3);
+      if (!with_shared) {  // then every dot runs in the planned path's order
+        EXPECT_EQ(read(go), read(po));
+      }
     }
   }
 }

@@ -2,7 +2,8 @@
 // routed experts' and the shared expert's hidden units as one flat list spread evenly over the SMs
 // (the planned path gives each expert its own blocks, so the 2x wider shared expert sets its length);
 // down computes each output unit for all of the token's rows in one block and sums them with the
-// routing weights. Every sum runs in the planned path's order, so the results are bit-identical.
+// routing weights. Each routed dot runs in the planned path's order; the shared expert's down dot is
+// summed in pieces (load balance), so results match the planned path to F32 rounding, not bit for bit.
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -18,7 +19,7 @@ namespace {
 // Output units per down block: 4 gives V2-Lite 512 blocks (one wave at 4 per SM), each warp a few
 // (row, unit) dots of 1408 inputs, which one round of 8 loads per lane covers.
 constexpr int kTokDownUnits = 4;
-constexpr int kTokMaxRows = 33;  // K <= 32 routed rows and the shared one
+constexpr int kTokMaxRows = 40;  // K <= 32 routed rows and the shared one's pieces
 
 // Slot k's expert: lane k of `lane_ids` holds ids[k] (K <= 32), the shared expert is slot K.
 __device__ __forceinline__ int slot_expert(const TokenArgs& a, int lane_ids, int k) {
@@ -45,14 +46,20 @@ __global__ void __launch_bounds__(kTokThreads) token_down_kernel(TokenArgs a) {
   pdl_entry();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lane_ids = lane < a.K ? __ldg(a.ids + lane) : 0;
-  const int rows = a.K + (a.Is > 0), d0 = blockIdx.x * kTokDownUnits;
+  // The shared expert's row in pieces as long as a routed row (V2-Lite: 2 x 1408), so every warp
+  // gets the same number of equal dots: 8 rows x 4 units over 8 warps, where the whole 2816-long row
+  // made 4 warps do 5 rounds of loads and 4 do 3 (down 17.7 -> see bench/NOTES.md).
+  const int pieces = a.Is == 0 ? 0 : a.Is % a.I == 0 && a.K + a.Is / a.I <= kTokMaxRows ? a.Is / a.I : 1;
+  const int plen = pieces ? a.Is / pieces : 0;
+  const int rows = a.K + pieces, d0 = blockIdx.x * kTokDownUnits;
   for (int p = warp; p < rows * kTokDownUnits; p += kTokWarps) {
     const int k = p / kTokDownUnits, j = p % kTokDownUnits, d = d0 + j;
     const int e = slot_expert(a, lane_ids, k);
     if (d >= a.D) continue;
-    const int I = k < a.K ? a.I : a.Is, K8 = I / 8;
-    const bf16* wr = static_cast<const bf16*>(a.ptrs[2 * a.ne + e]) + int64_t(d) * I;
-    const uint4* hr = reinterpret_cast<const uint4*>(a.h + int64_t(k) * a.ldh);
+    const bool routed = k < a.K;
+    const int len = routed ? a.I : plen, K8 = len / 8, off = routed ? 0 : (k - a.K) * plen;
+    const bf16* wr = static_cast<const bf16*>(a.ptrs[2 * a.ne + e]) + int64_t(d) * (routed ? a.I : a.Is) + off;
+    const uint4* hr = reinterpret_cast<const uint4*>(a.h + int64_t(routed ? k : a.K) * a.ldh + off);
     float acc = 0;
     for (int k0 = lane; k0 < K8; k0 += 32 * U) {
       uint4 wv[U];
@@ -71,9 +78,9 @@ __global__ void __launch_bounds__(kTokThreads) token_down_kernel(TokenArgs a) {
   __syncthreads();
   const int d = d0 + int(threadIdx.x);
   if (threadIdx.x < kTokDownUnits && d < a.D) {
-    float s = 0;  // moe_combine_kernel's order
+    float s = 0;  // moe_combine_kernel's order, the shared pieces in order after the routed rows
     for (int k = 0; k < a.K; ++k) s += a.w[k] * part[k][threadIdx.x];
-    if (a.Is > 0) s += part[a.K][threadIdx.x];
+    for (int k = a.K; k < rows; ++k) s += part[k][threadIdx.x];
     a.out[d] = __float2bfloat16(s);
   }
 }
