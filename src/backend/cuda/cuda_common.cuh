@@ -156,6 +156,16 @@ __device__ __forceinline__ uint4 ld_stream(const bf16* p) {
   return v;
 }
 
+// ld_stream that the compiler keeps where it is written (volatile): loads issued ahead of a
+// prologue's barriers, whose latency the prologue then hides.
+__device__ __forceinline__ uint4 ld_stream_early(const bf16* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // Dot product of 8 BF16 pairs in F32.
 __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
   const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&w);

@@ -22,10 +22,12 @@ __global__ void __launch_bounds__(kGemvThreads)
 }
 
 // norm_linear for M <= kGemvRows rows: every block normalizes the input rows into shared memory
-// (block_rmsnorm_rows; block 0 also stores them) while its weight rows are prefetched into L2, then
-// runs gemv_kernel's products (32 lanes per unit, same order: same bits).
-template <typename OutT>
-__global__ void __launch_bounds__(kGemvThreads)
+// (block_rmsnorm_rows; block 0 also stores them) while its first weights load, then runs
+// gemv_kernel's products (32 lanes per unit, same order: same bits).
+// kRows: the rows a block holds (1, or kGemvRows): one row needs fewer registers, and 4 blocks per SM
+// keep V2-Lite's q/kv_a product (456 blocks) in one wave.
+template <typename OutT, int kRows>
+__global__ void __launch_bounds__(kGemvThreads, 4)
     norm_gemv_kernel(OutT* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N, NormArgs n) {
   extern __shared__ __align__(16) unsigned char norm_smem[];
   bf16* xs = reinterpret_cast<bf16*>(norm_smem);  // [M, D]
@@ -34,27 +36,37 @@ __global__ void __launch_bounds__(kGemvThreads)
   const bool ok = u < N;
   const bf16* wr = w + int64_t(u) * ldw;
   pdl_entry();
-  // The unit's weight row into L2 while the block normalizes (128-byte lines, one per lane at a time).
+  // Before the norm: the first round of the unit's weights into registers (one row: registers to
+  // spare) and the rest of its row into L2 (128-byte lines), so the prologue runs under the loads'
+  // latency.
+  constexpr int U = 4, kEarly = kRows == 1 ? U : 0;
+  uint4 first[U];
+#pragma unroll
+  for (int j = 0; j < kEarly; ++j)
+    first[j] = ok && lane + 32 * j < K8 ? ld_stream_early(wr + (lane + 32 * j) * 8) : uint4{};
   if (ok)
-    for (int l = lane; l < K8 / 8; l += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
-  block_rmsnorm_rows<kGemvRows>(n, 0, M, xs, n.D, xs, n.D, blockIdx.x == 0);
-  constexpr int U = 4;
-  float acc[kGemvRows] = {};
+    for (int l = 4 * kEarly + lane; l < K8 / 8; l += 32)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
+  block_rmsnorm_rows<kRows>(n, 0, M, xs, n.D, xs, n.D, blockIdx.x == 0);
+  float acc[kRows] = {};
   for (int k0 = lane; k0 < K8; k0 += 32 * U) {
     uint4 wv[U];
 #pragma unroll
-    for (int j = 0; j < U; ++j) wv[j] = ok && k0 + 32 * j < K8 ? ld_stream(wr + (k0 + 32 * j) * 8) : uint4{};
+    for (int j = 0; j < U; ++j)
+      wv[j] = kEarly && k0 == lane     ? first[j]
+              : ok && k0 + 32 * j < K8 ? ld_stream(wr + (k0 + 32 * j) * 8)
+                                       : uint4{};
 #pragma unroll
     for (int j = 0; j < U; ++j) {
       const int k8 = k0 + 32 * j;
       if (k8 >= K8) break;
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r)
+      for (int r = 0; r < kRows; ++r)
         if (r < M) acc[r] += dot8(wv[j], reinterpret_cast<const uint4*>(xs + r * n.D)[k8]);
     }
   }
 #pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     if (r >= M) break;
     const float v = warp_sum(acc[r]);
     if (lane == 0 && ok) store_out(out + r * ldo + u, v);
@@ -207,12 +219,14 @@ void CudaOps::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
   Prof prof_scope(this, "norm_linear");
   const int grid = int(ceil_div(int64_t(N) * 32, kGemvThreads));
   const size_t smem = size_t(M) * D * 2;
+  auto go = [&](auto* o, auto kernel1, auto kernel4) {
+    launch(M == 1 ? kernel1 : kernel4, grid, kGemvThreads, smem, S(stream_), o, out.stride[0],
+           wb->ptr<const bf16>(), wb->stride[0], M, N, na);
+  };
   if (out.dtype == DType::kF32)
-    launch(norm_gemv_kernel<float>, grid, kGemvThreads, smem, S(stream_), out.ptr<float>(), out.stride[0],
-           wb->ptr<const bf16>(), wb->stride[0], M, N, na);
+    go(out.ptr<float>(), norm_gemv_kernel<float, 1>, norm_gemv_kernel<float, kGemvRows>);
   else
-    launch(norm_gemv_kernel<bf16>, grid, kGemvThreads, smem, S(stream_), out.ptr<bf16>(), out.stride[0],
-           wb->ptr<const bf16>(), wb->stride[0], M, N, na);
+    go(out.ptr<bf16>(), norm_gemv_kernel<bf16, 1>, norm_gemv_kernel<bf16, kGemvRows>);
   BELUGA_LAUNCH_CHECK();
 }
 

@@ -181,10 +181,15 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
       token_gate_up_unit(g.tok, reinterpret_cast<const uint4*>(xs), g.tok.K, u, g.tok.ne - 1);
     return;
   }
+  // With a norm: the first round of the router row into registers before it (volatile loads stay
+  // ahead of its barriers), so the prologue runs under their latency.
+  uint4 first[kGateLoads];
   if (kNorm) {
-    // The router row into L2 while the block normalizes.
-    for (int l = threadIdx.x; l < g.K8 / 8; l += kGateThreads)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
+#pragma unroll
+    for (int j = 0; j < kGateLoads; ++j) {
+      const int c = int(threadIdx.x) + j * kGateThreads;
+      first[j] = c < g.K8 ? ld_stream_early(wr + c * 8) : uint4{};
+    }
     block_rmsnorm_rows<kRows>(g.norm, t0, nt, xs, g.norm.D, xs, g.norm.D, blockIdx.x == 0);
   }
   float acc[kRows] = {};
@@ -193,7 +198,7 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
 #pragma unroll
     for (int j = 0; j < kGateLoads; ++j) {
       const int c = c0 + j * kGateThreads;
-      wv[j] = c < g.K8 ? ld_stream(wr + c * 8) : uint4{};
+      wv[j] = kNorm && c0 == int(threadIdx.x) ? first[j] : c < g.K8 ? ld_stream(wr + c * 8) : uint4{};
     }
 #pragma unroll
     for (int j = 0; j < kGateLoads; ++j) {

@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kTokThreads) token_down_kernel(TokenArgs a) {
     if (d >= a.D) continue;
     const bool routed = k < a.K;
     const int len = routed ? a.I : plen, K8 = len / 8, off = routed ? 0 : (k - a.K) * plen;
-    const bf16* wr = static_cast<const bf16*>(a.ptrs[2 * a.ne + e]) + int64_t(d) * (routed ? a.I : a.Is) + off;
+    const bf16* wr =
+        static_cast<const bf16*>(a.ptrs[2 * a.ne + e]) + int64_t(d) * (routed ? a.I : a.Is) + off;
     const uint4* hr = reinterpret_cast<const uint4*>(a.h + int64_t(routed ? k : a.K) * a.ldh + off);
     float acc = 0;
     for (int k0 = lane; k0 < K8; k0 += 32 * U) {
