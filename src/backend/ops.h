@@ -72,15 +72,15 @@ struct MoeLayerRef {
   const ExpertWeights* shared;
 };
 
-// A sublayer's input still to be formed (pre-norm residual blocks): residual += delta (nothing to add
-// when delta is empty), out = rmsnorm(residual) * w. An op that takes it leaves residual and out as
-// add_rmsnorm would, so later ops read `out`.
+// A sublayer's input still to be formed (pre-norm residual blocks): sum = residual + delta (the
+// residual alone when delta is empty), out = rmsnorm(sum) * w. An op that takes it stores the sum and
+// `out` as add_rmsnorm would, so later ops read `out` and the next sublayer the sum.
 struct NormedInput {
   Tensor residual, delta, w, out;
   float eps = 0;
-  // Where residual + delta goes: another buffer of residual's shape, or residual itself (in place;
-  // also when empty). Out of place, a kernel that normalizes in every block can read residual while
-  // one block writes the sum. Unused without a delta.
+  // Where the sum goes: another buffer of residual's shape, or residual itself (in place; also when
+  // empty). Out of place, a kernel that normalizes in every block can read residual while one block
+  // writes the sum. Unused without a delta.
   Tensor residual_out;
 };
 

@@ -1,6 +1,7 @@
 // One token's experts (batch-1 decode) without a row plan or a combine kernel. Gate-up streams the K
 // routed experts' and the shared expert's hidden units as one flat list spread evenly over the SMs
-// (the planned path gives each expert its own blocks, so the 2x wider shared expert sets its length);
+// (the planned path gives each expert its own blocks, so the 2x wider shared expert sets its length),
+// or only the routed ones when the fused gate ran the shared expert beside the routing (CudaOps::moe);
 // down computes each output unit for all of the token's rows in one block and sums them with the
 // routing weights. Each routed dot runs in the planned path's order; the shared expert's down dot is
 // summed in pieces (load balance), so results match the planned path to F32 rounding, not bit for bit.
