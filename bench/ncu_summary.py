@@ -8,13 +8,8 @@ for r in rows:
 print(len(data),"kernel rows")
 # last decode step: the last N kernels; group by name
 agg=collections.OrderedDict()
-# N: the last N kernels, or "from:NAME": from the last kernel whose name contains NAME (a step's first)
-arg=sys.argv[2] if len(sys.argv)>2 else "600"
-if arg.startswith("from:"):
-    i=max(j for j,d in enumerate(data) if arg[5:] in d["Kernel Name"])
-    sub=data[i:]
-else:
-    sub=data[-int(arg):]
+n=int(sys.argv[2]) if len(sys.argv)>2 else 600
+sub=data[-n:]
 tot=0
 for d in sub:
     name=d["Kernel Name"][:70]

@@ -69,4 +69,16 @@ __device__ __forceinline__ void gemv_block(OutT* out, int64_t ldo, const bf16* x
   }
 }
 
+// Lanes per output unit for rows of K8 16-byte chunks: the narrowest group that covers a row.
+inline int gemv_lanes(int64_t K8) {
+  return K8 <= 8 ? 8 : K8 <= 16 ? 16 : 32;
+}
+
+// Whether per-head products x [T, H, K] . w[h]^T (w the BF16 [H, N, K]) take the GEMV blocks: few
+// tokens, rows in 16-byte chunks.
+inline bool heads_gemv_ok(const Tensor& x, const Tensor& w) {
+  return x.shape[0] <= kGemvRows && x.shape[2] % 8 == 0 && x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 &&
+         w.stride[0] % 8 == 0 && w.stride[1] % 8 == 0 && aligned16(x.data) && aligned16(w.data);
+}
+
 }  // namespace beluga::cuda

@@ -200,13 +200,11 @@ void CudaOps::mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor
                                    const Tensor& q_nope, const Tensor& w_uk_t) {
   const int64_t T = q_nope.shape[0], H = q_nope.shape[1], K = q_nope.shape[2], N = w_uk_t.shape[1];
   const Tensor& w = bf16_weight(w_uk_t, Tensor{}, 128, 128);
-  // As linear_heads' GEMV path requires; else the two ops one after the other.
-  const bool fused = T >= 1 && T <= kGemvRows && w_uk_t.ndim == 3 && w_uk_t.shape[0] == H &&
-                     w_uk_t.shape[2] == K && q_lat.dtype == DType::kBF16 && q_lat.ndim == 3 &&
-                     q_lat.shape[2] == N && q_lat.stride[2] == 1 && q_nope.dtype == DType::kBF16 &&
-                     q_nope.stride[2] == 1 && K % 8 == 0 && q_nope.stride[0] % 8 == 0 &&
-                     q_nope.stride[1] % 8 == 0 && w.stride[0] % 8 == 0 && w.stride[1] % 8 == 0 &&
-                     w.stride[2] == 1 && aligned16(q_nope.data) && aligned16(w.data);
+  // Where linear_heads would take its GEMV; else the two ops one after the other.
+  const bool fused = T >= 1 && w_uk_t.ndim == 3 && w_uk_t.shape[0] == H && w_uk_t.shape[2] == K &&
+                     q_lat.dtype == DType::kBF16 && q_lat.ndim == 3 && q_lat.shape[2] == N &&
+                     q_lat.stride[2] == 1 && q_nope.dtype == DType::kBF16 && q_nope.stride[2] == 1 &&
+                     w.stride[2] == 1 && heads_gemv_ok(q_nope, w);
   if (!fused) {
     Ops::mla_prepare_absorbed(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m, q_lat, q_nope,
                               w_uk_t);
@@ -214,7 +212,7 @@ void CudaOps::mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor
   }
   Prof prof_scope(this, "mla_prepare_absorbed");
   const PrepareArgs a = prepare_args(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m);
-  const int K8 = int(K / 8), lanes = K8 <= 8 ? 8 : K8 <= 16 ? 16 : 32;
+  const int K8 = int(K / 8), lanes = gemv_lanes(K8);
   UkArgs g{q_lat.ptr<bf16>(),
            q_lat.stride[0],
            q_nope.ptr<const bf16>(),

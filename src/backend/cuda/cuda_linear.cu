@@ -81,9 +81,10 @@ void launch_gemv(OutT* out, int64_t ldo, const bf16* x, int64_t ldx, const bf16*
     const dim3 grid(unsigned(ceil_div(int64_t(N) * lanes, kGemvThreads)), unsigned(heads));
     launch(kernel, grid, kGemvThreads, 0, st, out, ldo, x, ldx, w, ldw, M, N, K8, hs);
   };
-  if (K8 <= 8)
+  const int lanes = gemv_lanes(K8);
+  if (lanes == 8)
     go(gemv_kernel<OutT, 8>, 8);
-  else if (K8 <= 16)
+  else if (lanes == 16)
     go(gemv_kernel<OutT, 16>, 16);
   else
     go(gemv_kernel<OutT, 32>, 32);
@@ -239,8 +240,7 @@ void CudaOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w_in) {
                "linear_heads: shapes ", x.describe(), " x ", w_in.describe(), " -> ", out.describe());
   if (T == 0) return;
   const Tensor& w = bf16_weight(w_in, Tensor{}, 128, 128);
-  if (T <= kGemvRows && K % 8 == 0 && x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 && w.stride[0] % 8 == 0 &&
-      w.stride[1] % 8 == 0 && aligned16(x.data) && aligned16(w.data)) {
+  if (heads_gemv_ok(x, w)) {
     launch_gemv(out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(),
                 w.stride[1], int(T), int(N), int(K / 8), HeadStrides{x.stride[1], w.stride[0], out.stride[1]},
                 int(H), S(stream_));

@@ -382,9 +382,9 @@ void CudaOps::moe(Tensor out, const NormedInput& in, const MoeLayerRef& m) {
   // One token with a shared expert: the fused gate's extra blocks run the shared expert's gate-up
   // while its router blocks route, then the routed units and the down projection.
   const int K = m.params.top_k;
-  if (in.out.shape[0] == 1 && m.shared && token_experts_ && K <= 32 && aligned16(in.out.data)) {
+  if (in.out.shape[0] == 1 && m.shared) {
     const ExpertTable& tab = expert_table(m.experts, m.shared);
-    if (tab.i_routed > 0 && tab.d == in.out.shape[1]) {
+    if (one_token_path(in.out, K, tab)) {
       Prof prof_scope(this, "moe");
       const ScratchMark mark = scratch_mark();
       Tensor ids = scratch(DType::kI32, {1, K}), weights = scratch(DType::kF32, {1, K});

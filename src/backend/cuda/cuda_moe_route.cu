@@ -342,13 +342,14 @@ bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weig
   g.plan = plan ? gate_plan_buf_ : nullptr;
   int shared_blocks = 0;
   if (tab && norm && T == 1 && tab->i_shared > 0) {
-    // As many shared-expert blocks as fit beside the router's E at once (host-side arithmetic on
-    // the kernel's attributes; decode captures it into graphs).
-    int occupancy = 0;
-    BELUGA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, moe_gate_kernel<true, 1>,
-                                                                    kGateThreads, smem));
+    // As many shared-expert blocks as fit beside the router's E at once.
+    if (smem != gate_occupancy_smem_) {
+      BELUGA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &gate_occupancy_, moe_gate_kernel<true, 1>, kGateThreads, smem));
+      gate_occupancy_smem_ = smem;
+    }
     g.tok = token_args(x, ids, weights, *tab, true, H);
-    shared_blocks = int(std::clamp<int64_t>(int64_t(sm_count_) * std::max(occupancy, 1) - E, 1,
+    shared_blocks = int(std::clamp<int64_t>(int64_t(sm_count_) * std::max(gate_occupancy_, 1) - E, 1,
                                             ceil_div(tab->i_shared, kGateWarps)));
   }
   const dim3 grid(unsigned(E + shared_blocks), unsigned(ceil_div(T, kGateTok)));

@@ -89,10 +89,15 @@ __global__ void __launch_bounds__(kTokThreads) token_down_kernel(TokenArgs a) {
 
 }  // namespace
 
+bool CudaOps::one_token_path(const Tensor& x, int K, const ExpertTable& tab) const {
+  return token_experts_ && x.shape[0] == 1 && K <= 32 && tab.i_routed > 0 && tab.d == x.shape[1] &&
+         aligned16(x.data);
+}
+
 bool CudaOps::token_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                             const ExpertTable& tab, bool shared, Tensor H, bool shared_done) {
   const int K = int(ids.shape[1]);
-  if (!token_experts_ || x.shape[0] != 1 || K > 32 || tab.i_routed <= 0 || !aligned16(x.data)) return false;
+  if (!one_token_path(x, K, tab)) return false;
   TokenArgs a =
       token_args(x, ids, weights, tab, shared, H.empty() ? scratch(DType::kBF16, {K + 1, tab.i_max}) : H);
   a.out = out.ptr<bf16>();

@@ -165,6 +165,23 @@ __device__ __forceinline__ float block_row_sumsq(const bf16* row, int D, bool ve
   return t;
 }
 
+// The device view of `in` (the sum goes to residual_out, or in place when that is empty).
+inline NormArgs make_norm_args(const NormedInput& in) {
+  const bool add = !in.delta.empty();
+  const Tensor& ro = in.residual_out.empty() ? in.residual : in.residual_out;
+  return NormArgs{in.residual.ptr<const bf16>(),
+                  in.residual.stride[0],
+                  add ? in.delta.ptr<const bf16>() : nullptr,
+                  add ? in.delta.stride[0] : 0,
+                  add ? static_cast<bf16*>(ro.data) : nullptr,
+                  add ? ro.stride[0] : 0,
+                  vec(in.w),
+                  in.eps,
+                  in.out.ptr<bf16>(),
+                  in.out.stride[0],
+                  int(in.out.shape[1])};
+}
+
 // The device view of `in`, or false where the fused kernels do not apply (dtypes, strides,
 // alignment, an in-place residual update that other blocks could still be reading): then the
 // caller composes the ops.
@@ -183,17 +200,7 @@ inline bool norm_args(const NormedInput& in, NormArgs* a) {
                     ro.shape != in.residual.shape || ro.data == in.residual.data ||
                     ro.data == in.delta.data || ro.data == in.out.data || in.out.data == in.delta.data))
     return false;
-  *a = NormArgs{in.residual.ptr<const bf16>(),
-                in.residual.stride[0],
-                has_delta ? in.delta.ptr<const bf16>() : nullptr,
-                has_delta ? in.delta.stride[0] : 0,
-                has_delta ? ro.ptr<bf16>() : nullptr,
-                has_delta ? ro.stride[0] : 0,
-                vec(in.w),
-                in.eps,
-                in.out.ptr<bf16>(),
-                in.out.stride[0],
-                int(in.out.shape[1])};
+  *a = make_norm_args(in);
   return true;
 }
 

@@ -495,17 +495,7 @@ void CudaOps::normalize(const NormedInput& in) {
   auto vec_rows = [](const Tensor& t) { return t.stride[0] % 8 == 0 && aligned16(t.data); };
   const bool vectorized = D % 8 == 0 && vec_rows(in.residual) && vec_rows(in.out) && aligned16(in.w.data) &&
                           (!add || (vec_rows(in.delta) && vec_rows(ro)));
-  const NormArgs n{in.residual.ptr<const bf16>(),
-                   in.residual.stride[0],
-                   add ? in.delta.ptr<const bf16>() : nullptr,
-                   add ? in.delta.stride[0] : 0,
-                   add ? const_cast<bf16*>(ro.ptr<const bf16>()) : nullptr,
-                   add ? ro.stride[0] : 0,
-                   vec(in.w),
-                   in.eps,
-                   in.out.ptr<bf16>(),
-                   in.out.stride[0],
-                   D};
+  const NormArgs n = make_norm_args(in);
   launch(rmsnorm_kernel, R, kNormThreads, 0, S(stream_), n, vectorized);
   BELUGA_LAUNCH_CHECK();
 }

@@ -155,6 +155,8 @@ class CudaOps final : public Ops {
                   Tensor H = {});
   // One token's experts (decode at batch 1): gate-up over a flat list of the token's hidden units,
   // down with the weighted sum fused (cuda_moe_token.cu). False: not applicable, nothing enqueued.
+  // Whether token x with K routed experts takes the one-token kernels (token_experts).
+  bool one_token_path(const Tensor& x, int K, const ExpertTable& tab) const;
   // H: [K + 1, i_max] for the hidden rows (empty: scratch); shared_done: row K (the shared expert's)
   // is there already (fused_gate computed it).
   bool token_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -181,6 +183,10 @@ class CudaOps final : public Ops {
   int64_t gate_plan_capacity_ = 0;
   MoePrefill moe_prefill_ = MoePrefill::kAuto;
   bool token_experts_ = true;
+  // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
+  // occupancy query runs once per size, not once per layer).
+  size_t gate_occupancy_smem_ = 0;
+  int gate_occupancy_ = 0;
   // Streams for independent work within one op, each with its own cuBLAS handle and workspace (a
   // workspace must not be shared by GEMMs that run at the same time); made on first use.
   static constexpr int kSideStreams = 4;
