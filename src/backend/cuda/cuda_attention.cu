@@ -124,10 +124,17 @@ __global__ void ref_attention_kernel(RefArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// MLA decode (absorbed), tensor cores. Heads are the M dimension (16 per block).
-constexpr int kMDk = 576, kMDv = 512, kMHG = 16, kMTile = 32, kMLd = kMDk + 8, kMPLd = kMTile + 8;
+// MLA decode (absorbed), tensor cores. Heads are the M dimension (16 per block); 8 warps per block,
+// a 64-key tile per round: each warp owns 8 keys of the scores and 64 of the 512 output columns.
+// ncu (b=1, 1K context, 16 splits): with 4 warps and 32-key tiles each SM ran one warp per scheduler
+// through ~3900 dependent instructions (15.6 us at base clocks, 2 % of issue slots busy), so the
+// work per warp, not memory, set the time.
+constexpr int kMDk = 576, kMDv = 512, kMHG = 16, kMTile = 64, kMWarps = 8, kMThreads = kMWarps * 32;
+constexpr int kMLd = kMDk + 8, kMPLd = kMTile + 8, kMCols = kMDv / kMWarps;
 constexpr int kMSmem =
     (kMHG * kMLd + 2 * kMTile * kMLd) * 2 + kMHG * kMTile * 4 + kMHG * kMPLd * 2 + kMHG * 4;
+// Splits per (token, head group) at most: the combine keeps one weight per split in shared memory.
+constexpr int kMaxSplits = 32;
 
 struct DecodeArgs {
   const bf16* q;
@@ -154,28 +161,33 @@ __device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned c
   bf16* Ps = reinterpret_cast<bf16*>(Ss + kMHG * kMTile);
   float* alpha_s = reinterpret_cast<float*>(Ps + kMHG * kMPLd);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
-  for (int c = tid; c < kMHG * (kMDk / 8); c += 128) {
+  for (int c = tid; c < kMHG * (kMDk / 8); c += kMThreads) {
     const int hh = c / (kMDk / 8), part = c % (kMDk / 8);
     cp_async16(Qs + hh * kMLd + part * 8, a.q + t * a.q0 + (h0 + hh) * a.q1 + part * 8, true);
   }
   const int32_t* bt = a.bt + int64_t(s) * a.max_blocks;
+  // Four threads per key: one block-table lookup each per tile, then 18 16-byte chunks of the row
+  // (the four together cover 64 contiguous bytes per step).
+  constexpr int kTpk = kMThreads / kMTile, kChunks = kMDk / 8;
+  const int lkey = tid / kTpk, lsub = tid % kTpk;
   auto load_tile = [&](int buf, int kt0) {
-    bf16* kb = Ks + buf * kMTile * kMLd;
-    for (int c = tid; c < kMTile * (kMDk / 8); c += 128) {
-      const int key = c / (kMDk / 8), part = c % (kMDk / 8), j = kt0 + key;
-      const bool ok = j < ke;
-      const bf16* src = ok ? a.cache + (int64_t(bt[j / a.bs]) * a.bs + j % a.bs) * kMDk + part * 8 : a.cache;
-      cp_async16(kb + key * kMLd + part * 8, src, ok);
-    }
+    bf16* kb = Ks + buf * kMTile * kMLd + lkey * kMLd;
+    const int j = kt0 + lkey;
+    const bool ok = j < ke;
+    const bf16* row = ok ? a.cache + (int64_t(bt[j / a.bs]) * a.bs + j % a.bs) * kMDk : a.cache;
+#pragma unroll
+    for (int part = lsub; part < kChunks; part += kTpk) cp_async16(kb + part * 8, row + part * 8, ok);
   };
   const int ntiles = (ke - kb0 + kMTile - 1) / kMTile;
   load_tile(0, kb0);
   cp_async_commit();
 
-  float o[16][4];
+  float o[kMCols / 8][4];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m_run = -INFINITY, l_run = 0.0f;  // softmax state of head (tid >> 3), replicated over 8 threads
+  for (int j = 0; j < kMCols / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  // Softmax state of head (tid / 16), replicated over its 16 threads.
+  constexpr int kTph = kMThreads / kMHG, kKpt = kMTile / kTph;
+  float m_run = -INFINITY, l_run = 0.0f;
 
   for (int tile = 0; tile < ntiles; ++tile) {
     const int kt0 = kb0 + tile * kMTile;
@@ -184,41 +196,39 @@ __device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned c
     cp_async_wait<1>();
     __syncthreads();
     const bf16* kb = Ks + (tile & 1) * kMTile * kMLd;
-    // S[16 heads, 32 keys]: warp w takes keys 8w..8w+7.
-    float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
+    // S[16 heads, 64 keys]: warp w takes keys 8w..8w+7; two accumulators halve the mma chain.
+    float sacc[2][4] = {};
+#pragma unroll 6
     for (int kk = 0; kk < kMDk / 16; ++kk) {
       uint32_t af[4], bfr[2];
       ldsm_x4(af, Qs + (lane & 15) * kMLd + kk * 16 + (lane >> 4) * 8);
       ldsm_x2(bfr, kb + (w * 8 + (lane & 7)) * kMLd + kk * 16 + ((lane >> 3) & 1) * 8);
-      mma_bf16(sacc, af, bfr[0], bfr[1]);
+      mma_bf16(sacc[kk & 1], af, bfr[0], bfr[1]);
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int key = w * 8 + 2 * t4 + (q & 1), hh = g + (q >> 1) * 8;
-      Ss[hh * kMTile + key] = (kt0 + key < ke) ? sacc[q] * a.scale_log2 : -INFINITY;
+      Ss[hh * kMTile + key] = (kt0 + key < ke) ? (sacc[0][q] + sacc[1][q]) * a.scale_log2 : -INFINITY;
     }
     __syncthreads();
     {
-      const int hh = tid >> 3, sub = tid & 7;
-      float v[4], tmax = -INFINITY;
+      const int hh = tid / kTph, sub = tid % kTph;
+      float v[kKpt], tmax = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) tmax = fmaxf(tmax, v[i] = Ss[hh * kMTile + sub * 4 + i]);
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
+      for (int i = 0; i < kKpt; ++i) tmax = fmaxf(tmax, v[i] = Ss[hh * kMTile + sub * kKpt + i]);
+#pragma unroll
+      for (int off = 1; off < kTph; off <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
       const float m_new = fmaxf(m_run, tmax);
       const float alpha = exp2f(m_run - m_new);
       float psum = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kKpt; ++i) {
         const float p = exp2f(v[i] - m_new);
         psum += p;
-        Ps[hh * kMPLd + sub * 4 + i] = __float2bfloat16(p);
+        Ps[hh * kMPLd + sub * kKpt + i] = __float2bfloat16(p);
       }
-      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-      psum += __shfl_xor_sync(0xffffffffu, psum, 2);
-      psum += __shfl_xor_sync(0xffffffffu, psum, 4);
+#pragma unroll
+      for (int off = 1; off < kTph; off <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
       l_run = l_run * alpha + psum;
       m_run = m_new;
       if (sub == 0) alpha_s[hh] = alpha;
@@ -226,20 +236,21 @@ __device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned c
     __syncthreads();
     const float al0 = alpha_s[g], al1 = alpha_s[g + 8];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kMCols / 8; ++j) {
       o[j][0] *= al0;
       o[j][1] *= al0;
       o[j][2] *= al1;
       o[j][3] *= al1;
     }
+    // O[16 heads, 64 columns of warp w] += P[16, 64 keys] . V[64 keys, those columns].
 #pragma unroll
     for (int kk = 0; kk < kMTile / 16; ++kk) {
       uint32_t pf[4];
       ldsm_x4(pf, Ps + (lane & 15) * kMPLd + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-      for (int jp = 0; jp < 8; ++jp) {
+      for (int jp = 0; jp < kMCols / 16; ++jp) {
         uint32_t vb[4];
-        ldsm_x4_t(vb, kb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kMLd + w * 128 + jp * 16 +
+        ldsm_x4_t(vb, kb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kMLd + w * kMCols + jp * 16 +
                           (lane >> 4) * 8);
         mma_bf16(o[2 * jp], pf, vb[0], vb[1]);
         mma_bf16(o[2 * jp + 1], pf, vb[2], vb[3]);
@@ -249,15 +260,15 @@ __device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned c
   }
   cp_async_wait<0>();
   if (a.num_splits == 1) {  // nothing to merge: normalise and write the output
-    if ((tid & 7) == 0) alpha_s[tid >> 3] = 1.0f / l_run;
+    if (tid % kTph == 0) alpha_s[tid / kTph] = 1.0f / l_run;
     __syncthreads();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int hh = g + half * 8;
       const float inv = alpha_s[hh];
-      bf16* op = a.out + t * a.o0 + (h0 + hh) * a.o1 + w * 128 + 2 * t4;
+      bf16* op = a.out + t * a.o0 + (h0 + hh) * a.o1 + w * kMCols + 2 * t4;
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < kMCols / 8; ++j)
         *reinterpret_cast<__nv_bfloat162*>(op + j * 8) =
             __floats2bfloat162_rn(o[j][half * 2] * inv, o[j][half * 2 + 1] * inv);
     }
@@ -265,19 +276,19 @@ __device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned c
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float* op = a.o_part + (part0 + int64_t(g + half * 8) * a.num_splits) * kMDv + w * 128 + 2 * t4;
+    float* op = a.o_part + (part0 + int64_t(g + half * 8) * a.num_splits) * kMDv + w * kMCols + 2 * t4;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < kMCols / 8; ++j)
       *reinterpret_cast<float2*>(op + j * 8) = make_float2(o[j][half * 2], o[j][half * 2 + 1]);
   }
-  if ((tid & 7) == 0) {
-    const int hh = tid >> 3;
+  if (tid % kTph == 0) {
+    const int hh = tid / kTph;
     a.ml_part[(part0 + int64_t(hh) * a.num_splits) * 2] = m_run;
     a.ml_part[(part0 + int64_t(hh) * a.num_splits) * 2 + 1] = l_run;
   }
 }
 
-__global__ void __launch_bounds__(128) mla_decode_kernel(DecodeArgs a) {
+__global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
   pdl_entry();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int split = blockIdx.x, h0 = blockIdx.y * kMHG, t = blockIdx.z, tid = threadIdx.x;
@@ -297,19 +308,33 @@ __global__ void __launch_bounds__(128) mla_decode_kernel(DecodeArgs a) {
 
 // One (token, head)'s output: the sum over splits of the partial outputs, each rescaled to the common
 // maximum, into dst[0 .. kMDv) (BF16); the block's threads split the columns. Shared by the combine
-// kernel and the W_UV product that combines in its prologue, so both give the same bits.
-__device__ __forceinline__ void combine_splits(const float* ml, const float* op, int num_splits, bf16* dst) {
-  float M = -INFINITY;
-  for (int i = 0; i < num_splits; ++i)
-    if (ml[2 * i + 1] > 0) M = fmaxf(M, ml[2 * i]);
-  float den = 0;
-  for (int i = 0; i < num_splits; ++i)
-    if (ml[2 * i + 1] > 0) den += exp2f(ml[2 * i] - M) * ml[2 * i + 1];
-  const float inv = 1.0f / den;
+// kernel and the W_UV product that combines in its prologue, so both give the same bits. The first
+// warp turns the (max, sum) pairs into one weight per split in shared memory (wsm, kMaxSplits + 1
+// floats), so each column's loads are independent of each other (a loop over the pairs per thread
+// was a chain of L2 round trips: 8.2 us per layer with the W_UV product at batch 1).
+__device__ __forceinline__ void combine_splits(const float* ml, const float* op, int num_splits, bf16* dst,
+                                               float* wsm) {
+  __syncthreads();  // wsm may still be read for the previous row
+  if (threadIdx.x < 32) {
+    const int i = threadIdx.x;
+    // Splits past a short sequence's keys have no keys (sum 0); they come after the others.
+    const bool live = i < num_splits && ml[2 * i + 1] > 0;
+    const float m = live ? ml[2 * i] : -INFINITY, l = live ? ml[2 * i + 1] : 0.0f;
+    const float M = warp_max(m);
+    const float e = live ? exp2f(m - M) : 0.0f;
+    const float den = warp_sum(e * l);
+    wsm[i] = e;
+    if (i == 0) wsm[kMaxSplits] = 1.0f / den;
+  }
+  __syncthreads();
+  const float inv = wsm[kMaxSplits];
   for (int d = threadIdx.x; d < kMDv; d += blockDim.x) {
     float acc = 0;
-    for (int i = 0; i < num_splits; ++i)
-      if (ml[2 * i + 1] > 0) acc += exp2f(ml[2 * i] - M) * op[int64_t(i) * kMDv + d];
+#pragma unroll 8
+    for (int i = 0; i < num_splits; ++i) {
+      const float e = wsm[i];
+      if (e > 0) acc += e * op[int64_t(i) * kMDv + d];
+    }
     dst[d] = __float2bfloat16(acc * inv);
   }
 }
@@ -320,9 +345,10 @@ __device__ __forceinline__ void combine_splits(const float* ml, const float* op,
 __global__ void mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const float* o_part,
                                    const float* ml_part, int H, int num_splits) {
   pdl_entry();
+  __shared__ float wsm[kMaxSplits + 1];
   const int th = blockIdx.x, t = th / H, h = th % H;
   combine_splits(ml_part + int64_t(th) * num_splits * 2, o_part + int64_t(th) * num_splits * kMDv, num_splits,
-                 out + t * o0 + h * o1);
+                 out + t * o0 + h * o1, wsm);
 }
 
 // The absorbed output's W_UV product per head with the split combine in its prologue: block (x, h)
@@ -341,12 +367,13 @@ struct UvArgs {
 
 __global__ void __launch_bounds__(kGemvThreads) mla_combine_uv_kernel(UvArgs a) {
   __shared__ __align__(16) bf16 xs[kGemvRows][kMDv];
+  __shared__ float wsm[kMaxSplits + 1];
   pdl_entry();
   const int h = blockIdx.y;
   for (int t = 0; t < a.T; ++t) {
     const int64_t th = int64_t(t) * a.H + h;
     combine_splits(a.ml_part + th * a.num_splits * 2, a.o_part + th * a.num_splits * kMDv, a.num_splits,
-                   xs[t]);
+                   xs[t], wsm);
   }
   __syncthreads();
   gemv_block<bf16, 32, false>(a.out, a.o0, &xs[0][0], kMDv, a.w, a.w1, a.T, a.N, kMDv / 8,
@@ -611,7 +638,6 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   // H200, b=1, graphs): minimum 256 keys -> 4 splits at 1K: 3.08 ms per step; 64 -> 16 splits:
   // 2.50 ms; 32: 2.58 ms; at 4K, 32 splits of 128 keys 2.93 ms against 16 of 256 3.21 ms and 64 of
   // 64 3.06 ms.
-  constexpr int64_t kMaxSplits = 32;
   const int64_t blocks = int64_t(T) * (H / kMHG);
   const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, kMaxSplits);
   const int split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
@@ -644,7 +670,7 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   a.out = out.ptr<bf16>();
   a.o0 = out.stride[0];
   a.o1 = out.stride[1];
-  launch(mla_decode_kernel, dim3(splits, H / kMHG, T), 128, kMSmem, S(stream_), a);
+  launch(mla_decode_kernel, dim3(splits, H / kMHG, T), kMThreads, kMSmem, S(stream_), a);
   BELUGA_LAUNCH_CHECK();
   if (splits > 1 && w_uv) {  // the combine runs in the W_UV product's prologue
     const Tensor& w = *w_uv;

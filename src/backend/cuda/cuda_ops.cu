@@ -199,8 +199,8 @@ CudaOps::CudaOps(CudaOptions opt) {
   token_experts_ = opt.token_experts;
   if (const char* v = std::getenv("BELUGA_MLA_MIN_SPLIT")) {
     mla_min_split_ = std::atoi(v);
-    BELUGA_CHECK(mla_min_split_ >= 32 && mla_min_split_ % 32 == 0,
-                 "BELUGA_MLA_MIN_SPLIT must be a positive multiple of 32, got ", v);
+    BELUGA_CHECK(mla_min_split_ >= 64 && mla_min_split_ % 64 == 0,
+                 "BELUGA_MLA_MIN_SPLIT must be a positive multiple of 64 (the decode tile), got ", v);
   }
   if (opt.moe_prefill) {
     moe_prefill_ = *opt.moe_prefill;
