@@ -38,7 +38,7 @@ struct GroupedArgs {
   int64_t ldo;
 };
 
-constexpr int kBN = 128, kBK = 32, kLdS = kBK + 8, kStages = 5, kThreads = 256;
+constexpr int kBN = 128, kBK = 64, kLdS = kBK + 8, kStages = 3, kThreads = 256, kParts = kBK / 8;
 
 template <int BM>
 constexpr int grouped_smem() {
@@ -83,15 +83,15 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
     const int k0 = kt * kBK;
     bf16* as = As + stage * BM * kLdS;
     bf16* bs = Bs + stage * kBN * kLdS;
-    for (int c = tid; c < BM * 4; c += kThreads) {
-      const int row = c >> 2, part = c & 3, r = m0 + row, k = k0 + part * 8;
+    for (int c = tid; c < BM * kParts; c += kThreads) {
+      const int row = c / kParts, part = c % kParts, r = m0 + row, k = k0 + part * 8;
       const bool ok = r < m_end && k < K;
       const bf16* src = p.a;
       if (ok) src = p.a + (kGateUp ? int64_t(p.row_token[r]) : int64_t(r)) * p.lda + k;
       cp_async16(as + row * kLdS + part * 8, src, ok);
     }
-    for (int c = tid; c < kBN * 4; c += kThreads) {
-      const int rr = c >> 2, part = c & 3, k = k0 + part * 8;
+    for (int c = tid; c < kBN * kParts; c += kThreads) {
+      const int rr = c / kParts, part = c % kParts, k = k0 + part * 8;
       const bf16* base;
       int idx;
       if (kGateUp) {
@@ -422,7 +422,6 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   // projection above, on side streams (8K: 173 -> 163 ms; the grouped call took 188). Both need the
   // row counts on the host (a sync).
   const int64_t rows_per_expert = int64_t(T) * K / std::max(E, 1);
-  const bool big = rows_per_expert >= 64;
   // The sync costs tens of microseconds, so small models stay on the kernel: cuBLAS only from ~50
   // GFLOP of expert work (V2-Lite from ~600 tokens; the demo model's 2K chunks are 2.4 GFLOP, and
   // syncing there cut `bench serve` output from ~25 K to 17.5 K tok/s). BELUGA_MOE_PREFILL
@@ -431,7 +430,10 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   const bool per_expert_gemms = moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
                                 (expert_flops >= 5e10 || moe_prefill_ == MoePrefill::kPerExpert ||
                                  moe_prefill_ == MoePrefill::kCublasGrouped);
-  const int bm = big ? 128 : 32;
+  // Rows per tile of the grouped kernel: 32 at decode batches; 64 from 32 rows per expert (V2-Lite
+  // prefill chunks of ~170-680 tokens: one tile per expert instead of two with the second mostly
+  // empty, each re-reading the expert's weights); 128 from 64.
+  const int bm = rows_per_expert >= 64 ? 128 : rows_per_expert >= 32 ? 64 : 32;
   cudaStream_t st = S(stream_);
   int *start, *tile_start, *row_token, *entry_row;
   // The fused gate that routed these ids planned them already (for the small tiles the grouped kernel
@@ -485,7 +487,7 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     if (!grouped || !run_expert_gemms_grouped(x, H, Y, experts, shared, start, row_token, R))
       run_expert_gemms(x, H, Y, experts, shared, start, row_token, R);
   } else {
-    run_grouped(x, H, Y, tab, start, tile_start, row_token, R, big, st);
+    run_grouped(x, H, Y, tab, start, tile_start, row_token, R, bm, st);
   }
   launch(moe_combine_kernel, int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st,
          out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
@@ -495,9 +497,9 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
 }
 
 void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
-                          const int* tile_start, const int* row_token, int R, bool big, void* stream) {
+                          const int* tile_start, const int* row_token, int R, int bm, void* stream) {
   cudaStream_t st = S(stream);
-  const int ne = tab.ne, D = tab.d, bm = big ? 128 : 32;
+  const int ne = tab.ne, D = tab.d;
   const int grid_y = int(ceil_div(R, bm)) + ne;
   GroupedArgs a{};
   a.ptrs = tab.ptrs;
@@ -513,8 +515,10 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.out = H.data;
   a.ldo = tab.i_max;
   const int gx1 = int(ceil_div(tab.i_max, kBN / 2));
-  if (big)
+  if (bm == 128)
     launch_grouped<128, true>(a, gx1, grid_y, st);
+  else if (bm == 64)
+    launch_grouped<64, true>(a, gx1, grid_y, st);
   else
     launch_grouped<32, true>(a, gx1, grid_y, st);
   // down: A = rows of H.
@@ -524,8 +528,10 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.out = Y.data;
   a.ldo = D;
   const int gx2 = int(ceil_div(D, kBN));
-  if (big)
+  if (bm == 128)
     launch_grouped<128, false>(a, gx2, grid_y, st);
+  else if (bm == 64)
+    launch_grouped<64, false>(a, gx2, grid_y, st);
   else
     launch_grouped<32, false>(a, gx2, grid_y, st);
 }

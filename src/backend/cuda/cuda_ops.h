@@ -136,7 +136,7 @@ class CudaOps final : public Ops {
   const ExpertTable& expert_table(std::span<const ExpertWeights> experts, const ExpertWeights* shared);
   // The tensor-core grouped GEMMs (gate-up with SiLU-and-mul into H, down into Y) over planned rows.
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
-                   const int* tile_start, const int* row_token, int R, bool big, void* stream);
+                   const int* tile_start, const int* row_token, int R, int bm, void* stream);
   // The same with one cuBLAS GEMM per expert and projection (prefill); reads the plan's row counts.
   // The GEMMs of different experts run side by side on kSideStreams streams: one expert's GEMM alone
   // covers a fraction of the SMs (768 x 1408 is 36 tiles of 128 x 256 on 132 SMs).
