@@ -437,20 +437,22 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     scratch_release(mark);  // drops any plan the gate left
     return;
   }
-  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32 rows; 128 from
-  // 64 rows when cuBLAS is not used), and from 64 rows per expert cuBLAS: grouped GEMM calls below 512
-  // rows (2K prefill on V2-Lite: 55.9 -> 49.9 ms against the tile kernel) and one GEMM per expert and
-  // projection above, on side streams (8K: 173 -> 163 ms; the grouped call took 188). Both need the
-  // row counts on the host (a sync).
+  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32, 64 or 128
+  // rows), and from 512 rows per expert one cuBLAS GEMM per expert and projection on side streams,
+  // which needs the row counts on the host (a sync). Measured on V2-Lite (H200, bench/NOTES.md run
+  // 48): 2K prefill (192 rows per expert) 43.3 ms on the tiles against 49.9 ms with cuBLAS; 8K (768
+  // rows) 162.5 ms per-expert cuBLAS against 184.9 on the tiles. The grouped cuBLAS call is only
+  // taken when BELUGA_MOE_PREFILL asks for it.
   const int64_t rows_per_expert = int64_t(T) * K / std::max(E, 1);
-  // The sync costs tens of microseconds, so small models stay on the kernel: cuBLAS only from ~50
-  // GFLOP of expert work (V2-Lite from ~600 tokens; the demo model's 2K chunks are 2.4 GFLOP, and
-  // syncing there cut `bench serve` output from ~25 K to 17.5 K tok/s). BELUGA_MOE_PREFILL
-  // (benchmarking) forces one path from 64 rows: "kernel", "per-expert" or "cublas-grouped".
+  // The sync costs tens of microseconds, so small models stay on the kernel: cuBLAS also needs ~50
+  // GFLOP of expert work (the demo model's 2K chunks are 2.4 GFLOP, and syncing there cut `bench
+  // serve` output from ~25 K to 17.5 K tok/s). BELUGA_MOE_PREFILL (benchmarking) forces one path
+  // from 64 rows: "kernel", "per-expert" or "cublas-grouped".
   const double expert_flops = 6.0 * double(R) * D * double(experts[0].gate.out_features());
-  const bool per_expert_gemms = moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
-                                (expert_flops >= 5e10 || moe_prefill_ == MoePrefill::kPerExpert ||
-                                 moe_prefill_ == MoePrefill::kCublasGrouped);
+  const bool per_expert_gemms =
+      moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
+      ((expert_flops >= 5e10 && rows_per_expert >= 512) || moe_prefill_ == MoePrefill::kPerExpert ||
+       moe_prefill_ == MoePrefill::kCublasGrouped);
   // Rows per tile of the grouped kernel: 32 at decode batches; 64 from 32 rows per expert (V2-Lite
   // prefill chunks of ~170-680 tokens: one tile per expert instead of two with the second mostly
   // empty, each re-reading the expert's weights); 128 from 64.
@@ -501,10 +503,8 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     g.ldo = D;
     launch_gemv<false>(g, tab.i_max, int(ceil_div(D, kGvUnits<false>)), gy, st);
   } else if (per_expert_gemms && !capturing(st)) {
-    // Measured (V2-Lite, H200): the grouped cuBLAS call beats the tensor-core kernel at 192 rows per
-    // expert (2K prefill 55.9 -> 49.9 ms) but loses to one call per expert at 768 (8K: 188 vs 173 ms).
-    const bool grouped = moe_prefill_ == MoePrefill::kCublasGrouped ||
-                         (moe_prefill_ == MoePrefill::kAuto && rows_per_expert < 512);
+    // The grouped cuBLAS call lost to one call per expert at 768 rows (8K: 188 vs 173 ms).
+    const bool grouped = moe_prefill_ == MoePrefill::kCublasGrouped;
     if (!grouped || !run_expert_gemms_grouped(x, H, Y, experts, shared, start, row_token, R))
       run_expert_gemms(x, H, Y, experts, shared, start, row_token, R);
   } else {
