@@ -480,8 +480,11 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   }
   Tensor H = scratch(DType::kBF16, {R, tab.i_max});
   Tensor Y = scratch(DType::kF32, {R, D});
-  // Decode: about one row per expert or fewer (and aligned rows) -> the GEMV path.
-  const bool gemv = int64_t(T) * K <= 2 * int64_t(E) && x.stride[0] % 8 == 0 && aligned16(x.data);
+  // Up to E / 2 rows (V2-Lite: 5 tokens) the GEMV path; from there the 32-row tiles stream the
+  // weights faster although most of each tile is padding (bench/NOTES.md run 49, V2-Lite 1K context:
+  // b=8 8.34 -> 7.05 ms, b=16 13.1 -> 9.04 ms on the tiles; b=2 3.70 vs 4.11 and b=4 5.80 vs 5.93 ms
+  // stay on the GEMV).
+  const bool gemv = 2 * int64_t(T) * K <= int64_t(E) && x.stride[0] % 8 == 0 && aligned16(x.data);
   if (gemv) {
     GemvArgs g{};
     g.ptrs = tab.ptrs;
