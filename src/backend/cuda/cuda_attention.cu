@@ -633,11 +633,11 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
     return false;
   }
   // Split the keys so that the grid covers the GPU about twice, in at most kMaxSplits splits of at
-  // least mla_min_split_ keys (multiples of the tile): each split writes 16 heads x 512 F32 partial
-  // outputs that the combine reads back, 32 KB against 64 x 1152 B of cache read. Measured (V2-Lite,
-  // H200, b=1, graphs): minimum 256 keys -> 4 splits at 1K: 3.08 ms per step; 64 -> 16 splits:
-  // 2.50 ms; 32: 2.58 ms; at 4K, 32 splits of 128 keys 2.93 ms against 16 of 256 3.21 ms and 64 of
-  // 64 3.06 ms.
+  // least mla_min_split_ keys (multiples of the 64-key tile): each split writes 16 heads x 512 F32
+  // partial outputs that the combine reads back, 32 KB against 64 x 1152 B of cache read. Measured
+  // (V2-Lite, H200, b=1, graphs, 32-key tiles then): minimum 256 keys -> 4 splits at 1K: 3.08 ms per
+  // step; 64 -> 16 splits: 2.50 ms; 32: 2.58 ms; at 4K, 32 splits of 128 keys 2.93 ms against 16 of
+  // 256 3.21 ms and 64 of 64 3.06 ms. With 64-key tiles (bench/NOTES.md run 39): 2.22 / 2.46 ms.
   const int64_t blocks = int64_t(T) * (H / kMHG);
   const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, kMaxSplits);
   const int split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
