@@ -38,6 +38,9 @@ struct GroupedArgs {
   int64_t ldo;
 };
 
+// kBK = 64: each stage reads 128 contiguous bytes of every weight row (32 gave 64-byte pieces of rows
+// 4 KB apart and 1.3 TB/s; 128 with 3 stages was slower again); 3 stages keep 32-row tiles at 3 blocks
+// per SM (bench/NOTES.md runs 43-45).
 constexpr int kBN = 128, kBK = 64, kLdS = kBK + 8, kStages = 3, kThreads = 256, kParts = kBK / 8;
 
 template <int BM>
