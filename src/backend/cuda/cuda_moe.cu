@@ -357,6 +357,17 @@ void launch_grouped(const GroupedArgs& a, int grid_x, int grid_y, cudaStream_t s
   BELUGA_LAUNCH_CHECK();
 }
 
+// The tile kernel for bm rows per tile (32, 64 or 128).
+template <bool G>
+void launch_grouped(int bm, const GroupedArgs& a, int grid_x, int grid_y, cudaStream_t st) {
+  if (bm == 128)
+    launch_grouped<128, G>(a, grid_x, grid_y, st);
+  else if (bm == 64)
+    launch_grouped<64, G>(a, grid_x, grid_y, st);
+  else
+    launch_grouped<32, G>(a, grid_x, grid_y, st);
+}
+
 }  // namespace
 
 const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights> experts,
@@ -542,12 +553,7 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.out = H.data;
   a.ldo = tab.i_max;
   const int gx1 = int(ceil_div(tab.i_max, kBN / 2));
-  if (bm == 128)
-    launch_grouped<128, true>(a, gx1, grid_y, st);
-  else if (bm == 64)
-    launch_grouped<64, true>(a, gx1, grid_y, st);
-  else
-    launch_grouped<32, true>(a, gx1, grid_y, st);
+  launch_grouped<true>(bm, a, gx1, grid_y, st);
   // down: A = rows of H.
   a.a = H.ptr<const bf16>();
   a.lda = tab.i_max;
@@ -555,12 +561,7 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.out = Y.data;
   a.ldo = D;
   const int gx2 = int(ceil_div(D, kBN));
-  if (bm == 128)
-    launch_grouped<128, false>(a, gx2, grid_y, st);
-  else if (bm == 64)
-    launch_grouped<64, false>(a, gx2, grid_y, st);
-  else
-    launch_grouped<32, false>(a, gx2, grid_y, st);
+  launch_grouped<false>(bm, a, gx2, grid_y, st);
 }
 
 }  // namespace beluga

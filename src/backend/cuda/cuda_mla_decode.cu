@@ -1,0 +1,409 @@
+// MLA decode over the paged latent cache (absorbed form), tensor cores (mma.sync): a block per
+// (token, 16 heads, key split) reads each 576-wide cache row once for all 16 heads ([latent 512 |
+// rope 64], the first 512 are the values); a fixed split length, then a combine of the splits
+// (flash-decoding style), either its own kernel or the prologue of the per-head W_UV product.
+// Other shapes run the reference kernel (cuda_attention.cu). Tested against the CPU (tests/gpu).
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_attention_ref.cuh"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemv.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace beluga {
+
+using namespace cuda;
+
+namespace {
+
+// MLA decode (absorbed), tensor cores. Heads are the M dimension (16 per block); 8 warps per block,
+// a 64-key tile per round: each warp owns 8 keys of the scores and 64 of the 512 output columns.
+// ncu (b=1, 1K context, 16 splits): with 4 warps and 32-key tiles each SM ran one warp per scheduler
+// through ~3900 dependent instructions (15.6 us at base clocks, 2 % of issue slots busy), so the
+// work per warp, not memory, set the time.
+constexpr int kMDk = 576, kMDv = 512, kMHG = 16, kMTile = 64, kMWarps = 8, kMThreads = kMWarps * 32;
+constexpr int kMLd = kMDk + 8, kMPLd = kMTile + 8, kMCols = kMDv / kMWarps;
+constexpr int kMSmem =
+    (kMHG * kMLd + 2 * kMTile * kMLd) * 2 + kMHG * kMTile * 4 + kMHG * kMPLd * 2 + kMHG * 4;
+// Splits per (token, head group) at most: the combine keeps one weight per split in shared memory.
+constexpr int kMaxSplits = 32;
+
+struct DecodeArgs {
+  const bf16* q;
+  int64_t q0, q1;
+  const bf16* cache;
+  const int32_t* bt;
+  int max_blocks, bs;
+  const int32_t* qs;
+  const int32_t* ctx;
+  int S, H, split_len, num_splits;
+  float scale_log2;
+  float* o_part;   // [T, H, splits, 512]
+  float* ml_part;  // [T, H, splits, 2]
+  bf16* out;       // [T, H, 512] with strides o0, o1: written here when there is one split
+  int64_t o0, o1;
+};
+
+// One split of one head group: keys [kb0, ke) of token t's sequence s.
+__device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned char* smem_raw, int t, int h0,
+                                                 int s, int kb0, int ke, int64_t part0) {
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Ks = Qs + kMHG * kMLd;
+  float* Ss = reinterpret_cast<float*>(Ks + 2 * kMTile * kMLd);
+  bf16* Ps = reinterpret_cast<bf16*>(Ss + kMHG * kMTile);
+  float* alpha_s = reinterpret_cast<float*>(Ps + kMHG * kMPLd);
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  for (int c = tid; c < kMHG * (kMDk / 8); c += kMThreads) {
+    const int hh = c / (kMDk / 8), part = c % (kMDk / 8);
+    cp_async16(Qs + hh * kMLd + part * 8, a.q + t * a.q0 + (h0 + hh) * a.q1 + part * 8, true);
+  }
+  const int32_t* bt = a.bt + int64_t(s) * a.max_blocks;
+  // Four threads per key: one block-table lookup each per tile, then 18 16-byte chunks of the row
+  // (the four together cover 64 contiguous bytes per step).
+  constexpr int kTpk = kMThreads / kMTile, kChunks = kMDk / 8;
+  const int lkey = tid / kTpk, lsub = tid % kTpk;
+  auto load_tile = [&](int buf, int kt0) {
+    bf16* kb = Ks + buf * kMTile * kMLd + lkey * kMLd;
+    const int j = kt0 + lkey;
+    const bool ok = j < ke;
+    const bf16* row = ok ? a.cache + (int64_t(bt[j / a.bs]) * a.bs + j % a.bs) * kMDk : a.cache;
+#pragma unroll
+    for (int part = lsub; part < kChunks; part += kTpk) cp_async16(kb + part * 8, row + part * 8, ok);
+  };
+  const int ntiles = (ke - kb0 + kMTile - 1) / kMTile;
+  load_tile(0, kb0);
+  cp_async_commit();
+
+  float o[kMCols / 8][4];
+#pragma unroll
+  for (int j = 0; j < kMCols / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  // Softmax state of head (tid / 16), replicated over its 16 threads.
+  constexpr int kTph = kMThreads / kMHG, kKpt = kMTile / kTph;
+  float m_run = -INFINITY, l_run = 0.0f;
+
+  for (int tile = 0; tile < ntiles; ++tile) {
+    const int kt0 = kb0 + tile * kMTile;
+    if (tile + 1 < ntiles) load_tile((tile + 1) & 1, kt0 + kMTile);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* kb = Ks + (tile & 1) * kMTile * kMLd;
+    // S[16 heads, 64 keys]: warp w takes keys 8w..8w+7; two accumulators halve the mma chain.
+    float sacc[2][4] = {};
+#pragma unroll 6
+    for (int kk = 0; kk < kMDk / 16; ++kk) {
+      uint32_t af[4], bfr[2];
+      ldsm_x4(af, Qs + (lane & 15) * kMLd + kk * 16 + (lane >> 4) * 8);
+      ldsm_x2(bfr, kb + (w * 8 + (lane & 7)) * kMLd + kk * 16 + ((lane >> 3) & 1) * 8);
+      mma_bf16(sacc[kk & 1], af, bfr[0], bfr[1]);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int key = w * 8 + 2 * t4 + (q & 1), hh = g + (q >> 1) * 8;
+      Ss[hh * kMTile + key] = (kt0 + key < ke) ? (sacc[0][q] + sacc[1][q]) * a.scale_log2 : -INFINITY;
+    }
+    __syncthreads();
+    {
+      const int hh = tid / kTph, sub = tid % kTph;
+      float v[kKpt], tmax = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kKpt; ++i) tmax = fmaxf(tmax, v[i] = Ss[hh * kMTile + sub * kKpt + i]);
+#pragma unroll
+      for (int off = 1; off < kTph; off <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+      const float m_new = fmaxf(m_run, tmax);
+      const float alpha = exp2f(m_run - m_new);
+      float psum = 0;
+#pragma unroll
+      for (int i = 0; i < kKpt; ++i) {
+        const float p = exp2f(v[i] - m_new);
+        psum += p;
+        Ps[hh * kMPLd + sub * kKpt + i] = __float2bfloat16(p);
+      }
+#pragma unroll
+      for (int off = 1; off < kTph; off <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+      l_run = l_run * alpha + psum;
+      m_run = m_new;
+      if (sub == 0) alpha_s[hh] = alpha;
+    }
+    __syncthreads();
+    const float al0 = alpha_s[g], al1 = alpha_s[g + 8];
+#pragma unroll
+    for (int j = 0; j < kMCols / 8; ++j) {
+      o[j][0] *= al0;
+      o[j][1] *= al0;
+      o[j][2] *= al1;
+      o[j][3] *= al1;
+    }
+    // O[16 heads, 64 columns of warp w] += P[16, 64 keys] . V[64 keys, those columns].
+#pragma unroll
+    for (int kk = 0; kk < kMTile / 16; ++kk) {
+      uint32_t pf[4];
+      ldsm_x4(pf, Ps + (lane & 15) * kMPLd + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int jp = 0; jp < kMCols / 16; ++jp) {
+        uint32_t vb[4];
+        ldsm_x4_t(vb, kb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kMLd + w * kMCols + jp * 16 +
+                          (lane >> 4) * 8);
+        mma_bf16(o[2 * jp], pf, vb[0], vb[1]);
+        mma_bf16(o[2 * jp + 1], pf, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  if (a.num_splits == 1) {  // nothing to merge: normalise and write the output
+    if (tid % kTph == 0) alpha_s[tid / kTph] = 1.0f / l_run;
+    __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int hh = g + half * 8;
+      const float inv = alpha_s[hh];
+      bf16* op = a.out + t * a.o0 + (h0 + hh) * a.o1 + w * kMCols + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < kMCols / 8; ++j)
+        *reinterpret_cast<__nv_bfloat162*>(op + j * 8) =
+            __floats2bfloat162_rn(o[j][half * 2] * inv, o[j][half * 2 + 1] * inv);
+    }
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float* op = a.o_part + (part0 + int64_t(g + half * 8) * a.num_splits) * kMDv + w * kMCols + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < kMCols / 8; ++j)
+      *reinterpret_cast<float2*>(op + j * 8) = make_float2(o[j][half * 2], o[j][half * 2 + 1]);
+  }
+  if (tid % kTph == 0) {
+    const int hh = tid / kTph;
+    a.ml_part[(part0 + int64_t(hh) * a.num_splits) * 2] = m_run;
+    a.ml_part[(part0 + int64_t(hh) * a.num_splits) * 2 + 1] = l_run;
+  }
+}
+
+__global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
+  pdl_entry();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int split = blockIdx.x, h0 = blockIdx.y * kMHG, t = blockIdx.z, tid = threadIdx.x;
+  const int s = seq_of_token(a.qs, a.S, t);
+  const int n = a.ctx[s] + t - a.qs[s] + 1;
+  const int kb0 = split * a.split_len, ke = min(n, kb0 + a.split_len);
+  const int64_t part0 = (int64_t(t) * a.H + h0) * a.num_splits + split;  // + hh * num_splits
+  if (kb0 >= ke) {
+    if (tid < kMHG) {
+      a.ml_part[(part0 + int64_t(tid) * a.num_splits) * 2] = -INFINITY;
+      a.ml_part[(part0 + int64_t(tid) * a.num_splits) * 2 + 1] = 0.0f;
+    }
+  } else {
+    mla_decode_split(a, smem_raw, t, h0, s, kb0, ke, part0);
+  }
+}
+
+// One (token, head)'s output: the sum over splits of the partial outputs, each rescaled to the common
+// maximum, into dst[0 .. kMDv) (BF16); the block's threads split the columns. Shared by the combine
+// kernel and the W_UV product that combines in its prologue, so both give the same bits. The first
+// warp turns the (max, sum) pairs into one weight per split in shared memory (wsm, kMaxSplits + 1
+// floats), so each column's loads are independent of each other (a loop over the pairs per thread
+// was a chain of L2 round trips: 8.2 us per layer with the W_UV product at batch 1).
+__device__ __forceinline__ void combine_splits(const float* ml, const float* op, int num_splits, bf16* dst,
+                                               float* wsm) {
+  __syncthreads();  // wsm may still be read for the previous row
+  if (threadIdx.x < 32) {
+    const int i = threadIdx.x;
+    // Splits past a short sequence's keys have no keys (sum 0); they come after the others.
+    const bool live = i < num_splits && ml[2 * i + 1] > 0;
+    const float m = live ? ml[2 * i] : -INFINITY, l = live ? ml[2 * i + 1] : 0.0f;
+    const float M = warp_max(m);
+    const float e = live ? exp2f(m - M) : 0.0f;
+    const float den = warp_sum(e * l);
+    wsm[i] = e;
+    if (i == 0) wsm[kMaxSplits] = 1.0f / den;
+  }
+  __syncthreads();
+  const float inv = wsm[kMaxSplits];
+  for (int d = threadIdx.x; d < kMDv; d += blockDim.x) {
+    float acc = 0;
+#pragma unroll 8
+    for (int i = 0; i < num_splits; ++i) {
+      const float e = wsm[i];
+      if (e > 0) acc += e * op[int64_t(i) * kMDv + d];
+    }
+    dst[d] = __float2bfloat16(acc * inv);
+  }
+}
+
+// A separate kernel, not the last split block: merging 16 heads in one block serialises ~3 L2 round
+// trips per head (measured +36 us per layer at batch 1), while here a block per (token, head) runs in
+// parallel.
+__global__ void mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const float* o_part,
+                                   const float* ml_part, int H, int num_splits) {
+  pdl_entry();
+  __shared__ float wsm[kMaxSplits + 1];
+  const int th = blockIdx.x, t = th / H, h = th % H;
+  combine_splits(ml_part + int64_t(th) * num_splits * 2, o_part + int64_t(th) * num_splits * kMDv, num_splits,
+                 out + t * o0 + h * o1, wsm);
+}
+
+// The absorbed output's W_UV product per head with the split combine in its prologue: block (x, h)
+// merges head h's splits of the T <= kGemvRows tokens into shared memory, then runs gemv_block on
+// them (in place of mla_combine_kernel + linear_heads: one launch fewer, the same bits).
+struct UvArgs {
+  const float* o_part;
+  const float* ml_part;
+  int H, num_splits, T;
+  bf16* out;  // [T, H, v]
+  int64_t o0, o1;
+  const bf16* w;  // [H, v, kMDv]
+  int64_t w0, w1;
+  int N;  // v
+};
+
+__global__ void __launch_bounds__(kGemvThreads) mla_combine_uv_kernel(UvArgs a) {
+  __shared__ __align__(16) bf16 xs[kGemvRows][kMDv];
+  __shared__ float wsm[kMaxSplits + 1];
+  pdl_entry();
+  const int h = blockIdx.y;
+  for (int t = 0; t < a.T; ++t) {
+    const int64_t th = int64_t(t) * a.H + h;
+    combine_splits(a.ml_part + th * a.num_splits * 2, a.o_part + th * a.num_splits * kMDv, a.num_splits,
+                   xs[t], wsm);
+  }
+  __syncthreads();
+  gemv_block<bf16, 32, false>(a.out, a.o0, &xs[0][0], kMDv, a.w, a.w1, a.T, a.N, kMDv / 8,
+                              HeadStrides{0, a.w0, a.o1}, blockIdx.x, h);
+}
+
+}  // namespace
+
+void CudaOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                                     int kv_rank, float scale) {
+  Prof prof_scope(this, "mla_attention_absorbed");
+  mla_decode(out, q, cache, m, kv_rank, scale, nullptr, Tensor{});
+}
+
+void CudaOps::mla_attention_absorbed_uv(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
+                                        int kv_rank, float scale, const Tensor& w_uv) {
+  const int64_t T = m.num_tokens, H = q.shape[1];
+  const Tensor& w = bf16_weight(w_uv, Tensor{}, 128, 128);
+  // The fused combine + W_UV needs the GEMV's conditions (few tokens, 16-byte rows) and kMDv columns.
+  const bool fusable = T >= 1 && T <= kGemvRows && kv_rank == kMDv && w.ndim == 3 && w.shape[0] == H &&
+                       w.shape[2] == kv_rank && w.stride[2] == 1 && w.stride[1] % 8 == 0 &&
+                       w.stride[0] % 8 == 0 && aligned16(w.data) && out.dtype == DType::kBF16 &&
+                       out.ndim == 3 && out.shape[0] == T && out.shape[1] == H &&
+                       out.shape[2] == w.shape[1] && out.stride[2] == 1;
+  if (!fusable) {
+    Ops::mla_attention_absorbed_uv(out, q, cache, m, kv_rank, scale, w_uv);
+    return;
+  }
+  Prof prof_scope(this, "mla_attention_absorbed_uv");
+  // The latent output, used when there is a single split (the decode kernel writes it) or none of
+  // the fast path: then W_UV runs as its own product.
+  Tensor olat = scratch(DType::kBF16, {T, H, kv_rank});
+  if (!mla_decode(olat, q, cache, m, kv_rank, scale, &w, out)) linear_heads(out, olat, w);
+}
+
+bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_rank,
+                         float scale, const Tensor* w_uv, Tensor uv_out) {
+  check_cache(cache);
+  const int T = m.num_tokens, H = int(q.shape[1]), Dk = int(q.shape[2]);
+  BELUGA_CHECK(q.dtype == DType::kBF16 && out.dtype == DType::kBF16 && Dk == cache.shape[2] &&
+                   out.shape[2] == kv_rank && q.stride[2] == 1 && out.stride[2] == 1,
+               "mla_attention_absorbed: shapes ", q.describe(), " ", cache.describe(), " ", out.describe());
+  if (T == 0) return false;
+  const int nk = max_keys(m);
+  const bool fast = !reference_attention_ && Dk == kMDk && kv_rank == kMDv && H % kMHG == 0 &&
+                    q.stride[1] % 8 == 0 && q.stride[0] % 8 == 0 && aligned16(q.data) &&
+                    aligned16(cache.data) && out.stride[0] % 2 == 0 && out.stride[1] % 2 == 0 &&
+                    (reinterpret_cast<uintptr_t>(out.data) & 3) == 0;
+  if (!fast) {
+    RefArgs a{};
+    a.mode = 0;
+    a.q = q.ptr<const bf16>();
+    a.q0 = q.stride[0];
+    a.q1 = q.stride[1];
+    a.out = out.ptr<bf16>();
+    a.o0 = out.stride[0];
+    a.o1 = out.stride[1];
+    a.cache = cache.ptr<const bf16>();
+    a.entry = Dk;
+    a.bt = m.block_table;
+    a.max_blocks = m.max_blocks;
+    a.bs = m.block_size;
+    a.qs = m.query_start;
+    a.ctx = m.context_len;
+    a.S = m.num_seqs;
+    a.H = H;
+    a.Dk = Dk;
+    a.Dv = kv_rank;
+    a.scale = scale;
+    run_reference(a, T, nk, scratch(DType::kF32, {int64_t(T) * H, nk}), S(stream_));
+    return false;
+  }
+  // Split the keys so that the grid covers the GPU about twice, in at most kMaxSplits splits of at
+  // least mla_min_split_ keys (multiples of the 64-key tile): each split writes 16 heads x 512 F32
+  // partial outputs that the combine reads back, 32 KB against 64 x 1152 B of cache read. Measured
+  // (V2-Lite, H200, b=1, graphs, 32-key tiles then): minimum 256 keys -> 4 splits at 1K: 3.08 ms per
+  // step; 64 -> 16 splits: 2.50 ms; 32: 2.58 ms; at 4K, 32 splits of 128 keys 2.93 ms against 16 of
+  // 256 3.21 ms and 64 of 64 3.06 ms. With 64-key tiles (bench/NOTES.md run 39): 2.22 / 2.46 ms.
+  const int64_t blocks = int64_t(T) * (H / kMHG);
+  const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, kMaxSplits);
+  const int split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
+  const int splits = int(ceil_div(nk, split_len));
+  Tensor o_part = scratch(DType::kF32, {int64_t(T) * H * splits, kMDv});
+  Tensor ml = scratch(DType::kF32, {int64_t(T) * H * splits, 2});
+  static bool configured = false;
+  if (!configured) {
+    BELUGA_CUDA_CHECK(
+        cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMSmem));
+    configured = true;
+  }
+  DecodeArgs a{};
+  a.q = q.ptr<const bf16>();
+  a.q0 = q.stride[0];
+  a.q1 = q.stride[1];
+  a.cache = cache.ptr<const bf16>();
+  a.bt = m.block_table;
+  a.max_blocks = m.max_blocks;
+  a.bs = m.block_size;
+  a.qs = m.query_start;
+  a.ctx = m.context_len;
+  a.S = m.num_seqs;
+  a.H = H;
+  a.split_len = split_len;
+  a.num_splits = splits;
+  a.scale_log2 = scale * kLog2e;
+  a.o_part = o_part.ptr<float>();
+  a.ml_part = ml.ptr<float>();
+  a.out = out.ptr<bf16>();
+  a.o0 = out.stride[0];
+  a.o1 = out.stride[1];
+  launch(mla_decode_kernel, dim3(splits, H / kMHG, T), kMThreads, kMSmem, S(stream_), a);
+  BELUGA_LAUNCH_CHECK();
+  if (splits > 1 && w_uv) {  // the combine runs in the W_UV product's prologue
+    const Tensor& w = *w_uv;
+    UvArgs u{o_part.ptr<float>(),
+             ml.ptr<float>(),
+             H,
+             splits,
+             T,
+             uv_out.ptr<bf16>(),
+             uv_out.stride[0],
+             uv_out.stride[1],
+             w.ptr<const bf16>(),
+             w.stride[0],
+             w.stride[1],
+             int(w.shape[1])};
+    launch(mla_combine_uv_kernel, dim3(unsigned(ceil_div(int64_t(u.N) * 32, kGemvThreads)), unsigned(H)),
+           kGemvThreads, 0, S(stream_), u);
+    BELUGA_LAUNCH_CHECK();
+    return true;
+  }
+  if (splits > 1) {
+    launch(mla_combine_kernel, T * H, kMDv, 0, S(stream_), out.ptr<bf16>(), out.stride[0], out.stride[1],
+           o_part.ptr<float>(), ml.ptr<float>(), H, splits);
+    BELUGA_LAUNCH_CHECK();
+  }
+  return false;
+}
+
+}  // namespace beluga
