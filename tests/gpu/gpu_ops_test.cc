@@ -148,13 +148,15 @@ TEST_F(GpuOps, RmsNormAndAddRmsNorm) {
 }
 
 TEST_F(GpuOps, SiluMulAddCopyGatherEmbedding) {
-  const int R = 37, I = 1408, D = 512, V = 1000;
-  auto gu = rand_bf16(size_t(R) * 2 * I, 4.0f);
-  Tensor co = cpu_t(std::vector<float>(size_t(R) * I), {R, I});
-  cpu.silu_mul(co, cpu_t(gu, {R, 2 * I}));
-  Tensor go = gpu_out({R, I});
-  gpu->silu_mul(go, gpu_t(gu, {R, 2 * I}));
-  EXPECT_LE(rel_l2(read(go), read_cpu(co)), 1e-2);
+  const int R = 37, D = 512, V = 1000;
+  for (int I : {1408, 12}) {  // 16-byte pieces, and the scalar kernel (I % 8 != 0)
+    auto gu = rand_bf16(size_t(R) * 2 * I, 4.0f);
+    Tensor co = cpu_t(std::vector<float>(size_t(R) * I), {R, I});
+    cpu.silu_mul(co, cpu_t(gu, {R, 2 * I}));
+    Tensor go = gpu_out({R, I});
+    gpu->silu_mul(go, gpu_t(gu, {R, 2 * I}));
+    EXPECT_LE(rel_l2(read(go), read_cpu(co)), 1e-2) << "I " << I;
+  }
 
   auto a = rand_bf16(size_t(R) * D), b = rand_bf16(size_t(R) * D);
   Tensor cadd = cpu_t(std::vector<float>(size_t(R) * D), {R, D});
@@ -196,6 +198,12 @@ TEST_F(GpuOps, SiluMulAddCopyGatherEmbedding) {
   Tensor gg = gpu_out({R, D});
   gpu->gather_rows(gg, gtab, gpu_i32(ids));
   EXPECT_EQ(rel_l2(read(gg), read_cpu(ce)), 0.0);
+  // Rows of 500 columns (not whole 16-byte pieces): the element-wise gather.
+  Tensor gg5 = gpu_out({R, 500});
+  gpu->gather_rows(gg5, gtab.cols(0, 500), gpu_i32(ids));
+  const auto got5 = read(gg5), all = read_cpu(ce);
+  for (int i = 0; i < R; ++i)
+    for (int d = 0; d < 500; ++d) ASSERT_EQ(got5[size_t(i) * 500 + d], all[size_t(i) * D + d]);
 }
 
 TEST_F(GpuOps, ArgmaxRows) {
