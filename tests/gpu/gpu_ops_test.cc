@@ -524,48 +524,60 @@ Experts make_experts(CudaOps& gpu, int D, int I, int E) {
 }
 
 TEST_F(GpuOps, MoeExperts) {
-  const int D = 512, I = 384, E = 16, K = 4;
-  const Experts ex = make_experts(*gpu, D, I, E);
-  const std::vector<ExpertWeights>&ce = ex.cpu, &ge = ex.gpu;
-  const ExpertWeights &cs = ex.cpu_shared, &gs = ex.gpu_shared;
+  const int E = 16, K = 4;
   // 1: one token's kernels; 2: the GEMV path (T*K <= E/2); 7, 20: 32-row tiles; 160 (40 rows per
   // expert): 64-row tiles;
-  // 300 and 2100 (T*K/E >= 64): auto keeps these small layers on the large-tile kernel; each prefill
-  // path is also forced (2100: >= 512 rows per expert, where auto would pick one GEMM per expert).
+  // 300 and 2100 (T*K/E >= 64): auto keeps these small layers on the 128-row tiles (wgmma); each prefill
+  // path is also forced, and the 128-row tiles on mma.sync (2100: >= 512 rows per expert, where auto
+  // would pick one GEMM per expert). The second shape has partial tiles in N and K (D = 576: 256 + 256 +
+  // 64 output columns; I = 200: 128 + 72 units, K = 3 x 64 + 8).
   std::vector<std::unique_ptr<CudaOps>> forced;
   for (MoePrefill m : {MoePrefill::kKernel, MoePrefill::kPerExpert, MoePrefill::kCublasGrouped})
     forced.push_back(std::make_unique<CudaOps>(CudaOptions{0, m}));
-  for (int T : {1, 2, 7, 20, 160, 300, 2100}) {
-    for (bool with_shared : {true, false}) {
-      auto x = rand_bf16(size_t(T) * D);
-      std::vector<int32_t> ids(size_t(T) * K);
-      std::vector<float> w(size_t(T) * K);
-      for (int t = 0; t < T; ++t) {
-        std::vector<int> perm(E);
-        for (int e = 0; e < E; ++e) perm[e] = e;
-        std::shuffle(perm.begin(), perm.end(), rng());
-        for (int k = 0; k < K; ++k) {
-          ids[size_t(t) * K + k] = perm[k];
-          w[size_t(t) * K + k] = 0.1f + 0.2f * k;
+  forced.push_back(
+      std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, /*wgmma_experts=*/false}));
+  struct Shape {
+    int D, I;
+    std::vector<int> Ts;
+  };
+  for (const Shape& sh : {Shape{512, 384, {1, 2, 7, 20, 160, 300, 2100}}, Shape{576, 200, {300, 2100}}}) {
+    const int D = sh.D;
+    const Experts ex = make_experts(*gpu, D, sh.I, E);
+    const std::vector<ExpertWeights>&ce = ex.cpu, &ge = ex.gpu;
+    const ExpertWeights &cs = ex.cpu_shared, &gs = ex.gpu_shared;
+    for (int T : sh.Ts) {
+      for (bool with_shared : {true, false}) {
+        auto x = rand_bf16(size_t(T) * D);
+        std::vector<int32_t> ids(size_t(T) * K);
+        std::vector<float> w(size_t(T) * K);
+        for (int t = 0; t < T; ++t) {
+          std::vector<int> perm(E);
+          for (int e = 0; e < E; ++e) perm[e] = e;
+          std::shuffle(perm.begin(), perm.end(), rng());
+          for (int k = 0; k < K; ++k) {
+            ids[size_t(t) * K + k] = perm[k];
+            w[size_t(t) * K + k] = 0.1f + 0.2f * k;
+          }
         }
-      }
-      Tensor co = cpu_t(std::vector<float>(size_t(T) * D), {T, D});
-      cpu.moe_experts(co, cpu_t(x, {T, D}), Tensor::make(ids.data(), DType::kI32, {T, K}),
-                      Tensor::make(w.data(), DType::kF32, {T, K}), ce, with_shared ? &cs : nullptr);
-      Tensor go = gpu_out({T, D});
-      Tensor gid = gpu->scratch(DType::kI32, {T, K});
-      gpu->copy_from_host(gid, ids.data());
-      const Tensor gx = gpu_t(x, {T, D}), gw = gpu_t(w, {T, K}, DType::kF32);
-      gpu->moe_experts(go, gx, gid, gw, ge, with_shared ? &gs : nullptr);
-      EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2) << "T " << T << " shared " << with_shared;
-      if (T < 300) continue;
-      for (size_t i = 0; i < forced.size(); ++i) {
-        Tensor fo = gpu_out({T, D});
-        gpu->synchronize();  // inputs and output are the fixture's; `forced` runs on its own stream
-        forced[i]->moe_experts(fo, gx, gid, gw, ge, with_shared ? &gs : nullptr);
-        forced[i]->synchronize();
-        EXPECT_LE(rel_l2(read(fo), read_cpu(co)), 2e-2)
-            << "T " << T << " shared " << with_shared << " path " << i;
+        Tensor co = cpu_t(std::vector<float>(size_t(T) * D), {T, D});
+        cpu.moe_experts(co, cpu_t(x, {T, D}), Tensor::make(ids.data(), DType::kI32, {T, K}),
+                        Tensor::make(w.data(), DType::kF32, {T, K}), ce, with_shared ? &cs : nullptr);
+        Tensor go = gpu_out({T, D});
+        Tensor gid = gpu->scratch(DType::kI32, {T, K});
+        gpu->copy_from_host(gid, ids.data());
+        const Tensor gx = gpu_t(x, {T, D}), gw = gpu_t(w, {T, K}, DType::kF32);
+        gpu->moe_experts(go, gx, gid, gw, ge, with_shared ? &gs : nullptr);
+        EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2)
+            << "D " << D << " T " << T << " shared " << with_shared;
+        if (T < 300) continue;
+        for (size_t i = 0; i < forced.size(); ++i) {
+          Tensor fo = gpu_out({T, D});
+          gpu->synchronize();  // inputs and output are the fixture's; `forced` runs on its own stream
+          forced[i]->moe_experts(fo, gx, gid, gw, ge, with_shared ? &gs : nullptr);
+          forced[i]->synchronize();
+          EXPECT_LE(rel_l2(read(fo), read_cpu(co)), 2e-2)
+              << "D " << D << " T " << T << " shared " << with_shared << " path " << i;
+        }
       }
     }
   }

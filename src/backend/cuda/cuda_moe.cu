@@ -1,7 +1,8 @@
 // Mixture-of-experts products on the GPU: a device-side plan that groups token rows by expert (or the
 // one the fused gate left), then GEMV kernels (decode), one grouped GEMM launch for gate+up (with
-// SiLU-and-mul in its epilogue) and one for down over all experts at once, or cuBLAS (long prefills,
-// cuda_moe_cublas.cu), and a combine step. Routing is in cuda_moe_route.cu.
+// SiLU-and-mul in its epilogue) and one for down over all experts at once (mma.sync tiles of 32 or 64
+// rows, wgmma tiles of 128), or cuBLAS when forced (cuda_moe_cublas.cu), and a combine step. Routing is
+// in cuda_moe_route.cu.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_moe_plan.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_wgmma.cuh"
 
 namespace beluga {
 
@@ -38,6 +40,25 @@ struct GroupedArgs {
   int64_t ldo;
 };
 
+// Block y's tile of planned rows: its expert e and rows [m0, m_end) (m_end: the expert's end, past the
+// tile for all but its last tile); false past the last tile.
+__device__ __forceinline__ bool tile_rows(const GroupedArgs& p, int bm, int& e, int& m0, int& m_end) {
+  const int tile = blockIdx.y;
+  if (tile >= p.tile_start[p.ne]) return false;
+  int lo = 0, hi = p.ne - 1;  // the largest e with tile_start[e] <= tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.tile_start[mid] <= tile)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  e = lo;
+  m0 = p.start[e] + (tile - p.tile_start[e]) * bm;
+  m_end = p.start[e + 1];
+  return true;
+}
+
 // kBK = 64: each stage reads 128 contiguous bytes of every weight row (32 gave 64-byte pieces of rows
 // 4 KB apart and 1.3 TB/s; 128 with 3 stages was slower again); 3 stages keep 32-row tiles at 3 blocks
 // per SM (bench/NOTES.md runs 43-45).
@@ -58,19 +79,8 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* As = reinterpret_cast<bf16*>(smem_raw);
   bf16* Bs = As + kStages * BM * kLdS;
-  const int tile = blockIdx.y;
-  const int total = p.tile_start[p.ne];
-  if (tile >= total) return;
-  int lo = 0, hi = p.ne - 1;  // the largest e with tile_start[e] <= tile
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.tile_start[mid] <= tile)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int e = lo;
-  const int m0 = p.start[e] + (tile - p.tile_start[e]) * BM, m_end = p.start[e + 1];
+  int e, m0, m_end;
+  if (!tile_rows(p, BM, e, m0, m_end)) return;
   const int I = p.inter[e];
   const int K = kGateUp ? p.D : I;
   const int Nout = kGateUp ? I : p.D;
@@ -201,6 +211,142 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
           }
       }
     }
+}
+
+// ---- the same products on Hopper warpgroup MMAs (wgmma), for tiles of 128 rows ----
+// A block: 128 rows (two warpgroups of 64) x 256 weight rows (gate-up: 128 hidden units as [gate 16 |
+// up 16] x 8, so each thread holds a unit's gate and up; down: 256 output columns), K in 64-element
+// stages (one 128-byte swizzled row per tile row; cuda_wgmma.cuh), 4 stages of 48 KB, one block per SM.
+// All 8 warps load with cp.async; each warpgroup multiplies its 64 x 256 (4 wgmma per stage) while two
+// later stages land. The mma.sync tiles above ran the 2K prefill's experts at ~170-190 TFLOP/s with the
+// tensor pipe half idle (ncu: 4 warps per scheduler, 13 cycles between issues; bench/NOTES.md run 54).
+// Measured against 128-column tiles (2 blocks per SM) and 3 stages ahead without the overlap: both
+// slower (2K prefill 29.5 ms against 30.9 and 31.0; run 56).
+constexpr int kWgBM = 128, kWgBN = 256, kWgBK = 64, kWgStages = 4, kWgThreads = 256;
+constexpr int kWgATile = kWgBM * kWgBK * 2, kWgBTile = kWgBN * kWgBK * 2;
+constexpr int kWgSmem = kWgStages * (kWgATile + kWgBTile) + 1024;  // + aligning the tiles to 1024 bytes
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArgs p) {
+  pdl_entry();
+  extern __shared__ unsigned char smem_raw[];
+  int e, m0, m_end;
+  if (!tile_rows(p, kWgBM, e, m0, m_end)) return;
+  const int I = p.inter[e];
+  const int K = kGateUp ? p.D : I;
+  const int Nout = kGateUp ? I : p.D;
+  const int n0 = blockIdx.x * (kGateUp ? kWgBN / 2 : kWgBN);
+  if (n0 >= Nout) return;
+  const bf16* w0 = static_cast<const bf16*>(p.ptrs[(kGateUp ? 0 : 2) * p.ne + e]);
+  const bf16* w1 = kGateUp ? static_cast<const bf16*>(p.ptrs[p.ne + e]) : nullptr;
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t sA = (raw + 1023) & ~1023u, sB = sA + kWgStages * kWgATile;
+  unsigned char* const gA = smem_raw + (sA - raw);
+  unsigned char* const gB = gA + kWgStages * kWgATile;
+
+  // Thread t copies 16-byte chunk t % 8 of tile rows t / 8 + 32 i: the same rows and chunk at every K
+  // step, so the row pointers are computed once; all its rows share r % 8, so one swizzled offset.
+  const int tid = threadIdx.x, c8 = tid & 7, r8 = tid >> 3;
+  constexpr int kAChunks = kWgBM / 32, kBChunks = kWgBN / 32;
+  const uint32_t off = uint32_t(r8) * 128u + (uint32_t(c8 ^ (r8 & 7)) << 4);
+  const bf16* a_src[kAChunks];
+  const bf16* b_src[kBChunks];
+  bool a_ok[kAChunks], b_ok[kBChunks];
+#pragma unroll
+  for (int i = 0; i < kAChunks; ++i) {
+    const int r = m0 + r8 + 32 * i;
+    a_ok[i] = r < m_end;
+    a_src[i] = a_ok[i] ? p.a + (kGateUp ? int64_t(p.row_token[r]) : int64_t(r)) * p.lda + c8 * 8 : p.a;
+  }
+#pragma unroll
+  for (int i = 0; i < kBChunks; ++i) {
+    int idx;
+    const bf16* base = w0;
+    if (kGateUp) {  // tile row 32 i + r8: group i, gate for r8 < 16, up for r8 >= 16
+      idx = n0 + i * 16 + (r8 & 15);
+      base = r8 < 16 ? w0 : w1;
+    } else {
+      idx = n0 + 32 * i + r8;
+    }
+    b_ok[i] = idx < Nout;
+    b_src[i] = b_ok[i] ? base + int64_t(idx) * K + c8 * 8 : w0;
+  }
+  const int KT = (K + kWgBK - 1) / kWgBK;
+  auto load = [&](int stage, int kt) {
+    const int k0 = kt * kWgBK;
+    const bool k_ok = k0 + c8 * 8 < K;
+    unsigned char* as = gA + stage * kWgATile + off;
+    unsigned char* bs = gB + stage * kWgBTile + off;
+#pragma unroll
+    for (int i = 0; i < kAChunks; ++i) {
+      const bool ok = a_ok[i] && k_ok;
+      cp_async16(as + i * 32 * 128, ok ? a_src[i] + k0 : p.a, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < kBChunks; ++i) {
+      const bool ok = b_ok[i] && k_ok;
+      cp_async16(bs + i * 32 * 128, ok ? b_src[i] + k0 : w0, ok);
+    }
+  };
+
+  float acc[kWgBN / 2];
+#pragma unroll
+  for (int i = 0; i < kWgBN / 2; ++i) acc[i] = 0.0f;
+  // Two stages in flight ahead of the one multiplied, and one stage's wgmma running across the barrier:
+  // the buffer loaded at kt is the one read at kt - 2, which every warpgroup has waited for.
+  constexpr int kAhead = kWgStages - 2;
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  const int wg = tid >> 7;
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kAhead - 1>();  // this thread's chunks of stage kt
+    fence_async_shared();
+    __syncthreads();  // everyone's chunks of kt; no warpgroup reads the buffer loaded next
+    if (kt + kAhead < KT) load((kt + kAhead) % kWgStages, kt + kAhead);
+    cp_async_commit();
+    const int st = kt % kWgStages;
+    const uint64_t da = sw128_desc(sA + st * kWgATile + wg * 64 * 128);
+    const uint64_t db = sw128_desc(sB + st * kWgBTile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, true);
+    wgmma_commit();
+    wgmma_wait<1>();  // stage kt - 1's products are done
+  }
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+
+  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int row0 = m0 + wg * 64 + ((tid >> 5) & 3) * 16 + g;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row0 + half * 8;
+    if (r >= m_end) continue;
+    if (kGateUp) {
+      bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
+#pragma unroll
+      for (int j = 0; j < kWgBN / 8; ++j) {
+        if ((j & 3) >= 2) continue;  // up tiles: read with their gate tile j - 2
+        const int unit = n0 + (j >> 2) * 16 + (j & 1) * 8 + 2 * t4;
+        const float g0 = acc[4 * j + 2 * half], g1 = acc[4 * j + 2 * half + 1];
+        const float u0 = acc[4 * (j + 2) + 2 * half], u1 = acc[4 * (j + 2) + 2 * half + 1];
+        if (unit < Nout)
+          *reinterpret_cast<uint32_t*>(o + unit) =
+              pack_bf16(g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
+      }
+    } else {
+      float* o = static_cast<float*>(p.out) + int64_t(r) * p.ldo;
+#pragma unroll
+      for (int j = 0; j < kWgBN / 8; ++j) {
+        const int col = n0 + 8 * j + 2 * t4;
+        if (col < Nout)
+          *reinterpret_cast<float2*>(o + col) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+  }
 }
 
 __global__ void moe_combine_kernel(bf16* out, int64_t ldo, const float* Y, int D, const int* entry_row,
@@ -368,6 +514,19 @@ void launch_grouped(int bm, const GroupedArgs& a, int grid_x, int grid_y, cudaSt
     launch_grouped<32, G>(a, grid_x, grid_y, st);
 }
 
+template <bool G>
+void launch_wgmma(const GroupedArgs& a, int grid_y, cudaStream_t st) {
+  static bool configured = false;
+  if (!configured) {
+    BELUGA_CUDA_CHECK(
+        cudaFuncSetAttribute(grouped_wgmma_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+    configured = true;
+  }
+  const int grid_x = int(G ? ceil_div(a.ldo, kWgBN / 2) : ceil_div(a.D, kWgBN));  // ldo: the widest expert
+  launch(grouped_wgmma_kernel<G>, dim3(grid_x, grid_y), kWgThreads, kWgSmem, st, a);
+  BELUGA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights> experts,
@@ -451,25 +610,22 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     scratch_release(mark);  // drops any plan the gate left
     return;
   }
-  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32, 64 or 128
-  // rows), and from 512 rows per expert one cuBLAS GEMM per expert and projection on side streams,
-  // which needs the row counts on the host (a sync). Measured on V2-Lite (H200, bench/NOTES.md run
-  // 48): 2K prefill (192 rows per expert) 43.3 ms on the tiles against 49.9 ms with cuBLAS; 8K (768
-  // rows) 162.5 ms per-expert cuBLAS against 184.9 on the tiles. The grouped cuBLAS call is only
-  // taken when BELUGA_MOE_PREFILL asks for it.
+  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32 or 64 rows on
+  // mma.sync, 128 on wgmma), or one cuBLAS GEMM per expert and projection on side streams (needs the
+  // row counts on the host: a sync). Measured on V2-Lite (H200, bench/NOTES.md run 55): the wgmma tiles
+  // run the 8K prefill (768 rows per expert) in 135 ms against 147-154 ms with per-expert cuBLAS, so
+  // cuBLAS is only taken when BELUGA_MOE_PREFILL asks for it, or without the wgmma tiles from 512 rows
+  // per expert and ~50 GFLOP (the sync costs tens of microseconds: the demo model's 2K chunks are 2.4
+  // GFLOP, and syncing there cut `bench serve` output from ~25 K to 17.5 K tok/s).
   const int64_t rows_per_expert = int64_t(T) * K / std::max(E, 1);
-  // The sync costs tens of microseconds, so small models stay on the kernel: cuBLAS also needs ~50
-  // GFLOP of expert work (the demo model's 2K chunks are 2.4 GFLOP, and syncing there cut `bench
-  // serve` output from ~25 K to 17.5 K tok/s). BELUGA_MOE_PREFILL (benchmarking) forces one path
-  // from 64 rows: "kernel", "per-expert" or "cublas-grouped".
   const double expert_flops = 6.0 * double(R) * D * double(experts[0].gate.out_features());
   const bool per_expert_gemms =
       moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
-      ((expert_flops >= 5e10 && rows_per_expert >= 512) || moe_prefill_ == MoePrefill::kPerExpert ||
-       moe_prefill_ == MoePrefill::kCublasGrouped);
+      ((!wgmma_experts_ && expert_flops >= 5e10 && rows_per_expert >= 512) ||
+       moe_prefill_ == MoePrefill::kPerExpert || moe_prefill_ == MoePrefill::kCublasGrouped);
   // Rows per tile of the grouped kernel: 32 at decode batches; 64 from 32 rows per expert (V2-Lite
   // prefill chunks of ~170-680 tokens: one tile per expert instead of two with the second mostly
-  // empty, each re-reading the expert's weights); 128 from 64.
+  // empty, each re-reading the expert's weights); 128 (wgmma) from 64.
   const int bm = rows_per_expert >= 64 ? 128 : rows_per_expert >= 32 ? 64 : 32;
   cudaStream_t st = S(stream_);
   int *start, *tile_start, *row_token, *entry_row;
@@ -552,16 +708,21 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.row_token = row_token;
   a.out = H.data;
   a.ldo = tab.i_max;
-  const int gx1 = int(ceil_div(tab.i_max, kBN / 2));
-  launch_grouped<true>(bm, a, gx1, grid_y, st);
+  const bool wgmma = bm == kWgBM && wgmma_experts_;
+  if (wgmma)
+    launch_wgmma<true>(a, grid_y, st);
+  else
+    launch_grouped<true>(bm, a, int(ceil_div(tab.i_max, kBN / 2)), grid_y, st);
   // down: A = rows of H.
   a.a = H.ptr<const bf16>();
   a.lda = tab.i_max;
   a.row_token = nullptr;
   a.out = Y.data;
   a.ldo = D;
-  const int gx2 = int(ceil_div(D, kBN));
-  launch_grouped<false>(bm, a, gx2, grid_y, st);
+  if (wgmma)
+    launch_wgmma<false>(a, grid_y, st);
+  else
+    launch_grouped<false>(bm, a, int(ceil_div(D, kBN)), grid_y, st);
 }
 
 }  // namespace beluga

@@ -248,6 +248,8 @@ CudaOps::CudaOps(CudaOptions opt) {
   const char* prof = std::getenv("BELUGA_CUDA_PROFILE");
   profile_ = prof && std::string(prof) == "1";
   token_experts_ = opt.token_experts;
+  wgmma_experts_ = opt.wgmma_experts;
+  if (const char* v = std::getenv("BELUGA_MOE_WGMMA")) wgmma_experts_ = wgmma_experts_ && v[0] != '0';
   if (const char* v = std::getenv("BELUGA_MLA_MIN_SPLIT")) {
     mla_min_split_ = std::atoi(v);
     BELUGA_CHECK(mla_min_split_ >= 64 && mla_min_split_ % 64 == 0,

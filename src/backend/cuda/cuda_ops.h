@@ -26,6 +26,8 @@ struct CudaOptions {
   int device = 0;
   std::optional<MoePrefill> moe_prefill;
   bool token_experts = true;  // false: one token's experts take the planned GEMV path too (tests)
+  // false: 128-row expert tiles on mma.sync instead of wgmma (tests; BELUGA_MOE_WGMMA=0 for comparisons)
+  bool wgmma_experts = true;
 };
 
 class CudaOps final : public Ops {
@@ -183,6 +185,7 @@ class CudaOps final : public Ops {
   int64_t gate_plan_capacity_ = 0;
   MoePrefill moe_prefill_ = MoePrefill::kAuto;
   bool token_experts_ = true;
+  bool wgmma_experts_ = true;
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
   // occupancy query runs once per size, not once per layer).
   size_t gate_occupancy_smem_ = 0;
