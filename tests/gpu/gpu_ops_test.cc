@@ -525,24 +525,27 @@ Experts make_experts(CudaOps& gpu, int D, int I, int E) {
 
 TEST_F(GpuOps, MoeExperts) {
   const int E = 16, K = 4;
-  // 1: one token's kernels; 2: the GEMV path (T*K <= E/2); 7, 20: 32-row tiles; 160 (40 rows per
-  // expert): 64-row tiles;
-  // 300 and 2100 (T*K/E >= 64): auto keeps these small layers on the 128-row tiles (wgmma); each prefill
-  // path is also forced, and the 128-row tiles on mma.sync (2100: >= 512 rows per expert, where auto
-  // would pick one GEMM per expert). The second shape has partial tiles in N and K (D = 576: 256 + 256 +
-  // 64 output columns; I = 200: 128 + 72 units, K = 3 x 64 + 8).
+  // 1: one token's kernels; 2: the GEMV path (T*K <= E/2); 7, 20: 32-row tiles (mma.sync); 160, 300
+  // and 2100 (40 to 525 rows per expert): 128-row tiles (wgmma); for 300 and 2100 each prefill path is
+  // also forced (one cuBLAS GEMM per expert, grouped cuBLAS), and the 128-row tiles on mma.sync. The second
+  // shape has partial tiles in N and K (D = 576: 256 + 256 + 64 output columns; I = 200: 128 + 72 units, K =
+  // 3 x 64 + 8).
   std::vector<std::unique_ptr<CudaOps>> forced;
   for (MoePrefill m : {MoePrefill::kKernel, MoePrefill::kPerExpert, MoePrefill::kCublasGrouped})
     forced.push_back(std::make_unique<CudaOps>(CudaOptions{0, m}));
   forced.push_back(
       std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, /*wgmma_experts=*/false}));
+  // Both weight sets stay alive for the whole test: the backend caches its expert tables by the weights'
+  // addresses, as a model's weights outlive the backend.
+  const Experts ex1 = make_experts(*gpu, 512, 384, E), ex2 = make_experts(*gpu, 576, 200, E);
   struct Shape {
-    int D, I;
+    int D;
+    const Experts* ex;
     std::vector<int> Ts;
   };
-  for (const Shape& sh : {Shape{512, 384, {1, 2, 7, 20, 160, 300, 2100}}, Shape{576, 200, {300, 2100}}}) {
+  for (const Shape& sh : {Shape{512, &ex1, {1, 2, 7, 20, 160, 300, 2100}}, Shape{576, &ex2, {300, 2100}}}) {
     const int D = sh.D;
-    const Experts ex = make_experts(*gpu, D, sh.I, E);
+    const Experts& ex = *sh.ex;
     const std::vector<ExpertWeights>&ce = ex.cpu, &ge = ex.gpu;
     const ExpertWeights &cs = ex.cpu_shared, &gs = ex.gpu_shared;
     for (int T : sh.Ts) {
@@ -1002,6 +1005,7 @@ TEST_F(GpuOps, MlaExpanded) {
   const std::vector<Case> cases = {
       {16, 128, 64, 128, false, {{0, 200}}},
       {16, 128, 64, 128, false, {{130, 77}, {0, 64}, {5, 1}}},  // cached prefix + new chunk, varlen
+      {16, 128, 64, 128, false, {{300, 700}, {0, 129}}},        // several 128-query blocks and key tiles
       {8, 128, 64, 128, true, {{20, 40}}},
       {4, 16, 8, 16, false, {{10, 20}, {0, 5}}},  // reference kernel
   };

@@ -1,8 +1,7 @@
 // Attention over the paged KV cache on the GPU (writing and gathering cache rows: cuda_kv_cache.cu;
 // the absorbed MLA decode: cuda_mla_decode.cu).
-// Fast path (tensor cores, mma.sync): MLA prefill, expanded (q/k 192 = nope 128 + rope 64, v 128):
-// flash-attention 2 style, a block per (64 queries, head, sequence), causal over cached prefix + new
-// chunk, variable length.
+// Fast path: MLA prefill, expanded (q/k 192 = nope 128 + rope 64, v 128), on wgmma
+// (cuda_mla_prefill.cu).
 // Any other shape (and GQA) runs the reference kernel: a block per (token, head), scores in a
 // global workspace, F32 throughout. Both are tested against the CPU backend (tests/gpu).
 #include <algorithm>
@@ -10,6 +9,7 @@
 
 #include "backend/cuda/cuda_attention_ref.cuh"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mla_prefill.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -94,184 +94,6 @@ __global__ void ref_attention_kernel(RefArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// MLA prefill (expanded), flash-attention 2 with mma.sync. 4 warps x 16 query rows.
-constexpr int kEQ = 64, kEK = 64, kEDk = 192, kENope = 128, kEDv = 128, kELdK = kEDk + 8, kELdV = kEDv + 8;
-constexpr int kESmem = (kEQ * kELdK + 2 * kEK * kELdK + 2 * kEK * kELdV) * 2;
-
-struct PrefillArgs {
-  const bf16* q;
-  int64_t q0, q1;
-  const bf16* kv;
-  int64_t kv0, kv1;
-  const bf16* kpe;
-  int64_t kpe0;
-  bf16* out;
-  int64_t o0, o1;
-  const int32_t* qs;
-  const int32_t* ctx;
-  float scale_log2;
-};
-
-__global__ void __launch_bounds__(128) mla_prefill_kernel(PrefillArgs a) {
-  pdl_entry();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
-  bf16* Ks = Qs + kEQ * kELdK;
-  bf16* Vs = Ks + 2 * kEK * kELdK;
-  // Causal: later query blocks see more keys, so they go first and the short ones fill the tail.
-  const int s = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * kEQ;
-  const int qlen = a.qs[s + 1] - a.qs[s];
-  if (q0 >= qlen) return;
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
-  const int ctx = a.ctx[s];
-  int64_t base = a.qs[s];
-  for (int i = 0; i < s; ++i) base += a.ctx[i];
-  const int nkeys = ctx + min(q0 + kEQ, qlen);
-  const int64_t qrow0 = a.qs[s] + q0;
-  for (int c = tid; c < kEQ * (kEDk / 8); c += 128) {
-    const int r = c / (kEDk / 8), part = c % (kEDk / 8);
-    const bool ok = q0 + r < qlen;
-    cp_async16(Qs + r * kELdK + part * 8, ok ? a.q + (qrow0 + r) * a.q0 + h * a.q1 + part * 8 : a.q, ok);
-  }
-  auto load_tile = [&](int buf, int kt0) {
-    bf16* kb = Ks + buf * kEK * kELdK;
-    bf16* vb = Vs + buf * kEK * kELdV;
-    for (int c = tid; c < kEK * (kEDk / 8); c += 128) {
-      const int key = c / (kEDk / 8), part = c % (kEDk / 8), j = kt0 + key;
-      const bool ok = j < nkeys;
-      const bf16* src = a.kv;
-      if (ok)
-        src = part < kENope / 8 ? a.kv + (base + j) * a.kv0 + h * a.kv1 + part * 8
-                                : a.kpe + (base + j) * a.kpe0 + (part - kENope / 8) * 8;
-      cp_async16(kb + key * kELdK + part * 8, src, ok);
-    }
-    for (int c = tid; c < kEK * (kEDv / 8); c += 128) {
-      const int key = c / (kEDv / 8), part = c % (kEDv / 8), j = kt0 + key;
-      const bool ok = j < nkeys;
-      cp_async16(vb + key * kELdV + part * 8,
-                 ok ? a.kv + (base + j) * a.kv0 + h * a.kv1 + kENope + part * 8 : a.kv, ok);
-    }
-  };
-  load_tile(0, 0);
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-  uint32_t qf[kEDk / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kEDk / 16; ++kk)
-    ldsm_x4(qf[kk], Qs + (w * 16 + (lane & 15)) * kELdK + kk * 16 + (lane >> 4) * 8);
-
-  const int qi0 = q0 + w * 16 + g, qi1 = qi0 + 8;  // query rows of this thread (index within the chunk)
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[16][4];
-#pragma unroll
-  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  const int ntiles = (nkeys + kEK - 1) / kEK;
-  for (int tile = 0; tile < ntiles; ++tile) {
-    const int kt0 = tile * kEK;
-    if (tile + 1 < ntiles) load_tile((tile + 1) & 1, kt0 + kEK);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const bf16* kb = Ks + (tile & 1) * kEK * kELdK;
-    const bf16* vb = Vs + (tile & 1) * kEK * kELdV;
-    float sacc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kEDk / 16; ++kk)
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, kb + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kELdK + kk * 16 + ((lane >> 3) & 1) * 8);
-        mma_bf16(sacc[2 * np], qf[kk], b[0], b[1]);
-        mma_bf16(sacc[2 * np + 1], qf[kk], b[2], b[3]);
-      }
-    float rm[2] = {-INFINITY, -INFINITY};
-    // Only tiles that reach past the warp's first row (the diagonal) or past the keys need the mask.
-    const bool full = kt0 + kEK <= nkeys && kt0 + kEK - 1 <= ctx + q0 + w * 16;
-    if (full) {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          sacc[nt][q] *= a.scale_log2;
-          rm[q >> 1] = fmaxf(rm[q >> 1], sacc[nt][q]);
-        }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int j = kt0 + nt * 8 + 2 * t4 + (q & 1);
-          const int qi = q < 2 ? qi0 : qi1;
-          const bool ok = j < nkeys && j <= ctx + qi;
-          sacc[nt][q] = ok ? sacc[nt][q] * a.scale_log2 : -INFINITY;
-          rm[q >> 1] = fmaxf(rm[q >> 1], sacc[nt][q]);
-        }
-    }
-    float alpha[2], mu[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      rm[r] = fmaxf(rm[r], __shfl_xor_sync(0xffffffffu, rm[r], 1));
-      rm[r] = fmaxf(rm[r], __shfl_xor_sync(0xffffffffu, rm[r], 2));
-      const float m_new = fmaxf(m[r], rm[r]);
-      mu[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m[r] - mu[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float p = exp2f(sacc[nt][q] - mu[q >> 1]);
-        sacc[nt][q] = p;
-        l[q >> 1] += p;
-      }
-#pragma unroll
-    for (int kk = 0; kk < kEK / 16; ++kk) {
-      uint32_t pa[4];
-      pa[0] = pack_bf16(sacc[2 * kk][0], sacc[2 * kk][1]);
-      pa[1] = pack_bf16(sacc[2 * kk][2], sacc[2 * kk][3]);
-      pa[2] = pack_bf16(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-      pa[3] = pack_bf16(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-#pragma unroll
-      for (int jp = 0; jp < 8; ++jp) {
-        uint32_t v[4];
-        ldsm_x4_t(v, vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kELdV + jp * 16 + (lane >> 4) * 8);
-        mma_bf16(o[2 * jp], pa, v[0], v[1]);
-        mma_bf16(o[2 * jp + 1], pa, v[2], v[3]);
-      }
-    }
-    __syncthreads();
-  }
-  cp_async_wait<0>();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int qi = r == 0 ? qi0 : qi1;
-    if (qi >= qlen) continue;
-    const float inv = 1.0f / l[r];
-    bf16* op = a.out + (a.qs[s] + qi) * a.o0 + h * a.o1 + 2 * t4;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-      *reinterpret_cast<__nv_bfloat162*>(op + j * 8) =
-          __floats2bfloat162_rn(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-  }
-}
-
 }  // namespace
 
 namespace cuda {
@@ -295,7 +117,7 @@ void CudaOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& 
                    k_pe.stride[1] == 1 && out.stride[2] == 1,
                "mla_attention_expanded: shapes");
   if (T == 0) return;
-  const bool fast = !reference_attention_ && Dqk == kEDk && Dn == kENope && Dv == kEDv &&
+  const bool fast = !reference_attention_ && Dqk == kPrefillDk && Dn == kPrefillNope && Dv == kPrefillDv &&
                     q.stride[0] % 8 == 0 && q.stride[1] % 8 == 0 && kv.stride[0] % 8 == 0 &&
                     kv.stride[1] % 8 == 0 && k_pe.stride[0] % 8 == 0 && aligned16(q.data) &&
                     aligned16(kv.data) && aligned16(k_pe.data) && out.stride[1] % 2 == 0 &&
@@ -328,12 +150,6 @@ void CudaOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& 
   }
   int max_q = 1;
   for (int s = 0; s < m.num_seqs; ++s) max_q = std::max(max_q, m.h_query_start[s + 1] - m.h_query_start[s]);
-  static bool configured = false;
-  if (!configured) {
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(mla_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kESmem));
-    configured = true;
-  }
   PrefillArgs a{};
   a.q = q.ptr<const bf16>();
   a.q0 = q.stride[0];
@@ -349,8 +165,9 @@ void CudaOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& 
   a.qs = m.query_start;
   a.ctx = m.context_len;
   a.scale_log2 = scale * kLog2e;
-  launch(mla_prefill_kernel, dim3(int(ceil_div(max_q, kEQ)), H, m.num_seqs), 128, kESmem, S(stream_), a);
-  BELUGA_LAUNCH_CHECK();
+  a.ldvt = prefill_vt_len(m);
+  a.vt = scratch(DType::kBF16, {int64_t(H) * kPrefillDv, a.ldvt}).ptr<bf16>();
+  run_mla_prefill_wgmma(a, max_q, max_keys(m), H, m.num_seqs, S(stream_));
 }
 
 void CudaOps::gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,

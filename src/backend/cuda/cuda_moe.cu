@@ -503,13 +503,11 @@ void launch_grouped(const GroupedArgs& a, int grid_x, int grid_y, cudaStream_t s
   BELUGA_LAUNCH_CHECK();
 }
 
-// The tile kernel for bm rows per tile (32, 64 or 128).
+// The mma.sync tile kernel for bm rows per tile (32, or 128 when the wgmma one is switched off).
 template <bool G>
 void launch_grouped(int bm, const GroupedArgs& a, int grid_x, int grid_y, cudaStream_t st) {
   if (bm == 128)
     launch_grouped<128, G>(a, grid_x, grid_y, st);
-  else if (bm == 64)
-    launch_grouped<64, G>(a, grid_x, grid_y, st);
   else
     launch_grouped<32, G>(a, grid_x, grid_y, st);
 }
@@ -623,10 +621,11 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
       moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
       ((!wgmma_experts_ && expert_flops >= 5e10 && rows_per_expert >= 512) ||
        moe_prefill_ == MoePrefill::kPerExpert || moe_prefill_ == MoePrefill::kCublasGrouped);
-  // Rows per tile of the grouped kernel: 32 at decode batches; 64 from 32 rows per expert (V2-Lite
-  // prefill chunks of ~170-680 tokens: one tile per expert instead of two with the second mostly
-  // empty, each re-reading the expert's weights); 128 (wgmma) from 64.
-  const int bm = rows_per_expert >= 64 ? 128 : rows_per_expert >= 32 ? 64 : 32;
+  // Rows per tile: 128 (wgmma) from 16 rows per expert, else 32 (mma.sync). Measured on V2-Lite (H200,
+  // bench/NOTES.md run 58): the wgmma tiles, mostly padding at prefill 512 (48 rows per expert) or
+  // decode b=256 (24), still stream the weights faster than 64- or 32-row tiles: prefill 512 16.9 ->
+  // 13.3 ms, b=256 1K 16.6 -> 15.5 ms; from 4 or 8 rows per expert on they make no difference.
+  const int bm = rows_per_expert >= 16 ? 128 : 32;
   cudaStream_t st = S(stream_);
   int *start, *tile_start, *row_token, *entry_row;
   // The fused gate that routed these ids planned them already (for the small tiles the grouped kernel
