@@ -1,9 +1,11 @@
 // MLA prefill attention on Hopper warpgroup MMAs. The mma.sync kernel it replaced ran the 8K prefill's
 // attention at ~170 TFLOP/s, a third of the step (bench/NOTES.md run 54): every warp streamed its K/V
-// fragments through ldmatrix for 16 query rows. Here two warpgroups of 64 query rows read K and
+// fragments through ldmatrix for 16 query rows. Here three warpgroups of 64 query rows read K and
 // v^T straight from shared memory (wgmma descriptors, cuda_wgmma.cuh): S = Q K^T as m64n64k16 over the
 // 192-wide head (12 steps), the online softmax in registers, O += P v as m64n128k16 with P from
 // registers. v is transposed per head first (its key-major rows would make v an MN-major operand).
+// Tried and not kept (run 60): S for the next tile on the tensor cores during this tile's softmax
+// (FlashAttention-3's intra-warpgroup overlap), and Q in registers for S: both unchanged at 121 ms.
 #include <cmath>
 
 #include "backend/cuda/cuda_mla_prefill.cuh"
@@ -16,13 +18,24 @@ using namespace cuda;
 
 namespace {
 
-constexpr int kPQ = 128, kPK = 64, kPStages = 3, kPThreads = 256;
-constexpr int kQSub = kPQ * 128;                    // one 64-column slice of Q: 128 rows x 128 bytes
+constexpr int kPK = 64, kPStages = 3;
+// Warpgroups of 64 query rows per block: 3 (154 registers, 12 warps per SM) ran the 8K prefill in 116.2
+// ms against 121.3-121.8 with 2 (ncu of the 2-warpgroup kernel: 2 warps per scheduler, 0.68 eligible,
+// 44 % of issue slots; bench/NOTES.md run 61). 4 would need <= 128 registers.
+constexpr int kPrefillWG = 3;
+// kWG warpgroups per block; Q in 64-column slices of 64 kWG rows x 128 bytes.
+template <int kWG>
+__host__ __device__ constexpr int q_sub() {
+  return kWG * 64 * 128;
+}
 constexpr int kKSub = kPK * 128;                    // one 64-column slice of a K tile
 constexpr int kKBytes = (kPrefillDk / 64) * kKSub;  // 24 KB
 constexpr int kVBytes = kPrefillDv * 128;           // v^T tile: 128 rows (v dims) x 64 keys
 constexpr int kStageBytes = kKBytes + kVBytes;
-constexpr int kPSmem = (kPrefillDk / 64) * kQSub + kPStages * kStageBytes + 1024;
+template <int kWG>
+constexpr int prefill_smem() {
+  return (kPrefillDk / 64) * q_sub<kWG>() + kPStages * kStageBytes + 1024;
+}
 
 // Row of sequence s's first key in kv / kpe (sequences' cached + new keys, concatenated).
 __device__ __forceinline__ int64_t key_base(const int32_t* qs, const int32_t* ctx, int s) {
@@ -64,7 +77,9 @@ __global__ void __launch_bounds__(256) vt_transpose_kernel(PrefillArgs a) {
   }
 }
 
-__global__ void __launch_bounds__(kPThreads, 1) mla_prefill_wgmma_kernel(PrefillArgs a) {
+template <int kWG>
+__global__ void __launch_bounds__(kWG * 128, 1) mla_prefill_wgmma_kernel(PrefillArgs a) {
+  constexpr int kPQ = kWG * 64, kPThreads = kWG * 128, kQSub = q_sub<kWG>();
   pdl_entry();
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -140,6 +155,7 @@ __global__ void __launch_bounds__(kPThreads, 1) mla_prefill_wgmma_kernel(Prefill
     wgmma_commit();
     wgmma_wait<0>();
 
+    // Maxima on the raw scores (the scale is positive), the scale folded into each exponent's FMA.
     float rm[2] = {-INFINITY, -INFINITY};
     // Only tiles that reach past the warp's first row (the diagonal) or past the keys need the mask.
     const bool full = kt0 + kPK <= nkeys && kt0 + kPK - 1 <= ctx + warp_row0;
@@ -148,22 +164,20 @@ __global__ void __launch_bounds__(kPThreads, 1) mla_prefill_wgmma_kernel(Prefill
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         float& v = sacc[4 * nt + q];
-        if (full) {
-          v *= a.scale_log2;
-        } else {
+        if (!full) {
           const int j = kt0 + nt * 8 + 2 * t4 + (q & 1);
-          v = j < nkeys && j <= ctx + (q < 2 ? qi0 : qi1) ? v * a.scale_log2 : -INFINITY;
+          if (j >= nkeys || j > ctx + (q < 2 ? qi0 : qi1)) v = -INFINITY;
         }
         rm[q >> 1] = fmaxf(rm[q >> 1], v);
       }
-    float alpha[2], mu[2];
+    float alpha[2], mu[2];  // mu: the running maximum in log2 units, negated
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       rm[r] = fmaxf(rm[r], __shfl_xor_sync(0xffffffffu, rm[r], 1));
       rm[r] = fmaxf(rm[r], __shfl_xor_sync(0xffffffffu, rm[r], 2));
       const float m_new = fmaxf(m[r], rm[r]);
-      mu[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m[r] - mu[r]);
+      mu[r] = m_new == -INFINITY ? 0.0f : -m_new * a.scale_log2;
+      alpha[r] = exp2f(fmaf(m[r], a.scale_log2, mu[r]));
       m[r] = m_new;
       l[r] *= alpha[r];
     }
@@ -179,7 +193,7 @@ __global__ void __launch_bounds__(kPThreads, 1) mla_prefill_wgmma_kernel(Prefill
     for (int kk = 0; kk < kPK / 16; ++kk) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float p = exp2f(sacc[8 * kk + i] - mu[(i >> 1) & 1]);
+        const float p = exp2f(fmaf(sacc[8 * kk + i], a.scale_log2, mu[(i >> 1) & 1]));
         sacc[8 * kk + i] = p;
         l[(i >> 1) & 1] += p;
       }
@@ -211,6 +225,20 @@ __global__ void __launch_bounds__(kPThreads, 1) mla_prefill_wgmma_kernel(Prefill
   }
 }
 
+template <int kWG>
+void launch_prefill(const PrefillArgs& a, int max_q, int H, int num_seqs, cudaStream_t st) {
+  constexpr int smem = prefill_smem<kWG>();
+  static bool configured = false;
+  if (!configured) {
+    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_prefill_wgmma_kernel<kWG>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  launch(mla_prefill_wgmma_kernel<kWG>, dim3(int(ceil_div(max_q, kWG * 64)), H, num_seqs), kWG * 128, smem,
+         st, a);
+  BELUGA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 namespace cuda {
@@ -226,14 +254,7 @@ void run_mla_prefill_wgmma(const PrefillArgs& a, int max_q, int max_keys_, int H
                            cudaStream_t st) {
   launch(vt_transpose_kernel, dim3(int(ceil_div(max_keys_, 64)), H, num_seqs), 256, 0, st, a);
   BELUGA_LAUNCH_CHECK();
-  static bool configured = false;
-  if (!configured) {
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(mla_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPSmem));
-    configured = true;
-  }
-  launch(mla_prefill_wgmma_kernel, dim3(int(ceil_div(max_q, kPQ)), H, num_seqs), kPThreads, kPSmem, st, a);
-  BELUGA_LAUNCH_CHECK();
+  launch_prefill<kPrefillWG>(a, max_q, H, num_seqs, st);
 }
 
 }  // namespace cuda

@@ -32,7 +32,7 @@ struct PrefillArgs {
 // Keys of all sequences rounded up to 64 each: the row length of PrefillArgs::vt.
 int64_t prefill_vt_len(const AttnMeta& m);
 
-// The Hopper (wgmma) kernel: transposes v into a.vt, then 128 queries per block (two warpgroups of
+// The Hopper (wgmma) kernel: transposes v into a.vt, then 192 queries per block (three warpgroups of
 // 64) against 64-key tiles. max_q / max_keys: the longest chunk / the most keys of a sequence.
 void run_mla_prefill_wgmma(const PrefillArgs& a, int max_q, int max_keys, int H, int num_seqs,
                            cudaStream_t st);
