@@ -3,12 +3,24 @@
 # by kernel name. The dummy loader's fill kernels are left out by the name filter (profiling them
 # costs minutes). bench/NOTES.md run 43 found the grouped expert kernel at 1.3 TB/s this way.
 #   OUT=dir N=2048 bench/ncu_prefill.sh path/to/beluga
+# FULL=1 instead: ncu --set full on COUNT launches (after SKIP) of the kernels matching KERNELS (default
+# the expert tiles and the MLA prefill attention): issue-slot use, pipe utilisation, occupancy (runs
+# 54, 55, 60).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 V2=bench/configs/deepseek-v2-lite/config.json
 IDS=$(seq -s, 1 "${N:-512}")
+if [[ "${FULL:-0}" == 1 ]]; then
+  ncu --set full --import-source no -k "regex:${KERNELS:-mla_prefill|grouped_}" --launch-skip "${SKIP:-3}" \
+    --launch-count "${COUNT:-3}" -o "$OUT/prefill" "$1" generate --device cuda --enforce-eager --load-format dummy \
+    --model $V2 --prompt-ids "$IDS" --max-tokens 1 > "$OUT/ncu_prefill.log" 2>&1
+  ncu --import "$OUT/prefill.ncu-rep" --page details > "$OUT/prefill_details.txt" 2>&1
+  grep -E "^  [a-z_ ]+.*\)x\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|highest-utilized" \
+    "$OUT/prefill_details.txt" | cut -c1-150
+  exit 0
+fi
 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
   -k 'regex:grouped|mla_|moe_|rmsnorm|nvjet|silu|gather|gemv|cutlass|sm90' "$1" generate --device cuda \
   --enforce-eager --load-format dummy --model $V2 --prompt-ids "$IDS" --max-tokens 1 > "$OUT/ncu_prefill.csv" 2>/dev/null
