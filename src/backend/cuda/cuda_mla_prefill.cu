@@ -19,7 +19,7 @@ using namespace cuda;
 namespace {
 
 constexpr int kPK = 64, kPStages = 3;
-// Warpgroups of 64 query rows per block: 3 (154 registers, 12 warps per SM) ran the 8K prefill in 116.2
+// Warpgroups of 64 query rows per block: 3 (148 registers, 12 warps per SM) ran the 8K prefill in 116.2
 // ms against 121.3-121.8 with 2 (ncu of the 2-warpgroup kernel: 2 warps per scheduler, 0.68 eligible,
 // 44 % of issue slots; bench/NOTES.md run 61). 4 would need <= 128 registers.
 constexpr int kPrefillWG = 3;
