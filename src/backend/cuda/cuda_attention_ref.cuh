@@ -1,6 +1,7 @@
 // The reference attention kernel's arguments and launcher, shared by the attention files
 // (cuda_attention.cu defines it; cuda_mla_decode.cu falls back to it): any head dims, F32 throughout,
-// a block per (token, head), scores in a global workspace.
+// a block per (token, head), scores in a global workspace. Also the fillers of the fields that all the
+// attention kernels' argument structs name alike.
 #pragma once
 
 #include "backend/cuda/cuda_common.cuh"
@@ -33,6 +34,42 @@ struct RefArgs {
   float* scores;
   int64_t max_keys;
 };
+
+// Query and output: a.q (q0, q1) and a.out (o0, o1), [T, H, dim] BF16 with unit last stride.
+template <typename Args>
+void set_q_out(Args& a, const Tensor& q, const Tensor& out) {
+  a.q = q.ptr<const bf16>();
+  a.q0 = q.stride[0];
+  a.q1 = q.stride[1];
+  a.out = out.ptr<bf16>();
+  a.o0 = out.stride[0];
+  a.o1 = out.stride[1];
+}
+// Expanded MLA's k/v rows [C, H, nope + v] and the shared rope keys [C, rope].
+template <typename Args>
+void set_kv(Args& a, const Tensor& kv, const Tensor& k_pe) {
+  a.kv = kv.ptr<const bf16>();
+  a.kv0 = kv.stride[0];
+  a.kv1 = kv.stride[1];
+  a.kpe = k_pe.ptr<const bf16>();
+  a.kpe0 = k_pe.stride[0];
+}
+// The step's sequences: query starts, cached lengths (and their count, where the struct has one).
+template <typename Args>
+void set_seqs(Args& a, const AttnMeta& m) {
+  a.qs = m.query_start;
+  a.ctx = m.context_len;
+  if constexpr (requires { a.S; }) a.S = m.num_seqs;
+}
+// The paged cache and its block table, and the sequences.
+template <typename Args>
+void set_paged(Args& a, const Tensor& cache, const AttnMeta& m) {
+  a.cache = cache.ptr<const bf16>();
+  a.bt = m.block_table;
+  a.max_blocks = m.max_blocks;
+  a.bs = m.block_size;
+  set_seqs(a, m);
+}
 
 // Launches the reference kernel for T tokens over at most max_keys keys; scores: F32 [T * H, max_keys].
 void run_reference(RefArgs a, int T, int max_keys, Tensor scores, cudaStream_t st);

@@ -318,20 +318,9 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   if (!fast) {
     RefArgs a{};
     a.mode = 0;
-    a.q = q.ptr<const bf16>();
-    a.q0 = q.stride[0];
-    a.q1 = q.stride[1];
-    a.out = out.ptr<bf16>();
-    a.o0 = out.stride[0];
-    a.o1 = out.stride[1];
-    a.cache = cache.ptr<const bf16>();
+    set_q_out(a, q, out);
+    set_paged(a, cache, m);
     a.entry = Dk;
-    a.bt = m.block_table;
-    a.max_blocks = m.max_blocks;
-    a.bs = m.block_size;
-    a.qs = m.query_start;
-    a.ctx = m.context_len;
-    a.S = m.num_seqs;
     a.H = H;
     a.Dk = Dk;
     a.Dv = kv_rank;
@@ -358,25 +347,14 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
     configured = true;
   }
   DecodeArgs a{};
-  a.q = q.ptr<const bf16>();
-  a.q0 = q.stride[0];
-  a.q1 = q.stride[1];
-  a.cache = cache.ptr<const bf16>();
-  a.bt = m.block_table;
-  a.max_blocks = m.max_blocks;
-  a.bs = m.block_size;
-  a.qs = m.query_start;
-  a.ctx = m.context_len;
-  a.S = m.num_seqs;
+  set_q_out(a, q, out);
+  set_paged(a, cache, m);
   a.H = H;
   a.split_len = split_len;
   a.num_splits = splits;
   a.scale_log2 = scale * kLog2e;
   a.o_part = o_part.ptr<float>();
   a.ml_part = ml.ptr<float>();
-  a.out = out.ptr<bf16>();
-  a.o0 = out.stride[0];
-  a.o1 = out.stride[1];
   launch(mla_decode_kernel, dim3(splits, H / kMHG, T), kMThreads, kMSmem, S(stream_), a);
   BELUGA_LAUNCH_CHECK();
   if (splits > 1 && w_uv) {  // the combine runs in the W_UV product's prologue
