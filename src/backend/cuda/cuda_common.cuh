@@ -305,6 +305,9 @@ struct beluga::CudaOps::ExpertTable {
   int ne = 0, i_max = 0, d = 0;
   int i_routed = 0;  // the routed experts' common width (0: they differ)
   int i_shared = 0;  // the shared expert's width (0: none)
+  // The weights' own data pointers (gate, up, down of each expert): tables are cached by the address of
+  // the expert list, so a different weight set at that address must not reuse them.
+  std::vector<const void*> sources;
   ExpertTable() = default;
   ExpertTable(const ExpertTable&) = delete;
   ExpertTable& operator=(const ExpertTable&) = delete;

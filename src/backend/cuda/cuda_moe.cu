@@ -40,9 +40,17 @@ struct GroupedArgs {
   int64_t ldo;
 };
 
-// Block y's tile of planned rows: its expert e and rows [m0, m_end) (m_end: the expert's end, past the
-// tile for all but its last tile); false past the last tile.
-__device__ __forceinline__ bool tile_rows(const GroupedArgs& p, int bm, int& e, int& m0, int& m_end) {
+// Block (x, y)'s work in a grouped launch: tile y of the planned rows (rows [m0, m_end) of one expert,
+// m_end the expert's end) against output columns from n0 = x * cols (gate-up: hidden units; down: D), with
+// K the reduction length and w0 / w1 the gate / up (or down) weights. False past the last tile or past
+// the expert's output width.
+struct ExpertTile {
+  int m0, m_end, K, Nout, n0;
+  const bf16* w0;
+  const bf16* w1;
+};
+template <bool kGateUp>
+__device__ __forceinline__ bool expert_tile(const GroupedArgs& p, int bm, int cols, ExpertTile& t) {
   const int tile = blockIdx.y;
   if (tile >= p.tile_start[p.ne]) return false;
   int lo = 0, hi = p.ne - 1;  // the largest e with tile_start[e] <= tile
@@ -53,9 +61,15 @@ __device__ __forceinline__ bool tile_rows(const GroupedArgs& p, int bm, int& e, 
     else
       hi = mid - 1;
   }
-  e = lo;
-  m0 = p.start[e] + (tile - p.tile_start[e]) * bm;
-  m_end = p.start[e + 1];
+  t.m0 = p.start[lo] + (tile - p.tile_start[lo]) * bm;
+  t.m_end = p.start[lo + 1];
+  const int I = p.inter[lo];
+  t.K = kGateUp ? p.D : I;
+  t.Nout = kGateUp ? I : p.D;
+  t.n0 = blockIdx.x * cols;
+  if (t.n0 >= t.Nout) return false;
+  t.w0 = static_cast<const bf16*>(p.ptrs[(kGateUp ? 0 : 2) * p.ne + lo]);
+  t.w1 = kGateUp ? static_cast<const bf16*>(p.ptrs[p.ne + lo]) : nullptr;
   return true;
 }
 
@@ -79,15 +93,10 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* As = reinterpret_cast<bf16*>(smem_raw);
   bf16* Bs = As + kStages * BM * kLdS;
-  int e, m0, m_end;
-  if (!tile_rows(p, BM, e, m0, m_end)) return;
-  const int I = p.inter[e];
-  const int K = kGateUp ? p.D : I;
-  const int Nout = kGateUp ? I : p.D;
-  const int n0 = blockIdx.x * (kGateUp ? kBN / 2 : kBN);
-  if (n0 >= Nout) return;
-  const bf16* w0 = static_cast<const bf16*>(p.ptrs[(kGateUp ? 0 : 2) * p.ne + e]);
-  const bf16* w1 = kGateUp ? static_cast<const bf16*>(p.ptrs[p.ne + e]) : nullptr;
+  ExpertTile t;
+  if (!expert_tile<kGateUp>(p, BM, kGateUp ? kBN / 2 : kBN, t)) return;
+  const int m0 = t.m0, m_end = t.m_end, K = t.K, Nout = t.Nout, n0 = t.n0;
+  const bf16 *w0 = t.w0, *w1 = t.w1;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
   const int KT = (K + kBK - 1) / kBK;
@@ -230,15 +239,10 @@ template <bool kGateUp>
 __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArgs p) {
   pdl_entry();
   extern __shared__ unsigned char smem_raw[];
-  int e, m0, m_end;
-  if (!tile_rows(p, kWgBM, e, m0, m_end)) return;
-  const int I = p.inter[e];
-  const int K = kGateUp ? p.D : I;
-  const int Nout = kGateUp ? I : p.D;
-  const int n0 = blockIdx.x * (kGateUp ? kWgBN / 2 : kWgBN);
-  if (n0 >= Nout) return;
-  const bf16* w0 = static_cast<const bf16*>(p.ptrs[(kGateUp ? 0 : 2) * p.ne + e]);
-  const bf16* w1 = kGateUp ? static_cast<const bf16*>(p.ptrs[p.ne + e]) : nullptr;
+  ExpertTile t;
+  if (!expert_tile<kGateUp>(p, kWgBM, kGateUp ? kWgBN / 2 : kWgBN, t)) return;
+  const int m0 = t.m0, m_end = t.m_end, K = t.K, Nout = t.Nout, n0 = t.n0;
+  const bf16 *w0 = t.w0, *w1 = t.w1;
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t sA = (raw + 1023) & ~1023u, sB = sA + kWgStages * kWgATile;
   unsigned char* const gA = smem_raw + (sA - raw);
@@ -530,10 +534,25 @@ void launch_wgmma(const GroupedArgs& a, int grid_y, cudaStream_t st) {
 const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights> experts,
                                                   const ExpertWeights* shared) {
   const auto key = std::make_pair(static_cast<const void*>(experts.data()), static_cast<const void*>(shared));
-  auto it = expert_tables_.find(key);
-  if (it != expert_tables_.end()) return *it->second;
-  auto t = std::make_unique<ExpertTable>();
   const int E = int(experts.size()), ne = E + (shared ? 1 : 0);
+  auto source = [&](size_t i) {  // gate, up, down of expert i / 3
+    const ExpertWeights& x = int(i / 3) < E ? experts[i / 3] : *shared;
+    return (i % 3 == 0 ? x.gate : i % 3 == 1 ? x.up : x.down).w.data;
+  };
+  auto it = expert_tables_.find(key);
+  if (it != expert_tables_.end()) {
+    // A graph captured earlier holds this table's device pointers, so it is not rebuilt in place.
+    const std::vector<const void*>& had = it->second->sources;
+    bool same = had.size() == size_t(3) * ne;
+    for (size_t i = 0; same && i < had.size(); ++i) same = had[i] == source(i);
+    BELUGA_CHECK(same,
+                 "moe_experts: another weight set now lives at the address of one whose expert table this "
+                 "backend cached; expert weights must outlive the backend");
+    return *it->second;
+  }
+  auto t = std::make_unique<ExpertTable>();
+  t->sources.resize(size_t(3) * ne);
+  for (size_t i = 0; i < t->sources.size(); ++i) t->sources[i] = source(i);
   std::vector<const void*> ptrs(size_t(3) * ne);
   std::vector<int> inter(ne);
   const int64_t D = experts[0].gate.in_features();
