@@ -699,6 +699,38 @@ TEST_F(GpuOps, NormMoeGateMatchesComposed) {
 // The decode (GEMV) path of moe_experts is deterministic: the same inputs give bit-identical outputs,
 // call after call (the plan's row order may vary, the values may not), and agree with the CPU. Half
 // the tokens pick from 12 of the 64 experts, so experts get several rows (5 tokens: two 4-row groups).
+// x as a view whose rows are not 16-byte aligned (an odd column offset; a row stride not a multiple of
+// 8): moe_experts copies it into aligned rows first, so each path (one token, GEMV, 32-row and 128-row
+// tiles) gives the same bits as for the same values in a contiguous tensor.
+TEST_F(GpuOps, MoeExpertsUnalignedRows) {
+  const int D = 512, I = 384, E = 16, K = 4;
+  const Experts ex = make_experts(*gpu, D, I, E);
+  for (int T : {1, 2, 20, 300}) {
+    std::vector<int32_t> ids(size_t(T) * K);
+    std::vector<float> w(size_t(T) * K);
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < K; ++k) {
+        ids[size_t(t) * K + k] = (t * 5 + k * 3) % E;
+        w[size_t(t) * K + k] = 0.1f + 0.2f * k;
+      }
+    Tensor gid = gpu->scratch(DType::kI32, {T, K});
+    gpu->copy_from_host(gid, ids.data());
+    const Tensor gw = gpu_t(w, {T, K}, DType::kF32);
+    for (int pad : {8, 4}) {  // [T, D + 8] from column 1; [T, D + 4] from column 0
+      const int first = pad == 8 ? 1 : 0;
+      const auto wide = rand_bf16(size_t(T) * (D + pad));
+      std::vector<float> packed(size_t(T) * D);
+      for (int t = 0; t < T; ++t)
+        for (int d = 0; d < D; ++d) packed[size_t(t) * D + d] = wide[size_t(t) * (D + pad) + first + d];
+      Tensor want = gpu_out({T, D}), got = gpu_out({T, D});
+      gpu->moe_experts(want, gpu_t(packed, {T, D}), gid, gw, ex.gpu, &ex.gpu_shared);
+      gpu->moe_experts(got, gpu_t(wide, {T, D + pad}).cols(first, first + D), gid, gw, ex.gpu,
+                       &ex.gpu_shared);
+      EXPECT_EQ(read(got), read(want)) << "T " << T << " pad " << pad;
+    }
+  }
+}
+
 TEST_F(GpuOps, MoeExpertsGemvDeterministic) {
   const int D = 1024, I = 256, E = 64, K = 6;
   const Experts ex = make_experts(*gpu, D, I, E);

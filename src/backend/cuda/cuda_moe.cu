@@ -623,11 +623,18 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   const int E = int(experts.size()), ne = tab.ne;
   const int R = T * K + (shared ? T : 0);
   const ScratchMark mark = scratch_mark();  // plan, H, Y and the per-expert buffers: this op's own
-  if (token_experts(out, x, ids, weights, tab, shared != nullptr)) {
+  // The kernels read x's rows in 16-byte pieces: a view whose rows start elsewhere (a row stride that is
+  // not a multiple of 8, an odd column offset) is copied into aligned scratch first.
+  Tensor x16 = x;
+  if (x.stride[0] % 8 != 0 || !aligned16(x.data)) {
+    x16 = scratch(DType::kBF16, {T, D});
+    copy(x16, x);
+  }
+  if (token_experts(out, x16, ids, weights, tab, shared != nullptr)) {
     scratch_release(mark);  // drops any plan the gate left
     return;
   }
-  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32 or 64 rows on
+  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32 rows on
   // mma.sync, 128 on wgmma), or one cuBLAS GEMM per expert and projection on side streams (needs the
   // row counts on the host: a sync). Measured on V2-Lite (H200, bench/NOTES.md run 55): the wgmma tiles
   // run the 8K prefill (768 rows per expert) in 135 ms against 147-154 ms with per-expert cuBLAS, so
@@ -672,7 +679,7 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   // weights faster although most of each tile is padding (bench/NOTES.md run 49, V2-Lite 1K context:
   // b=8 8.34 -> 7.05 ms, b=16 13.1 -> 9.04 ms on the tiles; b=2 3.70 vs 4.11 and b=4 5.80 vs 5.93 ms
   // stay on the GEMV).
-  const bool gemv = 2 * int64_t(T) * K <= int64_t(E) && x.stride[0] % 8 == 0 && aligned16(x.data);
+  const bool gemv = 2 * int64_t(T) * K <= int64_t(E);
   if (gemv) {
     GemvArgs g{};
     g.ptrs = tab.ptrs;
@@ -680,8 +687,8 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     g.start = start;
     g.ne = ne;
     g.D = D;
-    g.x = x.ptr<const bf16>();
-    g.ldx = x.stride[0];
+    g.x = x16.ptr<const bf16>();
+    g.ldx = x16.stride[0];
     g.row_token = row_token;
     g.out = H.data;
     g.ldo = tab.i_max;
@@ -696,10 +703,10 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   } else if (per_expert_gemms && !capturing(st)) {
     // The grouped cuBLAS call lost to one call per expert at 768 rows (8K: 188 vs 173 ms).
     const bool grouped = moe_prefill_ == MoePrefill::kCublasGrouped;
-    if (!grouped || !run_expert_gemms_grouped(x, H, Y, experts, shared, start, row_token, R))
-      run_expert_gemms(x, H, Y, experts, shared, start, row_token, R);
+    if (!grouped || !run_expert_gemms_grouped(x16, H, Y, experts, shared, start, row_token, R))
+      run_expert_gemms(x16, H, Y, experts, shared, start, row_token, R);
   } else {
-    run_grouped(x, H, Y, tab, start, tile_start, row_token, R, bm, st);
+    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, st);
   }
   launch(moe_combine_kernel, int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st,
          out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
