@@ -525,16 +525,26 @@ Experts make_experts(CudaOps& gpu, int D, int I, int E) {
 
 TEST_F(GpuOps, MoeExperts) {
   const int E = 16, K = 4;
-  // 1: one token's kernels; 2: the GEMV path (T*K <= E/2); 7, 20: 32-row tiles (mma.sync); 160, 300
-  // and 2100 (40 to 525 rows per expert): 128-row tiles (wgmma); for 300 and 2100 each prefill path is
-  // also forced (one cuBLAS GEMM per expert, grouped cuBLAS), and the 128-row tiles on mma.sync. The second
-  // shape has partial tiles in N and K (D = 576: 256 + 256 + 64 output columns; I = 200: 128 + 72 units, K =
-  // 3 x 64 + 8).
-  std::vector<std::unique_ptr<CudaOps>> forced;
+  // 1: one token's kernels; 2 to 100 tokens (0.5 to 25 rows per expert,
+  // the shared expert up to 100): 32-row swapped tiles (128 weight rows x 16 or 32 tokens, wgmma),
+  // 160, 300 and 2100 (40 to 525 rows per expert): 128-row tiles (wgmma), those of at most 64 rows (all
+  // of 160's, the remainders of 2100's) on both warpgroups. The other paths are forced
+  // too: one cuBLAS GEMM per expert and grouped cuBLAS (from 300 tokens: they need 64 rows per expert),
+  // token-row tiles on mma.sync (32 or 128 rows) and on wgmma instead of the swapped ones. The second
+  // shape has partial tiles in N and K (D = 576: 4 x 128 + 64 or 256 + 256 + 64 output columns; I = 200:
+  // 3 x 64 + 8 or 128 + 72 units, K = 3 x 64 + 8).
+  struct Forced {
+    std::unique_ptr<CudaOps> ops;
+    int min_t;
+  };
+  std::vector<Forced> forced;
   for (MoePrefill m : {MoePrefill::kKernel, MoePrefill::kPerExpert, MoePrefill::kCublasGrouped})
-    forced.push_back(std::make_unique<CudaOps>(CudaOptions{0, m}));
+    forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, m}), 300});
   forced.push_back(
-      std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, /*wgmma_experts=*/false}));
+      {std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, /*wgmma_experts=*/false}), 7});
+  forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true,
+                                                          /*wgmma_experts=*/true, /*swap_experts=*/false}),
+                    7});
   // Both weight sets stay alive for the whole test: the backend caches its expert tables by the weights'
   // addresses, as a model's weights outlive the backend.
   const Experts ex1 = make_experts(*gpu, 512, 384, E), ex2 = make_experts(*gpu, 576, 200, E);
@@ -543,7 +553,8 @@ TEST_F(GpuOps, MoeExperts) {
     const Experts* ex;
     std::vector<int> Ts;
   };
-  for (const Shape& sh : {Shape{512, &ex1, {1, 2, 7, 20, 160, 300, 2100}}, Shape{576, &ex2, {300, 2100}}}) {
+  for (const Shape& sh :
+       {Shape{512, &ex1, {1, 2, 7, 20, 50, 100, 160, 300, 2100}}, Shape{576, &ex2, {20, 100, 300, 2100}}}) {
     const int D = sh.D;
     const Experts& ex = *sh.ex;
     const std::vector<ExpertWeights>&ce = ex.cpu, &ge = ex.gpu;
@@ -572,12 +583,12 @@ TEST_F(GpuOps, MoeExperts) {
         gpu->moe_experts(go, gx, gid, gw, ge, with_shared ? &gs : nullptr);
         EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2)
             << "D " << D << " T " << T << " shared " << with_shared;
-        if (T < 300) continue;
         for (size_t i = 0; i < forced.size(); ++i) {
+          if (T < forced[i].min_t) continue;
           Tensor fo = gpu_out({T, D});
           gpu->synchronize();  // inputs and output are the fixture's; `forced` runs on its own stream
-          forced[i]->moe_experts(fo, gx, gid, gw, ge, with_shared ? &gs : nullptr);
-          forced[i]->synchronize();
+          forced[i].ops->moe_experts(fo, gx, gid, gw, ge, with_shared ? &gs : nullptr);
+          forced[i].ops->synchronize();
           EXPECT_LE(rel_l2(read(fo), read_cpu(co)), 2e-2)
               << "D " << D << " T " << T << " shared " << with_shared << " path " << i;
         }
@@ -698,12 +709,12 @@ TEST_F(GpuOps, NormMoeGateMatchesComposed) {
 
 // The decode (GEMV) path of moe_experts is deterministic: the same inputs give bit-identical outputs,
 // call after call (the plan's row order may vary, the values may not), and agree with the CPU. Half
-// the tokens pick from 12 of the 64 experts, so experts get several rows (5 tokens: two 4-row groups).
+// the tokens pick from 12 of the 128 experts, so experts get several rows (5 tokens: two 4-row groups).
 // x as a view whose rows are not 16-byte aligned (an odd column offset; a row stride not a multiple of
-// 8): moe_experts copies it into aligned rows first, so each path (one token, GEMV, 32-row and 128-row
-// tiles) gives the same bits as for the same values in a contiguous tensor.
+// 8): moe_experts copies it into aligned rows first, so each path (one token, GEMV, swapped 32-row tiles
+// and 128-row tiles) gives the same bits as for the same values in a contiguous tensor.
 TEST_F(GpuOps, MoeExpertsUnalignedRows) {
-  const int D = 512, I = 384, E = 16, K = 4;
+  const int D = 512, I = 384, E = 32, K = 4;
   const Experts ex = make_experts(*gpu, D, I, E);
   for (int T : {1, 2, 20, 300}) {
     std::vector<int32_t> ids(size_t(T) * K);
@@ -732,11 +743,11 @@ TEST_F(GpuOps, MoeExpertsUnalignedRows) {
 }
 
 TEST_F(GpuOps, MoeExpertsGemvDeterministic) {
-  const int D = 1024, I = 256, E = 64, K = 6;
+  const int D = 1024, I = 256, E = 128, K = 6;
   const Experts ex = make_experts(*gpu, D, I, E);
   const std::vector<ExpertWeights>&ce = ex.cpu, &ge = ex.gpu;
   const ExpertWeights &cs = ex.cpu_shared, &gs = ex.gpu_shared;
-  for (int T : {2, 4, 5}) {  // T * K <= E / 2: the GEMV path
+  for (int T : {2, 4, 5}) {  // 4 T K <= E: the GEMV path
     for (bool with_shared : {true, false}) {
       SCOPED_TRACE(testing::Message() << "T " << T << " shared " << with_shared);
       auto x = rand_bf16(size_t(T) * D);
@@ -784,8 +795,8 @@ TEST_F(GpuOps, MoeExpertsOneTokenMatchesPlanned) {
   struct Case {
     int D, I, E, K;
   };
-  // E >= 2K, so the planned path is the GEMV (T*K <= E/2), not the tensor-core tiles.
-  for (const Case c : {Case{2048, 1408, 12, 6}, Case{1024, 256, 16, 8}}) {
+  // E >= 4K, so the planned path is the GEMV (4 T K <= E), not the tensor-core tiles.
+  for (const Case c : {Case{2048, 1408, 24, 6}, Case{1024, 256, 32, 8}}) {
     const Experts ex = make_experts(*gpu, c.D, c.I, c.E);
     for (bool with_shared : {true, false}) {
       SCOPED_TRACE(testing::Message() << "D " << c.D << " K " << c.K << " shared " << with_shared);

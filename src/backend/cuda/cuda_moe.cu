@@ -1,14 +1,17 @@
 // Mixture-of-experts products on the GPU: a device-side plan that groups token rows by expert (or the
 // one the fused gate left), then GEMV kernels (decode), one grouped GEMM launch for gate+up (with
-// SiLU-and-mul in its epilogue) and one for down over all experts at once (mma.sync tiles of 32 or 64
-// rows, wgmma tiles of 128), or cuBLAS when forced (cuda_moe_cublas.cu), and a combine step. Routing is
-// in cuda_moe_route.cu.
+// SiLU-and-mul in its epilogue) and one for down over all experts at once (wgmma tiles of 128 token rows
+// here, or of 128 weight rows for decode batches in cuda_moe_swap.cu; mma.sync tiles of 32 or 128 rows
+// without them), or cuBLAS when forced (cuda_moe_cublas.cu), and a combine step. Routing is in
+// cuda_moe_route.cu.
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_moe_grouped.cuh"
 #include "backend/cuda/cuda_moe_plan.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_wgmma.cuh"
@@ -27,52 +30,6 @@ __global__ void moe_plan_kernel(const int32_t* ids, int T, int K, int E, int ne,
 }
 
 // ---- grouped GEMM over experts (mma.sync m16n8k16, BF16 in, F32 accumulate) ----
-struct GroupedArgs {
-  const bf16* a;
-  int64_t lda;
-  const int* row_token;  // gate-up: A row r is token row_token[r]; down: A row r is row r
-  const void* const* ptrs;
-  const int* inter;
-  const int* start;
-  const int* tile_start;
-  int ne, D;
-  void* out;
-  int64_t ldo;
-};
-
-// Block (x, y)'s work in a grouped launch: tile y of the planned rows (rows [m0, m_end) of one expert,
-// m_end the expert's end) against output columns from n0 = x * cols (gate-up: hidden units; down: D), with
-// K the reduction length and w0 / w1 the gate / up (or down) weights. False past the last tile or past
-// the expert's output width.
-struct ExpertTile {
-  int m0, m_end, K, Nout, n0;
-  const bf16* w0;
-  const bf16* w1;
-};
-template <bool kGateUp>
-__device__ __forceinline__ bool expert_tile(const GroupedArgs& p, int bm, int cols, ExpertTile& t) {
-  const int tile = blockIdx.y;
-  if (tile >= p.tile_start[p.ne]) return false;
-  int lo = 0, hi = p.ne - 1;  // the largest e with tile_start[e] <= tile
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.tile_start[mid] <= tile)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  t.m0 = p.start[lo] + (tile - p.tile_start[lo]) * bm;
-  t.m_end = p.start[lo + 1];
-  const int I = p.inter[lo];
-  t.K = kGateUp ? p.D : I;
-  t.Nout = kGateUp ? I : p.D;
-  t.n0 = blockIdx.x * cols;
-  if (t.n0 >= t.Nout) return false;
-  t.w0 = static_cast<const bf16*>(p.ptrs[(kGateUp ? 0 : 2) * p.ne + lo]);
-  t.w1 = kGateUp ? static_cast<const bf16*>(p.ptrs[p.ne + lo]) : nullptr;
-  return true;
-}
-
 // kBK = 64: each stage reads 128 contiguous bytes of every weight row (32 gave 64-byte pieces of rows
 // 4 KB apart and 1.3 TB/s; 128 with 3 stages was slower again); 3 stages keep 32-row tiles at 3 blocks
 // per SM (bench/NOTES.md runs 43-45).
@@ -231,6 +188,9 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
 // tensor pipe half idle (ncu: 4 warps per scheduler, 13 cycles between issues; bench/NOTES.md run 54).
 // Measured against 128-column tiles (2 blocks per SM) and 3 stages ahead without the overlap: both
 // slower (2K prefill 29.5 ms against 30.9 and 31.0; run 56).
+// An expert's last tile with at most 64 rows (at a 2K prefill on V2-Lite about half of the experts end
+// in one) puts both warpgroups on those rows, each against 128 of the weight rows: prefill 512 13.6 ->
+// 13.1 ms, 2K 29.7 -> 28.7 (run 70).
 constexpr int kWgBM = 128, kWgBN = 256, kWgBK = 64, kWgStages = 4, kWgThreads = 256;
 constexpr int kWgATile = kWgBM * kWgBK * 2, kWgBTile = kWgBN * kWgBK * 2;
 constexpr int kWgSmem = kWgStages * (kWgATile + kWgBTile) + 1024;  // + aligning the tiles to 1024 bytes
@@ -242,6 +202,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
   ExpertTile t;
   if (!expert_tile<kGateUp>(p, kWgBM, kGateUp ? kWgBN / 2 : kWgBN, t)) return;
   const int m0 = t.m0, m_end = t.m_end, K = t.K, Nout = t.Nout, n0 = t.n0;
+  // An expert's last tile with at most 64 rows: both warpgroups take those rows, each against half of
+  // the weight rows (m64n128), instead of one warpgroup multiplying padding.
+  const bool narrow = m_end - m0 <= 64;
   const bf16 *w0 = t.w0, *w1 = t.w1;
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t sA = (raw + 1023) & ~1023u, sB = sA + kWgStages * kWgATile;
@@ -276,13 +239,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
     b_src[i] = b_ok[i] ? base + int64_t(idx) * K + c8 * 8 : w0;
   }
   const int KT = (K + kWgBK - 1) / kWgBK;
-  auto load = [&](int stage, int kt) {
+  auto load = [&](int stage, int kt, auto narrow_tag) {
     const int k0 = kt * kWgBK;
     const bool k_ok = k0 + c8 * 8 < K;
     unsigned char* as = gA + stage * kWgATile + off;
     unsigned char* bs = gB + stage * kWgBTile + off;
 #pragma unroll
-    for (int i = 0; i < kAChunks; ++i) {
+    for (int i = 0; i < (decltype(narrow_tag)::value ? kAChunks / 2 : kAChunks); ++i) {  // narrow: 64 rows
       const bool ok = a_ok[i] && k_ok;
       cp_async16(as + i * 32 * 128, ok ? a_src[i] + k0 : p.a, ok);
     }
@@ -293,64 +256,78 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
     }
   };
 
-  float acc[kWgBN / 2];
-#pragma unroll
-  for (int i = 0; i < kWgBN / 2; ++i) acc[i] = 0.0f;
   // Two stages in flight ahead of the one multiplied, and one stage's wgmma running across the barrier:
-  // the buffer loaded at kt is the one read at kt - 2, which every warpgroup has waited for.
+  // the buffer loaded at kt is the one read at kt - 2, which every warpgroup has waited for. A narrow
+  // tile runs its own copy of the loop and epilogue (kNarrow), so the full tiles' code stays as it was.
   constexpr int kAhead = kWgStages - 2;
-#pragma unroll
-  for (int s = 0; s < kAhead; ++s) {
-    if (s < KT) load(s, s);
-    cp_async_commit();
-  }
   const int wg = tid >> 7;
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<kAhead - 1>();  // this thread's chunks of stage kt
-    fence_async_shared();
-    __syncthreads();  // everyone's chunks of kt; no warpgroup reads the buffer loaded next
-    if (kt + kAhead < KT) load((kt + kAhead) % kWgStages, kt + kAhead);
-    cp_async_commit();
-    const int st = kt % kWgStages;
-    const uint64_t da = sw128_desc(sA + st * kWgATile + wg * 64 * 128);
-    const uint64_t db = sw128_desc(sB + st * kWgBTile);
-    wgmma_fence();
+  auto run = [&](auto narrow_tag) {
+    constexpr bool kNarrow = decltype(narrow_tag)::value;
 #pragma unroll
-    for (int kk = 0; kk < kWgBK / 16; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, true);
-    wgmma_commit();
-    wgmma_wait<1>();  // stage kt - 1's products are done
-  }
-  wgmma_wait<0>();
-  cp_async_wait<0>();
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < KT) load(s, s, narrow_tag);
+      cp_async_commit();
+    }
+    float acc[kNarrow ? kWgBN / 4 : kWgBN / 2];
+#pragma unroll
+    for (int i = 0; i < int(sizeof(acc) / sizeof(float)); ++i) acc[i] = 0.0f;
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<kAhead - 1>();  // this thread's chunks of stage kt
+      fence_async_shared();
+      __syncthreads();  // everyone's chunks of kt; no warpgroup reads the buffer loaded next
+      if (kt + kAhead < KT) load((kt + kAhead) % kWgStages, kt + kAhead, narrow_tag);
+      cp_async_commit();
+      const int st = kt % kWgStages;
+      // Narrow: rows 0 .. 63 against weight rows wg * 128 .. + 127 (m64n128); else rows wg * 64 .. + 63
+      // against all 256 (m64n256).
+      const uint64_t da = sw128_desc(sA + st * kWgATile + (kNarrow ? 0 : wg * 64 * 128));
+      const uint64_t db = sw128_desc(sB + st * kWgBTile + (kNarrow ? wg * 128 * 128 : 0));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kWgBK / 16; ++kk) wgmma_ss(acc, da + 2 * kk, db + 2 * kk);
+      wgmma_commit();
+      wgmma_wait<1>();  // stage kt - 1's products are done
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
 
-  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int row0 = m0 + wg * 64 + ((tid >> 5) & 3) * 16 + g;
+    // Accumulator column group j (8 weight rows) is the tile's column group j + jofs.
+    constexpr int kJ = kNarrow ? kWgBN / 16 : kWgBN / 8;
+    const int jofs = kNarrow ? wg * kJ : 0;
+    const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int row0 = m0 + (kNarrow ? 0 : wg * 64) + ((tid >> 5) & 3) * 16 + g;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = row0 + half * 8;
-    if (r >= m_end) continue;
-    if (kGateUp) {
-      bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
+    for (int half = 0; half < 2; ++half) {
+      const int r = row0 + half * 8;
+      if (r >= m_end) continue;
+      if (kGateUp) {
+        bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
 #pragma unroll
-      for (int j = 0; j < kWgBN / 8; ++j) {
-        if ((j & 3) >= 2) continue;  // up tiles: read with their gate tile j - 2
-        const int unit = n0 + (j >> 2) * 16 + (j & 1) * 8 + 2 * t4;
-        const float g0 = acc[4 * j + 2 * half], g1 = acc[4 * j + 2 * half + 1];
-        const float u0 = acc[4 * (j + 2) + 2 * half], u1 = acc[4 * (j + 2) + 2 * half + 1];
-        if (unit < Nout)
-          *reinterpret_cast<uint32_t*>(o + unit) =
-              pack_bf16(g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
-      }
-    } else {
-      float* o = static_cast<float*>(p.out) + int64_t(r) * p.ldo;
+        for (int j = 0; j < kJ; ++j) {
+          if ((j & 3) >= 2) continue;  // up tiles: read with their gate tile j - 2 (jofs % 4 == 0)
+          const int unit = n0 + ((j + jofs) >> 2) * 16 + (j & 1) * 8 + 2 * t4;
+          const float g0 = acc[4 * j + 2 * half], g1 = acc[4 * j + 2 * half + 1];
+          const float u0 = acc[4 * (j + 2) + 2 * half], u1 = acc[4 * (j + 2) + 2 * half + 1];
+          if (unit < Nout)
+            *reinterpret_cast<uint32_t*>(o + unit) =
+                pack_bf16(g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
+        }
+      } else {
+        float* o = static_cast<float*>(p.out) + int64_t(r) * p.ldo;
 #pragma unroll
-      for (int j = 0; j < kWgBN / 8; ++j) {
-        const int col = n0 + 8 * j + 2 * t4;
-        if (col < Nout)
-          *reinterpret_cast<float2*>(o + col) = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        for (int j = 0; j < kJ; ++j) {
+          const int col = n0 + 8 * (j + jofs) + 2 * t4;
+          if (col < Nout)
+            *reinterpret_cast<float2*>(o + col) =
+                make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        }
       }
     }
-  }
+  };
+  if (narrow)
+    run(std::true_type{});
+  else
+    run(std::false_type{});
 }
 
 __global__ void moe_combine_kernel(bf16* out, int64_t ldo, const float* Y, int D, const int* entry_row,
@@ -647,11 +624,15 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
       moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
       ((!wgmma_experts_ && expert_flops >= 5e10 && rows_per_expert >= 512) ||
        moe_prefill_ == MoePrefill::kPerExpert || moe_prefill_ == MoePrefill::kCublasGrouped);
-  // Rows per tile: 128 (wgmma) from 16 rows per expert, else 32 (mma.sync). Measured on V2-Lite (H200,
-  // bench/NOTES.md run 58): the wgmma tiles, mostly padding at prefill 512 (48 rows per expert) or
-  // decode b=256 (24), still stream the weights faster than 64- or 32-row tiles: prefill 512 16.9 ->
-  // 13.3 ms, b=256 1K 16.6 -> 15.5 ms; from 4 or 8 rows per expert on they make no difference.
-  const int bm = rows_per_expert >= 16 ? 128 : 32;
+  // Tiles: below 32 rows per expert the swapped ones (128 weight rows x up to 32 token rows, wgmma;
+  // cuda_moe_swap.cu), from there 128 token rows x 256 weight rows (wgmma). Measured on V2-Lite (H200,
+  // bench/NOTES.md runs 67-69, 1K context): swapped against token-row tiles b=4 5.78 -> 5.28 ms, b=8
+  // 6.92 -> 6.34, b=16 8.80 -> 8.01, b=64 11.5 -> 10.4, b=256 (24 rows per expert) 15.5 -> 14.8; at 48
+  // rows and more (prefill 512) the swapped layout lost even with tiles up to 256 tokens wide (13.5 ->
+  // 16.3 ms). Without the swapped tiles: 128 rows (wgmma) from 16 rows per expert, else 32 (mma.sync).
+  const bool swap = swap_experts_ && rows_per_expert < 32;
+  const int bm = swap ? kSwapTileRows : rows_per_expert >= 16 ? 128 : 32;
+  static_assert(kGatePlanBm == kSwapTileRows, "the fused gate plans the decode batches' tiles");
   cudaStream_t st = S(stream_);
   int *start, *tile_start, *row_token, *entry_row;
   // The fused gate that routed these ids planned them already (for the small tiles the grouped kernel
@@ -675,11 +656,10 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   }
   Tensor H = scratch(DType::kBF16, {R, tab.i_max});
   Tensor Y = scratch(DType::kF32, {R, D});
-  // Up to E / 2 rows (V2-Lite: 5 tokens) the GEMV path; from there the 32-row tiles stream the
-  // weights faster although most of each tile is padding (bench/NOTES.md run 49, V2-Lite 1K context:
-  // b=8 8.34 -> 7.05 ms, b=16 13.1 -> 9.04 ms on the tiles; b=2 3.70 vs 4.11 and b=4 5.80 vs 5.93 ms
-  // stay on the GEMV).
-  const bool gemv = 2 * int64_t(T) * K <= int64_t(E);
+  // Up to E / 4 rows (V2-Lite: 2 tokens) the GEMV path; from there the swapped tiles stream the weights
+  // faster (bench/NOTES.md run 69, V2-Lite 1K context: b=4 5.78 -> 5.28 ms; b=2 3.69 on the GEMV
+  // against 3.75 on the tiles).
+  const bool gemv = 4 * int64_t(T) * K <= int64_t(E);
   if (gemv) {
     GemvArgs g{};
     g.ptrs = tab.ptrs;
@@ -706,7 +686,7 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     if (!grouped || !run_expert_gemms_grouped(x16, H, Y, experts, shared, start, row_token, R))
       run_expert_gemms(x16, H, Y, experts, shared, start, row_token, R);
   } else {
-    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, st);
+    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, st);
   }
   launch(moe_combine_kernel, int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st,
          out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
@@ -716,7 +696,8 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
 }
 
 void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
-                          const int* tile_start, const int* row_token, int R, int bm, void* stream) {
+                          const int* tile_start, const int* row_token, int R, int bm, bool swap,
+                          void* stream) {
   cudaStream_t st = S(stream);
   const int ne = tab.ne, D = tab.d;
   const int grid_y = int(ceil_div(R, bm)) + ne;
@@ -734,7 +715,9 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.out = H.data;
   a.ldo = tab.i_max;
   const bool wgmma = bm == kWgBM && wgmma_experts_;
-  if (wgmma)
+  if (swap)
+    launch_swap_tiles(true, a, grid_y, st);
+  else if (wgmma)
     launch_wgmma<true>(a, grid_y, st);
   else
     launch_grouped<true>(bm, a, int(ceil_div(tab.i_max, kBN / 2)), grid_y, st);
@@ -744,7 +727,9 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.row_token = nullptr;
   a.out = Y.data;
   a.ldo = D;
-  if (wgmma)
+  if (swap)
+    launch_swap_tiles(false, a, grid_y, st);
+  else if (wgmma)
     launch_wgmma<false>(a, grid_y, st);
   else
     launch_grouped<false>(bm, a, int(ceil_div(D, kBN)), grid_y, st);

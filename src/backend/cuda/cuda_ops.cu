@@ -250,6 +250,8 @@ CudaOps::CudaOps(CudaOptions opt) {
   token_experts_ = opt.token_experts;
   wgmma_experts_ = opt.wgmma_experts;
   if (const char* v = std::getenv("BELUGA_MOE_WGMMA")) wgmma_experts_ = wgmma_experts_ && v[0] != '0';
+  swap_experts_ = opt.swap_experts && wgmma_experts_;
+  if (const char* v = std::getenv("BELUGA_MOE_SWAP")) swap_experts_ = swap_experts_ && v[0] != '0';
   if (const char* v = std::getenv("BELUGA_MLA_MIN_SPLIT")) {
     mla_min_split_ = std::atoi(v);
     BELUGA_CHECK(mla_min_split_ >= 64 && mla_min_split_ % 64 == 0,

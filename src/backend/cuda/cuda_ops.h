@@ -28,6 +28,9 @@ struct CudaOptions {
   bool token_experts = true;  // false: one token's experts take the planned GEMV path too (tests)
   // false: 128-row expert tiles on mma.sync instead of wgmma (tests; BELUGA_MOE_WGMMA=0 for comparisons)
   bool wgmma_experts = true;
+  // false: decode batches' experts (below 32 rows per expert) on tiles of token rows instead of tiles of
+  // 128 weight rows against up to 32 tokens (tests; BELUGA_MOE_SWAP=0 for comparisons). Needs wgmma_experts.
+  bool swap_experts = true;
 };
 
 class CudaOps final : public Ops {
@@ -138,7 +141,7 @@ class CudaOps final : public Ops {
   const ExpertTable& expert_table(std::span<const ExpertWeights> experts, const ExpertWeights* shared);
   // The tensor-core grouped GEMMs (gate-up with SiLU-and-mul into H, down into Y) over planned rows.
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
-                   const int* tile_start, const int* row_token, int R, int bm, void* stream);
+                   const int* tile_start, const int* row_token, int R, int bm, bool swap, void* stream);
   // The same with one cuBLAS GEMM per expert and projection (prefill); reads the plan's row counts.
   // The GEMMs of different experts run side by side on kSideStreams streams: one expert's GEMM alone
   // covers a fraction of the SMs (768 x 1408 is 36 tiles of 128 x 256 on 132 SMs).
@@ -186,6 +189,7 @@ class CudaOps final : public Ops {
   MoePrefill moe_prefill_ = MoePrefill::kAuto;
   bool token_experts_ = true;
   bool wgmma_experts_ = true;
+  bool swap_experts_ = true;
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
   // occupancy query runs once per size, not once per layer).
   size_t gate_occupancy_smem_ = 0;
