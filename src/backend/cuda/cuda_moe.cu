@@ -42,7 +42,7 @@ constexpr int grouped_smem() {
 
 // kGateUp: the 128-row weight tile holds 64 hidden units as [gate 16 | up 16] x 4 (one group per warp
 // column), so each thread has gate and up of the same unit and writes silu(g) * u (BF16 [R, I]).
-// Otherwise: down projection, F32 [R, D].
+// Otherwise: down projection, BF16 [R, D].
 template <int BM, bool kGateUp>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
   pdl_entry();
@@ -167,13 +167,13 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
             if (col < Nout) o[col] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
           }
       } else {
-        float* o = static_cast<float*>(p.out) + int64_t(r) * p.ldo;
+        bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             const int col = n0 + wn * 32 + nt * 8 + 2 * t4 + q;
-            if (col < Nout) o[col] = acc[mt][nt][half * 2 + q];
+            if (col < Nout) o[col] = __float2bfloat16(acc[mt][nt][half * 2 + q]);
           }
       }
     }
@@ -313,13 +313,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
                 pack_bf16(g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
         }
       } else {
-        float* o = static_cast<float*>(p.out) + int64_t(r) * p.ldo;
+        bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
 #pragma unroll
         for (int j = 0; j < kJ; ++j) {
           const int col = n0 + 8 * (j + jofs) + 2 * t4;
           if (col < Nout)
-            *reinterpret_cast<float2*>(o + col) =
-                make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(o + col) =
+                pack_bf16(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
         }
       }
     }
@@ -330,18 +330,49 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
     run(std::false_type{});
 }
 
-__global__ void moe_combine_kernel(bf16* out, int64_t ldo, const float* Y, int D, const int* entry_row,
+// out[t] = sum_k w[t, k] Y[entry_row[t, k]] (+ Y[shared_row0 + t]), 8 columns per thread (D % 8 == 0).
+// Y is BF16 from the tile kernels and cuBLAS (half the bytes of F32 both ways: at 2K on V2-Lite the F32
+// Y was ~134 MB per layer, written once and read once), F32 from the GEMV path, whose one-token twin sums
+// in F32 and must agree with it bit for bit.
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+template <class TY>
+__global__ void moe_combine_kernel(bf16* out, int64_t ldo, const TY* Y, int D, const int* entry_row,
                                    const float* w, int T, int K, int shared_row0) {
   pdl_entry();
-  const int64_t n = int64_t(T) * D;
+  const int D8 = D / 8;
+  const int64_t n = int64_t(T) * D8;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int t = int(i / D), d = int(i % D);
-    float acc = 0;
-    for (int k = 0; k < K; ++k)
-      acc += w[int64_t(t) * K + k] * Y[int64_t(entry_row[int64_t(t) * K + k]) * D + d];
-    if (shared_row0 >= 0) acc += Y[int64_t(shared_row0 + t) * D + d];
-    out[int64_t(t) * ldo + d] = __float2bfloat16(acc);
+    const int t = int(i / D8), d = int(i % D8) * 8;
+    float acc[8] = {}, y[8];
+    for (int k = 0; k < K; ++k) {
+      const float wk = w[int64_t(t) * K + k];
+      load8(Y + int64_t(entry_row[int64_t(t) * K + k]) * D + d, y);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += wk * y[j];
+    }
+    if (shared_row0 >= 0) {
+      load8(Y + int64_t(shared_row0 + t) * D + d, y);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += y[j];
+    }
+    uint4 o;
+    uint32_t* op = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) op[j] = pack_bf16(acc[2 * j], acc[2 * j + 1]);
+    *reinterpret_cast<uint4*>(out + int64_t(t) * ldo + d) = o;
   }
 }
 
@@ -655,11 +686,11 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     BELUGA_LAUNCH_CHECK();
   }
   Tensor H = scratch(DType::kBF16, {R, tab.i_max});
-  Tensor Y = scratch(DType::kF32, {R, D});
   // Up to E / 4 rows (V2-Lite: 2 tokens) the GEMV path; from there the swapped tiles stream the weights
   // faster (bench/NOTES.md run 69, V2-Lite 1K context: b=4 5.78 -> 5.28 ms; b=2 3.69 on the GEMV
   // against 3.75 on the tiles).
   const bool gemv = 4 * int64_t(T) * K <= int64_t(E);
+  Tensor Y = scratch(gemv ? DType::kF32 : DType::kBF16, {R, D});
   if (gemv) {
     GemvArgs g{};
     g.ptrs = tab.ptrs;
@@ -688,10 +719,17 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   } else {
     run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, st);
   }
-  launch(moe_combine_kernel, int(std::min<int64_t>(ceil_div(int64_t(T) * D, 256), 65536)), 256, 0, st,
-         out.ptr<bf16>(), out.stride[0], Y.ptr<const float>(), D, entry_row, weights.ptr<const float>(), T, K,
-         shared ? T * K : -1);
+  // The output's rows take 16-byte stores (bf16 x 8) when aligned; else a copy from aligned scratch.
+  Tensor o16 = out.stride[0] % 8 == 0 && aligned16(out.data) ? out : scratch(DType::kBF16, {T, D});
+  const int grid = int(std::min<int64_t>(ceil_div(int64_t(T) * D / 8, 256), 65536));
+  if (gemv)
+    launch(moe_combine_kernel<float>, grid, 256, 0, st, o16.ptr<bf16>(), o16.stride[0], Y.ptr<const float>(),
+           D, entry_row, weights.ptr<const float>(), T, K, shared ? T * K : -1);
+  else
+    launch(moe_combine_kernel<bf16>, grid, 256, 0, st, o16.ptr<bf16>(), o16.stride[0], Y.ptr<const bf16>(), D,
+           entry_row, weights.ptr<const float>(), T, K, shared ? T * K : -1);
   BELUGA_LAUNCH_CHECK();
+  if (o16.data != out.data) copy(out, o16);
   scratch_release(mark);
 }
 

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kSwThreads, 2) grouped_swap_kernel(GroupedArgs
     });
   } else {
     const int col = n0 + wg * 64 + w * 16 + g;
-    float* o = static_cast<float*>(p.out) + col;
+    bf16* o = static_cast<bf16*>(p.out) + col;
     const bool ok0 = col < Nout, ok1 = col + 8 < Nout;
     acc.apply(wide, [&](auto& d) {
       constexpr int J = int(sizeof(d) / sizeof(float)) / 4;
@@ -150,9 +150,9 @@ __global__ void __launch_bounds__(kSwThreads, 2) grouped_swap_kernel(GroupedArgs
         for (int q = 0; q < 2; ++q) {
           const int tok = 8 * j + 2 * t4 + q;
           if (tok >= n_tok) continue;
-          float* row = o + int64_t(m0 + tok) * p.ldo;
-          if (ok0) row[0] = d[4 * j + q];
-          if (ok1) row[8] = d[4 * j + 2 + q];
+          bf16* row = o + int64_t(m0 + tok) * p.ldo;
+          if (ok0) row[0] = __float2bfloat16(d[4 * j + q]);
+          if (ok1) row[8] = __float2bfloat16(d[4 * j + 2 + q]);
         }
     });
   }
