@@ -123,39 +123,27 @@ __global__ void __launch_bounds__(kSwThreads, 2) grouped_swap_kernel(GroupedArgs
   // Accumulator d[4j + q] is weight row w16 + g, d[4j + 2 + q] row w16 + g + 8, both at token column
   // 8j + 2t + q (warp w of the warpgroup, g = lane / 4, t = lane % 4).
   const int lane = tid & 31, g = lane >> 2, t4 = lane & 3, w = (tid >> 5) & 3;
-  if (kGateUp) {
-    const int unit = n0 + wg * 32 + w * 8 + g;
-    if (unit >= Nout) return;
-    bf16* o = static_cast<bf16*>(p.out) + unit;
-    acc.apply(wide, [&](auto& d) {
-      constexpr int J = int(sizeof(d) / sizeof(float)) / 4;
+  // Gate-up: this thread's unit (rows g: gate, g + 8: up); down: its output columns col and col + 8.
+  const int unit = n0 + wg * 32 + w * 8 + g, col = n0 + wg * 64 + w * 16 + g;
+  const bool ok0 = kGateUp ? unit < Nout : col < Nout, ok1 = !kGateUp && col + 8 < Nout;
+  acc.apply(wide, [&](auto& d) {
+    constexpr int J = int(sizeof(d) / sizeof(float)) / 4;
 #pragma unroll
-      for (int j = 0; j < J; ++j)
+    for (int j = 0; j < J; ++j)
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int tok = 8 * j + 2 * t4 + q;
-          const float gv = d[4 * j + q], uv = d[4 * j + 2 + q];
-          if (tok < n_tok) o[int64_t(m0 + tok) * p.ldo] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+      for (int q = 0; q < 2; ++q) {
+        const int tok = 8 * j + 2 * t4 + q;
+        if (tok >= n_tok) continue;
+        bf16* row = static_cast<bf16*>(p.out) + int64_t(m0 + tok) * p.ldo;
+        const float v0 = d[4 * j + q], v1 = d[4 * j + 2 + q];
+        if (kGateUp) {
+          if (ok0) row[unit] = __float2bfloat16(v0 / (1.0f + __expf(-v0)) * v1);
+        } else {
+          if (ok0) row[col] = __float2bfloat16(v0);
+          if (ok1) row[col + 8] = __float2bfloat16(v1);
         }
-    });
-  } else {
-    const int col = n0 + wg * 64 + w * 16 + g;
-    bf16* o = static_cast<bf16*>(p.out) + col;
-    const bool ok0 = col < Nout, ok1 = col + 8 < Nout;
-    acc.apply(wide, [&](auto& d) {
-      constexpr int J = int(sizeof(d) / sizeof(float)) / 4;
-#pragma unroll
-      for (int j = 0; j < J; ++j)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int tok = 8 * j + 2 * t4 + q;
-          if (tok >= n_tok) continue;
-          bf16* row = o + int64_t(m0 + tok) * p.ldo;
-          if (ok0) row[0] = __float2bfloat16(d[4 * j + q]);
-          if (ok1) row[8] = __float2bfloat16(d[4 * j + 2 + q]);
-        }
-    });
-  }
+      }
+  });
 }
 
 template <bool G>
