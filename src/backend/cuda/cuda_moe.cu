@@ -167,13 +167,12 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
             if (col < Nout) o[col] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
           }
       } else {
-        bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             const int col = n0 + wn * 32 + nt * 8 + 2 * t4 + q;
-            if (col < Nout) o[col] = __float2bfloat16(acc[mt][nt][half * 2 + q]);
+            if (col < Nout) store_y(p, int64_t(r) * p.ldo + col, acc[mt][nt][half * 2 + q]);
           }
       }
     }
@@ -313,13 +312,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
                 pack_bf16(g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
         }
       } else {
-        bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
 #pragma unroll
         for (int j = 0; j < kJ; ++j) {
           const int col = n0 + 8 * (j + jofs) + 2 * t4;
           if (col < Nout)
-            *reinterpret_cast<uint32_t*>(o + col) =
-                pack_bf16(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+            store_y2(p, int64_t(r) * p.ldo + col, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
         }
       }
     }
@@ -331,9 +328,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
 }
 
 // out[t] = sum_k w[t, k] Y[entry_row[t, k]] (+ Y[shared_row0 + t]), 8 columns per thread (D % 8 == 0).
-// Y is BF16 from the tile kernels and cuBLAS (half the bytes of F32 both ways: at 2K on V2-Lite the F32
-// Y was ~134 MB per layer, written once and read once), F32 from the GEMV path, whose one-token twin sums
-// in F32 and must agree with it bit for bit.
+// Y: F32 or BF16 (moe_experts says when).
 __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
   const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -690,7 +685,14 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   // faster (bench/NOTES.md run 69, V2-Lite 1K context: b=4 5.78 -> 5.28 ms; b=2 3.69 on the GEMV
   // against 3.75 on the tiles).
   const bool gemv = 4 * int64_t(T) * K <= int64_t(E);
-  Tensor Y = scratch(gemv ? DType::kF32 : DType::kBF16, {R, D});
+  // Y (the experts' down rows) in BF16 from 1024 tokens on, else F32. At a 2K prefill on V2-Lite the F32 Y
+  // was ~134 MB per layer written and read again; BF16 halves it (2K 28.0 -> 27.0 ms, 8K 115 -> 112;
+  // bench/NOTES.md run 73), as HF's and vLLM's MoE round each expert's output to the activation type. Below
+  // that Y's bytes are a few percent of the weights', and the F32 sum keeps short prompts and decode steps
+  // as before: with BF16 Y everywhere the demo model's greedy tokens left the CPU path's at the 10th
+  // (run 77), and the GEMV path's one-token twin (F32) is tested bit-equal to it.
+  const bool y_f32 = gemv || T < 1024;  // the GEMV kernels write F32
+  Tensor Y = scratch(y_f32 ? DType::kF32 : DType::kBF16, {R, D});
   if (gemv) {
     GemvArgs g{};
     g.ptrs = tab.ptrs;
@@ -722,7 +724,7 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   // The output's rows take 16-byte stores (bf16 x 8) when aligned; else a copy from aligned scratch.
   Tensor o16 = out.stride[0] % 8 == 0 && aligned16(out.data) ? out : scratch(DType::kBF16, {T, D});
   const int grid = int(std::min<int64_t>(ceil_div(int64_t(T) * D / 8, 256), 65536));
-  if (gemv)
+  if (y_f32)
     launch(moe_combine_kernel<float>, grid, 256, 0, st, o16.ptr<bf16>(), o16.stride[0], Y.ptr<const float>(),
            D, entry_row, weights.ptr<const float>(), T, K, shared ? T * K : -1);
   else
@@ -764,6 +766,7 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.lda = tab.i_max;
   a.row_token = nullptr;
   a.out = Y.data;
+  a.y_f32 = Y.dtype == DType::kF32;
   a.ldo = D;
   if (swap)
     launch_swap_tiles(false, a, grid_y, st);

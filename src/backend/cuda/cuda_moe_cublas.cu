@@ -40,7 +40,7 @@ void CudaOps::run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<co
     wd[size_t(e)] = bf16_weight(w.down.w, w.down.scale, w.down.block_n, w.down.block_k);
   }
   // Token rows grouped by expert, then per expert: [gate | up] = A W^T into one [R, 2 * i_max] buffer,
-  // H = silu(gate) * up, Y = H W_down^T (BF16, as the grouped kernels leave it for the combine).
+  // H = silu(gate) * up, Y = H W_down^T (in Y's type, F32 or BF16, as the grouped kernels leave it).
   Tensor A = scratch(DType::kBF16, {R, D});
   gather_rows(A, x, Tensor::make(const_cast<int*>(row_token), DType::kI32, {R}, Device::kCuda));
   Tensor GU = scratch(DType::kBF16, {R, 2 * int64_t(i_max)});
@@ -147,12 +147,12 @@ bool CudaOps::run_expert_gemms_grouped(const Tensor& x, Tensor H, Tensor Y,
     pb.push_back(H.at(r0));
     pc.push_back(Y.at(r0));
   }
-  s = run(CUDA_R_16BF);
+  s = run(Y.dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF);
   if (s != CUBLAS_STATUS_NOT_SUPPORTED) {
     BELUGA_CUBLAS_CHECK(s);
     return true;
   }
-  // Not offered grouped after all: one call per expert.
+  // Not offered grouped (F32 outputs from BF16 inputs may not be): one call per expert.
   for (int e = 0; e < ne; ++e) {
     const int r0 = start[size_t(e)], r1 = start[size_t(e) + 1];
     if (r1 == r0) continue;

@@ -16,9 +16,24 @@ struct GroupedArgs {
   const int* start;
   const int* tile_start;
   int ne, D;
-  void* out;
+  void* out;  // gate-up: H, BF16 [R, I]; down: Y, [R, D] in F32 (y_f32) or BF16
   int64_t ldo;
+  bool y_f32;
 };
+
+// The down projection's output element i (and i + 1) in Y's type.
+__device__ __forceinline__ void store_y(const GroupedArgs& p, int64_t i, float v) {
+  if (p.y_f32)
+    static_cast<float*>(p.out)[i] = v;
+  else
+    static_cast<bf16*>(p.out)[i] = __float2bfloat16(v);
+}
+__device__ __forceinline__ void store_y2(const GroupedArgs& p, int64_t i, float v0, float v1) {
+  if (p.y_f32)
+    *reinterpret_cast<float2*>(static_cast<float*>(p.out) + i) = make_float2(v0, v1);
+  else
+    *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.out) + i) = pack_bf16(v0, v1);
+}
 
 // Block (x, y)'s work in a grouped launch: tile y of the planned rows (rows [m0, m_end) of one expert,
 // m_end the expert's end) against output columns from n0 = x * cols (gate-up: hidden units; down: D), with
