@@ -42,7 +42,7 @@ constexpr int grouped_smem() {
 
 // kGateUp: the 128-row weight tile holds 64 hidden units as [gate 16 | up 16] x 4 (one group per warp
 // column), so each thread has gate and up of the same unit and writes silu(g) * u (BF16 [R, I]).
-// Otherwise: down projection, BF16 [R, D].
+// Otherwise: down projection into Y [R, D] (F32 or BF16: store_y).
 template <int BM, bool kGateUp>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
   pdl_entry();
