@@ -17,7 +17,7 @@ if [[ "${FULL:-0}" == 1 ]]; then
     --launch-count "${COUNT:-3}" -o "$OUT/prefill" "$1" generate --device cuda --enforce-eager --load-format dummy \
     --model $V2 --prompt-ids "$IDS" --max-tokens 1 > "$OUT/ncu_prefill.log" 2>&1
   ncu --import "$OUT/prefill.ncu-rep" --page details > "$OUT/prefill_details.txt" 2>&1
-  grep -E "^  [a-z_ ]+.*\)x\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|highest-utilized" \
+  grep -E "^  [a-z_ ]+.*\)x\(|Duration|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|highest-utilized" \
     "$OUT/prefill_details.txt" | cut -c1-150
   exit 0
 fi
