@@ -129,12 +129,7 @@ void CudaOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& 
     set_kv(a, kv, k_pe);
     a.nope = Dn;
     set_seqs(a, m);
-    a.H = H;
-    a.Dk = Dqk;
-    a.Dv = Dv;
-    a.scale = scale;
-    const int nk = max_keys(m);
-    run_reference(a, T, nk, scratch(DType::kF32, {int64_t(T) * H, nk}), S(stream_));
+    reference_attention(a, m, H, Dqk, Dv, scale);
     return;
   }
   int max_q = 1;
@@ -165,12 +160,16 @@ void CudaOps::gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, co
   a.entry = int(cache.shape[2]);
   a.kv_heads = kv_heads;
   a.group = H / kv_heads;
+  reference_attention(a, m, H, D, D, scale);
+}
+
+void CudaOps::reference_attention(RefArgs& a, const AttnMeta& m, int H, int Dk, int Dv, float scale) {
   a.H = H;
-  a.Dk = D;
-  a.Dv = D;
+  a.Dk = Dk;
+  a.Dv = Dv;
   a.scale = scale;
   const int nk = max_keys(m);
-  run_reference(a, T, nk, scratch(DType::kF32, {int64_t(T) * H, nk}), S(stream_));
+  run_reference(a, m.num_tokens, nk, scratch(DType::kF32, {int64_t(m.num_tokens) * H, nk}), S(stream_));
 }
 
 }  // namespace beluga

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <utility>
 
 #include "backend/ops.h"
@@ -144,6 +145,16 @@ inline VecRef vec(const Tensor& t) {
 
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+// Whether BF16 rows of `cols` columns at these strides and pointers can move in 16-byte pieces.
+inline bool rows16(int64_t cols, std::initializer_list<int64_t> strides,
+                   std::initializer_list<const void*> ptrs) {
+  if (cols % 8) return false;
+  for (int64_t st : strides)
+    if (st % 8) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
 }
 
 // 16-byte weight loads for streaming GEMVs: read once, so they bypass L1. Not volatile, so the

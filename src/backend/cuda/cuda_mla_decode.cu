@@ -321,11 +321,7 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
     set_q_out(a, q, out);
     set_paged(a, cache, m);
     a.entry = Dk;
-    a.H = H;
-    a.Dk = Dk;
-    a.Dv = kv_rank;
-    a.scale = scale;
-    run_reference(a, T, nk, scratch(DType::kF32, {int64_t(T) * H, nk}), S(stream_));
+    reference_attention(a, m, H, Dk, kv_rank, scale);
     return false;
   }
   // Split the keys so that the grid covers the GPU about twice, in at most kMaxSplits splits of at

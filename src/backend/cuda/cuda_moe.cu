@@ -629,7 +629,7 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   // The kernels read x's rows in 16-byte pieces: a view whose rows start elsewhere (a row stride that is
   // not a multiple of 8, an odd column offset) is copied into aligned scratch first.
   Tensor x16 = x;
-  if (x.stride[0] % 8 != 0 || !aligned16(x.data)) {
+  if (!rows16(D, {x.stride[0]}, {x.data})) {
     x16 = scratch(DType::kBF16, {T, D});
     copy(x16, x);
   }
@@ -722,7 +722,7 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, st);
   }
   // The output's rows take 16-byte stores (bf16 x 8) when aligned; else a copy from aligned scratch.
-  Tensor o16 = out.stride[0] % 8 == 0 && aligned16(out.data) ? out : scratch(DType::kBF16, {T, D});
+  Tensor o16 = rows16(D, {out.stride[0]}, {out.data}) ? out : scratch(DType::kBF16, {T, D});
   const int grid = int(std::min<int64_t>(ceil_div(int64_t(T) * D / 8, 256), 65536));
   if (y_f32)
     launch(moe_combine_kernel<float>, grid, 256, 0, st, o16.ptr<bf16>(), o16.stride[0], Y.ptr<const float>(),

@@ -221,16 +221,6 @@ __global__ void gather_rows8_kernel(bf16* out, int64_t ldo, const bf16* src, int
   }
 }
 
-// Whether BF16 rows of `cols` columns at these strides and pointers can move in 16-byte pieces.
-bool rows16(int64_t cols, std::initializer_list<int64_t> strides, std::initializer_list<const void*> ptrs) {
-  if (cols % 8) return false;
-  for (int64_t st : strides)
-    if (st % 8) return false;
-  for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16) return false;
-  return true;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------

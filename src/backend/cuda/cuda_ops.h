@@ -17,6 +17,10 @@
 
 namespace beluga {
 
+namespace cuda {
+struct RefArgs;
+}
+
 // How prefill MoE layers run their experts (see CudaOps::moe_experts). kAuto picks by size; the others
 // force one path from 64 rows per expert (benchmarks and tests). Default: BELUGA_MOE_PREFILL
 // (auto, kernel, per-expert, cublas-grouped), else kAuto.
@@ -171,6 +175,9 @@ class CudaOps final : public Ops {
   // result is true (out untouched). False: `out` holds the latent output.
   bool mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_rank,
                   float scale, const Tensor* w_uv, Tensor uv_out);
+  // The reference attention kernel (the fast kernels' fallback) for `a` as the caller filled it (mode,
+  // q, out, keys), with the head count, widths and scale set here.
+  void reference_attention(cuda::RefArgs& a, const AttnMeta& m, int H, int Dk, int Dv, float scale);
   // n zeroed counters for kernels whose last block to finish does a final step (it counts itself in
   // with an atomic and leaves the counter at zero again, so graph replays find them zeroed). Kernels
   // run one at a time, so all share one buffer (kArrivalCounters, allocated at start).
