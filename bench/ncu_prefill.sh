@@ -3,6 +3,7 @@
 # by kernel name. The dummy loader's fill kernels are left out by the name filter (profiling them
 # costs minutes). bench/NOTES.md run 43 found the grouped expert kernel at 1.3 TB/s this way.
 #   OUT=dir N=2048 bench/ncu_prefill.sh path/to/beluga
+# KREGEX overrides the kernel-name filter (e.g. 'vt_transpose|rope|cache_write|add_kernel').
 # FULL=1 instead: ncu --set full on COUNT launches (after SKIP) of the kernels matching KERNELS (default
 # the expert tiles and the MLA prefill attention): issue-slot use, pipe utilisation, occupancy (runs
 # 54, 55, 60).
@@ -22,7 +23,7 @@ if [[ "${FULL:-0}" == 1 ]]; then
   exit 0
 fi
 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
-  -k 'regex:grouped|mla_|moe_|rmsnorm|nvjet|silu|gather|gemv|cutlass|sm90' "$1" generate --device cuda \
+  -k "regex:${KREGEX:-grouped|mla_|moe_|rmsnorm|nvjet|silu|gather|gemv|cutlass|sm90}" "$1" generate --device cuda \
   --enforce-eager --load-format dummy --model $V2 --prompt-ids "$IDS" --max-tokens 1 > "$OUT/ncu_prefill.csv" 2>/dev/null
 python3 - "$OUT/ncu_prefill.csv" <<'PY'
 import collections, csv, sys

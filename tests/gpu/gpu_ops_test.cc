@@ -528,7 +528,8 @@ TEST_F(GpuOps, MoeExperts) {
   // 1: one token's kernels; 2 to 100 tokens (0.5 to 25 rows per expert,
   // the shared expert up to 100): 32-row swapped tiles (128 weight rows x 16 or 32 tokens, wgmma),
   // 160, 300 and 2100 (40 to 525 rows per expert): 128-row tiles (wgmma), those of at most 64 rows (all
-  // of 160's, the remainders of 2100's) on both warpgroups. The other paths are forced
+  // of 160's, the remainders of 2100's) on both warpgroups; from 256 tokens the shared expert as cuBLAS
+  // GEMMs on a side stream (and forced into the tiles with the routed ones). The other paths are forced
   // too: one cuBLAS GEMM per expert and grouped cuBLAS (from 300 tokens: they need 64 rows per expert),
   // token-row tiles on mma.sync (32 or 128 rows) and on wgmma instead of the swapped ones. The second
   // shape has partial tiles in N and K (D = 576: 4 x 128 + 64 or 256 + 256 + 64 output columns; I = 200:
@@ -545,6 +546,9 @@ TEST_F(GpuOps, MoeExperts) {
   forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true,
                                                           /*wgmma_experts=*/true, /*swap_experts=*/false}),
                     7});
+  forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, true, true,
+                                                          /*shared_experts_cublas=*/false}),
+                    300});
   // Both weight sets stay alive for the whole test: the backend caches its expert tables by the weights'
   // addresses, as a model's weights outlive the backend.
   const Experts ex1 = make_experts(*gpu, 512, 384, E), ex2 = make_experts(*gpu, 576, 200, E);
@@ -1049,6 +1053,7 @@ TEST_F(GpuOps, MlaExpanded) {
       {16, 128, 64, 128, false, {{0, 200}}},
       {16, 128, 64, 128, false, {{130, 77}, {0, 64}, {5, 1}}},  // cached prefix + new chunk, varlen
       {16, 128, 64, 128, false, {{300, 700}, {0, 129}}},        // several 128-query blocks and key tiles
+      {16, 128, 64, 128, false, {{0, 1100}}},  // 96 blocks on an H200: the longest run as two halves
       {8, 128, 64, 128, true, {{20, 40}}},
       {4, 16, 8, 16, false, {{10, 20}, {0, 5}}},  // reference kernel
   };

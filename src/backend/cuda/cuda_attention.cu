@@ -132,16 +132,20 @@ void CudaOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& 
     reference_attention(a, m, H, Dqk, Dv, scale);
     return;
   }
-  int max_q = 1;
-  for (int s = 0; s < m.num_seqs; ++s) max_q = std::max(max_q, m.h_query_start[s + 1] - m.h_query_start[s]);
   PrefillArgs a{};
   set_q_out(a, q, out);
   set_kv(a, kv, k_pe);
   set_seqs(a, m);
   a.scale_log2 = scale * kLog2e;
-  a.ldvt = prefill_vt_len(m);
-  a.vt = scratch(DType::kBF16, {int64_t(H) * kPrefillDv, a.ldvt}).ptr<bf16>();
-  run_mla_prefill_wgmma(a, max_q, max_keys(m), H, m.num_seqs, S(stream_));
+  a.heads = H;
+  const PrefillSplit split = plan_prefill_split(m, H, sm_count_, int(kArrivalCounters));
+  a.split_min = split.split_min;
+  a.max_split = split.max_split;
+  if (split.max_split > 0) {
+    a.part = scratch(DType::kF32, {prefill_part_floats(split, H, m.num_seqs)}).ptr<float>();
+    a.counters = arrival_counters(int64_t(m.num_seqs) * H * split.max_split);
+  }
+  run_mla_prefill_wgmma(a, split, m.num_seqs, S(stream_));
 }
 
 void CudaOps::gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,

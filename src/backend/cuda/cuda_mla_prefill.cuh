@@ -23,18 +23,27 @@ struct PrefillArgs {
   const int32_t* qs;   // query_start [S + 1]
   const int32_t* ctx;  // context_len [S]
   float scale_log2;
-  // wgmma kernel: v transposed per head, [H, 128, ldvt] with each sequence's keys from a 64-aligned
-  // offset (sum of the earlier sequences' key counts rounded up to 64), zeros past its keys.
-  bf16* vt;
-  int64_t ldvt;
+  int heads;
+  // Query blocks with more than split_min key tiles run as two blocks over half the tiles each; the one
+  // that finishes second merges the other's partial (part: F32, prefill_part_floats) and writes the rows.
+  // counters: [num_seqs, heads, max_split] zeros, left zero. PrefillSplit says how many.
+  int split_min, max_split;
+  float* part;
+  int* counters;
 };
 
-// Keys of all sequences rounded up to 64 each: the row length of PrefillArgs::vt.
-int64_t prefill_vt_len(const AttnMeta& m);
+// How run_mla_prefill_wgmma spreads a prefill's blocks: blocks per (sequence, head) (`items`: query blocks
+// plus one per split), the split threshold in 64-key tiles (INT_MAX: none) and the most split query
+// blocks of a sequence. Chosen by simulating the in-order block dispatch on `sms` SMs for a few
+// thresholds (bench/NOTES.md runs 81, 84: at a 2K prompt the SMs were 55 % active behind the longest blocks).
+struct PrefillSplit {
+  int items, split_min, max_split;
+};
+PrefillSplit plan_prefill_split(const AttnMeta& m, int H, int sms, int max_counters);
+int64_t prefill_part_floats(const PrefillSplit& p, int H, int num_seqs);
 
-// The Hopper (wgmma) kernel: transposes v into a.vt, then 192 queries per block (three warpgroups of
-// 64) against 64-key tiles. max_q / max_keys: the longest chunk / the most keys of a sequence.
-void run_mla_prefill_wgmma(const PrefillArgs& a, int max_q, int max_keys, int H, int num_seqs,
-                           cudaStream_t st);
+// The Hopper (wgmma) kernel: 192 queries per block (three warpgroups of 64) against 64-key tiles, split
+// as `split` says (a.split_min, a.max_split are set from it).
+void run_mla_prefill_wgmma(const PrefillArgs& a, const PrefillSplit& split, int num_seqs, cudaStream_t st);
 
 }  // namespace beluga::cuda

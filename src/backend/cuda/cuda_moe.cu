@@ -191,6 +191,8 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
 // in one) puts both warpgroups on those rows, each against 128 of the weight rows: prefill 512 13.6 ->
 // 13.1 ms, 2K 29.7 -> 28.7 (run 70).
 constexpr int kWgBM = 128, kWgBN = 256, kWgBK = 64, kWgStages = 4, kWgThreads = 256;
+// Tokens from which a prefill's shared expert runs as cuBLAS GEMMs instead of in the routed tiles.
+constexpr int kSharedCublasMinT = 256;
 constexpr int kWgATile = kWgBM * kWgBK * 2, kWgBTile = kWgBN * kWgBK * 2;
 constexpr int kWgSmem = kWgStages * (kWgATile + kWgBTile) + 1024;  // + aligning the tiles to 1024 bytes
 
@@ -519,15 +521,16 @@ void launch_grouped(int bm, const GroupedArgs& a, int grid_x, int grid_y, cudaSt
     launch_grouped<32, G>(a, grid_x, grid_y, st);
 }
 
+// cols: the gate-up's widest expert (hidden units) or the down's D.
 template <bool G>
-void launch_wgmma(const GroupedArgs& a, int grid_y, cudaStream_t st) {
+void launch_wgmma(const GroupedArgs& a, int cols, int grid_y, cudaStream_t st) {
   static bool configured = false;
   if (!configured) {
     BELUGA_CUDA_CHECK(
         cudaFuncSetAttribute(grouped_wgmma_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
     configured = true;
   }
-  const int grid_x = int(G ? ceil_div(a.ldo, kWgBN / 2) : ceil_div(a.D, kWgBN));  // ldo: the widest expert
+  const int grid_x = int(ceil_div(cols, G ? kWgBN / 2 : kWgBN));
   launch(grouped_wgmma_kernel<G>, dim3(grid_x, grid_y), kWgThreads, kWgSmem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
@@ -693,6 +696,11 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   // (run 77), and the GEMV path's one-token twin (F32) is tested bit-equal to it.
   const bool y_f32 = gemv || T < 1024;  // the GEMV kernels write F32
   Tensor Y = scratch(y_f32 ? DType::kF32 : DType::kBF16, {R, D});
+  // A prefill's shared expert takes every token: a dense product that cuBLAS runs at ~750 TFLOP/s
+  // (V2-Lite, 2K rows: 62 + 32 us for one GEMM each) against the tiles' ~420 (~120 us of the 2K layer's
+  // 676; bench/NOTES.md runs 81-89: 2K 27.3 -> 26.3 ms, 512 12.9 -> 12.5, 8K 113 -> 108).
+  const bool shared_apart = shared && shared_experts_cublas_ && !gemv && !swap && bm == kWgBM &&
+                            wgmma_experts_ && T >= kSharedCublasMinT;
   if (gemv) {
     GemvArgs g{};
     g.ptrs = tab.ptrs;
@@ -719,7 +727,9 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     if (!grouped || !run_expert_gemms_grouped(x16, H, Y, experts, shared, start, row_token, R))
       run_expert_gemms(x16, H, Y, experts, shared, start, row_token, R);
   } else {
-    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, st);
+    if (shared_apart) shared_expert_gemms(x16, H.rows(int64_t(T) * K, R), Y.rows(int64_t(T) * K, R), *shared);
+    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, shared_apart ? E : ne, st);
+    if (shared_apart && shared_on_side_) join_side_streams();
   }
   // The output's rows take 16-byte stores (bf16 x 8) when aligned; else a copy from aligned scratch.
   Tensor o16 = rows16(D, {out.stride[0]}, {out.data}) ? out : scratch(DType::kBF16, {T, D});
@@ -736,17 +746,18 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
 }
 
 void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
-                          const int* tile_start, const int* row_token, int R, int bm, bool swap,
+                          const int* tile_start, const int* row_token, int R, int bm, bool swap, int ne_tiles,
                           void* stream) {
   cudaStream_t st = S(stream);
   const int ne = tab.ne, D = tab.d;
-  const int grid_y = int(ceil_div(R, bm)) + ne;
+  const int grid_y = int(ceil_div(R, bm)) + ne_tiles;
   GroupedArgs a{};
   a.ptrs = tab.ptrs;
   a.inter = tab.inter;
   a.start = start;
   a.tile_start = tile_start;
   a.ne = ne;
+  a.ne_tiles = ne_tiles;
   a.D = D;
   // gate + up (+ SiLU-and-mul): A = token rows of x.
   a.a = x.ptr<const bf16>();
@@ -754,13 +765,15 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.row_token = row_token;
   a.out = H.data;
   a.ldo = tab.i_max;
+  // Routed experts alone: the grid spans their width, not the shared expert's.
+  const int gate_cols = ne_tiles < ne && tab.i_routed > 0 ? tab.i_routed : tab.i_max;
   const bool wgmma = bm == kWgBM && wgmma_experts_;
   if (swap)
     launch_swap_tiles(true, a, grid_y, st);
   else if (wgmma)
-    launch_wgmma<true>(a, grid_y, st);
+    launch_wgmma<true>(a, gate_cols, grid_y, st);
   else
-    launch_grouped<true>(bm, a, int(ceil_div(tab.i_max, kBN / 2)), grid_y, st);
+    launch_grouped<true>(bm, a, int(ceil_div(gate_cols, kBN / 2)), grid_y, st);
   // down: A = rows of H.
   a.a = H.ptr<const bf16>();
   a.lda = tab.i_max;
@@ -771,7 +784,7 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   if (swap)
     launch_swap_tiles(false, a, grid_y, st);
   else if (wgmma)
-    launch_wgmma<false>(a, grid_y, st);
+    launch_wgmma<false>(a, D, grid_y, st);
   else
     launch_grouped<false>(bm, a, int(ceil_div(D, kBN)), grid_y, st);
 }

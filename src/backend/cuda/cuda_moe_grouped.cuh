@@ -15,8 +15,9 @@ struct GroupedArgs {
   const int* inter;
   const int* start;
   const int* tile_start;
-  int ne, D;
-  void* out;  // gate-up: H, BF16 [R, I]; down: Y, [R, D] in F32 (y_f32) or BF16
+  int ne, D;     // ne: experts in the table (its stride), the shared one last
+  int ne_tiles;  // the first ne_tiles experts have tiles here (ne, or the routed ones alone)
+  void* out;     // gate-up: H, BF16 [R, I]; down: Y, [R, D] in F32 (y_f32) or BF16
   int64_t ldo;
   bool y_f32;
 };
@@ -47,8 +48,8 @@ struct ExpertTile {
 template <bool kGateUp>
 __device__ __forceinline__ bool expert_tile(const GroupedArgs& p, int bm, int cols, ExpertTile& t) {
   const int tile = blockIdx.y;
-  if (tile >= p.tile_start[p.ne]) return false;
-  int lo = 0, hi = p.ne - 1;  // the largest e with tile_start[e] <= tile
+  if (tile >= p.tile_start[p.ne_tiles]) return false;
+  int lo = 0, hi = p.ne_tiles - 1;  // the largest e with tile_start[e] <= tile
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
     if (p.tile_start[mid] <= tile)

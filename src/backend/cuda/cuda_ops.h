@@ -35,6 +35,9 @@ struct CudaOptions {
   // false: decode batches' experts (below 32 rows per expert) on tiles of token rows instead of tiles of
   // 128 weight rows against up to 32 tokens (tests; BELUGA_MOE_SWAP=0 for comparisons). Needs wgmma_experts.
   bool swap_experts = true;
+  // false: a prefill's shared expert stays in the grouped tiles instead of cuBLAS GEMMs on a side stream
+  // beside them (tests; BELUGA_MOE_SHARED_CUBLAS=0 for comparisons).
+  bool shared_experts_cublas = true;
 };
 
 class CudaOps final : public Ops {
@@ -144,8 +147,15 @@ class CudaOps final : public Ops {
 
   const ExpertTable& expert_table(std::span<const ExpertWeights> experts, const ExpertWeights* shared);
   // The tensor-core grouped GEMMs (gate-up with SiLU-and-mul into H, down into Y) over planned rows.
+  // ne_tiles: the experts that get tiles (all, or the routed ones when the shared one runs apart).
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
-                   const int* tile_start, const int* row_token, int R, int bm, bool swap, void* stream);
+                   const int* tile_start, const int* row_token, int R, int bm, bool swap, int ne_tiles,
+                   void* stream);
+  // The shared expert of a prefill as dense cuBLAS GEMMs, H = silu(x Wg^T) * (x Wu^T), Y = H Wd^T for
+  // x's T rows: on the main stream, or with shared_on_side_ on side stream 0 (forked here; the caller
+  // joins).
+  void shared_expert_gemms(const Tensor& x, Tensor H, Tensor Y, const ExpertWeights& w);
+  void silu_mul_on(Tensor out, const Tensor& gate_up, void* stream);
   // The same with one cuBLAS GEMM per expert and projection (prefill); reads the plan's row counts.
   // The GEMMs of different experts run side by side on kSideStreams streams: one expert's GEMM alone
   // covers a fraction of the SMs (768 x 1408 is 36 tiles of 128 x 256 on 132 SMs).
@@ -197,6 +207,11 @@ class CudaOps final : public Ops {
   bool token_experts_ = true;
   bool wgmma_experts_ = true;
   bool swap_experts_ = true;
+  bool shared_experts_cublas_ = true;
+  // BELUGA_MOE_SHARED_SIDE=1: the shared expert's GEMMs on a side stream beside the routed tiles. 2K
+  // prefill ~0.5 ms faster, but every later batch-1 decode step (CUDA graphs) ~0.08 ms slower, for a
+  // reason not yet found (bench/NOTES.md runs 86-89), so off by default.
+  bool shared_on_side_ = false;
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
   // occupancy query runs once per size, not once per layer).
   size_t gate_occupancy_smem_ = 0;
@@ -218,7 +233,7 @@ class CudaOps final : public Ops {
 
   int device_ = 0;
   void* stream_ = nullptr;
-  static constexpr int64_t kArrivalCounters = 64;
+  static constexpr int64_t kArrivalCounters = 4096;
   int* counters_ = nullptr;
   std::vector<void*> graphs_;  // cudaGraphExec_t, by id
   uint64_t scratch_epoch_ = 0;

@@ -36,6 +36,15 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem) {
          (uint64_t(1) << 62);
 }
 
+// Descriptor of an MN-major, 128-byte-swizzled tile at `smem`: rows of 64 N-contiguous elements (128
+// bytes) along K, 8-row groups 1024 bytes apart (stride byte offset), the next 64 N elements `mn_stride`
+// bytes on (leading byte offset). CUTLASS's canonical SW128 MN-major layout ((8,8,m),(8,k)) :
+// ((1,8,LBO),(64,SBO)) in 16-byte units.
+__device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t smem, uint32_t mn_stride) {
+  return uint64_t((smem & 0x3FFFF) >> 4) | (uint64_t(mn_stride >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
 // Shared-memory writes of this thread (st.shared, cp.async) become visible to wgmma's async proxy; every
 // writing thread runs it before the barrier that precedes the wgmma.
 __device__ __forceinline__ void fence_async_shared() {
@@ -86,7 +95,8 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t a, uint
 }
 
 // d[64 x 128] += a[64 x 16] b[128 x 16]^T with a in registers (each warp's 16 rows in the mma.sync
-// m16n8k16 A-fragment layout) and b K-major in shared memory (d[64], the same accumulator layout).
+// m16n8k16 A-fragment layout) and b MN-major in shared memory: 16 K rows of 128 N-contiguous elements,
+// as sw128_mn_desc describes (d[64], the same accumulator layout).
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -95,7 +105,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
       : BELUGA_WGMMA_D64
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
