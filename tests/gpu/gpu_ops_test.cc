@@ -525,11 +525,11 @@ Experts make_experts(CudaOps& gpu, int D, int I, int E) {
 
 TEST_F(GpuOps, MoeExperts) {
   const int E = 16, K = 4;
-  // 1: one token's kernels; 2 to 100 tokens (0.5 to 25 rows per expert,
-  // the shared expert up to 100): 32-row swapped tiles (128 weight rows x 16 or 32 tokens, wgmma),
-  // 160, 300 and 2100 (40 to 525 rows per expert): 128-row tiles (wgmma), those of at most 64 rows (all
-  // of 160's, the remainders of 2100's) on both warpgroups; from 256 tokens the shared expert as cuBLAS
-  // GEMMs on a side stream (and forced into the tiles with the routed ones). The other paths are forced
+  // 1: one token's kernels; 2 to 100 tokens (0.5 to 25 rows per expert, the shared expert up to 100):
+  // 32-row swapped tiles (128 weight rows x 16 or 32 tokens, wgmma), 160, 300 and 2100 (40 to 525 rows
+  // per expert): 128-row tiles (wgmma), those of at most 64 rows (all of 160's, the remainders of
+  // 2100's) on both warpgroups; from 256 tokens the shared expert as cuBLAS GEMMs (also with the routed
+  // tiles on a side stream beside them, and forced back into the tiles). The other paths are forced
   // too: one cuBLAS GEMM per expert and grouped cuBLAS (from 300 tokens: they need 64 rows per expert),
   // token-row tiles on mma.sync (32 or 128 rows) and on wgmma instead of the swapped ones. The second
   // shape has partial tiles in N and K (D = 576: 4 x 128 + 64 or 256 + 256 + 64 output columns; I = 200:
@@ -548,6 +548,9 @@ TEST_F(GpuOps, MoeExperts) {
                     7});
   forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, true, true,
                                                           /*shared_experts_cublas=*/false}),
+                    300});
+  forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, true, true, true,
+                                                          /*shared_on_side=*/true}),
                     300});
   // Both weight sets stay alive for the whole test: the backend caches its expert tables by the weights'
   // addresses, as a model's weights outlive the backend.

@@ -6,6 +6,8 @@
 // global workspace, F32 throughout. Both are tested against the CPU backend (tests/gpu).
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_attention_ref.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -138,7 +140,16 @@ void CudaOps::mla_attention_expanded(Tensor out, const Tensor& q, const Tensor& 
   set_seqs(a, m);
   a.scale_log2 = scale * kLog2e;
   a.heads = H;
-  const PrefillSplit split = plan_prefill_split(m, H, sm_count_, int(kArrivalCounters));
+  std::vector<int> key = {H};
+  for (int s = 0; s < m.num_seqs; ++s) {
+    key.push_back(m.h_query_start[s + 1] - m.h_query_start[s]);
+    key.push_back(m.h_context_len[s]);
+  }
+  if (key != prefill_split_.key) {
+    const PrefillSplit p = plan_prefill_split(m, H, sm_count_, int(kArrivalCounters));
+    prefill_split_ = {std::move(key), p.items, p.split_min, p.max_split};
+  }
+  const PrefillSplit split{prefill_split_.items, prefill_split_.split_min, prefill_split_.max_split};
   a.split_min = split.split_min;
   a.max_split = split.max_split;
   if (split.max_split > 0) {

@@ -727,9 +727,13 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     if (!grouped || !run_expert_gemms_grouped(x16, H, Y, experts, shared, start, row_token, R))
       run_expert_gemms(x16, H, Y, experts, shared, start, row_token, R);
   } else {
+    // With shared_on_side_, the routed tiles on side stream 0 beside the shared expert's GEMMs.
+    const bool side = shared_apart && shared_on_side_;
+    if (side) fork_side_streams();
+    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, shared_apart ? E : ne,
+                side ? side_[0].stream : stream_);
     if (shared_apart) shared_expert_gemms(x16, H.rows(int64_t(T) * K, R), Y.rows(int64_t(T) * K, R), *shared);
-    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, shared_apart ? E : ne, st);
-    if (shared_apart && shared_on_side_) join_side_streams();
+    if (side) join_side_streams();
   }
   // The output's rows take 16-byte stores (bf16 x 8) when aligned; else a copy from aligned scratch.
   Tensor o16 = rows16(D, {out.stride[0]}, {out.data}) ? out : scratch(DType::kBF16, {T, D});

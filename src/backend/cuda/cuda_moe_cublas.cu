@@ -165,25 +165,18 @@ bool CudaOps::run_expert_gemms_grouped(const Tensor& x, Tensor H, Tensor Y,
 
 void CudaOps::shared_expert_gemms(const Tensor& x, Tensor H, Tensor Y, const ExpertWeights& w) {
   // Gate and up into one [T, 2 I] buffer as two GEMMs (the weights are separate matrices), SiLU-and-mul,
-  // down, in stream order (on side stream 0, the caller's join orders the combine after them).
+  // down, on the main stream.
   // Copies: a BF16 weight comes back as one reused reference.
   const Tensor wg = bf16_weight(w.gate.w, w.gate.scale, w.gate.block_n, w.gate.block_k);
   const Tensor wu = bf16_weight(w.up.w, w.up.scale, w.up.block_n, w.up.block_k);
   const Tensor wd = bf16_weight(w.down.w, w.down.scale, w.down.block_n, w.down.block_k);
   const int64_t I = wg.shape[0];
   Tensor GU = scratch(DType::kBF16, {x.shape[0], 2 * I});
-  void* cublas = cublas_;
-  void* stream = stream_;
-  if (shared_on_side_) {
-    fork_side_streams();
-    cublas = side_[0].cublas;
-    stream = side_[0].stream;
-  }
-  gemm_bf16(GU.cols(0, I), x, wg, cublas);
-  gemm_bf16(GU.cols(I, 2 * I), x, wu, cublas);
+  gemm_bf16(GU.cols(0, I), x, wg, cublas_);
+  gemm_bf16(GU.cols(I, 2 * I), x, wu, cublas_);
   Tensor h = H.cols(0, I);
-  silu_mul_on(h, GU, stream);
-  gemm_bf16(Y, h, wd, cublas);
+  silu_mul(h, GU);
+  gemm_bf16(Y, h, wd, cublas_);
 }
 
 }  // namespace beluga

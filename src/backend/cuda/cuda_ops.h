@@ -35,9 +35,13 @@ struct CudaOptions {
   // false: decode batches' experts (below 32 rows per expert) on tiles of token rows instead of tiles of
   // 128 weight rows against up to 32 tokens (tests; BELUGA_MOE_SWAP=0 for comparisons). Needs wgmma_experts.
   bool swap_experts = true;
-  // false: a prefill's shared expert stays in the grouped tiles instead of cuBLAS GEMMs on a side stream
-  // beside them (tests; BELUGA_MOE_SHARED_CUBLAS=0 for comparisons).
+  // false: a prefill's shared expert (from 256 tokens) stays in the grouped tiles instead of cuBLAS GEMMs
+  // (tests; BELUGA_MOE_SHARED_CUBLAS=0 for comparisons).
   bool shared_experts_cublas = true;
+  // true: the routed experts' tiles run on a side stream beside those GEMMs (BELUGA_MOE_SHARED_SIDE=1).
+  // V2-Lite 2K prefill ~0.8 ms faster, but every later batch-1 decode step (CUDA graphs) ~0.08 ms slower
+  // once a side stream has run, for a reason not yet found (bench/NOTES.md runs 86-91): off by default.
+  bool shared_on_side = false;
 };
 
 class CudaOps final : public Ops {
@@ -151,11 +155,9 @@ class CudaOps final : public Ops {
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
                    const int* tile_start, const int* row_token, int R, int bm, bool swap, int ne_tiles,
                    void* stream);
-  // The shared expert of a prefill as dense cuBLAS GEMMs, H = silu(x Wg^T) * (x Wu^T), Y = H Wd^T for
-  // x's T rows: on the main stream, or with shared_on_side_ on side stream 0 (forked here; the caller
-  // joins).
+  // The shared expert of a prefill as dense cuBLAS GEMMs on the main stream, H = silu(x Wg^T) * (x Wu^T),
+  // Y = H Wd^T for x's T rows.
   void shared_expert_gemms(const Tensor& x, Tensor H, Tensor Y, const ExpertWeights& w);
-  void silu_mul_on(Tensor out, const Tensor& gate_up, void* stream);
   // The same with one cuBLAS GEMM per expert and projection (prefill); reads the plan's row counts.
   // The GEMMs of different experts run side by side on kSideStreams streams: one expert's GEMM alone
   // covers a fraction of the SMs (768 x 1408 is 36 tiles of 128 x 256 on 132 SMs).
@@ -208,9 +210,6 @@ class CudaOps final : public Ops {
   bool wgmma_experts_ = true;
   bool swap_experts_ = true;
   bool shared_experts_cublas_ = true;
-  // BELUGA_MOE_SHARED_SIDE=1: the shared expert's GEMMs on a side stream beside the routed tiles. 2K
-  // prefill ~0.5 ms faster, but every later batch-1 decode step (CUDA graphs) ~0.08 ms slower, for a
-  // reason not yet found (bench/NOTES.md runs 86-89), so off by default.
   bool shared_on_side_ = false;
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
   // occupancy query runs once per size, not once per layer).
@@ -244,6 +243,12 @@ class CudaOps final : public Ops {
   // The shortest key split of the absorbed MLA decode kernel (BELUGA_MLA_MIN_SPLIT, a multiple of
   // its 32-key tile; for benchmarking the trade of parallelism against partial outputs).
   int mla_min_split_ = 64;
+  // The MLA prefill's block split (plan_prefill_split) for the last sequences seen, keyed by heads and
+  // their query and context lengths: every layer of a forward asks for the same one.
+  struct {
+    std::vector<int> key;
+    int items = 0, split_min = 0, max_split = 0;
+  } prefill_split_;
   // Scratch arena: bump allocation over device chunks, merged into one at the next reset.
   std::vector<void*> chunks_;
   std::vector<size_t> chunk_size_;
