@@ -698,7 +698,8 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   Tensor Y = scratch(y_f32 ? DType::kF32 : DType::kBF16, {R, D});
   // A prefill's shared expert takes every token: a dense product that cuBLAS runs at ~750 TFLOP/s
   // (V2-Lite, 2K rows: 62 + 32 us for one GEMM each) against the tiles' ~420 (~120 us of the 2K layer's
-  // 676; bench/NOTES.md runs 81-89: 2K 27.3 -> 26.3 ms, 512 12.9 -> 12.5, 8K 113 -> 108).
+  // 676). Same binary, tiles against cuBLAS (bench/NOTES.md runs 91-92): 512 12.53 -> 12.27 ms, 2K 26.44
+  // -> 26.19 (medians of 3), 8K 111.6 -> 108.7.
   const bool shared_apart = shared && shared_experts_cublas_ && !gemv && !swap && bm == kWgBM &&
                             wgmma_experts_ && T >= kSharedCublasMinT;
   if (gemv) {

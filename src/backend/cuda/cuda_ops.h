@@ -39,8 +39,9 @@ struct CudaOptions {
   // (tests; BELUGA_MOE_SHARED_CUBLAS=0 for comparisons).
   bool shared_experts_cublas = true;
   // true: the routed experts' tiles run on a side stream beside those GEMMs (BELUGA_MOE_SHARED_SIDE=1).
-  // V2-Lite 2K prefill ~0.8 ms faster, but every later batch-1 decode step (CUDA graphs) ~0.08 ms slower
-  // once a side stream has run, for a reason not yet found (bench/NOTES.md runs 86-91): off by default.
+  // V2-Lite 2K prefill ~0.5 ms faster, but every later batch-1 decode step (CUDA graphs) ~0.08 ms slower
+  // once a side stream has run, even after it is destroyed, for a reason not yet found (bench/NOTES.md
+  // runs 86-93): off by default.
   bool shared_on_side = false;
 };
 
