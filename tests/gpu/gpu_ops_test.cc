@@ -1072,11 +1072,20 @@ TEST_F(GpuOps, MlaExpanded) {
     Tensor co = cpu_t(std::vector<float>(size_t(T) * c.H * c.v), {T, c.H, c.v});
     cpu.mla_attention_expanded(co, cpu_t(q, {T, c.H, Dq}), cpu_t(kv, {C, c.H, c.nope + c.v}),
                                cpu_t(ctx, {C, 512 + c.rope}).cols(512, 512 + c.rope), m.cpu, scale);
+    const Tensor gq = gpu_t(q, {T, c.H, Dq}), gkv = gpu_t(kv, {C, c.H, c.nope + c.v}),
+                 gpe = gpu_t(ctx, {C, 512 + c.rope}).cols(512, 512 + c.rope);
     Tensor go = gpu_out({T, c.H, c.v});
-    gpu->mla_attention_expanded(go, gpu_t(q, {T, c.H, Dq}), gpu_t(kv, {C, c.H, c.nope + c.v}),
-                                gpu_t(ctx, {C, 512 + c.rope}).cols(512, 512 + c.rope), m.gpu, scale);
-    EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2)
-        << "H " << c.H << " nope " << c.nope << " ref " << c.reference;
+    gpu->mla_attention_expanded(go, gq, gkv, gpe, m.gpu, scale);
+    const std::vector<float> got = read(go);
+    EXPECT_LE(rel_l2(got, read_cpu(co)), 2e-2) << "H " << c.H << " nope " << c.nope << " ref " << c.reference;
+    // The same bits again: split query blocks are merged by whichever half finishes second.
+    for (int rep = 0; rep < 3; ++rep) {
+      Tensor again = gpu_out({T, c.H, c.v});
+      gpu->mla_attention_expanded(again, gq, gkv, gpe, m.gpu, scale);
+      const std::vector<float> b = read(again);
+      EXPECT_EQ(0, std::memcmp(b.data(), got.data(), got.size() * sizeof(float)))
+          << "H " << c.H << " seqs " << c.seqs.size() << " repeat " << rep;
+    }
   }
   gpu->set_reference_attention(false);
 }

@@ -258,21 +258,26 @@ __global__ void __launch_bounds__(kWG * 128, 1) mla_prefill_wgmma_kernel(Prefill
     __threadfence();
     const float4* other = reinterpret_cast<const float4*>(a.part) + (int64_t(slot) * 2 + 1 - half) * kPartF4;
     const float4 ml = __ldcg(other + 16 * kPThreads + tid);
+    // Each half's term rounded on its own, then one addition: the same bits whichever half merges
+    // (a contracted FMA would round differently depending on which term is this block's).
+    auto mix = [](float own, float c_own, float oth, float c_oth) {
+      return __fadd_rn(__fmul_rn(own, c_own), __fmul_rn(oth, c_oth));
+    };
     float cm[2], co[2];  // weights of this half's and the other's rows
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float mo = r ? ml.y : ml.x, lo = r ? ml.w : ml.z, mx = fmaxf(m[r], mo);
       cm[r] = mx == -INFINITY ? 0.0f : exp2f((m[r] - mx) * a.scale_log2);
       co[r] = mx == -INFINITY ? 0.0f : exp2f((mo - mx) * a.scale_log2);
-      l[r] = l[r] * cm[r] + lo * co[r];
+      l[r] = mix(l[r], cm[r], lo, co[r]);
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float4 v = __ldcg(other + j * kPThreads + tid);
-      o[4 * j] = o[4 * j] * cm[0] + v.x * co[0];
-      o[4 * j + 1] = o[4 * j + 1] * cm[0] + v.y * co[0];
-      o[4 * j + 2] = o[4 * j + 2] * cm[1] + v.z * co[1];
-      o[4 * j + 3] = o[4 * j + 3] * cm[1] + v.w * co[1];
+      o[4 * j] = mix(o[4 * j], cm[0], v.x, co[0]);
+      o[4 * j + 1] = mix(o[4 * j + 1], cm[0], v.y, co[0]);
+      o[4 * j + 2] = mix(o[4 * j + 2], cm[1], v.z, co[1]);
+      o[4 * j + 3] = mix(o[4 * j + 3], cm[1], v.w, co[1]);
     }
     if (tid == 0) a.counters[slot] = 0;  // both halves have arrived: zero for the next launch
   }
