@@ -129,12 +129,8 @@ __global__ void to_bf16_kernel(bf16* out, const void* w, bool fp8, const float* 
 
 }  // namespace
 
-const Tensor& CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k) {
-  static thread_local Tensor same;
-  if (w.dtype == DType::kBF16) {
-    same = w;
-    return same;
-  }
+Tensor CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k) {
+  if (w.dtype == DType::kBF16) return w;
   auto it = converted_.find(w.data);
   if (it != converted_.end()) return it->second;
   BELUGA_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF8E4M3, "weight dtype ", w.describe(),
@@ -208,10 +204,10 @@ void CudaOps::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
                w.bias.empty() && w.in_features() == D && out.ndim == 2 && out.stride[1] == 1 &&
                out.shape[0] == M && out.shape[1] == N &&
                (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && norm_args(in, &na);
-  const Tensor* wb = nullptr;
+  Tensor wb;
   if (fused) {
-    wb = &bf16_weight(w.w, w.scale, w.block_n, w.block_k);
-    fused = wb->stride[1] == 1 && wb->stride[0] % 8 == 0 && aligned16(wb->data);
+    wb = bf16_weight(w.w, w.scale, w.block_n, w.block_k);
+    fused = wb.stride[1] == 1 && wb.stride[0] % 8 == 0 && aligned16(wb.data);
   }
   if (!fused) {
     Ops::norm_linear(out, in, w);
@@ -222,7 +218,7 @@ void CudaOps::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
   const size_t smem = size_t(M) * D * 2;
   auto go = [&](auto* o, auto kernel1, auto kernel4) {
     launch(M == 1 ? kernel1 : kernel4, grid, kGemvThreads, smem, S(stream_), o, out.stride[0],
-           wb->ptr<const bf16>(), wb->stride[0], M, N, na);
+           wb.ptr<const bf16>(), wb.stride[0], M, N, na);
   };
   if (out.dtype == DType::kF32)
     go(out.ptr<float>(), norm_gemv_kernel<float, 1>, norm_gemv_kernel<float, kGemvRows>);

@@ -31,7 +31,6 @@ void CudaOps::run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<co
   const int i_max = int(H.shape[1]);
   const std::vector<int> start = plan_starts(stream_, start_dev, ne);
   // BF16 weights first: a conversion runs on the main stream, which the side streams do not wait for.
-  // Copies: a BF16 weight comes back as one reused reference.
   std::vector<Tensor> wg(static_cast<size_t>(ne)), wu(static_cast<size_t>(ne)), wd(static_cast<size_t>(ne));
   for (int e = 0; e < ne; ++e) {
     const ExpertWeights& w = e < E ? experts[size_t(e)] : *shared;
@@ -166,7 +165,6 @@ bool CudaOps::run_expert_gemms_grouped(const Tensor& x, Tensor H, Tensor Y,
 void CudaOps::shared_expert_gemms(const Tensor& x, Tensor H, Tensor Y, const ExpertWeights& w) {
   // Gate and up into one [T, 2 I] buffer as two GEMMs (the weights are separate matrices), SiLU-and-mul,
   // down, on the main stream.
-  // Copies: a BF16 weight comes back as one reused reference.
   const Tensor wg = bf16_weight(w.gate.w, w.gate.scale, w.gate.block_n, w.gate.block_k);
   const Tensor wu = bf16_weight(w.up.w, w.up.scale, w.up.block_n, w.up.block_k);
   const Tensor wd = bf16_weight(w.down.w, w.down.scale, w.down.block_n, w.down.block_k);

@@ -145,8 +145,9 @@ class CudaOps final : public Ops {
 
  private:
   // The weight as a BF16 [out, in] matrix: BF16 weights as they are; F32 and FP8 (block scales)
-  // converted once on first use and cached for the backend's lifetime.
-  const Tensor& bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
+  // converted once on first use and cached for the backend's lifetime. A view by value: it returned a
+  // reference to one reused object for BF16 weights, which two live results silently shared.
+  Tensor bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
   // out[M,N] = x[M,K] w[N,K]^T on the main stream, or always through cuBLAS on `cublas`'s stream.
   void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cublas = nullptr);
 
