@@ -314,6 +314,8 @@ CudaOps::~CudaOps() {
     cudaStreamDestroy(S(x.stream));
   }
   if (fork_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_));
+  for (void* e : replay_events_)
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   cudaFree(cublas_ws_);
   cudaStreamDestroy(S(stream_));
@@ -459,7 +461,37 @@ int CudaOps::end_capture() {
 void CudaOps::replay(int graph) {
   BELUGA_CHECK(graph >= 0 && graph < int(graphs_.size()) && graphs_[size_t(graph)], "replay: no graph ",
                graph);
+  if (replay_events_[0])
+    BELUGA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(replay_events_[0]), S(stream_)));
   BELUGA_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[size_t(graph)]), S(stream_)));
+  if (replay_events_[1]) {
+    BELUGA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(replay_events_[1]), S(stream_)));
+    replay_timed_ = true;
+  }
+}
+
+void CudaOps::set_replay_timing(bool on) {
+  for (void*& e : replay_events_) {
+    if (on && !e) {
+      cudaEvent_t ev;
+      BELUGA_CUDA_CHECK(cudaEventCreate(&ev));
+      e = ev;
+    } else if (!on && e) {
+      BELUGA_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(e)));
+      e = nullptr;
+    }
+  }
+  replay_timed_ = false;
+}
+
+double CudaOps::last_replay_ms() {
+  if (!replay_timed_) return 0.0;
+  replay_timed_ = false;
+  BELUGA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(replay_events_[1])));
+  float ms = 0.0f;
+  BELUGA_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(replay_events_[0]),
+                                         static_cast<cudaEvent_t>(replay_events_[1])));
+  return ms;
 }
 
 void CudaOps::release_graph(int graph) {

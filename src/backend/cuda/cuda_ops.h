@@ -129,6 +129,12 @@ class CudaOps final : public Ops {
   // Device-to-device copy bandwidth (bytes read + written per second) and cuBLAS BF16 GEMM FLOP/s.
   double measure_copy_bandwidth();
   double measure_gemm_peak();
+  // Benchmarks: with replay timing on, each graph replay is bracketed by two events, and
+  // last_replay_ms() is the last replay's GPU time (waits for it). The rest of a step's wall time is the
+  // host's (building the batch, launching, copying tokens back). 0 when no replay ran since the last call
+  // (eager steps).
+  void set_replay_timing(bool on);
+  double last_replay_ms();
   size_t persistent_bytes() const { return persistent_bytes_; }
   // Per-layer expert tables on the device (weight pointers, widths), built on first use; defined
   // in cuda_common.cuh for the kernels' launchers.
@@ -213,6 +219,8 @@ class CudaOps final : public Ops {
   bool swap_experts_ = true;
   bool shared_experts_cublas_ = true;
   bool shared_on_side_ = false;
+  void* replay_events_[2] = {};  // cudaEvent_t around the last replay, when timing replays
+  bool replay_timed_ = false;    // a replay recorded them since last_replay_ms() last read them
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
   // occupancy query runs once per size, not once per layer).
   size_t gate_occupancy_smem_ = 0;
