@@ -40,8 +40,8 @@ struct CudaOptions {
   bool shared_experts_cublas = true;
   // true: the routed experts' tiles run on a side stream beside those GEMMs (BELUGA_MOE_SHARED_SIDE=1).
   // V2-Lite 2K prefill ~0.5 ms faster, but every later batch-1 decode step (CUDA graphs) ~0.08 ms slower
-  // once a side stream has run, even after it is destroyed, for a reason not yet found (bench/NOTES.md
-  // runs 86-93): off by default.
+  // once a side stream has run, even after it is destroyed (the symptom of pytorch/pytorch#161104: each
+  // kernel of a later graph launches slower; bench/NOTES.md runs 86-93): off by default.
   bool shared_on_side = false;
 };
 
