@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
   // step, so the row pointers are computed once; all its rows share r % 8, so one swizzled offset.
   const int tid = threadIdx.x, c8 = tid & 7, r8 = tid >> 3;
   constexpr int kAChunks = kWgBM / 32, kBChunks = kWgBN / 32;
-  const uint32_t off = uint32_t(r8) * 128u + (uint32_t(c8 ^ (r8 & 7)) << 4);
+  const uint32_t off = sw128_offset(r8, c8);
   const bf16* a_src[kAChunks];
   const bf16* b_src[kBChunks];
   bool a_ok[kAChunks], b_ok[kBChunks];
