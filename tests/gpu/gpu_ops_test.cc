@@ -550,7 +550,7 @@ TEST_F(GpuOps, MoeExperts) {
                                                           /*shared_experts_cublas=*/false}),
                     300});
   forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, true, true, true,
-                                                          /*shared_on_side=*/true}),
+                                                          /*shared_on_side=*/false}),
                     300});
   // Both weight sets stay alive for the whole test: the backend caches its expert tables by the weights'
   // addresses, as a model's weights outlive the backend.

@@ -93,9 +93,9 @@ inline bool capturing(cudaStream_t st) {
 // running, so every kernel calls pdl_entry() before it reads or writes anything in memory (weights
 // too: the first use of an F32/FP8 weight converts it in the kernel before). pdl_entry() waits until
 // the previous kernel has finished and its writes are visible, then lets the next kernel start
-// launching; without PDL it costs nothing. Off by default: measured on V2-Lite decode (H200, graphs),
-// PDL made batch 1 2.5 % slower (3.58 -> 3.67 ms per step) and batch 16 0.8 % faster, with and without
-// L2 prefetches of the weights before pdl_entry(). BELUGA_CUDA_PDL=1 turns it on for comparisons.
+// launching; without PDL it costs nothing. On by default since session 9 (bench/NOTES.md run 97): V2-Lite
+// batch-1 decode 2.28 -> 2.22 ms, and with it a side stream no longer slows later graphs (runs 86-93).
+// Sessions 3-5 measured it 2.5 % slower at batch 1 on the kernels of then. BELUGA_CUDA_PDL=0 turns it off.
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -103,11 +103,11 @@ __device__ __forceinline__ void pdl_entry() {
 #endif
 }
 
-// BELUGA_CUDA_PDL=1 launches with the programmatic-serialization attribute; read once.
+// Launches carry the programmatic-serialization attribute unless BELUGA_CUDA_PDL=0; read once.
 inline bool pdl_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("BELUGA_CUDA_PDL");
-    return v && v[0] == '1';
+    return !(v && v[0] == '0');
   }();
   return on;
 }

@@ -246,7 +246,7 @@ CudaOps::CudaOps(CudaOptions opt) {
   if (const char* v = std::getenv("BELUGA_MOE_SHARED_CUBLAS"))
     shared_experts_cublas_ = shared_experts_cublas_ && v[0] != '0';
   shared_on_side_ = opt.shared_on_side;
-  if (const char* v = std::getenv("BELUGA_MOE_SHARED_SIDE")) shared_on_side_ = v[0] == '1';
+  if (const char* v = std::getenv("BELUGA_MOE_SHARED_SIDE")) shared_on_side_ = shared_on_side_ && v[0] != '0';
   if (const char* v = std::getenv("BELUGA_MLA_MIN_SPLIT")) {
     mla_min_split_ = std::atoi(v);
     BELUGA_CHECK(mla_min_split_ >= 64 && mla_min_split_ % 64 == 0,

@@ -38,11 +38,11 @@ struct CudaOptions {
   // false: a prefill's shared expert (from 256 tokens) stays in the grouped tiles instead of cuBLAS GEMMs
   // (tests; BELUGA_MOE_SHARED_CUBLAS=0 for comparisons).
   bool shared_experts_cublas = true;
-  // true: the routed experts' tiles run on a side stream beside those GEMMs (BELUGA_MOE_SHARED_SIDE=1).
-  // V2-Lite 2K prefill ~0.5 ms faster, but every later batch-1 decode step (CUDA graphs) ~0.08 ms slower
-  // once a side stream has run, even after it is destroyed (the symptom of pytorch/pytorch#161104: each
-  // kernel of a later graph launches slower; bench/NOTES.md runs 86-93): off by default.
-  bool shared_on_side = false;
+  // false: the routed experts' tiles stay on the main stream instead of running on a side stream beside
+  // those GEMMs (BELUGA_MOE_SHARED_SIDE=0). V2-Lite 2K prefill ~1 ms faster. Without PDL, every later
+  // batch-1 decode graph ran ~0.08 ms slower once a side stream had run (pytorch/pytorch#161104's
+  // symptom); with PDL, on by default, that cost is gone (bench/NOTES.md runs 86-93, 97).
+  bool shared_on_side = true;
 };
 
 class CudaOps final : public Ops {
