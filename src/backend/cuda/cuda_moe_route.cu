@@ -45,28 +45,32 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 }
 
 // Routes token t with the calling warp; s: [2 E] floats of shared memory for the warp. Logits are read
-// from L2 (__ldcg): the fused gate kernel reads logits that other blocks of its grid wrote.
+// from L2 (__ldcg): the fused gate kernel reads logits that other blocks of its grid wrote. Logits and
+// bias load in one round, and each chosen expert's id and weight stay in lane k's registers until one
+// store each: at batch 1 this runs alone at the end of the fused gate kernel, so every dependent
+// round trip to memory is on the step's critical path.
 __device__ void route_token(const RouteArgs& a, int t, float* s) {
   const int lane = threadIdx.x & 31;
   float* sel = s + a.E;
   const float* z = a.logits + int64_t(t) * a.ldl;
+  for (int e = lane; e < a.E; e += 32) {  // each lane reads back only its own elements below
+    s[e] = __ldcg(z + e);
+    sel[e] = !a.bias ? 0.0f
+             : a.bias_f32 ? static_cast<const float*>(a.bias)[e]
+                          : to_f(static_cast<const bf16*>(a.bias)[e]);
+  }
   if (a.softmax) {
     float mx = -INFINITY;
-    for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, __ldcg(z + e));
+    for (int e = lane; e < a.E; e += 32) mx = fmaxf(mx, s[e]);
     mx = warp_max(mx);
     float sum = 0;
-    for (int e = lane; e < a.E; e += 32) sum += (s[e] = expf(__ldcg(z + e) - mx));
+    for (int e = lane; e < a.E; e += 32) sum += (s[e] = expf(s[e] - mx));
     sum = warp_sum(sum);
     for (int e = lane; e < a.E; e += 32) s[e] /= sum;
   } else {
-    for (int e = lane; e < a.E; e += 32) s[e] = 1.0f / (1.0f + expf(-__ldcg(z + e)));
+    for (int e = lane; e < a.E; e += 32) s[e] = 1.0f / (1.0f + expf(-s[e]));
   }
-  for (int e = lane; e < a.E; e += 32) {
-    float b = 0;
-    if (a.bias)
-      b = a.bias_f32 ? static_cast<const float*>(a.bias)[e] : to_f(static_cast<const bf16*>(a.bias)[e]);
-    sel[e] = s[e] + b;
-  }
+  for (int e = lane; e < a.E; e += 32) sel[e] = s[e] + sel[e];
   __syncwarp();
   if (a.G > 1) {
     const int per = a.E / a.G;
@@ -99,7 +103,8 @@ __device__ void route_token(const RouteArgs& a, int t, float* s) {
     __syncwarp();
   }
   unsigned taken = 0;  // bit j: element lane + 32 j already chosen
-  float wsum = 0;
+  float wsum = 0, my_w = 0;
+  int my_id = 0;
   for (int k = 0; k < a.K; ++k) {
     float v = -INFINITY;
     int idx = INT_MAX;
@@ -112,18 +117,16 @@ __device__ void route_token(const RouteArgs& a, int t, float* s) {
     if ((idx & 31) == lane) taken |= 1u << (idx >> 5);
     const float w = s[idx];
     wsum += w;
-    if (lane == 0) {
-      a.ids[int64_t(t) * a.K + k] = idx;
-      a.weights[int64_t(t) * a.K + k] = w;
+    if (lane == k) {
+      my_id = idx;
+      my_w = w;
     }
   }
-  __syncwarp();
-  if (lane == 0)
-    for (int k = 0; k < a.K; ++k) {
-      float w = a.weights[int64_t(t) * a.K + k];
-      if (a.norm) w /= (wsum + 1e-20f);
-      a.weights[int64_t(t) * a.K + k] = w * a.scaling;
-    }
+  if (lane < a.K) {
+    if (a.norm) my_w /= (wsum + 1e-20f);
+    a.ids[int64_t(t) * a.K + lane] = my_id;
+    a.weights[int64_t(t) * a.K + lane] = my_w * a.scaling;
+  }
 }
 
 __global__ void moe_route_kernel(RouteArgs a) {
@@ -245,7 +248,8 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
 
 RouteArgs route_args(Tensor ids, Tensor weights, int T, int E, const Tensor& bias, const RouterParams& p) {
   BELUGA_CHECK(
-      E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= E && p.n_group <= 32 && E <= 1024,
+      E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= E && p.top_k <= 32 && p.n_group <= 32 &&
+          E <= 1024,
       "moe_route: unsupported router parameters");
   BELUGA_CHECK(ids.dtype == DType::kI32 && weights.dtype == DType::kF32 && ids.is_contiguous() &&
                    weights.is_contiguous() && ids.numel() == int64_t(T) * p.top_k &&
