@@ -528,8 +528,8 @@ TEST_F(GpuOps, MoeExperts) {
   // 1: one token's kernels; 2 to 100 tokens (0.5 to 25 rows per expert, the shared expert up to 100):
   // 32-row swapped tiles (128 weight rows x 16 or 32 tokens, wgmma), 160, 300 and 2100 (40 to 525 rows
   // per expert): 128-row tiles (wgmma), those of at most 64 rows (all of 160's, the remainders of
-  // 2100's) on both warpgroups; from 256 tokens the shared expert as cuBLAS GEMMs (also with the routed
-  // tiles on a side stream beside them, and forced back into the tiles). The other paths are forced
+  // 2100's) on both warpgroups; from 256 tokens the shared expert as cuBLAS GEMMs (also forced back into
+  // the tiles; MoePrefillSharedOnSide covers them on a side stream). The other paths are forced
   // too: one cuBLAS GEMM per expert and grouped cuBLAS (from 300 tokens: they need 64 rows per expert),
   // token-row tiles on mma.sync (32 or 128 rows) and on wgmma instead of the swapped ones. The second
   // shape has partial tiles in N and K (D = 576: 4 x 128 + 64 or 256 + 256 + 64 output columns; I = 200:
@@ -548,9 +548,6 @@ TEST_F(GpuOps, MoeExperts) {
                     7});
   forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, true, true,
                                                           /*shared_experts_cublas=*/false}),
-                    300});
-  forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, true, true, true,
-                                                          /*shared_on_side=*/false}),
                     300});
   // Both weight sets stay alive for the whole test: the backend caches its expert tables by the weights'
   // addresses, as a model's weights outlive the backend.
@@ -859,6 +856,38 @@ TEST_F(GpuOps, MoeOneTokenMatchesComposed) {
       Tensor res = gpu_out({1, D}), x = gpu_out({1, D}), out = gpu_out({1, D});
       gpu->moe(out, {gr, gd, nw, x, 1e-6f, res}, m);
       EXPECT_EQ(read(out), read(ref)) << "rep " << rep;
+      EXPECT_EQ(read(res), read(ref_res)) << "rep " << rep;
+      EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
+    }
+  }
+}
+
+// A prefill's moe starts the shared expert's GEMMs on a side stream right after the norm, beside the
+// routing and the routed tiles (the default shared_on_side): output, new residual and normalized rows
+// equal the composition norm_moe_gate + moe_experts (Ops::moe: the shared expert's GEMMs on the main
+// stream, after the tiles) bit for bit. T 600 (F32 expert rows) and 1100 (BF16), 225 and 412 rows per
+// expert: 128-row tiles with the shared expert apart. Twice each: the side stream's scratch and events
+// are reused.
+TEST_F(GpuOps, MoePrefillSharedOnSide) {
+  const int D = 512, I = 384, E = 16;
+  const RouterParams p = v2lite_router();
+  const Experts ex = make_experts(*gpu, D, I, E);
+  Weight router;
+  router.w = gpu_t(rand_bf16(size_t(E) * D, 0.05f), {E, D});
+  const Tensor nw = gpu_t(rand_bf16(D), {D}), none;
+  const MoeLayerRef m{router, none, p, ex.gpu, &ex.gpu_shared};
+  for (int T : {600, 1100}) {
+    SCOPED_TRACE(testing::Message() << "T " << T);
+    const auto r = rand_bf16(size_t(T) * D), d = rand_bf16(size_t(T) * D);
+    const Tensor gr = gpu_t(r, {T, D}), gd = gpu_t(d, {T, D});
+    Tensor ref_res = gpu_out({T, D}), ref_x = gpu_out({T, D}), ref = gpu_out({T, D});
+    gpu->Ops::moe(ref, {gr, gd, nw, ref_x, 1e-6f, ref_res}, m);
+    const std::vector<float> want = read(ref);
+    ASSERT_TRUE(std::all_of(want.begin(), want.end(), [](float v) { return std::isfinite(v); }));
+    for (int rep = 0; rep < 2; ++rep) {
+      Tensor res = gpu_out({T, D}), x = gpu_out({T, D}), out = gpu_out({T, D});
+      gpu->moe(out, {gr, gd, nw, x, 1e-6f, res}, m);
+      EXPECT_EQ(read(out), want) << "rep " << rep;
       EXPECT_EQ(read(res), read(ref_res)) << "rep " << rep;
       EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
     }

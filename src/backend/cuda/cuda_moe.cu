@@ -329,8 +329,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
     run(std::false_type{});
 }
 
-// out[t] = sum_k w[t, k] Y[entry_row[t, k]] (+ Y[shared_row0 + t]), 8 columns per thread (D % 8 == 0).
-// Y: F32 or BF16 (moe_experts says when).
+// out[t] = sum_k w[t, k] Y[entry_row[t, k]] (+ Ys[t], the shared expert's row), 8 columns per thread
+// (D % 8 == 0). Y and Ys: F32 or BF16 (moe_experts says when).
 __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
   const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -346,7 +346,7 @@ __device__ __forceinline__ void load8(const bf16* p, float (&v)[8]) {
 }
 template <class TY>
 __global__ void moe_combine_kernel(bf16* out, int64_t ldo, const TY* Y, int D, const int* entry_row,
-                                   const float* w, int T, int K, int shared_row0) {
+                                   const float* w, int T, int K, const TY* Ys) {
   pdl_entry();
   const int D8 = D / 8;
   const int64_t n = int64_t(T) * D8;
@@ -360,8 +360,8 @@ __global__ void moe_combine_kernel(bf16* out, int64_t ldo, const TY* Y, int D, c
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] += wk * y[j];
     }
-    if (shared_row0 >= 0) {
-      load8(Y + int64_t(shared_row0 + t) * D + d, y);
+    if (Ys) {
+      load8(Ys + int64_t(t) * D + d, y);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] += y[j];
     }
@@ -612,11 +612,79 @@ void CudaOps::moe(Tensor out, const NormedInput& in, const MoeLayerRef& m) {
       if (done) return;
     }
   }
+  // A prefill's shared expert does not depend on the routing: its GEMMs start on a side stream right
+  // after the norm, beside the router, the routing, the plan and the routed tiles on the main stream.
+  const int T = int(in.out.shape[0]), D = int(in.out.shape[1]), E = int(m.experts.size());
+  if (m.shared && shared_on_side_ && T > 0) {
+    const ExpertPath path = expert_path(T, K, E, D, m.experts[0].gate.out_features(), true);
+    if (path.shared_apart) {
+      Prof prof_scope(this, "moe");
+      normalize(in);
+      const ScratchMark mark = scratch_mark();
+      Tensor ys = scratch(path.y_f32 ? DType::kF32 : DType::kBF16, {T, D});
+      Tensor ids = scratch(DType::kI32, {T, K}), weights = scratch(DType::kF32, {T, K});
+      fork_side_streams();
+      shared_expert_gemms(in.out, ys, *m.shared, 0);
+      moe_gate(ids, weights, in.out, m.router, m.bias, m.params);
+      moe_experts_impl(out, in.out, ids, weights, m.experts, m.shared, &ys);  // joins before its sum
+      scratch_release(mark);
+      return;
+    }
+  }
   Ops::moe(out, in, m);
+}
+
+CudaOps::ExpertPath CudaOps::expert_path(int T, int K, int E, int D, int64_t inter, bool shared) const {
+  ExpertPath p;
+  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32 rows on
+  // mma.sync, 128 on wgmma), or one cuBLAS GEMM per expert and projection on side streams (needs the
+  // row counts on the host: a sync). Measured on V2-Lite (H200, bench/NOTES.md run 55): the wgmma tiles
+  // run the 8K prefill (768 rows per expert) in 135 ms against 147-154 ms with per-expert cuBLAS, so
+  // cuBLAS is only taken when BELUGA_MOE_PREFILL asks for it, or without the wgmma tiles from 512 rows
+  // per expert and ~50 GFLOP (the sync costs tens of microseconds: the demo model's 2K chunks are 2.4
+  // GFLOP, and syncing there cut `bench serve` output from ~25 K to 17.5 K tok/s).
+  const int64_t R = int64_t(T) * K + (shared ? T : 0);
+  const int64_t rows_per_expert = int64_t(T) * K / std::max(E, 1);
+  const double expert_flops = 6.0 * double(R) * D * double(inter);
+  p.per_expert_gemms = moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
+                       ((!wgmma_experts_ && expert_flops >= 5e10 && rows_per_expert >= 512) ||
+                        moe_prefill_ == MoePrefill::kPerExpert || moe_prefill_ == MoePrefill::kCublasGrouped);
+  // Tiles: below 32 rows per expert the swapped ones (128 weight rows x up to 32 token rows, wgmma;
+  // cuda_moe_swap.cu), from there 128 token rows x 256 weight rows (wgmma). Measured on V2-Lite (H200,
+  // bench/NOTES.md runs 67-69, 1K context): swapped against token-row tiles b=4 5.78 -> 5.28 ms, b=8
+  // 6.92 -> 6.34, b=16 8.80 -> 8.01, b=64 11.5 -> 10.4, b=256 (24 rows per expert) 15.5 -> 14.8; at 48
+  // rows and more (prefill 512) the swapped layout lost even with tiles up to 256 tokens wide (13.5 ->
+  // 16.3 ms). Without the swapped tiles: 128 rows (wgmma) from 16 rows per expert, else 32 (mma.sync).
+  p.swap = swap_experts_ && rows_per_expert < 32;
+  p.bm = p.swap ? kSwapTileRows : rows_per_expert >= 16 ? 128 : 32;
+  // Up to E / 4 rows (V2-Lite: 2 tokens) the GEMV path; from there the swapped tiles stream the weights
+  // faster (bench/NOTES.md run 69, V2-Lite 1K context: b=4 5.78 -> 5.28 ms; b=2 3.69 on the GEMV
+  // against 3.75 on the tiles).
+  p.gemv = 4 * int64_t(T) * K <= int64_t(E);
+  // Y (the experts' down rows) in BF16 from 1024 tokens on, else F32. At a 2K prefill on V2-Lite the F32 Y
+  // was ~134 MB per layer written and read again; BF16 halves it (2K 28.0 -> 27.0 ms, 8K 115 -> 112;
+  // bench/NOTES.md run 73), as HF's and vLLM's MoE round each expert's output to the activation type. Below
+  // that Y's bytes are a few percent of the weights', and the F32 sum keeps short prompts and decode steps
+  // as before: with BF16 Y everywhere the demo model's greedy tokens left the CPU path's at the 10th
+  // (run 77), and the GEMV path's one-token twin (F32) is tested bit-equal to it.
+  p.y_f32 = p.gemv || T < 1024;  // the GEMV kernels write F32
+  // A prefill's shared expert takes every token: a dense product that cuBLAS runs at ~750 TFLOP/s
+  // (V2-Lite, 2K rows: 62 + 32 us for one GEMM each) against the tiles' ~420 (~120 us of the 2K layer's
+  // 676). Same binary, tiles against cuBLAS (bench/NOTES.md runs 91-92): 512 12.53 -> 12.27 ms, 2K 26.44
+  // -> 26.19 (medians of 3), 8K 111.6 -> 108.7.
+  p.shared_apart = shared && shared_experts_cublas_ && !p.per_expert_gemms && !p.gemv && !p.swap &&
+                   p.bm == kWgBM && wgmma_experts_ && T >= kSharedCublasMinT;
+  return p;
 }
 
 void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                           std::span<const ExpertWeights> experts, const ExpertWeights* shared) {
+  moe_experts_impl(out, x, ids, weights, experts, shared, nullptr);
+}
+
+void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                               std::span<const ExpertWeights> experts, const ExpertWeights* shared,
+                               const Tensor* shared_y) {
   Prof prof_scope(this, "moe_experts");
   BELUGA_CHECK(x.dtype == DType::kBF16 && x.ndim == 2 && x.stride[1] == 1 && out.dtype == DType::kBF16 &&
                    out.stride[1] == 1 && ids.dtype == DType::kI32 && ids.is_contiguous() &&
@@ -627,7 +695,10 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
   const ExpertTable& tab = expert_table(experts, shared);
   BELUGA_CHECK(tab.d == D, "moe_experts: hidden size mismatch");
   const int E = int(experts.size()), ne = tab.ne;
-  const int R = T * K + (shared ? T : 0);
+  const ExpertPath path = expert_path(T, K, E, D, experts[0].gate.out_features(), shared != nullptr);
+  BELUGA_CHECK(!shared_y || path.shared_apart, "moe_experts: a shared expert computed apart needs that path");
+  // With the shared expert's rows elsewhere (shared_y), Y holds the routed rows only.
+  const int R = T * K + (shared && !shared_y ? T : 0);
   const ScratchMark mark = scratch_mark();  // plan, H, Y and the per-expert buffers: this op's own
   // The kernels read x's rows in 16-byte pieces: a view whose rows start elsewhere (a row stride that is
   // not a multiple of 8, an odd column offset) is copied into aligned scratch first.
@@ -636,72 +707,37 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     x16 = scratch(DType::kBF16, {T, D});
     copy(x16, x);
   }
-  if (token_experts(out, x16, ids, weights, tab, shared != nullptr)) {
+  if (!shared_y && token_experts(out, x16, ids, weights, tab, shared != nullptr)) {
     scratch_release(mark);  // drops any plan the gate left
     return;
   }
-  // Rows per expert pick the path: GEMV (decode, below), grouped tensor-core tiles (32 rows on
-  // mma.sync, 128 on wgmma), or one cuBLAS GEMM per expert and projection on side streams (needs the
-  // row counts on the host: a sync). Measured on V2-Lite (H200, bench/NOTES.md run 55): the wgmma tiles
-  // run the 8K prefill (768 rows per expert) in 135 ms against 147-154 ms with per-expert cuBLAS, so
-  // cuBLAS is only taken when BELUGA_MOE_PREFILL asks for it, or without the wgmma tiles from 512 rows
-  // per expert and ~50 GFLOP (the sync costs tens of microseconds: the demo model's 2K chunks are 2.4
-  // GFLOP, and syncing there cut `bench serve` output from ~25 K to 17.5 K tok/s).
-  const int64_t rows_per_expert = int64_t(T) * K / std::max(E, 1);
-  const double expert_flops = 6.0 * double(R) * D * double(experts[0].gate.out_features());
-  const bool per_expert_gemms =
-      moe_prefill_ != MoePrefill::kKernel && rows_per_expert >= 64 &&
-      ((!wgmma_experts_ && expert_flops >= 5e10 && rows_per_expert >= 512) ||
-       moe_prefill_ == MoePrefill::kPerExpert || moe_prefill_ == MoePrefill::kCublasGrouped);
-  // Tiles: below 32 rows per expert the swapped ones (128 weight rows x up to 32 token rows, wgmma;
-  // cuda_moe_swap.cu), from there 128 token rows x 256 weight rows (wgmma). Measured on V2-Lite (H200,
-  // bench/NOTES.md runs 67-69, 1K context): swapped against token-row tiles b=4 5.78 -> 5.28 ms, b=8
-  // 6.92 -> 6.34, b=16 8.80 -> 8.01, b=64 11.5 -> 10.4, b=256 (24 rows per expert) 15.5 -> 14.8; at 48
-  // rows and more (prefill 512) the swapped layout lost even with tiles up to 256 tokens wide (13.5 ->
-  // 16.3 ms). Without the swapped tiles: 128 rows (wgmma) from 16 rows per expert, else 32 (mma.sync).
-  const bool swap = swap_experts_ && rows_per_expert < 32;
-  const int bm = swap ? kSwapTileRows : rows_per_expert >= 16 ? 128 : 32;
+  const bool swap = path.swap, gemv = path.gemv;
+  const int bm = path.bm;
   static_assert(kGatePlanBm == kSwapTileRows, "the fused gate plans the decode batches' tiles");
   cudaStream_t st = S(stream_);
   int *start, *tile_start, *row_token, *entry_row;
   // The fused gate that routed these ids planned them already (for the small tiles the grouped kernel
   // uses at so few rows per expert).
   const GatePlan gp = std::exchange(gate_plan_, GatePlan{});
-  if (gp.ids == ids.data && gp.T == T && gp.K == K && gp.E == E && bm == kGatePlanBm) {
+  if (!shared_y && gp.ids == ids.data && gp.T == T && gp.K == K && gp.E == E && bm == kGatePlanBm) {
     const GatePlanLayout L(T, K, E);
     start = gate_plan_buf_ + L.start;
     tile_start = gate_plan_buf_ + L.tile_start;
     row_token = gate_plan_buf_ + L.row_token;
     entry_row = gate_plan_buf_ + L.entry_row;
   } else {
+    // Planned over ne experts either way; with shared_y no shared rows are counted (R has none).
     Tensor plan = scratch(DType::kI32, {2 * (ne + 1) + R + int64_t(T) * K});
     start = plan.ptr<int>();
     tile_start = start + ne + 1;
     row_token = tile_start + ne + 1;
     entry_row = row_token + R;
-    launch(moe_plan_kernel, 1, 1024, size_t(2) * ne * sizeof(int), st, ids.ptr<const int32_t>(), T, K, E, ne,
-           bm, start, tile_start, row_token, entry_row);
+    launch(moe_plan_kernel, 1, 1024, size_t(2) * ne * sizeof(int), st, ids.ptr<const int32_t>(), T, K, E,
+           shared_y ? E : ne, bm, start, tile_start, row_token, entry_row);
     BELUGA_LAUNCH_CHECK();
   }
   Tensor H = scratch(DType::kBF16, {R, tab.i_max});
-  // Up to E / 4 rows (V2-Lite: 2 tokens) the GEMV path; from there the swapped tiles stream the weights
-  // faster (bench/NOTES.md run 69, V2-Lite 1K context: b=4 5.78 -> 5.28 ms; b=2 3.69 on the GEMV
-  // against 3.75 on the tiles).
-  const bool gemv = 4 * int64_t(T) * K <= int64_t(E);
-  // Y (the experts' down rows) in BF16 from 1024 tokens on, else F32. At a 2K prefill on V2-Lite the F32 Y
-  // was ~134 MB per layer written and read again; BF16 halves it (2K 28.0 -> 27.0 ms, 8K 115 -> 112;
-  // bench/NOTES.md run 73), as HF's and vLLM's MoE round each expert's output to the activation type. Below
-  // that Y's bytes are a few percent of the weights', and the F32 sum keeps short prompts and decode steps
-  // as before: with BF16 Y everywhere the demo model's greedy tokens left the CPU path's at the 10th
-  // (run 77), and the GEMV path's one-token twin (F32) is tested bit-equal to it.
-  const bool y_f32 = gemv || T < 1024;  // the GEMV kernels write F32
-  Tensor Y = scratch(y_f32 ? DType::kF32 : DType::kBF16, {R, D});
-  // A prefill's shared expert takes every token: a dense product that cuBLAS runs at ~750 TFLOP/s
-  // (V2-Lite, 2K rows: 62 + 32 us for one GEMM each) against the tiles' ~420 (~120 us of the 2K layer's
-  // 676). Same binary, tiles against cuBLAS (bench/NOTES.md runs 91-92): 512 12.53 -> 12.27 ms, 2K 26.44
-  // -> 26.19 (medians of 3), 8K 111.6 -> 108.7.
-  const bool shared_apart = shared && shared_experts_cublas_ && !gemv && !swap && bm == kWgBM &&
-                            wgmma_experts_ && T >= kSharedCublasMinT;
+  Tensor Y = scratch(path.y_f32 ? DType::kF32 : DType::kBF16, {R, D});
   if (gemv) {
     GemvArgs g{};
     g.ptrs = tab.ptrs;
@@ -722,29 +758,30 @@ void CudaOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const 
     g.out = Y.data;
     g.ldo = D;
     launch_gemv<false>(g, tab.i_max, int(ceil_div(D, kGvUnits<false>)), gy, st);
-  } else if (per_expert_gemms && !capturing(st)) {
+  } else if (path.per_expert_gemms && !capturing(st)) {
     // The grouped cuBLAS call lost to one call per expert at 768 rows (8K: 188 vs 173 ms).
     const bool grouped = moe_prefill_ == MoePrefill::kCublasGrouped;
     if (!grouped || !run_expert_gemms_grouped(x16, H, Y, experts, shared, start, row_token, R))
       run_expert_gemms(x16, H, Y, experts, shared, start, row_token, R);
   } else {
-    // With shared_on_side_, the routed tiles on side stream 0 beside the shared expert's GEMMs.
-    const bool side = shared_apart && shared_on_side_;
-    if (side) fork_side_streams();
-    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, shared_apart ? E : ne,
-                side ? side_[0].stream : stream_);
-    if (shared_apart) shared_expert_gemms(x16, H.rows(int64_t(T) * K, R), Y.rows(int64_t(T) * K, R), *shared);
-    if (side) join_side_streams();
+    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, path.shared_apart ? E : ne,
+                stream_);
+    if (path.shared_apart && !shared_y) shared_expert_gemms(x16, Y.rows(int64_t(T) * K, R), *shared);
   }
+  if (shared_y) join_side_streams();
+  // The shared expert's rows: after the routed ones in Y, or in shared_y.
+  const void* ys = !shared    ? nullptr
+                   : shared_y ? shared_y->data
+                              : static_cast<const char*>(Y.data) + int64_t(T) * K * D * dtype_size(Y.dtype);
   // The output's rows take 16-byte stores (bf16 x 8) when aligned; else a copy from aligned scratch.
   Tensor o16 = rows16(D, {out.stride[0]}, {out.data}) ? out : scratch(DType::kBF16, {T, D});
   const int grid = int(std::min<int64_t>(ceil_div(int64_t(T) * D / 8, 256), 65536));
-  if (y_f32)
+  if (path.y_f32)
     launch(moe_combine_kernel<float>, grid, 256, 0, st, o16.ptr<bf16>(), o16.stride[0], Y.ptr<const float>(),
-           D, entry_row, weights.ptr<const float>(), T, K, shared ? T * K : -1);
+           D, entry_row, weights.ptr<const float>(), T, K, static_cast<const float*>(ys));
   else
     launch(moe_combine_kernel<bf16>, grid, 256, 0, st, o16.ptr<bf16>(), o16.stride[0], Y.ptr<const bf16>(), D,
-           entry_row, weights.ptr<const float>(), T, K, shared ? T * K : -1);
+           entry_row, weights.ptr<const float>(), T, K, static_cast<const bf16*>(ys));
   BELUGA_LAUNCH_CHECK();
   if (o16.data != out.data) copy(out, o16);
   scratch_release(mark);

@@ -162,19 +162,20 @@ bool CudaOps::run_expert_gemms_grouped(const Tensor& x, Tensor H, Tensor Y,
   return true;
 }
 
-void CudaOps::shared_expert_gemms(const Tensor& x, Tensor H, Tensor Y, const ExpertWeights& w) {
+void CudaOps::shared_expert_gemms(const Tensor& x, Tensor Y, const ExpertWeights& w, int side) {
   // Gate and up into one [T, 2 I] buffer as two GEMMs (the weights are separate matrices), SiLU-and-mul,
-  // down, on the main stream.
+  // down.
   const Tensor wg = bf16_weight(w.gate.w, w.gate.scale, w.gate.block_n, w.gate.block_k);
   const Tensor wu = bf16_weight(w.up.w, w.up.scale, w.up.block_n, w.up.block_k);
   const Tensor wd = bf16_weight(w.down.w, w.down.scale, w.down.block_n, w.down.block_k);
   const int64_t I = wg.shape[0];
+  void* cublas = side < 0 ? cublas_ : side_[size_t(side)].cublas;
   Tensor GU = scratch(DType::kBF16, {x.shape[0], 2 * I});
-  gemm_bf16(GU.cols(0, I), x, wg, cublas_);
-  gemm_bf16(GU.cols(I, 2 * I), x, wu, cublas_);
-  Tensor h = H.cols(0, I);
-  silu_mul(h, GU);
-  gemm_bf16(Y, h, wd, cublas_);
+  Tensor H = scratch(DType::kBF16, {x.shape[0], I});
+  gemm_bf16(GU.cols(0, I), x, wg, cublas);
+  gemm_bf16(GU.cols(I, 2 * I), x, wu, cublas);
+  silu_mul_on(H, GU, side < 0 ? stream_ : side_[size_t(side)].stream);
+  gemm_bf16(Y, H, wd, cublas);
 }
 
 }  // namespace beluga

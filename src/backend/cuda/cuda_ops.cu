@@ -634,16 +634,20 @@ void CudaOps::copy(Tensor out, const Tensor& x) {
 
 void CudaOps::silu_mul(Tensor out, const Tensor& gate_up) {
   Prof prof_scope(this, "silu_mul");
+  silu_mul_on(out, gate_up, stream_);
+}
+
+void CudaOps::silu_mul_on(Tensor out, const Tensor& gate_up, void* stream) {
   check_bf16_rows(out, "silu_mul output");
   check_bf16_rows(gate_up, "silu_mul input");
   const int R = int(out.shape[0]), I = int(out.shape[1]);
   BELUGA_CHECK(gate_up.shape[1] == 2 * I, "silu_mul: shapes");
   if (R == 0) return;
   if (rows16(I, {out.stride[0], gate_up.stride[0]}, {out.data, gate_up.data}))
-    launch(silu_mul8_kernel, grid_for(int64_t(R) * I / 8), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+    launch(silu_mul8_kernel, grid_for(int64_t(R) * I / 8), 256, 0, S(stream), out.ptr<bf16>(), out.stride[0],
            gate_up.ptr<const bf16>(), gate_up.stride[0], R, I);
   else
-    launch(silu_mul_kernel, grid_for(int64_t(R) * I), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
+    launch(silu_mul_kernel, grid_for(int64_t(R) * I), 256, 0, S(stream), out.ptr<bf16>(), out.stride[0],
            gate_up.ptr<const bf16>(), gate_up.stride[0], R, I);
   BELUGA_LAUNCH_CHECK();
 }

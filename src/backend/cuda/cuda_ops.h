@@ -38,10 +38,11 @@ struct CudaOptions {
   // false: a prefill's shared expert (from 256 tokens) stays in the grouped tiles instead of cuBLAS GEMMs
   // (tests; BELUGA_MOE_SHARED_CUBLAS=0 for comparisons).
   bool shared_experts_cublas = true;
-  // false: the routed experts' tiles stay on the main stream instead of running on a side stream beside
-  // those GEMMs (BELUGA_MOE_SHARED_SIDE=0). V2-Lite 2K prefill ~1 ms faster. Without PDL, every later
-  // batch-1 decode graph ran ~0.08 ms slower once a side stream had run (pytorch/pytorch#161104's
-  // symptom); with PDL, on by default, that cost is gone (bench/NOTES.md runs 86-93, 97).
+  // false: the shared expert's GEMMs run on the main stream after the routed tiles, instead of on a side
+  // stream from right after the norm, beside the routing, the plan and the routed tiles
+  // (BELUGA_MOE_SHARED_SIDE=0). Without PDL (on by default), every later batch-1 decode graph ran
+  // ~0.08 ms slower once a side stream had run (pytorch/pytorch#161104's symptom; bench/NOTES.md runs
+  // 86-93, 96).
   bool shared_on_side = true;
 };
 
@@ -163,9 +164,25 @@ class CudaOps final : public Ops {
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
                    const int* tile_start, const int* row_token, int R, int bm, bool swap, int ne_tiles,
                    void* stream);
-  // The shared expert of a prefill as dense cuBLAS GEMMs on the main stream, H = silu(x Wg^T) * (x Wu^T),
-  // Y = H Wd^T for x's T rows.
-  void shared_expert_gemms(const Tensor& x, Tensor H, Tensor Y, const ExpertWeights& w);
+  // The shared expert of a prefill as dense cuBLAS GEMMs, H = silu(x Wg^T) * (x Wu^T), Y = H Wd^T for
+  // x's T rows (H in scratch), on the main stream or (side >= 0) on side stream `side`.
+  void shared_expert_gemms(const Tensor& x, Tensor Y, const ExpertWeights& w, int side = -1);
+  // How moe_experts runs T tokens' K experts of E (D wide, `inter` hidden units), by rows per expert.
+  struct ExpertPath {
+    bool gemv = false;              // the planned GEMV kernels (decode, a few rows)
+    bool per_expert_gemms = false;  // one cuBLAS GEMM per expert and projection
+    bool swap = false;              // tiles of weight rows against up to 32 token rows
+    int bm = 0;                     // token rows per tile otherwise
+    bool shared_apart = false;      // the shared expert as dense cuBLAS GEMMs, not in the tiles
+    bool y_f32 = false;             // the experts' down rows (Y) in F32, else BF16
+  };
+  ExpertPath expert_path(int T, int K, int E, int D, int64_t inter, bool shared) const;
+  // moe_experts; with shared_y, the shared expert's down rows [T, D] are being computed on side stream 0
+  // (joined before the weighted sum) and the tiles cover the routed experts only.
+  void moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                        std::span<const ExpertWeights> experts, const ExpertWeights* shared,
+                        const Tensor* shared_y);
+  void silu_mul_on(Tensor out, const Tensor& gate_up, void* stream);
   // The same with one cuBLAS GEMM per expert and projection (prefill); reads the plan's row counts.
   // The GEMMs of different experts run side by side on kSideStreams streams: one expert's GEMM alone
   // covers a fraction of the SMs (768 x 1408 is 36 tiles of 128 x 256 on 132 SMs).
