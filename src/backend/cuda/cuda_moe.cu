@@ -620,6 +620,9 @@ void CudaOps::moe(Tensor out, const NormedInput& in, const MoeLayerRef& m) {
     if (path.shared_apart) {
       Prof prof_scope(this, "moe");
       normalize(in);
+      // FP8 and F32 weights are converted on the main stream at first use: before the fork, so the side
+      // stream's GEMMs see them.
+      expert_table(m.experts, m.shared);
       const ScratchMark mark = scratch_mark();
       Tensor ys = scratch(path.y_f32 ? DType::kF32 : DType::kBF16, {T, D});
       Tensor ids = scratch(DType::kI32, {T, K}), weights = scratch(DType::kF32, {T, K});

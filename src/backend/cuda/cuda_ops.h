@@ -235,7 +235,7 @@ class CudaOps final : public Ops {
   bool wgmma_experts_ = true;
   bool swap_experts_ = true;
   bool shared_experts_cublas_ = true;
-  bool shared_on_side_ = false;
+  bool shared_on_side_ = true;
   void* replay_events_[2] = {};  // cudaEvent_t around the last replay, when timing replays
   bool replay_timed_ = false;    // a replay recorded them since last_replay_ms() last read them
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
