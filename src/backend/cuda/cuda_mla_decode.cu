@@ -27,7 +27,8 @@ constexpr int kMLd = kMDk + 8, kMPLd = kMTile + 8, kMCols = kMDv / kMWarps;
 constexpr int kMSmem =
     (kMHG * kMLd + 2 * kMTile * kMLd) * 2 + kMHG * kMTile * 4 + kMHG * kMPLd * 2 + kMHG * 4;
 // Splits per (token, head group) at most: the combine keeps one weight per split in shared memory.
-constexpr int kMaxSplits = 32;
+constexpr int kMaxSplits = 64;
+static_assert(kMaxSplits <= 64, "combine_splits' first warp takes two splits per lane");
 
 struct DecodeArgs {
   const bf16* q;
@@ -209,15 +210,19 @@ __device__ __forceinline__ void combine_splits(const float* ml, const float* op,
                                                float* wsm) {
   __syncthreads();  // wsm may still be read for the previous row
   if (threadIdx.x < 32) {
-    const int i = threadIdx.x;
-    // Splits past a short sequence's keys have no keys (sum 0); they come after the others.
-    const bool live = i < num_splits && ml[2 * i + 1] > 0;
-    const float m = live ? ml[2 * i] : -INFINITY, l = live ? ml[2 * i + 1] : 0.0f;
-    const float M = warp_max(m);
-    const float e = live ? exp2f(m - M) : 0.0f;
-    const float den = warp_sum(e * l);
-    wsm[i] = e;
-    if (i == 0) wsm[kMaxSplits] = 1.0f / den;
+    // Lane i takes splits i, i + 32 (kMaxSplits <= 64). Splits past a short sequence's keys have no
+    // keys (sum 0); they come after the others.
+    const int i0 = threadIdx.x, i1 = i0 + 32;
+    const bool live0 = i0 < num_splits && ml[2 * i0 + 1] > 0, live1 = i1 < num_splits && ml[2 * i1 + 1] > 0;
+    const float m0 = live0 ? ml[2 * i0] : -INFINITY, l0 = live0 ? ml[2 * i0 + 1] : 0.0f;
+    const float m1 = live1 ? ml[2 * i1] : -INFINITY, l1 = live1 ? ml[2 * i1 + 1] : 0.0f;
+    const float M = warp_max(fmaxf(m0, m1));
+    const float e0 = live0 ? exp2f(m0 - M) : 0.0f, e1 = live1 ? exp2f(m1 - M) : 0.0f;
+    // One split per lane (up to 32 splits) sums as e0 * l0 alone: the same bits as before the second.
+    const float den = warp_sum(live1 ? e0 * l0 + e1 * l1 : e0 * l0);
+    wsm[i0] = e0;
+    if (i1 < kMaxSplits) wsm[i1] = e1;
+    if (i0 == 0) wsm[kMaxSplits] = 1.0f / den;
   }
   __syncthreads();
   const float inv = wsm[kMaxSplits];
@@ -330,8 +335,13 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   // (V2-Lite, H200, b=1, graphs, 32-key tiles then): minimum 256 keys -> 4 splits at 1K: 3.08 ms per
   // step; 64 -> 16 splits: 2.50 ms; 32: 2.58 ms; at 4K, 32 splits of 128 keys 2.93 ms against 16 of
   // 256 3.21 ms and 64 of 64 3.06 ms. With 64-key tiles (bench/NOTES.md run 39): 2.22 / 2.46 ms.
+  // More than 32 splits only while every split still has an SM to itself (the kernel's shared memory
+  // allows one block per SM): b=1 at 4K / 16K, 64 splits instead of 32 took 2.40 -> 2.31 / 3.51 -> 2.86
+  // ms per step, while b=4 at 4K, where 64 splits made two waves of blocks, went 5.63 -> 5.78
+  // (bench/NOTES.md run 103).
   const int64_t blocks = int64_t(T) * (H / kMHG);
-  const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, kMaxSplits);
+  const int64_t max_splits = blocks * kMaxSplits <= sm_count_ ? kMaxSplits : 32;
+  const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, max_splits);
   const int split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
   const int splits = int(ceil_div(nk, split_len));
   Tensor o_part = scratch(DType::kF32, {int64_t(T) * H * splits, kMDv});
