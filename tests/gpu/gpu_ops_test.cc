@@ -1071,9 +1071,11 @@ TEST_F(GpuOps, MlaAbsorbed) {
     std::vector<std::pair<int, int>> seqs;
   };
   const std::vector<Case> cases = {
-      {16, 512, 64, false, {{0, 1}}},     // one split: the kernel writes the output itself
-      {16, 512, 64, false, {{700, 1}}},   // 11 splits of 64 keys, merged by the combine step
-      {16, 512, 64, false, {{2100, 1}}},  // 33 splits: the combine's lanes take one or two each
+      {16, 512, 64, false, {{0, 1}}},               // one split: the kernel writes the output itself
+      {16, 512, 64, false, {{700, 1}}},             // 6 splits of 128 keys, merged by the combine step
+      {16, 512, 64, false, {{2100, 1}}},            // 17 splits of 128 keys (one token: split by its length)
+      {16, 512, 64, false, {{20000, 1}}},           // 128 splits, 105 with keys: lanes take four
+      {16, 512, 64, false, {{3000, 1}, {100, 1}}},  // two tokens, each split by its own length
       {16, 512, 64, false, {{1000, 1}, {37, 1}, {4095, 1}, {64, 1}}},
       {32, 512, 64, false, {{300, 5}, {0, 9}}},  // several query tokens per sequence (causal)
       {16, 512, 64, true, {{300, 2}, {5, 1}}},

@@ -27,8 +27,9 @@ constexpr int kMLd = kMDk + 8, kMPLd = kMTile + 8, kMCols = kMDv / kMWarps;
 constexpr int kMSmem =
     (kMHG * kMLd + 2 * kMTile * kMLd) * 2 + kMHG * kMTile * 4 + kMHG * kMPLd * 2 + kMHG * 4;
 // Splits per (token, head group) at most: the combine keeps one weight per split in shared memory.
-constexpr int kMaxSplits = 64;
-static_assert(kMaxSplits <= 64, "combine_splits' first warp takes two splits per lane");
+constexpr int kMaxSplits = 128;
+constexpr int kMinSplitKeys = 2 * kMTile;  // a split's keys at least, when split by length
+static_assert(kMaxSplits % 32 == 0, "combine_splits' first warp takes kMaxSplits / 32 splits per lane");
 
 struct DecodeArgs {
   const bf16* q;
@@ -39,6 +40,9 @@ struct DecodeArgs {
   const int32_t* qs;
   const int32_t* ctx;
   int S, H, split_len, num_splits;
+  // Each token's split length from its own key count n: max(split_len, n / num_splits rounded up to the
+  // tile), so a graph recorded for a bucket of keys splits each sequence by its real length.
+  bool by_length;
   float scale_log2;
   float* o_part;   // [T, H, splits, 512]
   float* ml_part;  // [T, H, splits, 2]
@@ -188,7 +192,10 @@ __global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
   const int split = blockIdx.x, h0 = blockIdx.y * kMHG, t = blockIdx.z, tid = threadIdx.x;
   const int s = seq_of_token(a.qs, a.S, t);
   const int n = a.ctx[s] + t - a.qs[s] + 1;
-  const int kb0 = split * a.split_len, ke = min(n, kb0 + a.split_len);
+  const int len = a.by_length
+                      ? max(a.split_len, (n + a.num_splits * kMTile - 1) / (a.num_splits * kMTile) * kMTile)
+                      : a.split_len;
+  const int kb0 = split * len, ke = min(n, kb0 + len);
   const int64_t part0 = (int64_t(t) * a.H + h0) * a.num_splits + split;  // + hh * num_splits
   if (kb0 >= ke) {
     if (tid < kMHG) {
@@ -210,19 +217,31 @@ __device__ __forceinline__ void combine_splits(const float* ml, const float* op,
                                                float* wsm) {
   __syncthreads();  // wsm may still be read for the previous row
   if (threadIdx.x < 32) {
-    // Lane i takes splits i, i + 32 (kMaxSplits <= 64). Splits past a short sequence's keys have no
-    // keys (sum 0); they come after the others.
-    const int i0 = threadIdx.x, i1 = i0 + 32;
-    const bool live0 = i0 < num_splits && ml[2 * i0 + 1] > 0, live1 = i1 < num_splits && ml[2 * i1 + 1] > 0;
-    const float m0 = live0 ? ml[2 * i0] : -INFINITY, l0 = live0 ? ml[2 * i0 + 1] : 0.0f;
-    const float m1 = live1 ? ml[2 * i1] : -INFINITY, l1 = live1 ? ml[2 * i1 + 1] : 0.0f;
-    const float M = warp_max(fmaxf(m0, m1));
-    const float e0 = live0 ? exp2f(m0 - M) : 0.0f, e1 = live1 ? exp2f(m1 - M) : 0.0f;
-    // One split per lane (up to 32 splits) sums as e0 * l0 alone: the same bits as before the second.
-    const float den = warp_sum(live1 ? e0 * l0 + e1 * l1 : e0 * l0);
-    wsm[i0] = e0;
-    if (i1 < kMaxSplits) wsm[i1] = e1;
-    if (i0 == 0) wsm[kMaxSplits] = 1.0f / den;
+    // Lane i takes splits i, i + 32, ... Splits with no keys (past a short sequence's end, or beyond
+    // the ones its length needs) have sum 0.
+    constexpr int kPer = kMaxSplits / 32;
+    float m[kPer], l[kPer];
+    bool live[kPer];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = int(threadIdx.x) + 32 * j;
+      live[j] = i < num_splits && ml[2 * i + 1] > 0;
+      m[j] = live[j] ? ml[2 * i] : -INFINITY;
+      l[j] = live[j] ? ml[2 * i + 1] : 0.0f;
+      mx = fmaxf(mx, m[j]);
+    }
+    const float M = warp_max(mx);
+    // Up to 32 splits each lane's sum is e0 * l0 alone: the same bits as with one split per lane.
+    float part = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const float e = live[j] ? exp2f(m[j] - M) : 0.0f;
+      if (j == 0 || live[j]) part = j == 0 ? e * l[j] : part + e * l[j];
+      wsm[int(threadIdx.x) + 32 * j] = e;
+    }
+    const float den = warp_sum(part);
+    if (threadIdx.x == 0) wsm[kMaxSplits] = 1.0f / den;
   }
   __syncthreads();
   const float inv = wsm[kMaxSplits];
@@ -335,15 +354,26 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   // (V2-Lite, H200, b=1, graphs, 32-key tiles then): minimum 256 keys -> 4 splits at 1K: 3.08 ms per
   // step; 64 -> 16 splits: 2.50 ms; 32: 2.58 ms; at 4K, 32 splits of 128 keys 2.93 ms against 16 of
   // 256 3.21 ms and 64 of 64 3.06 ms. With 64-key tiles (bench/NOTES.md run 39): 2.22 / 2.46 ms.
-  // More than 32 splits only while every split still has an SM to itself (the kernel's shared memory
-  // allows one block per SM): b=1 at 4K / 16K, 64 splits instead of 32 took 2.40 -> 2.31 / 3.51 -> 2.86
-  // ms per step, while b=4 at 4K, where 64 splits made two waves of blocks, went 5.63 -> 5.78
-  // (bench/NOTES.md run 103).
+  // More than 32 splits (up to 128) only while every split still has an SM to itself (the kernel's
+  // shared memory allows one block per SM), that is at batch 1-2 here; then each token's keys are split
+  // by its own length (the kernel divides them over the splits, at least kMinSplitKeys each), since a
+  // graph's key count is its bucket's, up to twice the real one. Measured at b=1 (bench/NOTES.md runs
+  // 103-107, ms per step): 32 splits sized for the bucket 2.40 at 4K and 3.51 at 16K; 64 splits 2.30 /
+  // 2.86; by length 2.30 / 2.68 (b=2 16K 4.65 -> 4.45), at 1K 2.18 -> 2.20; 64-key minimum pieces lost at
+  // 4K (2.47). At b=4, 64 splits made two waves of blocks: 4K 5.63 -> 5.78.
   const int64_t blocks = int64_t(T) * (H / kMHG);
-  const int64_t max_splits = blocks * kMaxSplits <= sm_count_ ? kMaxSplits : 32;
-  const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, max_splits);
-  const int split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
-  const int splits = int(ceil_div(nk, split_len));
+  int64_t max_splits = kMaxSplits;
+  while (max_splits > 32 && blocks * max_splits > sm_count_) max_splits /= 2;
+  const bool by_length = max_splits > 32;
+  int split_len, splits;
+  if (by_length) {
+    split_len = kMinSplitKeys;
+    splits = int(std::min<int64_t>(max_splits, ceil_div(nk, split_len)));
+  } else {
+    const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, max_splits);
+    split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
+    splits = int(ceil_div(nk, split_len));
+  }
   Tensor o_part = scratch(DType::kF32, {int64_t(T) * H * splits, kMDv});
   Tensor ml = scratch(DType::kF32, {int64_t(T) * H * splits, 2});
   static bool configured = false;
@@ -358,6 +388,7 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   a.H = H;
   a.split_len = split_len;
   a.num_splits = splits;
+  a.by_length = by_length;
   a.scale_log2 = scale * kLog2e;
   a.o_part = o_part.ptr<float>();
   a.ml_part = ml.ptr<float>();
