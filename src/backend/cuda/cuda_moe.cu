@@ -1,20 +1,18 @@
 // Mixture-of-experts products on the GPU: a device-side plan that groups token rows by expert (or the
 // one the fused gate left), then GEMV kernels (decode), one grouped GEMM launch for gate+up (with
 // SiLU-and-mul in its epilogue) and one for down over all experts at once (wgmma tiles of 128 token rows
-// here, or of 128 weight rows for decode batches in cuda_moe_swap.cu; mma.sync tiles of 32 or 128 rows
-// without them), or cuBLAS when forced (cuda_moe_cublas.cu), and a combine step. Routing is in
-// cuda_moe_route.cu.
+// in cuda_moe_wgmma.cu, or of 128 weight rows for decode batches in cuda_moe_swap.cu; mma.sync tiles of
+// 32 or 128 rows here without them), or cuBLAS when forced or for a prefill's shared expert
+// (cuda_moe_cublas.cu), and a combine step. Routing is in cuda_moe_route.cu.
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_moe_grouped.cuh"
 #include "backend/cuda/cuda_moe_plan.cuh"
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/cuda_wgmma.cuh"
 
 namespace beluga {
 
@@ -178,156 +176,8 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
     }
 }
 
-// ---- the same products on Hopper warpgroup MMAs (wgmma), for tiles of 128 rows ----
-// A block: 128 rows (two warpgroups of 64) x 256 weight rows (gate-up: 128 hidden units as [gate 16 |
-// up 16] x 8, so each thread holds a unit's gate and up; down: 256 output columns), K in 64-element
-// stages (one 128-byte swizzled row per tile row; cuda_wgmma.cuh), 4 stages of 48 KB, one block per SM.
-// All 8 warps load with cp.async; each warpgroup multiplies its 64 x 256 (4 wgmma per stage) while two
-// later stages land. The mma.sync tiles above ran the 2K prefill's experts at ~170-190 TFLOP/s with the
-// tensor pipe half idle (ncu: 4 warps per scheduler, 13 cycles between issues; bench/NOTES.md run 54).
-// Measured against 128-column tiles (2 blocks per SM) and 3 stages ahead without the overlap: both
-// slower (2K prefill 29.5 ms against 30.9 and 31.0; run 56).
-// An expert's last tile with at most 64 rows (at a 2K prefill on V2-Lite about half of the experts end
-// in one) puts both warpgroups on those rows, each against 128 of the weight rows: prefill 512 13.6 ->
-// 13.1 ms, 2K 29.7 -> 28.7 (run 70).
-constexpr int kWgBM = 128, kWgBN = 256, kWgBK = 64, kWgStages = 4, kWgThreads = 256;
 // Tokens from which a prefill's shared expert runs as cuBLAS GEMMs instead of in the routed tiles.
 constexpr int kSharedCublasMinT = 256;
-constexpr int kWgATile = kWgBM * kWgBK * 2, kWgBTile = kWgBN * kWgBK * 2;
-constexpr int kWgSmem = kWgStages * (kWgATile + kWgBTile) + 1024;  // + aligning the tiles to 1024 bytes
-
-template <bool kGateUp>
-__global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArgs p) {
-  pdl_entry();
-  extern __shared__ unsigned char smem_raw[];
-  ExpertTile t;
-  if (!expert_tile<kGateUp>(p, kWgBM, kGateUp ? kWgBN / 2 : kWgBN, t)) return;
-  const int m0 = t.m0, m_end = t.m_end, K = t.K, Nout = t.Nout, n0 = t.n0;
-  // An expert's last tile with at most 64 rows: both warpgroups take those rows, each against half of
-  // the weight rows (m64n128), instead of one warpgroup multiplying padding.
-  const bool narrow = m_end - m0 <= 64;
-  const bf16 *w0 = t.w0, *w1 = t.w1;
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t sA = (raw + 1023) & ~1023u, sB = sA + kWgStages * kWgATile;
-  unsigned char* const gA = smem_raw + (sA - raw);
-  unsigned char* const gB = gA + kWgStages * kWgATile;
-
-  // Thread t copies 16-byte chunk t % 8 of tile rows t / 8 + 32 i: the same rows and chunk at every K
-  // step, so the row pointers are computed once; all its rows share r % 8, so one swizzled offset.
-  const int tid = threadIdx.x, c8 = tid & 7, r8 = tid >> 3;
-  constexpr int kAChunks = kWgBM / 32, kBChunks = kWgBN / 32;
-  const uint32_t off = sw128_offset(r8, c8);
-  const bf16* a_src[kAChunks];
-  const bf16* b_src[kBChunks];
-  bool a_ok[kAChunks], b_ok[kBChunks];
-#pragma unroll
-  for (int i = 0; i < kAChunks; ++i) {
-    const int r = m0 + r8 + 32 * i;
-    a_ok[i] = r < m_end;
-    a_src[i] = a_ok[i] ? p.a + (kGateUp ? int64_t(p.row_token[r]) : int64_t(r)) * p.lda + c8 * 8 : p.a;
-  }
-#pragma unroll
-  for (int i = 0; i < kBChunks; ++i) {
-    int idx;
-    const bf16* base = w0;
-    if (kGateUp) {  // tile row 32 i + r8: group i, gate for r8 < 16, up for r8 >= 16
-      idx = n0 + i * 16 + (r8 & 15);
-      base = r8 < 16 ? w0 : w1;
-    } else {
-      idx = n0 + 32 * i + r8;
-    }
-    b_ok[i] = idx < Nout;
-    b_src[i] = b_ok[i] ? base + int64_t(idx) * K + c8 * 8 : w0;
-  }
-  const int KT = (K + kWgBK - 1) / kWgBK;
-  auto load = [&](int stage, int kt, auto narrow_tag) {
-    const int k0 = kt * kWgBK;
-    const bool k_ok = k0 + c8 * 8 < K;
-    unsigned char* as = gA + stage * kWgATile + off;
-    unsigned char* bs = gB + stage * kWgBTile + off;
-#pragma unroll
-    for (int i = 0; i < (decltype(narrow_tag)::value ? kAChunks / 2 : kAChunks); ++i) {  // narrow: 64 rows
-      const bool ok = a_ok[i] && k_ok;
-      cp_async16(as + i * 32 * 128, ok ? a_src[i] + k0 : p.a, ok);
-    }
-#pragma unroll
-    for (int i = 0; i < kBChunks; ++i) {
-      const bool ok = b_ok[i] && k_ok;
-      cp_async16(bs + i * 32 * 128, ok ? b_src[i] + k0 : w0, ok);
-    }
-  };
-
-  // Two stages in flight ahead of the one multiplied, and one stage's wgmma running across the barrier:
-  // the buffer loaded at kt is the one read at kt - 2, which every warpgroup has waited for. A narrow
-  // tile runs its own copy of the loop and epilogue (kNarrow), so the full tiles' code stays as it was.
-  constexpr int kAhead = kWgStages - 2;
-  const int wg = tid >> 7;
-  auto run = [&](auto narrow_tag) {
-    constexpr bool kNarrow = decltype(narrow_tag)::value;
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < KT) load(s, s, narrow_tag);
-      cp_async_commit();
-    }
-    float acc[kNarrow ? kWgBN / 4 : kWgBN / 2];
-#pragma unroll
-    for (int i = 0; i < int(sizeof(acc) / sizeof(float)); ++i) acc[i] = 0.0f;
-    for (int kt = 0; kt < KT; ++kt) {
-      cp_async_wait<kAhead - 1>();  // this thread's chunks of stage kt
-      fence_async_shared();
-      __syncthreads();  // everyone's chunks of kt; no warpgroup reads the buffer loaded next
-      if (kt + kAhead < KT) load((kt + kAhead) % kWgStages, kt + kAhead, narrow_tag);
-      cp_async_commit();
-      const int st = kt % kWgStages;
-      // Narrow: rows 0 .. 63 against weight rows wg * 128 .. + 127 (m64n128); else rows wg * 64 .. + 63
-      // against all 256 (m64n256).
-      const uint64_t da = sw128_desc(sA + st * kWgATile + (kNarrow ? 0 : wg * 64 * 128));
-      const uint64_t db = sw128_desc(sB + st * kWgBTile + (kNarrow ? wg * 128 * 128 : 0));
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kWgBK / 16; ++kk) wgmma_ss(acc, da + 2 * kk, db + 2 * kk);
-      wgmma_commit();
-      wgmma_wait<1>();  // stage kt - 1's products are done
-    }
-    wgmma_wait<0>();
-    cp_async_wait<0>();
-
-    // Accumulator column group j (8 weight rows) is the tile's column group j + jofs.
-    constexpr int kJ = kNarrow ? kWgBN / 16 : kWgBN / 8;
-    const int jofs = kNarrow ? wg * kJ : 0;
-    const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int row0 = m0 + (kNarrow ? 0 : wg * 64) + ((tid >> 5) & 3) * 16 + g;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row0 + half * 8;
-      if (r >= m_end) continue;
-      if (kGateUp) {
-        bf16* o = static_cast<bf16*>(p.out) + int64_t(r) * p.ldo;
-#pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          if ((j & 3) >= 2) continue;  // up tiles: read with their gate tile j - 2 (jofs % 4 == 0)
-          const int unit = n0 + ((j + jofs) >> 2) * 16 + (j & 1) * 8 + 2 * t4;
-          const float g0 = acc[4 * j + 2 * half], g1 = acc[4 * j + 2 * half + 1];
-          const float u0 = acc[4 * (j + 2) + 2 * half], u1 = acc[4 * (j + 2) + 2 * half + 1];
-          if (unit < Nout)
-            *reinterpret_cast<uint32_t*>(o + unit) =
-                pack_bf16(g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          const int col = n0 + 8 * (j + jofs) + 2 * t4;
-          if (col < Nout)
-            store_y2(p, int64_t(r) * p.ldo + col, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-        }
-      }
-    }
-  };
-  if (narrow)
-    run(std::true_type{});
-  else
-    run(std::false_type{});
-}
 
 // out[t] = sum_k w[t, k] Y[entry_row[t, k]] (+ Ys[t], the shared expert's row), 8 columns per thread
 // (D % 8 == 0). Y and Ys: F32 or BF16 (moe_experts says when).
@@ -521,20 +371,6 @@ void launch_grouped(int bm, const GroupedArgs& a, int grid_x, int grid_y, cudaSt
     launch_grouped<32, G>(a, grid_x, grid_y, st);
 }
 
-// cols: the gate-up's widest expert (hidden units) or the down's D.
-template <bool G>
-void launch_wgmma(const GroupedArgs& a, int cols, int grid_y, cudaStream_t st) {
-  static bool configured = false;
-  if (!configured) {
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(grouped_wgmma_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
-    configured = true;
-  }
-  const int grid_x = int(ceil_div(cols, G ? kWgBN / 2 : kWgBN));
-  launch(grouped_wgmma_kernel<G>, dim3(grid_x, grid_y), kWgThreads, kWgSmem, st, a);
-  BELUGA_LAUNCH_CHECK();
-}
-
 }  // namespace
 
 const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights> experts,
@@ -676,7 +512,7 @@ CudaOps::ExpertPath CudaOps::expert_path(int T, int K, int E, int D, int64_t int
   // 676). Same binary, tiles against cuBLAS (bench/NOTES.md runs 91-92): 512 12.53 -> 12.27 ms, 2K 26.44
   // -> 26.19 (medians of 3), 8K 111.6 -> 108.7.
   p.shared_apart = shared && shared_experts_cublas_ && !p.per_expert_gemms && !p.gemv && !p.swap &&
-                   p.bm == kWgBM && wgmma_experts_ && T >= kSharedCublasMinT;
+                   p.bm == kWgTileRows && wgmma_experts_ && T >= kSharedCublasMinT;
   return p;
 }
 
@@ -812,11 +648,11 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.ldo = tab.i_max;
   // Routed experts alone: the grid spans their width, not the shared expert's.
   const int gate_cols = ne_tiles < ne && tab.i_routed > 0 ? tab.i_routed : tab.i_max;
-  const bool wgmma = bm == kWgBM && wgmma_experts_;
+  const bool wgmma = bm == kWgTileRows && wgmma_experts_;
   if (swap)
     launch_swap_tiles(true, a, grid_y, st);
   else if (wgmma)
-    launch_wgmma<true>(a, gate_cols, grid_y, st);
+    launch_wgmma_tiles(true, a, gate_cols, grid_y, st);
   else
     launch_grouped<true>(bm, a, int(ceil_div(gate_cols, kBN / 2)), grid_y, st);
   // down: A = rows of H.
@@ -829,7 +665,7 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   if (swap)
     launch_swap_tiles(false, a, grid_y, st);
   else if (wgmma)
-    launch_wgmma<false>(a, D, grid_y, st);
+    launch_wgmma_tiles(false, a, D, grid_y, st);
   else
     launch_grouped<false>(bm, a, int(ceil_div(D, kBN)), grid_y, st);
 }

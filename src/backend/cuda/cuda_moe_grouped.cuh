@@ -75,4 +75,9 @@ __device__ __forceinline__ bool expert_tile(const GroupedArgs& p, int bm, int co
 constexpr int kSwapTileRows = 32;
 void launch_swap_tiles(bool gate_up, const GroupedArgs& a, int grid_y, cudaStream_t st);
 
+// Tiles of kWgTileRows token rows against 256 weight rows (gate-up: 128 hidden units; down: 256 output
+// columns) on wgmma (cuda_moe_wgmma.cu); cols: the gate-up's widest expert (hidden units) or the down's D.
+constexpr int kWgTileRows = 128;
+void launch_wgmma_tiles(bool gate_up, const GroupedArgs& a, int cols, int grid_y, cudaStream_t st);
+
 }  // namespace beluga::cuda
