@@ -111,6 +111,24 @@ class GpuOps : public ::testing::Test {
   std::vector<float> read_cpu(const Tensor& t) {
     return std::vector<float>(t.ptr<float>(), t.ptr<float>() + t.numel());
   }
+  // moe for T random rows against the composition norm_moe_gate + moe_experts (Ops::moe): output, new
+  // residual and normalized rows bit for bit, twice (arrival counters, side-stream scratch and events
+  // are reused between calls).
+  void expect_moe_matches_composed(int T, const Tensor& norm_w, const MoeLayerRef& m) {
+    const int D = int(norm_w.shape[0]);
+    const Tensor gr = gpu_t(rand_bf16(size_t(T) * D), {T, D}), gd = gpu_t(rand_bf16(size_t(T) * D), {T, D});
+    Tensor ref_res = gpu_out({T, D}), ref_x = gpu_out({T, D}), ref = gpu_out({T, D});
+    gpu->Ops::moe(ref, {gr, gd, norm_w, ref_x, 1e-6f, ref_res}, m);
+    const std::vector<float> want = read(ref);
+    ASSERT_TRUE(std::all_of(want.begin(), want.end(), [](float v) { return std::isfinite(v); }));
+    for (int rep = 0; rep < 2; ++rep) {
+      Tensor res = gpu_out({T, D}), x = gpu_out({T, D}), out = gpu_out({T, D});
+      gpu->moe(out, {gr, gd, norm_w, x, 1e-6f, res}, m);
+      EXPECT_EQ(read(out), want) << "rep " << rep;
+      EXPECT_EQ(read(res), read(ref_res)) << "rep " << rep;
+      EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
+    }
+  }
 
   CpuOps cpu;
   std::unique_ptr<CudaOps> gpu;
@@ -523,6 +541,30 @@ Experts make_experts(CudaOps& gpu, int D, int I, int E) {
   return x;
 }
 
+// A MoE layer for the moe tests: make_experts' routed and shared experts, a router (scale 0.05) and a
+// norm weight on the GPU, V2-Lite's routing.
+struct MoeLayer {
+  Experts ex;
+  Weight router;
+  Tensor norm_w, no_bias;
+  RouterParams p = v2lite_router();
+  MoeLayerRef ref(bool shared = true) const {
+    return {router, no_bias, p, ex.gpu, shared ? &ex.gpu_shared : nullptr};
+  }
+};
+MoeLayer make_moe_layer(CudaOps& gpu, int D, int I, int E) {
+  MoeLayer l;
+  l.ex = make_experts(gpu, D, I, E);
+  auto upload = [&](const std::vector<float>& v, std::initializer_list<int64_t> shape) {
+    std::vector<uint16_t>& b = l.ex.store.emplace_back(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    return gpu.upload(Tensor::make(b.data(), DType::kBF16, shape));
+  };
+  l.router.w = upload(rand_bf16(size_t(E) * D, 0.05f), {E, D});
+  l.norm_w = upload(rand_bf16(size_t(D)), {D});
+  return l;
+}
+
 TEST_F(GpuOps, MoeExperts) {
   const int E = 16, K = 4;
   // 1: one token's kernels; 2 to 100 tokens (0.5 to 25 rows per expert, the shared expert up to 100):
@@ -839,26 +881,10 @@ TEST_F(GpuOps, MoeExpertsOneTokenMatchesPlanned) {
 // norm_moe_gate + moe_experts (Ops::moe) bit for bit; without a shared expert it is the composition.
 // Twice each: the gate's arrival counter must be back at 0.
 TEST_F(GpuOps, MoeOneTokenMatchesComposed) {
-  const int D = 2048, I = 1408, E = 16;
-  const RouterParams p = v2lite_router();
-  const Experts ex = make_experts(*gpu, D, I, E);
-  Weight router;
-  router.w = gpu_t(rand_bf16(size_t(E) * D, 0.05f), {E, D});
-  const Tensor nw = gpu_t(rand_bf16(D), {D}), none;
+  const MoeLayer layer = make_moe_layer(*gpu, 2048, 1408, 16);
   for (bool with_shared : {true, false}) {
     SCOPED_TRACE(testing::Message() << "shared " << with_shared);
-    const MoeLayerRef m{router, none, p, ex.gpu, with_shared ? &ex.gpu_shared : nullptr};
-    const auto r = rand_bf16(size_t(D)), d = rand_bf16(size_t(D));
-    const Tensor gr = gpu_t(r, {1, D}), gd = gpu_t(d, {1, D});
-    Tensor ref_res = gpu_out({1, D}), ref_x = gpu_out({1, D}), ref = gpu_out({1, D});
-    gpu->Ops::moe(ref, {gr, gd, nw, ref_x, 1e-6f, ref_res}, m);
-    for (int rep = 0; rep < 2; ++rep) {
-      Tensor res = gpu_out({1, D}), x = gpu_out({1, D}), out = gpu_out({1, D});
-      gpu->moe(out, {gr, gd, nw, x, 1e-6f, res}, m);
-      EXPECT_EQ(read(out), read(ref)) << "rep " << rep;
-      EXPECT_EQ(read(res), read(ref_res)) << "rep " << rep;
-      EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
-    }
+    expect_moe_matches_composed(1, layer.norm_w, layer.ref(with_shared));
   }
 }
 
@@ -869,28 +895,11 @@ TEST_F(GpuOps, MoeOneTokenMatchesComposed) {
 // expert: 128-row tiles with the shared expert apart. Twice each: the side stream's scratch and events
 // are reused. Then once with the shared expert's weights in F32 on a fresh backend.
 TEST_F(GpuOps, MoePrefillSharedOnSide) {
-  const int D = 512, I = 384, E = 16;
-  const RouterParams p = v2lite_router();
-  const Experts ex = make_experts(*gpu, D, I, E);
-  Weight router;
-  router.w = gpu_t(rand_bf16(size_t(E) * D, 0.05f), {E, D});
-  const Tensor nw = gpu_t(rand_bf16(D), {D}), none;
-  const MoeLayerRef m{router, none, p, ex.gpu, &ex.gpu_shared};
+  const int D = 512;
+  const MoeLayer layer = make_moe_layer(*gpu, D, 384, 16);
   for (int T : {600, 1100}) {
     SCOPED_TRACE(testing::Message() << "T " << T);
-    const auto r = rand_bf16(size_t(T) * D), d = rand_bf16(size_t(T) * D);
-    const Tensor gr = gpu_t(r, {T, D}), gd = gpu_t(d, {T, D});
-    Tensor ref_res = gpu_out({T, D}), ref_x = gpu_out({T, D}), ref = gpu_out({T, D});
-    gpu->Ops::moe(ref, {gr, gd, nw, ref_x, 1e-6f, ref_res}, m);
-    const std::vector<float> want = read(ref);
-    ASSERT_TRUE(std::all_of(want.begin(), want.end(), [](float v) { return std::isfinite(v); }));
-    for (int rep = 0; rep < 2; ++rep) {
-      Tensor res = gpu_out({T, D}), x = gpu_out({T, D}), out = gpu_out({T, D});
-      gpu->moe(out, {gr, gd, nw, x, 1e-6f, res}, m);
-      EXPECT_EQ(read(out), want) << "rep " << rep;
-      EXPECT_EQ(read(res), read(ref_res)) << "rep " << rep;
-      EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
-    }
+    expect_moe_matches_composed(T, layer.norm_w, layer.ref());
   }
   // F32 (or FP8) weights are converted to BF16 on the main stream at first use: here a fresh backend's
   // first moe meets the shared expert's weights in F32 (moe converts them before forking the side
@@ -908,17 +917,17 @@ TEST_F(GpuOps, MoePrefillSharedOnSide) {
     return o;
   };
   ExpertWeights fs;
-  fs.gate = as_f32(ex.cpu_shared.gate);
-  fs.up = as_f32(ex.cpu_shared.up);
-  fs.down = as_f32(ex.cpu_shared.down);
-  const MoeLayerRef mf{router, none, p, ex.gpu, &fs};
+  fs.gate = as_f32(layer.ex.cpu_shared.gate);
+  fs.up = as_f32(layer.ex.cpu_shared.up);
+  fs.down = as_f32(layer.ex.cpu_shared.down);
+  const MoeLayerRef mf{layer.router, layer.no_bias, layer.p, layer.ex.gpu, &fs};
   const int T = 600;
   const Tensor gr = gpu_t(rand_bf16(size_t(T) * D), {T, D}), gd = gpu_t(rand_bf16(size_t(T) * D), {T, D});
   Tensor res = gpu_out({T, D}), x = gpu_out({T, D}), out = gpu_out({T, D});
   Tensor ref_res = gpu_out({T, D}), ref_x = gpu_out({T, D}), ref = gpu_out({T, D});
   gpu->synchronize();  // the inputs and poisoned outputs are on gpu's stream
-  fresh.moe(out, {gr, gd, nw, x, 1e-6f, res}, mf);
-  fresh.Ops::moe(ref, {gr, gd, nw, ref_x, 1e-6f, ref_res}, mf);
+  fresh.moe(out, {gr, gd, layer.norm_w, x, 1e-6f, res}, mf);
+  fresh.Ops::moe(ref, {gr, gd, layer.norm_w, ref_x, 1e-6f, ref_res}, mf);
   fresh.synchronize();
   const std::vector<float> want = read(ref);
   ASSERT_TRUE(std::all_of(want.begin(), want.end(), [](float v) { return std::isfinite(v); }));
