@@ -232,12 +232,11 @@ __device__ __forceinline__ void combine_splits(const float* ml, const float* op,
       mx = fmaxf(mx, m[j]);
     }
     const float M = warp_max(mx);
-    // Up to 32 splits each lane's sum is e0 * l0 alone: the same bits as with one split per lane.
-    float part = 0;
+    float part = 0;  // splits without keys add exactly 0
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const float e = live[j] ? exp2f(m[j] - M) : 0.0f;
-      if (j == 0 || live[j]) part = j == 0 ? e * l[j] : part + e * l[j];
+      part += e * l[j];
       wsm[int(threadIdx.x) + 32 * j] = e;
     }
     const float den = warp_sum(part);
