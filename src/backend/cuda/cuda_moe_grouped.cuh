@@ -1,6 +1,7 @@
 // The grouped expert kernels' common ground: their arguments (a planned launch over all experts) and
-// which tile of which expert a block computes. The kernels: mma.sync and wgmma tiles of token rows in
-// cuda_moe.cu, wgmma tiles of weight rows with the tokens as the narrow side in cuda_moe_swap.cu.
+// which tile of which expert a block computes. The kernels: mma.sync tiles of token rows in cuda_moe.cu,
+// wgmma tiles of token rows in cuda_moe_wgmma.cu, wgmma tiles of weight rows with the tokens as the
+// narrow side in cuda_moe_swap.cu.
 #pragma once
 
 #include "backend/cuda/cuda_common.cuh"

@@ -1,6 +1,6 @@
 // Expert tiles with the roles of a GEMM swapped, for decode batches: 128 weight rows are the wgmma M side
 // and up to 32 of an expert's token rows the N side (16 or 32 wide, as the rows present). At a few rows
-// per expert the token-row tiles (cuda_moe.cu) spend their products and shared-memory reads on padding
+// per expert the token-row tiles (cuda_moe_wgmma.cu) spend their products and shared-memory reads on padding
 // rows; here a block's work is little more than its weight stream (5 stages, two blocks per SM). Wider
 // tiles on this layout (up to 256 tokens in pieces of 128 / 64 / 32 / 16 columns) lost to the
 // 128-token-row tiles from 48 rows per expert (bench/NOTES.md run 67).

@@ -1,5 +1,5 @@
 // CudaOps: memory, host transfers, graphs, element-wise ops and the on-device dummy weights. Dense
-// products live in cuda_linear.cu, MoE in cuda_moe.cu, attention and the KV cache in cuda_attention.cu.
+// products live in cuda_linear.cu, MoE in cuda_moe*.cu, attention and the KV cache in cuda_attention.cu.
 #include <algorithm>
 #include <chrono>
 #include <climits>
