@@ -1086,6 +1086,9 @@ TEST_F(GpuOps, MlaAbsorbed) {
       {16, 512, 64, false, {{20000, 1}}},           // 128 splits, 105 with keys: lanes take four
       {16, 512, 64, false, {{3000, 1}, {100, 1}}},  // two tokens, each split by its own length
       {16, 512, 64, false, {{1000, 1}, {37, 1}, {4095, 1}, {64, 1}}},
+      // 72 tokens x 4 splits of 192 keys: more than two blocks per SM (132 SMs), so single-buffered
+      // blocks, two per SM, each through three tiles
+      {16, 512, 64, false, std::vector<std::pair<int, int>>(72, {600, 1})},
       {32, 512, 64, false, {{300, 5}, {0, 9}}},  // several query tokens per sequence (causal)
       {16, 512, 64, true, {{300, 2}, {5, 1}}},
       {4, 32, 8, false, {{50, 3}, {0, 4}}},  // falls back to the reference kernel

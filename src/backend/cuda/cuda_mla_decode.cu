@@ -24,8 +24,13 @@ namespace {
 // work per warp, not memory, set the time.
 constexpr int kMDk = 576, kMDv = 512, kMHG = 16, kMTile = 64, kMWarps = 8, kMThreads = kMWarps * 32;
 constexpr int kMLd = kMDk + 8, kMPLd = kMTile + 8, kMCols = kMDv / kMWarps;
-constexpr int kMSmem =
-    (kMHG * kMLd + 2 * kMTile * kMLd) * 2 + kMHG * kMTile * 4 + kMHG * kMPLd * 2 + kMHG * 4;
+// Shared memory of a block with kBufs key-tile buffers: 2 (175 KB, one block per SM) loads the next tile
+// under this one's math; 1 (100 KB) lets two blocks share an SM, each one's loads under the other's
+// math, for grids of several waves (large batches: ncu had the double-buffered kernel at ~2.2 TB/s of
+// KV at b=256 1K and b=64 4K; bench/NOTES.md runs 118-119).
+constexpr int mla_decode_smem(int bufs) {
+  return (kMHG * kMLd + bufs * kMTile * kMLd) * 2 + kMHG * kMTile * 4 + kMHG * kMPLd * 2 + kMHG * 4;
+}
 // Splits per (token, head group) at most: the combine keeps one weight per split in shared memory.
 constexpr int kMaxSplits = 128;
 constexpr int kMinSplitKeys = 2 * kMTile;  // a split's keys at least, when split by length
@@ -50,12 +55,14 @@ struct DecodeArgs {
   int64_t o0, o1;
 };
 
-// One split of one head group: keys [kb0, ke) of token t's sequence s.
+// One split of one head group: keys [kb0, ke) of token t's sequence s, in mla_decode_smem(kBufs)
+// bytes of shared memory.
+template <int kBufs>
 __device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned char* smem_raw, int t, int h0,
                                                  int s, int kb0, int ke, int64_t part0) {
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
   bf16* Ks = Qs + kMHG * kMLd;
-  float* Ss = reinterpret_cast<float*>(Ks + 2 * kMTile * kMLd);
+  float* Ss = reinterpret_cast<float*>(Ks + kBufs * kMTile * kMLd);
   bf16* Ps = reinterpret_cast<bf16*>(Ss + kMHG * kMTile);
   float* alpha_s = reinterpret_cast<float*>(Ps + kMHG * kMPLd);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
@@ -89,11 +96,19 @@ __device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned c
 
   for (int tile = 0; tile < ntiles; ++tile) {
     const int kt0 = kb0 + tile * kMTile;
-    if (tile + 1 < ntiles) load_tile((tile + 1) & 1, kt0 + kMTile);
-    cp_async_commit();
-    cp_async_wait<1>();
+    if constexpr (kBufs == 2) {
+      if (tile + 1 < ntiles) load_tile((tile + 1) & 1, kt0 + kMTile);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      if (tile > 0) {  // the previous tile's readers are past the loop's last barrier
+        load_tile(0, kt0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    const bf16* kb = Ks + (tile & 1) * kMTile * kMLd;
+    const bf16* kb = Ks + (kBufs == 2 ? tile & 1 : 0) * kMTile * kMLd;
     // S[16 heads, 64 keys]: warp w takes keys 8w..8w+7; two accumulators halve the mma chain.
     float sacc[2][4] = {};
 #pragma unroll 6
@@ -186,6 +201,7 @@ __device__ __forceinline__ void mla_decode_split(const DecodeArgs& a, unsigned c
   }
 }
 
+template <int kBufs>
 __global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
   pdl_entry();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -203,7 +219,7 @@ __global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
       a.ml_part[(part0 + int64_t(tid) * a.num_splits) * 2 + 1] = 0.0f;
     }
   } else {
-    mla_decode_split(a, smem_raw, t, h0, s, kb0, ke, part0);
+    mla_decode_split<kBufs>(a, smem_raw, t, h0, s, kb0, ke, part0);
   }
 }
 
@@ -377,8 +393,10 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   Tensor ml = scratch(DType::kF32, {int64_t(T) * H * splits, 2});
   static bool configured = false;
   if (!configured) {
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMSmem));
+    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           mla_decode_smem(2)));
+    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           mla_decode_smem(1)));
     configured = true;
   }
   DecodeArgs a{};
@@ -391,7 +409,17 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   a.scale_log2 = scale * kLog2e;
   a.o_part = o_part.ptr<float>();
   a.ml_part = ml.ptr<float>();
-  launch(mla_decode_kernel, dim3(splits, H / kMHG, T), kMThreads, kMSmem, S(stream_), a);
+  // Two single-buffered blocks per SM once the grid is more than two waves of one block per SM. Measured
+  // (V2-Lite, graphs, ms per step, 2 rounds; bench/NOTES.md run 118): b=64 1K 10.43 -> 10.33, 4K 13.84 ->
+  // 13.30, b=256 1K 14.84 -> 14.50, 4K 23.25 -> 22.12; b=16 4K (256 blocks, half of them without keys)
+  // loses with it, 8.64 -> 9.03, and keeps two buffers.
+  const bool one_buf =
+      mla_decode_bufs_ == 1 || (mla_decode_bufs_ == 0 && blocks * splits > 2 * int64_t(sm_count_));
+  const dim3 grid(splits, H / kMHG, T);
+  if (one_buf)
+    launch(mla_decode_kernel<1>, grid, kMThreads, mla_decode_smem(1), S(stream_), a);
+  else
+    launch(mla_decode_kernel<2>, grid, kMThreads, mla_decode_smem(2), S(stream_), a);
   BELUGA_LAUNCH_CHECK();
   if (splits > 1 && w_uv) {  // the combine runs in the W_UV product's prologue
     const Tensor& w = *w_uv;

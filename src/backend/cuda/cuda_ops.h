@@ -270,6 +270,9 @@ class CudaOps final : public Ops {
   // The shortest key split of the absorbed MLA decode kernel (BELUGA_MLA_MIN_SPLIT, a multiple of
   // its 32-key tile; for benchmarking the trade of parallelism against partial outputs).
   int mla_min_split_ = 64;
+  // Key-tile buffers per MLA decode block: 0 picks by grid size, 1 or 2 forces (BELUGA_MLA_DECODE_BUFS,
+  // for comparisons).
+  int mla_decode_bufs_ = 0;
   // The MLA prefill's block split (plan_prefill_split) for the last sequences seen, keyed by heads and
   // their query and context lengths: every layer of a forward asks for the same one.
   struct {
