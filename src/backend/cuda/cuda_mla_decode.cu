@@ -376,14 +376,22 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   // 103-107, ms per step): 32 splits sized for the bucket 2.40 at 4K and 3.51 at 16K; 64 splits 2.30 /
   // 2.86; by length 2.30 / 2.68 (b=2 16K 4.65 -> 4.45), at 1K 2.18 -> 2.20; 64-key minimum pieces lost at
   // 4K (2.47). At b=4, 64 splits made two waves of blocks: 4K 5.63 -> 5.78.
+  // From batch 3, the splits that cover the GPU about twice, each token's keys divided over them by its
+  // own length too (the bucket's split length left up to half of a graph's blocks without keys):
+  // b=64 1K 10.53 -> 10.39 ms, b=256 1K 14.65 -> 14.20, 4K 22.26 -> 21.98, b=16 / b=64 at 4K +0.4-0.5 %
+  // (bench/NOTES.md run 120). BELUGA_MLA_BY_LENGTH=0 keeps the bucket's split length there.
   const int64_t blocks = int64_t(T) * (H / kMHG);
   int64_t max_splits = kMaxSplits;
   while (max_splits > 32 && blocks * max_splits > sm_count_) max_splits /= 2;
-  const bool by_length = max_splits > 32;
+  const bool by_length = max_splits > 32 || mla_by_length_;
   int split_len, splits;
-  if (by_length) {
+  if (max_splits > 32) {
     split_len = kMinSplitKeys;
     splits = int(std::min<int64_t>(max_splits, ceil_div(nk, split_len)));
+  } else if (by_length) {
+    const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, max_splits);
+    split_len = mla_min_split_;
+    splits = int(std::min<int64_t>(want, ceil_div(nk, split_len)));
   } else {
     const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, max_splits);
     split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));

@@ -247,6 +247,7 @@ CudaOps::CudaOps(CudaOptions opt) {
     shared_experts_cublas_ = shared_experts_cublas_ && v[0] != '0';
   shared_on_side_ = opt.shared_on_side;
   if (const char* v = std::getenv("BELUGA_MOE_SHARED_SIDE")) shared_on_side_ = shared_on_side_ && v[0] != '0';
+  if (const char* v = std::getenv("BELUGA_MLA_BY_LENGTH")) mla_by_length_ = v[0] != '0';
   if (const char* v = std::getenv("BELUGA_MLA_DECODE_BUFS")) {
     mla_decode_bufs_ = std::atoi(v);
     BELUGA_CHECK(mla_decode_bufs_ >= 0 && mla_decode_bufs_ <= 2,

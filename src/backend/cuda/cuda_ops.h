@@ -273,6 +273,9 @@ class CudaOps final : public Ops {
   // Key-tile buffers per MLA decode block: 0 picks by grid size, 1 or 2 forces (BELUGA_MLA_DECODE_BUFS,
   // for comparisons).
   int mla_decode_bufs_ = 0;
+  // From batch 3 too, MLA decode divides each token's keys over the splits by its own length
+  // (BELUGA_MLA_BY_LENGTH=0: split lengths from the step's longest key count, for comparisons).
+  bool mla_by_length_ = true;
   // The MLA prefill's block split (plan_prefill_split) for the last sequences seen, keyed by heads and
   // their query and context lengths: every layer of a forward asks for the same one.
   struct {
