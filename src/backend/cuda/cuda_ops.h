@@ -268,7 +268,7 @@ class CudaOps final : public Ops {
   int sm_count_ = 0;
   bool reference_attention_ = false;
   // The shortest key split of the absorbed MLA decode kernel (BELUGA_MLA_MIN_SPLIT, a multiple of
-  // its 32-key tile; for benchmarking the trade of parallelism against partial outputs).
+  // its 64-key tile; for benchmarking the trade of parallelism against partial outputs).
   int mla_min_split_ = 64;
   // Key-tile buffers per MLA decode block: 0 picks by grid size, 1 or 2 forces (BELUGA_MLA_DECODE_BUFS,
   // for comparisons).
