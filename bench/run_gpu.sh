@@ -3,7 +3,7 @@
 #   GPU tests, the V2-Lite dummy sweep (CUDA graphs, then --enforce-eager at batch 1 and 16),
 #   greedy `generate --device cuda` on the demo model, and `bench serve` against `serve --device cuda`.
 # BELUGA=path/to/beluga (CUDA build) and TEST_GPU=path/to/test_gpu; HF=1 also runs the transformers peer;
-# SERVE=0 skips the serving benchmark.
+# SERVE=0 skips the serving benchmark. The log ends with a summary of the verdicts (tests, greedy match, serve).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -49,3 +49,9 @@ fi
 if [[ "${HF:-0}" == 1 ]]; then
   python3 bench/hf_peer.py --config $V2 > "$OUT/hf_peer.txt" 2>&1; tail -8 "$OUT/hf_peer.txt"
 fi
+
+# The verdicts again at the end, where a caller that keeps only the log's tail still sees them.
+echo "== summary"
+grep -hE "PASSED|FAILED|test_gpu rc" "$OUT/test_gpu.txt"
+cat "$OUT/gen_cmp.txt"
+if [[ "${SERVE:-1}" == 1 ]]; then grep -hE "Failed requests|Output token throughput" "$OUT/serve_random.txt"; fi
