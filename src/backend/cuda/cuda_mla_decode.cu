@@ -388,14 +388,13 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   if (max_splits > 32) {
     split_len = kMinSplitKeys;
     splits = int(std::min<int64_t>(max_splits, ceil_div(nk, split_len)));
-  } else if (by_length) {
-    const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, max_splits);
-    split_len = mla_min_split_;
-    splits = int(std::min<int64_t>(want, ceil_div(nk, split_len)));
   } else {
     const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, max_splits);
-    split_len = int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
-    splits = int(ceil_div(nk, split_len));
+    // By length: `want` splits (fewer for short contexts), each token's keys divided on the device.
+    split_len = by_length
+                    ? mla_min_split_
+                    : int(std::max<int64_t>(mla_min_split_, ceil_div(ceil_div(nk, want), kMTile) * kMTile));
+    splits = int(by_length ? std::min<int64_t>(want, ceil_div(nk, split_len)) : ceil_div(nk, split_len));
   }
   Tensor o_part = scratch(DType::kF32, {int64_t(T) * H * splits, kMDv});
   Tensor ml = scratch(DType::kF32, {int64_t(T) * H * splits, 2});

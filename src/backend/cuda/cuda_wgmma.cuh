@@ -23,6 +23,19 @@
 
 namespace beluga::cuda {
 
+// A kernel's dynamic shared memory as two regions of swizzled tiles: the first at the first 1024-byte
+// boundary (the swizzle atom), the second `first_bytes` after it, each as a shared-window address (for
+// descriptors) and a generic pointer (for cp.async and plain accesses).
+struct SwizzledRegions {
+  uint32_t s0, s1;
+  unsigned char *g0, *g1;
+};
+__device__ __forceinline__ SwizzledRegions swizzled_regions(unsigned char* smem_raw, uint32_t first_bytes) {
+  const uint32_t raw = smem_addr(smem_raw), s0 = (raw + 1023) & ~1023u;
+  unsigned char* const g0 = smem_raw + (s0 - raw);
+  return {s0, s0 + first_bytes, g0, g0 + first_bytes};
+}
+
 // Byte offset of 16-byte chunk `c` (0..7) of row `r` in a 128-byte-swizzled K-major tile.
 __device__ __forceinline__ uint32_t sw128_offset(int r, int c) {
   return uint32_t(r) * 128u + (uint32_t(c ^ (r & 7)) << 4);
