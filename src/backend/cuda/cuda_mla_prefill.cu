@@ -64,10 +64,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) mla_prefill_wgmma_kernel(Prefill
   constexpr int kPQ = kWG * 64, kPThreads = kWG * 128, kQSub = q_sub<kWG>();
   pdl_entry();
   extern __shared__ unsigned char smem_raw[];
-  const SwizzledRegions sm = swizzled_regions(smem_raw, (kPrefillDk / 64) * kQSub);
-  const uint32_t sQ = sm.s0, sS = sm.s1;
-  unsigned char* const gQ = sm.g0;
-  unsigned char* const gS = sm.g1;
+  const auto [sQ, sS, gQ, gS] = swizzled_regions(smem_raw, (kPrefillDk / 64) * kQSub);
   // Causal: later query blocks see more keys, so they go first (across all heads: blocks start in index
   // order) and the short ones fill the tail. Head-major order (run 81) left the longest blocks of the
   // last heads for the second wave and the SMs 55 % active. Blocks of a sequence, per head, in order of

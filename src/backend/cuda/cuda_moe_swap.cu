@@ -49,10 +49,7 @@ __global__ void __launch_bounds__(kSwThreads, 2) grouped_swap_kernel(GroupedArgs
   const int m0 = t.m0, n_tok = min(t.m_end - m0, kSwN), K = t.K, Nout = t.Nout, n0 = t.n0;
   const bool wide = n_tok > 16;
   const bf16 *w0 = t.w0, *w1 = t.w1;
-  const SwizzledRegions sm = swizzled_regions(smem_raw, kSwStages * kSwATile);
-  const uint32_t sA = sm.s0, sB = sm.s1;
-  unsigned char* const gA = sm.g0;
-  unsigned char* const gB = sm.g1;
+  const auto [sA, sB, gA, gB] = swizzled_regions(smem_raw, kSwStages * kSwATile);
 
   // Thread t copies 16-byte chunk t % 8 of weight rows t / 8 + 32 i and of token row t / 8: the same
   // rows at every K step, so their pointers are computed once, and one swizzled offset serves them all.

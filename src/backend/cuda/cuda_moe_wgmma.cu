@@ -35,10 +35,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
   // the weight rows (m64n128), instead of one warpgroup multiplying padding.
   const bool narrow = m_end - m0 <= 64;
   const bf16 *w0 = t.w0, *w1 = t.w1;
-  const SwizzledRegions sm = swizzled_regions(smem_raw, kWgStages * kWgATile);
-  const uint32_t sA = sm.s0, sB = sm.s1;
-  unsigned char* const gA = sm.g0;
-  unsigned char* const gB = sm.g1;
+  const auto [sA, sB, gA, gB] = swizzled_regions(smem_raw, kWgStages * kWgATile);
 
   // Thread t copies 16-byte chunk t % 8 of tile rows t / 8 + 32 i: the same rows and chunk at every K
   // step, so the row pointers are computed once; all its rows share r % 8, so one swizzled offset.
