@@ -229,12 +229,70 @@ int bench_model(int argc, char** argv) {
 }
 
 #ifdef BELUGA_WITH_CUDA
+// One of a batch-1 decode step's dependent streams: the stage that reads it and its bytes.
+struct DecodeStream {
+  const char* stage;
+  int64_t bytes;
+};
+
+// A batch-1 decode step's dependent streams in the stages the CUDA path runs (BF16 weights): per layer
+// the attention chain (norm + q / kv_a, prologue + W_UK, the KV of `ctx` keys, combine + W_UV, o_proj),
+// then router + shared gate-up, routed gate-up, down (a dense MLP: gate-up, down); last the LM head.
+std::vector<DecodeStream> decode_streams(const ModelConfig& c, double kv_layer_bytes_per_token, double ctx) {
+  const double D = c.hidden_size, H = c.num_heads;
+  std::vector<DecodeStream> s;
+  auto w = [&](const char* stage, double params) { s.push_back({stage, int64_t(2.0 * params)}); };
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.is_mla()) {
+      const double qd = H * c.qk_head_dim(), kva = c.kv_lora_rank + c.qk_rope_head_dim;
+      if (c.q_lora_rank > 0) {
+        w("norm + q_a / kv_a", D * (c.q_lora_rank + kva));
+        w("q_b", double(c.q_lora_rank) * qd);
+      } else {
+        w("norm + q / kv_a", D * (qd + kva));
+      }
+      w("W_UK", H * c.qk_nope_head_dim * c.kv_lora_rank);
+      s.push_back({"attention (KV)", int64_t(ctx * kv_layer_bytes_per_token)});
+      w("combine + W_UV", H * c.v_head_dim * c.kv_lora_rank);
+      w("o_proj", H * c.v_head_dim * D);
+    } else {
+      w("norm + qkv", D * c.head_dim * (c.num_heads + 2.0 * c.num_kv_heads));
+      s.push_back({"attention (KV)", int64_t(ctx * kv_layer_bytes_per_token)});
+      w("o_proj", H * c.head_dim * D);
+    }
+    if (c.is_moe_layer(l)) {
+      const double I = c.moe_intermediate_size, Is = I * c.n_shared_experts, k = c.num_experts_per_tok;
+      w("router + shared gate-up", D * (c.n_routed_experts + 2.0 * Is));
+      w("routed gate-up", k * 2.0 * I * D);
+      w("down (routed + shared)", (k * I + Is) * D);
+    } else {
+      w("dense gate-up", 2.0 * c.intermediate_size * D);
+      w("dense down", double(c.intermediate_size) * D);
+    }
+  }
+  w("LM head", double(c.vocab_size) * D);
+  return s;
+}
+
+// Per stage name: its streams alone as a chain of kernels, the time per stream (us).
+struct StageFloor {
+  std::string stage;
+  int count = 0;
+  double mb = 0, us = 0;
+};
+
 // One decode or prefill row of the CUDA sweep.
 struct SweepRow {
   std::string phase;
   int batch = 0, context = 0, tokens = 0;
   double ms = 0, tokens_per_s = 0, bytes = 0, flops = 0, floor_ms = 0;
   double graph_ms = 0;  // decode: the graph replay's GPU time (CUDA graphs only)
+  // Batch-1 decode: its weight streams as dependent pure reads (CudaOps::measure_stream_chain): all in
+  // one stream; a kernel per stage; one persistent kernel; each of those two with every stage's first
+  // loads before its wait. 0 for other rows.
+  int stages = 0;
+  double one_stream_ms = 0, chain_ms = 0, chain_early_ms = 0, persistent_ms = 0, persistent_early_ms = 0;
+  std::vector<StageFloor> stage_floors;
 };
 
 int bench_model_cuda(Args& a, LoadedModel& m) {
@@ -371,6 +429,34 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
       const double attn = c.is_mla() ? 2.0 * H * (c.kv_entry_dim() + c.kv_lora_rank) : 4.0 * H * c.head_dim;
       r.flops = B * (2.0 * active + L * attn * avg_ctx);
       r.floor_ms = std::max(r.bytes / bw, r.flops / peak) * 1e3;
+      if (B == 1) {
+        const std::vector<DecodeStream> ds = decode_streams(c, kvb / L, avg_ctx);
+        std::vector<int64_t> st;
+        for (const DecodeStream& d : ds) st.push_back(d.bytes);
+        const int64_t total = std::accumulate(st.begin(), st.end(), int64_t(0));
+        r.stages = int(st.size());
+        for (const DecodeStream& d : ds) {
+          if (std::any_of(r.stage_floors.begin(), r.stage_floors.end(),
+                          [&](const StageFloor& f) { return f.stage == d.stage; }))
+            continue;
+          StageFloor f;
+          f.stage = d.stage;
+          std::vector<int64_t> same;
+          for (const DecodeStream& e : ds)
+            if (f.stage == e.stage) same.push_back(e.bytes);
+          f.count = int(same.size());
+          f.mb = double(same[0]) / 1e6;
+          f.us =
+              ops.measure_stream_chain(same, CudaOps::StreamChain::kKernels).seconds * 1e6 / double(f.count);
+          r.stage_floors.push_back(f);
+        }
+        using SC = CudaOps::StreamChain;
+        r.one_stream_ms = ops.measure_stream_chain({total}, SC::kKernels).seconds * 1e3;
+        r.chain_ms = ops.measure_stream_chain(st, SC::kKernels).seconds * 1e3;
+        r.chain_early_ms = ops.measure_stream_chain(st, SC::kKernelsEarly).seconds * 1e3;
+        r.persistent_ms = ops.measure_stream_chain(st, SC::kPersistent).seconds * 1e3;
+        r.persistent_early_ms = ops.measure_stream_chain(st, SC::kPersistentEarly).seconds * 1e3;
+      }
       rows.push_back(r);
       if (r.graph_ms > 0)
         std::printf("  decode b=%d ctx=%d: %.2f ms/step (graph replay %.2f ms on the GPU)\n", B, ctx, r.ms,
@@ -391,6 +477,34 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
       "decode steps end with %s)\n",
       gpu_sample ? "greedy sampling on the GPU (B token ids copied back; --sample host copies the logits)"
                  : "copying the F32 logits to the host (--sample host)");
+  bool chain_header = false;
+  for (const SweepRow& r : rows) {
+    if (r.stages == 0) continue;
+    if (!chain_header) {
+      std::printf(
+          "\nbatch-1 decode against its weight streams read with nothing computed (distinct memory):\n"
+          "%8s %7s | %10s | %10s | %12s %12s | %12s %12s\n",
+          "context", "stages", "ms/step", "one stream", "kernels", "+ early", "persistent", "+ early");
+      chain_header = true;
+    }
+    std::printf("%8d %7d | %10.3f | %10.3f | %12.3f %12.3f | %12.3f %12.3f\n", r.context, r.stages, r.ms,
+                r.one_stream_ms, r.chain_ms, r.chain_early_ms, r.persistent_ms, r.persistent_early_ms);
+  }
+  if (chain_header)
+    std::printf(
+        "(ms; one stream: all of the step's bytes as one read; kernels: a kernel per stage, each waiting for "
+        "the previous one (PDL, one CUDA graph); persistent: one kernel, a grid barrier between stages; "
+        "+ early: each stage's first loads issued before it waits)\n");
+  for (const SweepRow& r : rows) {
+    if (r.stage_floors.empty()) continue;
+    std::printf(
+        "\nbatch-1 decode at context %d, each stage's streams alone as a chain of kernels (pure reads):\n",
+        r.context);
+    std::printf("  %-26s %6s %10s %12s %10s\n", "stage", "count", "MB each", "us each", "GB/s");
+    for (const StageFloor& f : r.stage_floors)
+      std::printf("  %-26s %6d %10.2f %12.2f %10.0f\n", f.stage.c_str(), f.count, f.mb, f.us,
+                  f.mb * 1e3 / f.us);
+  }
   const bool eager = a.has("enforce-eager");
   std::printf("decode steps: %s (%d graphs recorded)\n", eager ? "eager (--enforce-eager)" : "CUDA graphs",
               model.num_graphs());
@@ -412,7 +526,13 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
                            {"flops_per_step", r.flops},
                            {"floor_ms", r.floor_ms},
                            {"fraction_of_floor", r.floor_ms / r.ms},
-                           {"graph_gpu_ms", r.graph_ms}});
+                           {"graph_gpu_ms", r.graph_ms},
+                           {"stream_stages", r.stages},
+                           {"one_stream_ms", r.one_stream_ms},
+                           {"stream_chain_ms", r.chain_ms},
+                           {"stream_chain_early_ms", r.chain_early_ms},
+                           {"stream_persistent_ms", r.persistent_ms},
+                           {"stream_persistent_early_ms", r.persistent_early_ms}});
     write_file(out_path, j.dump(2) + "\n");
   }
   return 0;

@@ -1080,10 +1080,11 @@ TEST_F(GpuOps, MlaAbsorbed) {
     std::vector<std::pair<int, int>> seqs;
   };
   const std::vector<Case> cases = {
-      {16, 512, 64, false, {{0, 1}}},               // one split: the kernel writes the output itself
-      {16, 512, 64, false, {{700, 1}}},             // 6 splits of 128 keys, merged by the combine step
-      {16, 512, 64, false, {{2100, 1}}},            // 17 splits of 128 keys (one token: split by its length)
-      {16, 512, 64, false, {{20000, 1}}},           // 128 splits, 105 with keys: lanes take four
+      {16, 512, 64, false, {{0, 1}}},      // one split: the kernel writes the output itself
+      {16, 512, 64, false, {{700, 1}}},    // 11 one-tile splits (64 keys), merged by the combine step
+      {16, 512, 64, false, {{2047, 1}}},   // 2048 keys: 32 one-tile splits, the most that path takes
+      {16, 512, 64, false, {{2100, 1}}},   // past 32 tiles: 17 of 32 splits, of 128 keys (by its length)
+      {16, 512, 64, false, {{20000, 1}}},  // 128 splits, 105 with keys: lanes take four
       {16, 512, 64, false, {{3000, 1}, {100, 1}}},  // two tokens, each split by its own length
       {16, 512, 64, false, {{1000, 1}, {37, 1}, {4095, 1}, {64, 1}}},
       // 72 tokens x 4 splits of 192 keys: more than two blocks per SM (132 SMs), so single-buffered
@@ -1185,6 +1186,20 @@ TEST_F(GpuOps, DummyWeightsMatchHost) {
     std::vector<uint16_t> got(size_t(h.numel()));
     gpu->copy_to_host(d, got.data());
     EXPECT_EQ(0, std::memcmp(got.data(), h.data, h.nbytes())) << name;
+  }
+}
+
+// bench model's stream-chain floor reads every byte of every stage once, and each stage reads the
+// previous stage's result only after that stage ended (the final word then equals the host's count;
+// a stage that started early would fold in a partial result). Odd sizes, an empty stage, a
+// single-chunk stage and multi-wave ones, in all four shapes.
+TEST_F(GpuOps, StreamChainReadsEveryByteInOrder) {
+  const std::vector<int64_t> stages = {1 << 20, 17, 0, 3 << 20, 12345, 40 << 20, 16, 5 << 20};
+  using SC = CudaOps::StreamChain;
+  for (SC shape : {SC::kKernels, SC::kKernelsEarly, SC::kPersistent, SC::kPersistentEarly}) {
+    const CudaOps::StreamChainResult r = gpu->measure_stream_chain(stages, shape);
+    EXPECT_EQ(r.result, r.expected) << "shape " << int(shape);
+    EXPECT_GT(r.seconds, 0.0);
   }
 }
 

@@ -46,8 +46,10 @@ struct DecodeArgs {
   const int32_t* ctx;
   int S, H, split_len, num_splits;
   // Each token's split length from its own key count n: max(split_len, n / num_splits rounded up to the
-  // tile), so a graph recorded for a bucket of keys splits each sequence by its real length.
+  // tile), so a graph recorded for a bucket of keys splits each sequence by its real length; one tile
+  // while n <= tile_splits tiles.
   bool by_length;
+  int tile_splits;
   float scale_log2;
   float* o_part;   // [T, H, splits, 512]
   float* ml_part;  // [T, H, splits, 2]
@@ -208,9 +210,10 @@ __global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
   const int split = blockIdx.x, h0 = blockIdx.y * kMHG, t = blockIdx.z, tid = threadIdx.x;
   const int s = seq_of_token(a.qs, a.S, t);
   const int n = a.ctx[s] + t - a.qs[s] + 1;
-  const int len = a.by_length
-                      ? max(a.split_len, (n + a.num_splits * kMTile - 1) / (a.num_splits * kMTile) * kMTile)
-                      : a.split_len;
+  const int len = !a.by_length ? a.split_len
+                  : n <= a.tile_splits * kMTile
+                      ? kMTile
+                      : max(a.split_len, (n + a.num_splits * kMTile - 1) / (a.num_splits * kMTile) * kMTile);
   const int kb0 = split * len, ke = min(n, kb0 + len);
   const int64_t part0 = (int64_t(t) * a.H + h0) * a.num_splits + split;  // + hh * num_splits
   if (kb0 >= ke) {
@@ -385,9 +388,17 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   while (max_splits > 32 && blocks * max_splits > sm_count_) max_splits /= 2;
   const bool by_length = max_splits > 32 || mla_by_length_;
   int split_len, splits;
+  int tile_splits = 0;
   if (max_splits > 32) {
     split_len = kMinSplitKeys;
-    splits = int(std::min<int64_t>(max_splits, ceil_div(nk, split_len)));
+    // Up to mla_tile_splits_ splits of one tile each for short sequences: a block's work is a latency
+    // chain (ncu: ~1300 dependent instructions per warp for two tiles, 0.2 eligible warps per
+    // scheduler), and one tile is about half of it. b=1 1K 2.21 -> 2.16 ms (decode 9.4 -> 6.9 us per
+    // layer, combine + W_UV 5.1 -> 5.9); 4K keeps 32 splits of 128 keys, as 64 one-tile splits there
+    // were no faster (bench/NOTES.md run 127).
+    tile_splits = int(std::min<int64_t>(mla_tile_splits_, max_splits));
+    splits = int(std::min<int64_t>(
+        max_splits, std::max(ceil_div(nk, split_len), std::min<int64_t>(tile_splits, ceil_div(nk, kMTile)))));
   } else {
     const int64_t want = std::clamp<int64_t>(ceil_div(2 * sm_count_, blocks), 1, max_splits);
     // By length: `want` splits (fewer for short contexts), each token's keys divided on the device.
@@ -413,6 +424,7 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   a.split_len = split_len;
   a.num_splits = splits;
   a.by_length = by_length;
+  a.tile_splits = tile_splits;
   a.scale_log2 = scale * kLog2e;
   a.o_part = o_part.ptr<float>();
   a.ml_part = ml.ptr<float>();

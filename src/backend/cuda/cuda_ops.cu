@@ -253,6 +253,7 @@ CudaOps::CudaOps(CudaOptions opt) {
     BELUGA_CHECK(mla_decode_bufs_ >= 0 && mla_decode_bufs_ <= 2,
                  "BELUGA_MLA_DECODE_BUFS must be 0, 1 or 2, got ", v);
   }
+  if (const char* v = std::getenv("BELUGA_MLA_TILE_SPLITS")) mla_tile_splits_ = std::max(0, std::atoi(v));
   if (const char* v = std::getenv("BELUGA_MLA_MIN_SPLIT")) {
     mla_min_split_ = std::atoi(v);
     BELUGA_CHECK(mla_min_split_ >= 64 && mla_min_split_ % 64 == 0,

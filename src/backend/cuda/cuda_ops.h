@@ -130,6 +130,18 @@ class CudaOps final : public Ops {
   // Device-to-device copy bandwidth (bytes read + written per second) and cuBLAS BF16 GEMM FLOP/s.
   double measure_copy_bandwidth();
   double measure_gemm_peak();
+  // Seconds per pass over dependent pure-read streams of stage_bytes[i] bytes each (distinct memory,
+  // nothing computed): the floor of a step shaped as that chain of GEMVs. A kernel per stage with PDL
+  // in one graph, or one persistent kernel with a grid barrier between stages; *Early: each thread's
+  // first loads of a stage are issued before it waits for the previous stage.
+  // `result` is the pass's final word and `expected` what it must be if every byte was read once and
+  // each stage read the previous one's result after that stage ended (tests/gpu).
+  enum class StreamChain { kKernels, kKernelsEarly, kPersistent, kPersistentEarly };
+  struct StreamChainResult {
+    double seconds;
+    uint32_t result, expected;
+  };
+  StreamChainResult measure_stream_chain(const std::vector<int64_t>& stage_bytes, StreamChain shape);
   // Benchmarks: with replay timing on, each graph replay is bracketed by two events, and
   // last_replay_ms() is the last replay's GPU time (waits for it). The rest of a step's wall time is the
   // host's (building the batch, launching, copying tokens back). 0 when no replay ran since the last call
@@ -270,6 +282,9 @@ class CudaOps final : public Ops {
   // The shortest key split of the absorbed MLA decode kernel (BELUGA_MLA_MIN_SPLIT, a multiple of
   // its 64-key tile; for benchmarking the trade of parallelism against partial outputs).
   int mla_min_split_ = 64;
+  // At batch 1-2, sequences of at most this many 64-key tiles split into one-tile pieces
+  // (BELUGA_MLA_TILE_SPLITS; 0: pieces of at least two tiles).
+  int mla_tile_splits_ = 32;
   // Key-tile buffers per MLA decode block: 0 picks by grid size, 1 or 2 forces (BELUGA_MLA_DECODE_BUFS,
   // for comparisons).
   int mla_decode_bufs_ = 0;
