@@ -1122,6 +1122,38 @@ TEST_F(GpuOps, MlaAbsorbed) {
   gpu->set_reference_attention(false);
 }
 
+// A kernel's permission to use more than 48 KB of dynamic shared memory belongs to a device: a CudaOps
+// on the second GPU of a process must run the MLA decode (175 KB) after one on the first GPU did (a
+// process-wide "configured" flag once left the second device's launch failing). Needs two GPUs.
+TEST_F(GpuOps, EachDeviceRunsLargeSharedMemoryKernels) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const int H = 16, rank = 512, W = 576;
+  std::vector<float> ref_out;
+  for (int device = 0; device < 2; ++device) {
+    if (device > 0) {
+      CudaOptions o;
+      o.device = device;
+      gpu.reset();  // freed on its own device; the process keeps whatever it set for device 0
+      gpu = std::make_unique<CudaOps>(o);
+    }
+    std::mt19937_64 r(7);  // the same inputs on both devices
+    std::swap(r, rng());
+    MetaPair m = make_meta(*gpu, {{700, 1}});
+    const int T = m.cpu.num_tokens, nb = m.num_blocks;
+    auto cache = rand_bf16(size_t(nb) * 64 * W), q = rand_bf16(size_t(T) * H * W);
+    std::swap(r, rng());
+    Tensor go = gpu_out({T, H, rank});
+    gpu->mla_attention_absorbed(go, gpu_t(q, {T, H, W}), gpu_t(cache, {nb, 64, W}), m.gpu, rank, 0.1147f);
+    if (device == 0) {
+      Tensor co = cpu_t(std::vector<float>(size_t(T) * H * rank), {T, H, rank});
+      cpu.mla_attention_absorbed(co, cpu_t(q, {T, H, W}), cpu_t(cache, {nb, 64, W}), m.cpu, rank, 0.1147f);
+      ref_out = read_cpu(co);
+    }
+    EXPECT_LE(rel_l2(read(go), ref_out), 2e-2) << "device " << device;
+  }
+}
+
 TEST_F(GpuOps, MlaExpanded) {
   struct Case {
     int H, nope, rope, v;

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_attention_ref.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemv.cuh"
+#include "backend/cuda/cuda_kernel_config.h"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -317,6 +318,13 @@ __global__ void __launch_bounds__(kGemvThreads) mla_combine_uv_kernel(UvArgs a) 
 
 }  // namespace
 
+void cuda::configure_mla_decode_kernels() {
+  BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         mla_decode_smem(2)));
+  BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         mla_decode_smem(1)));
+}
+
 void CudaOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                                      int kv_rank, float scale) {
   Prof prof_scope(this, "mla_attention_absorbed");
@@ -409,14 +417,6 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   }
   Tensor o_part = scratch(DType::kF32, {int64_t(T) * H * splits, kMDv});
   Tensor ml = scratch(DType::kF32, {int64_t(T) * H * splits, 2});
-  static bool configured = false;
-  if (!configured) {
-    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           mla_decode_smem(2)));
-    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           mla_decode_smem(1)));
-    configured = true;
-  }
   DecodeArgs a{};
   set_q_out(a, q, out);
   set_paged(a, cache, m);

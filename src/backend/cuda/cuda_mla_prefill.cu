@@ -14,6 +14,7 @@
 #include <queue>
 #include <vector>
 
+#include "backend/cuda/cuda_kernel_config.h"
 #include "backend/cuda/cuda_mla_prefill.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_wgmma.cuh"
@@ -294,12 +295,6 @@ __global__ void __launch_bounds__(kWG * 128, 1) mla_prefill_wgmma_kernel(Prefill
 template <int kWG>
 void launch_prefill(const PrefillArgs& a, int items, int num_seqs, cudaStream_t st) {
   constexpr int smem = prefill_smem<kWG>();
-  static bool configured = false;
-  if (!configured) {
-    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_prefill_wgmma_kernel<kWG>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = true;
-  }
   launch(mla_prefill_wgmma_kernel<kWG>, dim3(items * a.heads, num_seqs), kWG * 128, smem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
@@ -380,6 +375,12 @@ PrefillSplit plan_prefill_split(const AttnMeta& m, int H, int sms, int max_count
 
 int64_t prefill_part_floats(const PrefillSplit& p, int H, int num_seqs) {
   return int64_t(num_seqs) * H * p.max_split * 2 * 17 * kPrefillWG * 128 * 4;
+}
+
+void configure_mla_prefill_kernels() {
+  BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_prefill_wgmma_kernel<kPrefillWG>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         prefill_smem<kPrefillWG>()));
 }
 
 void run_mla_prefill_wgmma(const PrefillArgs& a, const PrefillSplit& split, int num_seqs, cudaStream_t st) {

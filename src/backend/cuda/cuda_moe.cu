@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernel_config.h"
 #include "backend/cuda/cuda_moe_grouped.cuh"
 #include "backend/cuda/cuda_moe_plan.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -339,12 +340,6 @@ __global__ void __launch_bounds__(kGvThreads) moe_gemv_kernel(GemvArgs p) {
 template <bool G>
 void launch_gemv(const GemvArgs& a, int k_max, int grid_x, int grid_y, cudaStream_t st) {
   const int smem = kGvRows * k_max * 2;
-  static int configured = 48 << 10;  // the default dynamic shared memory limit
-  if (smem > configured) {
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(moe_gemv_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = smem;
-  }
   launch(moe_gemv_kernel<G>, dim3(grid_x, grid_y), kGvThreads, smem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
@@ -352,12 +347,6 @@ void launch_gemv(const GemvArgs& a, int k_max, int grid_x, int grid_y, cudaStrea
 template <int BM, bool G>
 void launch_grouped(const GroupedArgs& a, int grid_x, int grid_y, cudaStream_t st) {
   constexpr int smem = grouped_smem<BM>();
-  static bool configured = false;
-  if (!configured) {
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(grouped_gemm_kernel<BM, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = true;
-  }
   launch(grouped_gemm_kernel<BM, G>, dim3(grid_x, grid_y), kThreads, smem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
@@ -372,6 +361,17 @@ void launch_grouped(int bm, const GroupedArgs& a, int grid_x, int grid_y, cudaSt
 }
 
 }  // namespace
+
+void cuda::configure_moe_kernels(int smem_optin) {
+  for (auto k : {moe_gemv_kernel<true>, moe_gemv_kernel<false>})
+    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  for (auto k : {grouped_gemm_kernel<128, true>, grouped_gemm_kernel<128, false>})
+    BELUGA_CUDA_CHECK(
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem<128>()));
+  for (auto k : {grouped_gemm_kernel<32, true>, grouped_gemm_kernel<32, false>})
+    BELUGA_CUDA_CHECK(
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem<32>()));
+}
 
 const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights> experts,
                                                   const ExpertWeights* shared) {

@@ -55,7 +55,7 @@ __device__ void route_token(const RouteArgs& a, int t, float* s) {
   const float* z = a.logits + int64_t(t) * a.ldl;
   for (int e = lane; e < a.E; e += 32) {  // each lane reads back only its own elements below
     s[e] = __ldcg(z + e);
-    sel[e] = !a.bias ? 0.0f
+    sel[e] = !a.bias      ? 0.0f
              : a.bias_f32 ? static_cast<const float*>(a.bias)[e]
                           : to_f(static_cast<const bf16*>(a.bias)[e]);
   }
@@ -247,10 +247,9 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
 }
 
 RouteArgs route_args(Tensor ids, Tensor weights, int T, int E, const Tensor& bias, const RouterParams& p) {
-  BELUGA_CHECK(
-      E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= E && p.top_k <= 32 && p.n_group <= 32 &&
-          E <= 1024,
-      "moe_route: unsupported router parameters");
+  BELUGA_CHECK(E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= E && p.top_k <= 32 &&
+                   p.n_group <= 32 && E <= 1024,
+               "moe_route: unsupported router parameters");
   BELUGA_CHECK(ids.dtype == DType::kI32 && weights.dtype == DType::kF32 && ids.is_contiguous() &&
                    weights.is_contiguous() && ids.numel() == int64_t(T) * p.top_k &&
                    weights.numel() == int64_t(T) * p.top_k,

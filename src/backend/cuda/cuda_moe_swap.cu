@@ -4,6 +4,7 @@
 // rows; here a block's work is little more than its weight stream (5 stages, two blocks per SM). Wider
 // tiles on this layout (up to 256 tokens in pieces of 128 / 64 / 32 / 16 columns) lost to the
 // 128-token-row tiles from 48 rows per expert (bench/NOTES.md run 67).
+#include "backend/cuda/cuda_kernel_config.h"
 #include "backend/cuda/cuda_moe_grouped.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
 
@@ -145,18 +146,17 @@ __global__ void __launch_bounds__(kSwThreads, 2) grouped_swap_kernel(GroupedArgs
 
 template <bool G>
 void launch_swap(const GroupedArgs& a, int grid_y, cudaStream_t st) {
-  static bool configured = false;
-  if (!configured) {
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(grouped_swap_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSwSmem));
-    configured = true;
-  }
   const int grid_x = int(G ? ceil_div(a.ldo, kSwM / 2) : ceil_div(a.D, kSwM));  // ldo: the widest expert
   launch(grouped_swap_kernel<G>, dim3(grid_x, grid_y), kSwThreads, kSwSmem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
 
 }  // namespace
+
+void configure_swap_kernels() {
+  for (auto k : {grouped_swap_kernel<true>, grouped_swap_kernel<false>})
+    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSwSmem));
+}
 
 void launch_swap_tiles(bool gate_up, const GroupedArgs& a, int grid_y, cudaStream_t st) {
   if (gate_up)

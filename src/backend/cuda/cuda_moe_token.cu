@@ -103,14 +103,14 @@ bool CudaOps::token_experts(Tensor out, const Tensor& x, const Tensor& ids, cons
   a.out = out.ptr<bf16>();
   cudaStream_t st = S(stream_);
   // Gate-up: as many blocks as fit at once (the warps stride over the units), so no second wave.
-  static const int occupancy = [] {
-    int n = 0;
-    BELUGA_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, token_gate_up_kernel, kTokThreads, 0));
-    return std::max(n, 1);
-  }();
+  if (token_gate_up_blocks_ == 0) {  // per SM, on this CudaOps' device
+    BELUGA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&token_gate_up_blocks_,
+                                                                    token_gate_up_kernel, kTokThreads, 0));
+    token_gate_up_blocks_ = std::max(token_gate_up_blocks_, 1);
+  }
   const int units = K * a.I + (shared_done ? 0 : a.Is);
-  const int grid = int(std::min<int64_t>(ceil_div(units, kTokWarps), int64_t(sm_count_) * occupancy));
+  const int grid =
+      int(std::min<int64_t>(ceil_div(units, kTokWarps), int64_t(sm_count_) * token_gate_up_blocks_));
   launch(token_gate_up_kernel, grid, kTokThreads, 0, st, a, shared_done);
   BELUGA_LAUNCH_CHECK();
   launch(token_down_kernel<8>, int(ceil_div(a.D, kTokDownUnits)), kTokThreads, 0, st, a);

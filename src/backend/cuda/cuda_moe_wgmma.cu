@@ -13,6 +13,7 @@
 // 13.1 ms, 2K 29.7 -> 28.7 (run 70).
 #include <type_traits>
 
+#include "backend/cuda/cuda_kernel_config.h"
 #include "backend/cuda/cuda_moe_grouped.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
 
@@ -157,18 +158,17 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
 // cols: the gate-up's widest expert (hidden units) or the down's D.
 template <bool G>
 void launch_wgmma(const GroupedArgs& a, int cols, int grid_y, cudaStream_t st) {
-  static bool configured = false;
-  if (!configured) {
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(grouped_wgmma_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
-    configured = true;
-  }
   const int grid_x = int(ceil_div(cols, G ? kWgBN / 2 : kWgBN));
   launch(grouped_wgmma_kernel<G>, dim3(grid_x, grid_y), kWgThreads, kWgSmem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
 
 }  // namespace
+
+void configure_wgmma_kernels() {
+  for (auto k : {grouped_wgmma_kernel<true>, grouped_wgmma_kernel<false>})
+    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+}
 
 void launch_wgmma_tiles(bool gate_up, const GroupedArgs& a, int cols, int grid_y, cudaStream_t st) {
   if (gate_up)

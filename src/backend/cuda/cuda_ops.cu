@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernel_config.h"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -235,6 +236,11 @@ CudaOps::CudaOps(CudaOptions opt) {
   BELUGA_CHECK(prop.major >= 9, "the CUDA backend is built for sm_90a (Hopper); device ", prop.name,
                " is sm_", prop.major, prop.minor);
   sm_count_ = prop.multiProcessorCount;
+  configure_mla_decode_kernels();
+  configure_mla_prefill_kernels();
+  configure_moe_kernels(int(prop.sharedMemPerBlockOptin));
+  configure_swap_kernels();
+  configure_wgmma_kernels();
   const char* prof = std::getenv("BELUGA_CUDA_PROFILE");
   profile_ = prof && std::string(prof) == "1";
   token_experts_ = opt.token_experts;

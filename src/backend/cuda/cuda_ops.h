@@ -282,6 +282,7 @@ class CudaOps final : public Ops {
   // The shortest key split of the absorbed MLA decode kernel (BELUGA_MLA_MIN_SPLIT, a multiple of
   // its 64-key tile; for benchmarking the trade of parallelism against partial outputs).
   int mla_min_split_ = 64;
+  int token_gate_up_blocks_ = 0;  // blocks of the one-token gate-up kernel per SM (set on first use)
   // At batch 1-2, sequences of at most this many 64-key tiles split into one-tile pieces
   // (BELUGA_MLA_TILE_SPLITS; 0: pieces of at least two tiles).
   int mla_tile_splits_ = 32;
