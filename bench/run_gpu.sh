@@ -18,7 +18,7 @@ V2=bench/configs/deepseek-v2-lite/config.json
 grep -E "PASSED|FAILED|graphs vs eager" "$OUT/test_gpu.txt"
 
 "$BELUGA" bench model --model $V2 --load-format dummy --device cuda --out "$OUT/bench_graphs.json" \
-  > "$OUT/bench_graphs.txt" 2>&1; tail -20 "$OUT/bench_graphs.txt"
+  > "$OUT/bench_graphs.txt" 2>&1; sed -n '/^device floor/p;/^phase /,$p' "$OUT/bench_graphs.txt"
 "$BELUGA" bench model --model $V2 --load-format dummy --device cuda --enforce-eager --decode-batches 1,16 \
   --decode-contexts 1024 --prefill-lens 512 --out "$OUT/bench_eager.json" > "$OUT/bench_eager.txt" 2>&1
 tail -6 "$OUT/bench_eager.txt"
