@@ -363,8 +363,12 @@ void launch_grouped(int bm, const GroupedArgs& a, int grid_x, int grid_y, cudaSt
 }  // namespace
 
 void cuda::configure_moe_kernels(int smem_optin) {
-  for (auto k : {moe_gemv_kernel<true>, moe_gemv_kernel<false>})
-    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+  for (auto k : {moe_gemv_kernel<true>, moe_gemv_kernel<false>}) {
+    cudaFuncAttributes fa{};  // the limit covers static and dynamic shared memory together
+    BELUGA_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
+    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           smem_optin - int(fa.sharedSizeBytes)));
+  }
   for (auto k : {grouped_gemm_kernel<128, true>, grouped_gemm_kernel<128, false>})
     BELUGA_CUDA_CHECK(
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem<128>()));
