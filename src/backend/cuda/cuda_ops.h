@@ -141,7 +141,9 @@ class CudaOps final : public Ops {
     double seconds;
     uint32_t result, expected;
   };
-  StreamChainResult measure_stream_chain(const std::vector<int64_t>& stage_bytes, StreamChain shape);
+  // nullopt: the streams' bytes do not fit in the device's free memory (a large model loaded).
+  std::optional<StreamChainResult> measure_stream_chain(const std::vector<int64_t>& stage_bytes,
+                                                        StreamChain shape);
   // Benchmarks: with replay timing on, each graph replay is bracketed by two events, and
   // last_replay_ms() is the last replay's GPU time (waits for it). The rest of a step's wall time is the
   // host's (building the batch, launching, copying tokens back). 0 when no replay ran since the last call

@@ -5,6 +5,7 @@
 // and one persistent kernel with a grid barrier between stages. bench model prints both beside the
 // measured step (bench/NOTES.md run 122).
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -117,13 +118,16 @@ __global__ void __launch_bounds__(kChainThreads)
 
 }  // namespace
 
-CudaOps::StreamChainResult CudaOps::measure_stream_chain(const std::vector<int64_t>& stage_bytes,
-                                                         StreamChain shape) {
+std::optional<CudaOps::StreamChainResult> CudaOps::measure_stream_chain(
+    const std::vector<int64_t>& stage_bytes, StreamChain shape) {
   BELUGA_CHECK(!stage_bytes.empty(), "measure_stream_chain: no stages");
   std::vector<int64_t> off(stage_bytes.size() + 1, 0);
   for (size_t i = 0; i < stage_bytes.size(); ++i) off[i + 1] = off[i] + ceil_div(stage_bytes[i], int64_t(16));
   const int stages = int(stage_bytes.size());
   // Distinct bytes for every stage, as a step's weights are: nothing is served from L2 twice.
+  size_t free_bytes = 0, total_bytes = 0;
+  BELUGA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (size_t(off.back()) * 16 + (size_t(256) << 20) > free_bytes) return std::nullopt;
   void* buf = nullptr;
   BELUGA_CUDA_CHECK(cudaMalloc(&buf, size_t(off.back()) * 16));
   void* words = nullptr;  // results of the stages (kernels) or counter + sink (persistent)
