@@ -227,64 +227,104 @@ __global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
   }
 }
 
-// One (token, head)'s output: the sum over splits of the partial outputs, each rescaled to the common
-// maximum, into dst[0 .. kMDv) (BF16); the block's threads split the columns. Shared by the combine
-// kernel and the W_UV product that combines in its prologue, so both give the same bits. The first
-// warp turns the (max, sum) pairs into one weight per split in shared memory (wsm, kMaxSplits + 1
-// floats), so each column's loads are independent of each other (a loop over the pairs per thread
-// was a chain of L2 round trips: 8.2 us per layer with the W_UV product at batch 1).
+// One (token, head)'s split weights, computed by one warp: wsm[i] = exp2(m_i - M) for split i (0 for
+// splits without keys: past a short sequence's end, or beyond the ones its length needs), and
+// wsm[kMaxSplits] = 1 / sum_i wsm[i] * l_i. Lane i takes splits i, i + 32, ...
+__device__ __forceinline__ void split_weights(const float* ml, int num_splits, float* wsm) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kPer = kMaxSplits / 32;
+  float m[kPer], l[kPer];
+  bool live[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    live[j] = i < num_splits && ml[2 * i + 1] > 0;
+    m[j] = live[j] ? ml[2 * i] : -INFINITY;
+    l[j] = live[j] ? ml[2 * i + 1] : 0.0f;
+    mx = fmaxf(mx, m[j]);
+  }
+  const float M = warp_max(mx);
+  float part = 0;  // splits without keys add exactly 0
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const float e = live[j] ? exp2f(m[j] - M) : 0.0f;
+    part += e * l[j];
+    wsm[lane + 32 * j] = e;
+  }
+  const float den = warp_sum(part);
+  if (lane == 0) wsm[kMaxSplits] = 1.0f / den;
+}
+
+// Column d of the merged row: the partial outputs' sum in split order, rescaled (the same bits
+// wherever it runs).
+__device__ __forceinline__ float merged_column(const float* op, int num_splits, const float* wsm, int d) {
+  float acc = 0;
+#pragma unroll 8
+  for (int i = 0; i < num_splits; ++i) {
+    const float e = wsm[i];
+    if (e > 0) acc += e * op[int64_t(i) * kMDv + d];
+  }
+  return acc * wsm[kMaxSplits];
+}
+
+// One (token, head)'s output by a whole block into dst[0 .. kMDv) (BF16), for the W_UV product that
+// merges in its prologue: the first warp computes the split weights into shared memory (wsm,
+// kMaxSplits + 1 floats), so each column's loads are independent of each other (a loop over the pairs
+// per thread was a chain of L2 round trips: 8.2 us per layer with the W_UV product at batch 1).
 __device__ __forceinline__ void combine_splits(const float* ml, const float* op, int num_splits, bf16* dst,
                                                float* wsm) {
   __syncthreads();  // wsm may still be read for the previous row
-  if (threadIdx.x < 32) {
-    // Lane i takes splits i, i + 32, ... Splits with no keys (past a short sequence's end, or beyond
-    // the ones its length needs) have sum 0.
-    constexpr int kPer = kMaxSplits / 32;
-    float m[kPer], l[kPer];
-    bool live[kPer];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = int(threadIdx.x) + 32 * j;
-      live[j] = i < num_splits && ml[2 * i + 1] > 0;
-      m[j] = live[j] ? ml[2 * i] : -INFINITY;
-      l[j] = live[j] ? ml[2 * i + 1] : 0.0f;
-      mx = fmaxf(mx, m[j]);
-    }
-    const float M = warp_max(mx);
-    float part = 0;  // splits without keys add exactly 0
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const float e = live[j] ? exp2f(m[j] - M) : 0.0f;
-      part += e * l[j];
-      wsm[int(threadIdx.x) + 32 * j] = e;
-    }
-    const float den = warp_sum(part);
-    if (threadIdx.x == 0) wsm[kMaxSplits] = 1.0f / den;
-  }
+  if (threadIdx.x < 32) split_weights(ml, num_splits, wsm);
   __syncthreads();
-  const float inv = wsm[kMaxSplits];
-  for (int d = threadIdx.x; d < kMDv; d += blockDim.x) {
-    float acc = 0;
-#pragma unroll 8
-    for (int i = 0; i < num_splits; ++i) {
-      const float e = wsm[i];
-      if (e > 0) acc += e * op[int64_t(i) * kMDv + d];
-    }
-    dst[d] = __float2bfloat16(acc * inv);
-  }
+  for (int d = threadIdx.x; d < kMDv; d += blockDim.x)
+    dst[d] = __float2bfloat16(merged_column(op, num_splits, wsm, d));
 }
 
-// A separate kernel, not the last split block: merging 16 heads in one block serialises ~3 L2 round
-// trips per head (measured +36 us per layer at batch 1), while here a block per (token, head) runs in
-// parallel.
-__global__ void mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const float* o_part,
-                                   const float* ml_part, int H, int num_splits) {
+// The merge as its own kernel (more than kGemvRows tokens): a warp per (token, head, quarter of the
+// 512 columns), each lane 4 columns, loading four splits' partials before it sums them; the warp
+// computes the row's split weights itself, so no block barrier stands between them and the columns.
+// The block-per-row kernel before it (512 threads, a barrier) ran ~8 waves at b=256 1K: 20 us per layer
+// for 17 MB (bench/NOTES.md run 131). Not the last split block: merging 16 heads in one block serialises
+// ~3 L2 round trips per head (measured +36 us per layer at batch 1).
+constexpr int kCombineWarps = 8, kCombineQuarters = 4, kCombineBatch = 4;
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const float* o_part, const float* ml_part, int H,
+                       int num_splits, int rows) {
   pdl_entry();
-  __shared__ float wsm[kMaxSplits + 1];
-  const int th = blockIdx.x, t = th / H, h = th % H;
-  combine_splits(ml_part + int64_t(th) * num_splits * 2, o_part + int64_t(th) * num_splits * kMDv, num_splits,
-                 out + t * o0 + h * o1, wsm);
+  __shared__ float wsm_all[kCombineWarps][kMaxSplits + 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = blockIdx.x * kCombineWarps + warp, th = g / kCombineQuarters;
+  if (th >= rows) return;
+  float* wsm = wsm_all[warp];
+  split_weights(ml_part + int64_t(th) * num_splits * 2, num_splits, wsm);
+  __syncwarp();
+  const int d = (g % kCombineQuarters) * (kMDv / kCombineQuarters) + 4 * lane;
+  const float* op = o_part + int64_t(th) * num_splits * kMDv + d;
+  // Each column summed in split order, skipping splits without keys, as merged_column: the same bits
+  // as the W_UV product's merge.
+  float acc[4] = {};
+  for (int i0 = 0; i0 < num_splits; i0 += kCombineBatch) {
+    float e[kCombineBatch];
+    float4 v[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      e[j] = i0 + j < num_splits ? wsm[i0 + j] : 0.0f;
+      v[j] = e[j] > 0 ? *reinterpret_cast<const float4*>(op + int64_t(i0 + j) * kMDv) : float4{};
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j)
+      if (e[j] > 0) {
+        acc[0] += e[j] * v[j].x;
+        acc[1] += e[j] * v[j].y;
+        acc[2] += e[j] * v[j].z;
+        acc[3] += e[j] * v[j].w;
+      }
+  }
+  const float inv = wsm[kMaxSplits];
+  __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(out + (th / H) * o0 + (th % H) * o1 + d);
+  p[0] = __floats2bfloat162_rn(acc[0] * inv, acc[1] * inv);
+  p[1] = __floats2bfloat162_rn(acc[2] * inv, acc[3] * inv);
 }
 
 // The absorbed output's W_UV product per head with the split combine in its prologue: block (x, h)
@@ -460,8 +500,9 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
     return true;
   }
   if (splits > 1) {
-    launch(mla_combine_kernel, T * H, kMDv, 0, S(stream_), out.ptr<bf16>(), out.stride[0], out.stride[1],
-           o_part.ptr<float>(), ml.ptr<float>(), H, splits);
+    launch(mla_combine_kernel, int(ceil_div(int64_t(T) * H * kCombineQuarters, kCombineWarps)),
+           kCombineWarps * 32, 0, S(stream_), out.ptr<bf16>(), out.stride[0], out.stride[1],
+           o_part.ptr<float>(), ml.ptr<float>(), H, splits, T * H);
     BELUGA_LAUNCH_CHECK();
   }
   return false;
