@@ -5,6 +5,7 @@
 // Other shapes run the reference kernel (cuda_attention.cu). Tested against the CPU (tests/gpu).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/cuda_attention_ref.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -35,7 +36,7 @@ constexpr int mla_decode_smem(int bufs) {
 // Splits per (token, head group) at most: the combine keeps one weight per split in shared memory.
 constexpr int kMaxSplits = 128;
 constexpr int kMinSplitKeys = 2 * kMTile;  // a split's keys at least, when split by length
-static_assert(kMaxSplits % 32 == 0, "combine_splits' first warp takes kMaxSplits / 32 splits per lane");
+static_assert(kMaxSplits % 32 == 0, "split_weights' lanes take kMaxSplits / 32 splits each");
 
 struct DecodeArgs {
   const bf16* q;
@@ -227,15 +228,18 @@ __global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
   }
 }
 
-// One (token, head)'s split weights, computed by one warp: wsm[i] = exp2(m_i - M) for split i (0 for
-// splits without keys: past a short sequence's end, or beyond the ones its length needs), and
-// wsm[kMaxSplits] = 1 / sum_i wsm[i] * l_i. Lane i takes splits i, i + 32, ...
+// One (token, head)'s split weights, computed by one warp into wsm (kSplitWeights floats): wsm[i] =
+// exp2(m_i - M) for split i (0 for splits without keys: past a short sequence's end, or beyond the ones
+// its length needs), wsm[kMaxSplits] = 1 / sum_i wsm[i] * l_i, and as an int at kMaxSplits + 1 the
+// end of the splits with keys. Lane i takes splits i, i + 32, ...
+constexpr int kSplitWeights = kMaxSplits + 2;
 __device__ __forceinline__ void split_weights(const float* ml, int num_splits, float* wsm) {
   const int lane = threadIdx.x & 31;
   constexpr int kPer = kMaxSplits / 32;
   float m[kPer], l[kPer];
   bool live[kPer];
   float mx = -INFINITY;
+  int end = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;
@@ -243,7 +247,9 @@ __device__ __forceinline__ void split_weights(const float* ml, int num_splits, f
     m[j] = live[j] ? ml[2 * i] : -INFINITY;
     l[j] = live[j] ? ml[2 * i + 1] : 0.0f;
     mx = fmaxf(mx, m[j]);
+    if (live[j]) end = i + 1;
   }
+  end = __reduce_max_sync(0xffffffffu, end);
   const float M = warp_max(mx);
   float part = 0;  // splits without keys add exactly 0
 #pragma unroll
@@ -253,78 +259,84 @@ __device__ __forceinline__ void split_weights(const float* ml, int num_splits, f
     wsm[lane + 32 * j] = e;
   }
   const float den = warp_sum(part);
-  if (lane == 0) wsm[kMaxSplits] = 1.0f / den;
-}
-
-// Column d of the merged row: the partial outputs' sum in split order, rescaled (the same bits
-// wherever it runs).
-__device__ __forceinline__ float merged_column(const float* op, int num_splits, const float* wsm, int d) {
-  float acc = 0;
-#pragma unroll 8
-  for (int i = 0; i < num_splits; ++i) {
-    const float e = wsm[i];
-    if (e > 0) acc += e * op[int64_t(i) * kMDv + d];
+  if (lane == 0) {
+    wsm[kMaxSplits] = 1.0f / den;
+    reinterpret_cast<int*>(wsm)[kMaxSplits + 1] = end;
   }
-  return acc * wsm[kMaxSplits];
 }
 
-// One (token, head)'s output by a whole block into dst[0 .. kMDv) (BF16), for the W_UV product that
-// merges in its prologue: the first warp computes the split weights into shared memory (wsm,
-// kMaxSplits + 1 floats), so each column's loads are independent of each other (a loop over the pairs
-// per thread was a chain of L2 round trips: 8.2 us per layer with the W_UV product at batch 1).
-__device__ __forceinline__ void combine_splits(const float* ml, const float* op, int num_splits, bf16* dst,
-                                               float* wsm) {
-  __syncthreads();  // wsm may still be read for the previous row
-  if (threadIdx.x < 32) split_weights(ml, num_splits, wsm);
-  __syncthreads();
-  for (int d = threadIdx.x; d < kMDv; d += blockDim.x)
-    dst[d] = __float2bfloat16(merged_column(op, num_splits, wsm, d));
+// A float4 / float2 load the compiler issues where it is written (volatile), not where its value is
+// first needed.
+template <typename Vec>
+__device__ __forceinline__ Vec load_early(const float* p) {
+  Vec v;
+  if constexpr (std::is_same_v<Vec, float4>)
+    asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  return v;
+}
+
+// A lane's kCols adjacent columns d .. d + kCols of the merged row into dst (BF16): the partial outputs
+// summed in split order, splits without keys skipped, then rescaled; four splits' partials are loaded
+// before they are summed, up to the last split with keys. Both merges (the kernel below and the W_UV
+// product's prologue) run this, so they give the same bits. Measured against the block-wide merge
+// (bench/NOTES.md runs 132-134): b=1 -1.7 %, b=2 -3 to -5 %, b=4 -3 %, b=256 -1.1 to -1.6 %.
+template <int kCols>
+__device__ __forceinline__ void merge_columns(const float* op, const float* wsm, int d, bf16* dst) {
+  static_assert(kCols == 2 || kCols == 4 || kCols == 8);
+  constexpr int kVecF = kCols == 2 ? 2 : 4, kVecs = kCols / kVecF, kBatch = 4;
+  using Vec = std::conditional_t<kVecF == 4, float4, float2>;
+  float acc[kCols] = {};
+  const int end = reinterpret_cast<const int*>(wsm)[kMaxSplits + 1];  // splits past it have no keys
+  for (int i0 = 0; i0 < end; i0 += kBatch) {
+    // Loaded whether or not a split has keys (a dead split's partials are scratch, never summed) and
+    // ahead of the sums: a load used only under a branch sank into it, one round trip per split.
+    float e[kBatch];
+    Vec v[kBatch][kVecs];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      e[j] = i0 + j < end ? wsm[i0 + j] : 0.0f;
+      const float* src = op + int64_t(min(i0 + j, end - 1)) * kMDv + d;
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) v[j][k] = load_early<Vec>(src + k * kVecF);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float* f = reinterpret_cast<const float*>(&v[j][0]);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[c] = e[j] > 0 ? fmaf(e[j], f[c], acc[c]) : acc[c];
+    }
+  }
+  const float inv = wsm[kMaxSplits];
+  __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(dst + d);
+#pragma unroll
+  for (int c = 0; c < kCols / 2; ++c) p[c] = __floats2bfloat162_rn(acc[2 * c] * inv, acc[2 * c + 1] * inv);
 }
 
 // The merge as its own kernel (more than kGemvRows tokens): a warp per (token, head, quarter of the
-// 512 columns), each lane 4 columns, loading four splits' partials before it sums them; the warp
-// computes the row's split weights itself, so no block barrier stands between them and the columns.
-// The block-per-row kernel before it (512 threads, a barrier) ran ~8 waves at b=256 1K: 20 us per layer
-// for 17 MB (bench/NOTES.md run 131). Not the last split block: merging 16 heads in one block serialises
-// ~3 L2 round trips per head (measured +36 us per layer at batch 1).
-constexpr int kCombineWarps = 8, kCombineQuarters = 4, kCombineBatch = 4;
+// 512 columns), each lane 4 columns; the warp computes the row's split weights itself, so no block
+// barrier stands between them and the columns. The block-per-row kernel before it (512 threads, a
+// barrier) ran ~8 waves at b=256 1K: 20 us per layer for 17 MB (bench/NOTES.md run 131). Not the last
+// split block: merging 16 heads in one block serialises ~3 L2 round trips per head (measured +36 us
+// per layer at batch 1).
+constexpr int kCombineWarps = 8, kCombineQuarters = 4;
 __global__ void __launch_bounds__(kCombineWarps * 32)
     mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const float* o_part, const float* ml_part, int H,
                        int num_splits, int rows) {
   pdl_entry();
-  __shared__ float wsm_all[kCombineWarps][kMaxSplits + 1];
+  __shared__ float wsm_all[kCombineWarps][kSplitWeights];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = blockIdx.x * kCombineWarps + warp, th = g / kCombineQuarters;
   if (th >= rows) return;
   float* wsm = wsm_all[warp];
   split_weights(ml_part + int64_t(th) * num_splits * 2, num_splits, wsm);
   __syncwarp();
-  const int d = (g % kCombineQuarters) * (kMDv / kCombineQuarters) + 4 * lane;
-  const float* op = o_part + int64_t(th) * num_splits * kMDv + d;
-  // Each column summed in split order, skipping splits without keys, as merged_column: the same bits
-  // as the W_UV product's merge.
-  float acc[4] = {};
-  for (int i0 = 0; i0 < num_splits; i0 += kCombineBatch) {
-    float e[kCombineBatch];
-    float4 v[kCombineBatch];
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      e[j] = i0 + j < num_splits ? wsm[i0 + j] : 0.0f;
-      v[j] = e[j] > 0 ? *reinterpret_cast<const float4*>(op + int64_t(i0 + j) * kMDv) : float4{};
-    }
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j)
-      if (e[j] > 0) {
-        acc[0] += e[j] * v[j].x;
-        acc[1] += e[j] * v[j].y;
-        acc[2] += e[j] * v[j].z;
-        acc[3] += e[j] * v[j].w;
-      }
-  }
-  const float inv = wsm[kMaxSplits];
-  __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(out + (th / H) * o0 + (th % H) * o1 + d);
-  p[0] = __floats2bfloat162_rn(acc[0] * inv, acc[1] * inv);
-  p[1] = __floats2bfloat162_rn(acc[2] * inv, acc[3] * inv);
+  merge_columns<4>(o_part + int64_t(th) * num_splits * kMDv, wsm,
+                   (g % kCombineQuarters) * (kMDv / kCombineQuarters) + 4 * lane,
+                   out + (th / H) * o0 + (th % H) * o1);
 }
 
 // The absorbed output's W_UV product per head with the split combine in its prologue: block (x, h)
@@ -342,14 +354,28 @@ struct UvArgs {
 };
 
 __global__ void __launch_bounds__(kGemvThreads) mla_combine_uv_kernel(UvArgs a) {
+  constexpr int kWarps = kGemvThreads / 32;
+  static_assert(kWarps % kGemvRows == 0 && kGemvRows == 4);
   __shared__ __align__(16) bf16 xs[kGemvRows][kMDv];
-  __shared__ float wsm[kMaxSplits + 1];
+  __shared__ float wsm_all[kWarps][kSplitWeights];
   pdl_entry();
-  const int h = blockIdx.y;
-  for (int t = 0; t < a.T; ++t) {
+  const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // The T tokens' rows side by side: 8 / R warps per row (R = T rounded up to 1, 2 or 4), each computing
+  // its row's split weights and merging 2R columns per lane.
+  const int R = a.T == 1 ? 1 : a.T == 2 ? 2 : 4, per_row = kWarps / R, t = warp / per_row;
+  if (t < a.T) {
     const int64_t th = int64_t(t) * a.H + h;
-    combine_splits(a.ml_part + th * a.num_splits * 2, a.o_part + th * a.num_splits * kMDv, a.num_splits,
-                   xs[t], wsm);
+    float* wsm = wsm_all[warp];
+    split_weights(a.ml_part + th * a.num_splits * 2, a.num_splits, wsm);
+    __syncwarp();
+    const float* op = a.o_part + th * a.num_splits * kMDv;
+    const int col = (warp % per_row) * 32 + lane;
+    if (R == 1)
+      merge_columns<2>(op, wsm, col * 2, xs[t]);
+    else if (R == 2)
+      merge_columns<4>(op, wsm, col * 4, xs[t]);
+    else
+      merge_columns<8>(op, wsm, col * 8, xs[t]);
   }
   __syncthreads();
   gemv_block<bf16, 32, false>(a.out, a.o0, &xs[0][0], kMDv, a.w, a.w1, a.T, a.N, kMDv / 8,
