@@ -1,9 +1,10 @@
 // The floor of a decode step's shape: its weight streams as dependent pure reads, with nothing to
 // compute. A batch-1 step is a chain of a few hundred short streams (one per GEMV, 1-70 MB each) where
 // each stage needs the previous one's output; the copy-rate floor counts all of its bytes as one
-// stream. Two shapes are measured: a kernel per stage (PDL, one CUDA graph), as the engine runs a step,
-// and one persistent kernel with a grid barrier between stages. bench model prints both beside the
-// measured step (bench/NOTES.md run 122).
+// stream. Two shapes are measured, each also with every stage's first loads issued before it waits: a
+// kernel per stage (PDL, one CUDA graph), as the engine runs a step, and one persistent kernel with a
+// grid barrier between stages. bench model prints them beside the measured step (bench/NOTES.md runs
+// 122-124).
 #include <algorithm>
 #include <optional>
 #include <vector>
