@@ -127,6 +127,13 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   BELUGA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current device. The permission
+// belongs to the device, so CudaOps grants it for its own device when it is created (cuda_kernel_config.h).
+template <typename... KArgs>
+void allow_dynamic_smem(void (*kernel)(KArgs...), int bytes) {
+  BELUGA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
 // Grid for a grid-stride loop over n elements: enough blocks to cover it, at most 65536.
 inline int grid_for(int64_t n, int threads = 256) {
   return int(std::min<int64_t>(std::max<int64_t>(ceil_div(n, threads), 1), 65536));

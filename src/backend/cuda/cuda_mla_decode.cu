@@ -228,12 +228,17 @@ __global__ void __launch_bounds__(kMThreads) mla_decode_kernel(DecodeArgs a) {
   }
 }
 
-// One (token, head)'s split weights, computed by one warp into wsm (kSplitWeights floats): wsm[i] =
-// exp2(m_i - M) for split i (0 for splits without keys: past a short sequence's end, or beyond the ones
-// its length needs), wsm[kMaxSplits] = 1 / sum_i wsm[i] * l_i, and as an int at kMaxSplits + 1 the
-// end of the splits with keys. Lane i takes splits i, i + 32, ...
-constexpr int kSplitWeights = kMaxSplits + 2;
-__device__ __forceinline__ void split_weights(const float* ml, int num_splits, float* wsm) {
+// One (token, head)'s split weights in shared memory: w[i] = exp2(m_i - M) for split i (0 for splits
+// without keys: past a short sequence's end, or beyond the ones its length needs), inv = 1 / sum_i
+// w[i] * l_i, and the end of the splits with keys.
+struct SplitWeights {
+  float w[kMaxSplits];
+  float inv;
+  int end;
+};
+
+// Computed by one warp; lane i takes splits i, i + 32, ...
+__device__ __forceinline__ void split_weights(const float* ml, int num_splits, SplitWeights* sw) {
   const int lane = threadIdx.x & 31;
   constexpr int kPer = kMaxSplits / 32;
   float m[kPer], l[kPer];
@@ -256,12 +261,12 @@ __device__ __forceinline__ void split_weights(const float* ml, int num_splits, f
   for (int j = 0; j < kPer; ++j) {
     const float e = live[j] ? exp2f(m[j] - M) : 0.0f;
     part += e * l[j];
-    wsm[lane + 32 * j] = e;
+    sw->w[lane + 32 * j] = e;
   }
   const float den = warp_sum(part);
   if (lane == 0) {
-    wsm[kMaxSplits] = 1.0f / den;
-    reinterpret_cast<int*>(wsm)[kMaxSplits + 1] = end;
+    sw->inv = 1.0f / den;
+    sw->end = end;
   }
 }
 
@@ -285,12 +290,12 @@ __device__ __forceinline__ Vec load_early(const float* p) {
 // product's prologue) run this, so they give the same bits. Measured against the block-wide merge
 // (bench/NOTES.md runs 132-134): b=1 -1.7 %, b=2 -3 to -5 %, b=4 -3 %, b=256 -1.1 to -1.6 %.
 template <int kCols>
-__device__ __forceinline__ void merge_columns(const float* op, const float* wsm, int d, bf16* dst) {
+__device__ __forceinline__ void merge_columns(const float* op, const SplitWeights* sw, int d, bf16* dst) {
   static_assert(kCols == 2 || kCols == 4 || kCols == 8);
   constexpr int kVecF = kCols == 2 ? 2 : 4, kVecs = kCols / kVecF, kBatch = 4;
   using Vec = std::conditional_t<kVecF == 4, float4, float2>;
   float acc[kCols] = {};
-  const int end = reinterpret_cast<const int*>(wsm)[kMaxSplits + 1];  // splits past it have no keys
+  const int end = sw->end;  // splits past it have no keys
   for (int i0 = 0; i0 < end; i0 += kBatch) {
     // Loaded whether or not a split has keys (a dead split's partials are scratch, never summed) and
     // ahead of the sums: a load used only under a branch sank into it, one round trip per split.
@@ -298,7 +303,7 @@ __device__ __forceinline__ void merge_columns(const float* op, const float* wsm,
     Vec v[kBatch][kVecs];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      e[j] = i0 + j < end ? wsm[i0 + j] : 0.0f;
+      e[j] = i0 + j < end ? sw->w[i0 + j] : 0.0f;
       const float* src = op + int64_t(min(i0 + j, end - 1)) * kMDv + d;
 #pragma unroll
       for (int k = 0; k < kVecs; ++k) v[j][k] = load_early<Vec>(src + k * kVecF);
@@ -310,7 +315,7 @@ __device__ __forceinline__ void merge_columns(const float* op, const float* wsm,
       for (int c = 0; c < kCols; ++c) acc[c] = e[j] > 0 ? fmaf(e[j], f[c], acc[c]) : acc[c];
     }
   }
-  const float inv = wsm[kMaxSplits];
+  const float inv = sw->inv;
   __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(dst + d);
 #pragma unroll
   for (int c = 0; c < kCols / 2; ++c) p[c] = __floats2bfloat162_rn(acc[2 * c] * inv, acc[2 * c + 1] * inv);
@@ -327,14 +332,14 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
     mla_combine_kernel(bf16* out, int64_t o0, int64_t o1, const float* o_part, const float* ml_part, int H,
                        int num_splits, int rows) {
   pdl_entry();
-  __shared__ float wsm_all[kCombineWarps][kSplitWeights];
+  __shared__ SplitWeights sw_all[kCombineWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = blockIdx.x * kCombineWarps + warp, th = g / kCombineQuarters;
   if (th >= rows) return;
-  float* wsm = wsm_all[warp];
-  split_weights(ml_part + int64_t(th) * num_splits * 2, num_splits, wsm);
+  SplitWeights* sw = &sw_all[warp];
+  split_weights(ml_part + int64_t(th) * num_splits * 2, num_splits, sw);
   __syncwarp();
-  merge_columns<4>(o_part + int64_t(th) * num_splits * kMDv, wsm,
+  merge_columns<4>(o_part + int64_t(th) * num_splits * kMDv, sw,
                    (g % kCombineQuarters) * (kMDv / kCombineQuarters) + 4 * lane,
                    out + (th / H) * o0 + (th % H) * o1);
 }
@@ -357,7 +362,7 @@ __global__ void __launch_bounds__(kGemvThreads) mla_combine_uv_kernel(UvArgs a) 
   constexpr int kWarps = kGemvThreads / 32;
   static_assert(kWarps % kGemvRows == 0 && kGemvRows == 4);
   __shared__ __align__(16) bf16 xs[kGemvRows][kMDv];
-  __shared__ float wsm_all[kWarps][kSplitWeights];
+  __shared__ SplitWeights sw_all[kWarps];
   pdl_entry();
   const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // The T tokens' rows side by side: 8 / R warps per row (R = T rounded up to 1, 2 or 4), each computing
@@ -365,17 +370,17 @@ __global__ void __launch_bounds__(kGemvThreads) mla_combine_uv_kernel(UvArgs a) 
   const int R = a.T == 1 ? 1 : a.T == 2 ? 2 : 4, per_row = kWarps / R, t = warp / per_row;
   if (t < a.T) {
     const int64_t th = int64_t(t) * a.H + h;
-    float* wsm = wsm_all[warp];
-    split_weights(a.ml_part + th * a.num_splits * 2, a.num_splits, wsm);
+    SplitWeights* sw = &sw_all[warp];
+    split_weights(a.ml_part + th * a.num_splits * 2, a.num_splits, sw);
     __syncwarp();
     const float* op = a.o_part + th * a.num_splits * kMDv;
     const int col = (warp % per_row) * 32 + lane;
     if (R == 1)
-      merge_columns<2>(op, wsm, col * 2, xs[t]);
+      merge_columns<2>(op, sw, col * 2, xs[t]);
     else if (R == 2)
-      merge_columns<4>(op, wsm, col * 4, xs[t]);
+      merge_columns<4>(op, sw, col * 4, xs[t]);
     else
-      merge_columns<8>(op, wsm, col * 8, xs[t]);
+      merge_columns<8>(op, sw, col * 8, xs[t]);
   }
   __syncthreads();
   gemv_block<bf16, 32, false>(a.out, a.o0, &xs[0][0], kMDv, a.w, a.w1, a.T, a.N, kMDv / 8,
@@ -385,10 +390,8 @@ __global__ void __launch_bounds__(kGemvThreads) mla_combine_uv_kernel(UvArgs a) 
 }  // namespace
 
 void cuda::configure_mla_decode_kernels() {
-  BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         mla_decode_smem(2)));
-  BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         mla_decode_smem(1)));
+  allow_dynamic_smem(mla_decode_kernel<2>, mla_decode_smem(2));
+  allow_dynamic_smem(mla_decode_kernel<1>, mla_decode_smem(1));
 }
 
 void CudaOps::mla_attention_absorbed(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,

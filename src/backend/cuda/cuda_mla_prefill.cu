@@ -378,9 +378,7 @@ int64_t prefill_part_floats(const PrefillSplit& p, int H, int num_seqs) {
 }
 
 void configure_mla_prefill_kernels() {
-  BELUGA_CUDA_CHECK(cudaFuncSetAttribute(mla_prefill_wgmma_kernel<kPrefillWG>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         prefill_smem<kPrefillWG>()));
+  allow_dynamic_smem(mla_prefill_wgmma_kernel<kPrefillWG>, prefill_smem<kPrefillWG>());
 }
 
 void run_mla_prefill_wgmma(const PrefillArgs& a, const PrefillSplit& split, int num_seqs, cudaStream_t st) {

@@ -366,15 +366,12 @@ void cuda::configure_moe_kernels(int smem_optin) {
   for (auto k : {moe_gemv_kernel<true>, moe_gemv_kernel<false>}) {
     cudaFuncAttributes fa{};  // the limit covers static and dynamic shared memory together
     BELUGA_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
-    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           smem_optin - int(fa.sharedSizeBytes)));
+    allow_dynamic_smem(k, smem_optin - int(fa.sharedSizeBytes));
   }
   for (auto k : {grouped_gemm_kernel<128, true>, grouped_gemm_kernel<128, false>})
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem<128>()));
+    allow_dynamic_smem(k, grouped_smem<128>());
   for (auto k : {grouped_gemm_kernel<32, true>, grouped_gemm_kernel<32, false>})
-    BELUGA_CUDA_CHECK(
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem<32>()));
+    allow_dynamic_smem(k, grouped_smem<32>());
 }
 
 const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights> experts,

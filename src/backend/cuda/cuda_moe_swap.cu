@@ -154,8 +154,7 @@ void launch_swap(const GroupedArgs& a, int grid_y, cudaStream_t st) {
 }  // namespace
 
 void configure_swap_kernels() {
-  for (auto k : {grouped_swap_kernel<true>, grouped_swap_kernel<false>})
-    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSwSmem));
+  for (auto k : {grouped_swap_kernel<true>, grouped_swap_kernel<false>}) allow_dynamic_smem(k, kSwSmem);
 }
 
 void launch_swap_tiles(bool gate_up, const GroupedArgs& a, int grid_y, cudaStream_t st) {

@@ -166,8 +166,7 @@ void launch_wgmma(const GroupedArgs& a, int cols, int grid_y, cudaStream_t st) {
 }  // namespace
 
 void configure_wgmma_kernels() {
-  for (auto k : {grouped_wgmma_kernel<true>, grouped_wgmma_kernel<false>})
-    BELUGA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+  for (auto k : {grouped_wgmma_kernel<true>, grouped_wgmma_kernel<false>}) allow_dynamic_smem(k, kWgSmem);
 }
 
 void launch_wgmma_tiles(bool gate_up, const GroupedArgs& a, int cols, int grid_y, cudaStream_t st) {
