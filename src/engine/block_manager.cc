@@ -105,10 +105,14 @@ void BlockManager::unpublish(int block) {
 }
 
 void BlockManager::release(std::vector<int>& table) {
-  for (int b : table) {
+  // Last block first: cached blocks queue at the back (least recently used first out), so the
+  // prefix's head lands behind its tail and is evicted last. Evicting the head first would leave the
+  // rest of the chain cached but unreachable (a lookup walks the chain from the first block).
+  for (auto it = table.rbegin(); it != table.rend(); ++it) {
+    const int b = *it;
     BELUGA_ASSERT(ref_[b] > 0);
     if (--ref_[b] == 0) {
-      // Cached blocks wait at the back (least recently used first out); plain ones are reused first.
+      // Plain (unpublished) blocks are reused first.
       free_pos_[b] = has_hash_[b] ? free_.insert(free_.end(), b) : free_.insert(free_.begin(), b);
       in_free_[b] = true;
     }

@@ -45,7 +45,8 @@ class BlockManager {
   // Takes `block` out of the prefix index (its contents turned out not to be valid); no-op when it is
   // not there.
   void unpublish(int block);
-  // Drops one reference on every block of `table` and clears it.
+  // Drops one reference on every block of `table` and clears it; of the blocks that become free,
+  // the table's last is evicted first and its first last.
   void release(std::vector<int>& table);
 
  private:

@@ -1,7 +1,9 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <random>
 #include <unordered_map>
 
@@ -137,10 +139,15 @@ SubmitStatus Engine::submit(EngineRequest req, std::string* why) {
     return say(SubmitStatus::kPromptTooLong,
                str("this model's maximum context length is ", max_model_len_, " tokens; the request has ",
                    req.prompt.size(), " prompt tokens and asks for ", p.max_tokens, " more"));
+  if (p.n > cfg_.max_queue_len)
+    return say(SubmitStatus::kInvalid, str("n = ", p.n, " sequences can never fit the engine's queue of ",
+                                           cfg_.max_queue_len, " sequences"));
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (int(incoming_.size()) + waiting_count_ >= cfg_.max_queue_len)
+    // Counted in sequences: a request with n = 128 takes as much of the queue as 128 requests.
+    if (incoming_seqs_ + waiting_count_ + p.n > cfg_.max_queue_len)
       return say(SubmitStatus::kQueueFull, "the server's request queue is full; retry later");
+    incoming_seqs_ += p.n;
     incoming_.push_back(std::move(req));
   }
   cv_.notify_one();
@@ -174,6 +181,32 @@ EngineStats Engine::stats() const {
 // Blocks freed in a or c (abort, finish, preemption) may still be written by step N and may be handed
 // to another sequence in N+1 at once. That is safe only because steps run in order on one thread and
 // a step writes every KV slot of its new tokens before it reads them: N+1 never sees N's stale data.
+namespace {
+
+// A request's callback, fenced: a throwing callback is the server's bug for that request alone, so
+// it is logged and reported to the caller (false), never allowed to unwind the engine loop.
+bool deliver(const EngineRequest& req, RequestOutput&& out) noexcept {
+  if (!req.on_output) return true;
+  try {
+    req.on_output(std::move(out));
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "beluga engine: the output callback of request %s threw: %s\n", req.id.c_str(),
+                 e.what());
+  } catch (...) {
+    std::fprintf(stderr, "beluga engine: the output callback of request %s threw\n", req.id.c_str());
+  }
+  return false;
+}
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
 void Engine::loop() {
   Impl& im = *impl_;
   const int V = model_.config().vocab_size;
@@ -196,7 +229,7 @@ void Engine::loop() {
     }
     out.finished = true;
     out.error = error;
-    if (r.req.on_output) r.req.on_output(std::move(out));
+    deliver(r.req, std::move(out));  // the request ends here whether or not its callback copes
     im.slot_of.erase(r.req.id);
     im.requests.erase(it);
     im.stats.requests_finished++;
@@ -284,34 +317,79 @@ void Engine::loop() {
     for (int b : im.published) im.blocks.unpublish(b);
   };
 
-  std::deque<EngineRequest> incoming;
-  std::vector<std::string> aborts;
-  for (;;) {
-    // a. New requests and aborts; block only when there is nothing to do at all.
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      if (!im.runner.in_flight())
-        cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
-      if (stop_) break;
-      incoming.swap(incoming_);
-      aborts.swap(aborts_);
+  // d. Step N+1: build its batch (every token is known now), launch it, commit it at once.
+  auto launch_next = [&] {
+    Batch& b = im.batch;
+    b.tokens.clear();
+    b.logit_rows.clear();
+    b.seqs.resize(im.chunks.size());
+    im.rows.clear();
+    im.step_slots.clear();
+    bool greedy = true;  // all rows greedy on raw logits: sample on the device
+    for (size_t i = 0; i < im.chunks.size(); ++i) {
+      const Chunk& c = im.chunks[i];
+      const Seq* s = c.seq;
+      BELUGA_ASSERT(c.start + c.len <= int(s->tokens.size()));
+      b.seqs[i].context_len = c.start;
+      b.seqs[i].query_len = c.len;
+      b.seqs[i].block_table.assign(s->blocks.begin(), s->blocks.end());
+      const int base = int(b.tokens.size()) - c.start;  // row of position c.start + k: base + c.start + k
+      b.tokens.insert(b.tokens.end(), s->tokens.begin() + c.start, s->tokens.begin() + c.start + c.len);
+      Impl::Request& rq = im.requests.at(s->request);
+      if (rq.prompt_lps_pending) {
+        // The prompt positions of this chunk no row has asked for yet; position p's logits score
+        // prompt token p + 1 (the last prompt position's are the sample row below). Every step
+        // before this one has been applied, so prompt_lp_next counts rows exactly.
+        BELUGA_ASSERT(c.start <= rq.prompt_lp_next || c.start >= s->num_prompt - 1);  // prefix_cap
+        const int from = std::max(c.start, rq.prompt_lp_next);
+        const int to = std::min(c.start + c.len, s->num_prompt - 1);
+        for (int p = from; p < to; ++p) {
+          b.logit_rows.push_back(base + p);
+          im.rows.push_back({s->request, s->index, p});
+        }
+        if (from < to) {
+          rq.prompt_lp_next = to;
+          greedy = false;  // these rows need the logits themselves
+        }
+      }
+      if (c.sample) {
+        b.logit_rows.push_back(int(b.tokens.size()) - 1);
+        im.rows.push_back({s->request, s->index, -1});
+        greedy = greedy && samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts,
+                                               s->num_output(), &rq.stop_ids, rq.seed, s->index});
+      }
+      im.step_slots.push_back(s->request);
     }
-    for (auto& req : incoming) {
-      const int slot = im.next_slot++;
-      Impl::Request r;
-      r.req = std::move(req);
-      r.seed = r.req.sampling.seed ? *r.req.sampling.seed : im.seed_source();
-      r.stop_ids = r.req.sampling.stop_token_ids;
-      if (!r.req.sampling.ignore_eos)
-        for (int e : model_.config().eos_token_ids) r.stop_ids.push_back(e);
-      im.slot_of[r.req.id] = slot;
-      auto [it, ok] = im.requests.emplace(slot, std::move(r));
-      Impl::Request& rr = it->second;
+    std::sort(im.step_slots.begin(), im.step_slots.end());
+    im.step_slots.erase(std::unique(im.step_slots.begin(), im.step_slots.end()), im.step_slots.end());
+    im.runner.launch(b, greedy && !b.logit_rows.empty());  // b now holds an older batch (capacity)
+    im.published.clear();
+    im.scheduler.commit(im.chunks, &im.published);
+    for (const Chunk& c : im.chunks)
+      if (c.sample) c.seq->pending = 1;
+  };
+
+  // A new request enters the engine. If anything here throws, the request fails on its own (its
+  // Seqs join the scheduler only once they are owned by the request, so nothing dangles).
+  auto admit = [&](EngineRequest&& req) {
+    const int slot = im.next_slot++;
+    try {
+      // In the map before anything else can throw: from here on a failure ends it through emit_final.
+      Impl::Request& rr = im.requests.try_emplace(slot).first->second;
+      rr.req = std::move(req);
+      im.slot_of[rr.req.id] = slot;
+      rr.seed = rr.req.sampling.seed ? *rr.req.sampling.seed : im.seed_source();
+      rr.stop_ids = rr.req.sampling.stop_token_ids;
+      if (!rr.req.sampling.ignore_eos)
+        for (int e : model_.config().eos_token_ids) rr.stop_ids.push_back(e);
       if (rr.req.sampling.prompt_logprobs >= 0) {
         rr.prompt_lps_pending = true;
         rr.prompt_lps.reserve(rr.req.prompt.size() - 1);
         rr.prefix_cap = 0;
       }
+      rr.seqs.reserve(size_t(rr.req.sampling.n));
+      rr.unfinished = rr.req.sampling.n;
+      im.stats.prompt_tokens += int64_t(rr.req.prompt.size());
       for (int i = 0; i < rr.req.sampling.n; ++i) {
         auto s = std::make_unique<Seq>();
         s->order = im.next_order++;
@@ -322,12 +400,28 @@ void Engine::loop() {
         s->tokens = rr.req.prompt;
         s->num_prompt = int(rr.req.prompt.size());
         s->max_length = std::min(s->num_prompt + rr.req.sampling.max_tokens, max_model_len_);
-        im.scheduler.add(s.get());
+        Seq* raw = s.get();
         rr.seqs.push_back(std::move(s));
+        im.scheduler.add(raw);
       }
-      rr.unfinished = rr.req.sampling.n;
-      im.stats.prompt_tokens += int64_t(rr.req.prompt.size());
+    } catch (const std::exception& e) {
+      const std::string why = str("internal error while admitting the request: ", e.what());
+      if (im.requests.count(slot)) {
+        emit_final(slot, FinishReason::kError, why);
+      } else {
+        RequestOutput out;
+        out.request_id = req.id;
+        out.finished = true;
+        out.error = why;
+        deliver(req, std::move(out));
+      }
     }
+  };
+
+  // One iteration after the inputs are taken: admit, abort, schedule N+1, apply N, launch N+1, emit
+  // N's outputs.
+  auto iterate = [&](std::deque<EngineRequest>& incoming, std::vector<std::string>& aborts) {
+    for (auto& req : incoming) admit(std::move(req));
     incoming.clear();
 
     // After admitting: an abort may name a request that arrived in the same batch.
@@ -361,71 +455,29 @@ void Engine::loop() {
         // A sequence that finished at N may still have a chunk in N+1 (a stop token arrived); its
         // blocks are already released. Seqs stay alive until step e, so c.seq is valid here.
         std::erase_if(im.chunks, [](const Chunk& c) { return c.seq->finish != FinishReason::kNone; });
+        if (cfg_.loop_hook) cfg_.loop_hook(im.stats.steps);
       } else {
+        im.stats.failed_steps++;
         fail_step(error);  // a failed step fails the requests in it; the engine keeps serving the others
       }
     }
 
     // d. Step N+1: build, launch, commit.
-    if (!im.chunks.empty()) {
-      Batch& b = im.batch;
-      b.tokens.clear();
-      b.logit_rows.clear();
-      b.seqs.resize(im.chunks.size());
-      im.rows.clear();
-      im.step_slots.clear();
-      bool greedy = true;  // all rows greedy on raw logits: sample on the device
-      for (size_t i = 0; i < im.chunks.size(); ++i) {
-        const Chunk& c = im.chunks[i];
-        const Seq* s = c.seq;
-        BELUGA_ASSERT(c.start + c.len <= int(s->tokens.size()));
-        b.seqs[i].context_len = c.start;
-        b.seqs[i].query_len = c.len;
-        b.seqs[i].block_table.assign(s->blocks.begin(), s->blocks.end());
-        const int base = int(b.tokens.size()) - c.start;  // row of position c.start + k: base + c.start + k
-        b.tokens.insert(b.tokens.end(), s->tokens.begin() + c.start, s->tokens.begin() + c.start + c.len);
-        Impl::Request& rq = im.requests.at(s->request);
-        if (rq.prompt_lps_pending) {
-          // The prompt positions of this chunk no row has asked for yet; position p's logits score
-          // prompt token p + 1 (the last prompt position's are the sample row below). Every step
-          // before this one has been applied, so prompt_lp_next counts rows exactly.
-          BELUGA_ASSERT(c.start <= rq.prompt_lp_next || c.start >= s->num_prompt - 1);  // prefix_cap
-          const int from = std::max(c.start, rq.prompt_lp_next);
-          const int to = std::min(c.start + c.len, s->num_prompt - 1);
-          for (int p = from; p < to; ++p) {
-            b.logit_rows.push_back(base + p);
-            im.rows.push_back({s->request, s->index, p});
-          }
-          if (from < to) {
-            rq.prompt_lp_next = to;
-            greedy = false;  // these rows need the logits themselves
-          }
-        }
-        if (c.sample) {
-          b.logit_rows.push_back(int(b.tokens.size()) - 1);
-          im.rows.push_back({s->request, s->index, -1});
-          greedy = greedy && samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts,
-                                                 s->num_output(), &rq.stop_ids, rq.seed, s->index});
-        }
-        im.step_slots.push_back(s->request);
-      }
-      std::sort(im.step_slots.begin(), im.step_slots.end());
-      im.step_slots.erase(std::unique(im.step_slots.begin(), im.step_slots.end()), im.step_slots.end());
-      im.runner.launch(b, greedy && !b.logit_rows.empty());  // b now holds an older batch (capacity)
-      im.published.clear();
-      im.scheduler.commit(im.chunks, &im.published);
-      for (const Chunk& c : im.chunks)
-        if (c.sample) c.seq->pending = 1;
-    }
+    if (!im.chunks.empty()) launch_next();
 
-    // e. Step N's outputs, while N+1 runs.
+    // e. Step N's outputs, while N+1 runs. A callback that throws fails its own request only.
     for (auto& [slot, out] : im.outs) {
-      Impl::Request& rq = im.requests.at(slot);
+      auto it = im.requests.find(slot);
+      if (it == im.requests.end()) continue;
+      Impl::Request& rq = it->second;
       out.request_id = rq.req.id;
       out.prompt_tokens = int(rq.req.prompt.size());
       out.cached_tokens = rq.seqs[0]->num_cached;
       out.finished = rq.unfinished == 0;
-      if (rq.req.on_output) rq.req.on_output(std::move(out));
+      if (!deliver(rq.req, std::move(out)) && rq.unfinished > 0) {
+        emit_final(slot, FinishReason::kError, "internal error: the request's output could not be delivered");
+        continue;
+      }
       if (rq.unfinished == 0) {
         im.slot_of.erase(rq.req.id);
         im.requests.erase(slot);
@@ -434,6 +486,56 @@ void Engine::loop() {
     }
     im.outs.clear();
     im.out_of.clear();
+  };
+
+  // The step boundary: an exception escaped an iteration, so the state of the steps in hand (the one
+  // in flight, the one being built, outputs not yet delivered) cannot be trusted. The step in flight
+  // finishes first (its KV writes must land before its blocks are reused); its blocks leave the prefix
+  // index as after a failed forward; every request those steps concern fails; requests the loop had
+  // not touched yet (waiting, not scheduled) go on.
+  auto recover = [&](const std::string& what) {
+    std::fprintf(stderr, "beluga engine: internal error in a step, failing its requests: %s\n", what.c_str());
+    im.stats.failed_steps++;
+    if (im.runner.in_flight()) {
+      try {
+        im.runner.wait();
+      } catch (...) {  // its requests fail below either way
+      }
+    }
+    for (const Chunk& c : im.chunks) im.step_slots.push_back(c.seq->request);
+    for (const auto& [slot, out] : im.outs) im.step_slots.push_back(slot);
+    im.outs.clear();
+    im.out_of.clear();
+    im.rows.clear();
+    fail_step(str("internal error in the engine: ", what));
+    im.chunks.clear();
+    im.step_slots.clear();
+    im.published.clear();
+  };
+
+  std::deque<EngineRequest> incoming;
+  std::vector<std::string> aborts;
+  for (;;) {
+    // a. New requests and aborts; block only when there is nothing to do at all.
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (!im.runner.in_flight())
+        cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
+      if (stop_) break;
+      incoming.swap(incoming_);
+      aborts.swap(aborts_);
+      waiting_count_ += incoming_seqs_;  // still queued as far as submit() is concerned
+      incoming_seqs_ = 0;
+    }
+    try {
+      iterate(incoming, aborts);
+    } catch (const std::exception& e) {
+      recover(e.what());
+    } catch (...) {
+      recover("unknown exception");
+    }
+    incoming.clear();
+    aborts.clear();
     {
       std::lock_guard<std::mutex> lk(mu_);
       waiting_count_ = im.scheduler.num_waiting();
@@ -443,6 +545,7 @@ void Engine::loop() {
       im.stats.preemptions = im.scheduler.preemptions();
       im.stats.prefix_cache_queries = im.scheduler.cache_queries();
       im.stats.prefix_cache_hits = im.scheduler.cache_hits();
+      im.stats.last_step_unix_ms = unix_ms();
       published_stats_ = im.stats;
     }
   }

@@ -2,6 +2,9 @@
 // schedule -> build batch -> forward -> sample -> emit outputs, with the forward on a thread of its
 // own (ModelRunner) so that the CPU work of step N+1 overlaps the model's work on step N.
 // Thread-safe submit/abort; outputs go to each request's callback on the engine thread.
+// Failure boundary: an exception escaping any part of a loop iteration (scheduling, sampling, batch
+// building, a request's output callback) fails the requests it concerns and the loop goes on; a
+// callback that throws fails only its own request. The queue limit counts sequences (n per request).
 #pragma once
 
 #include <atomic>
@@ -25,11 +28,15 @@ struct EngineConfig {
   int num_kv_blocks = 0;              // 0: from kv_cache_bytes
   size_t kv_cache_bytes = size_t(1) << 30;
   int max_model_len = 0;    // 0: the model's max positions
-  int max_queue_len = 256;  // waiting requests; beyond it submit() says kQueueFull
+  int max_queue_len = 256;  // waiting sequences (each request counts n); beyond it submit() says kQueueFull
   bool enable_prefix_caching = true;
   // Testing aid: called on the model thread before each step's forward with the step's number
   // (0, 1, ...); an exception it throws fails the step like a forward error.
   std::function<void(int64_t step)> step_hook;
+  // Testing aid: called on the engine thread after each step's results are applied, with the number
+  // of steps applied so far (1, 2, ...); an exception it throws takes the loop's failure path (the
+  // requests of the steps in hand fail, the engine keeps serving the others).
+  std::function<void(int64_t steps)> loop_hook;
 };
 
 enum class SubmitStatus { kOk, kQueueFull, kPromptTooLong, kInvalid };
@@ -42,6 +49,8 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // of which served from cache
   int64_t preemptions = 0;
   int64_t steps = 0;
+  int64_t failed_steps = 0;       // forward errors and exceptions caught by the loop's step boundary
+  int64_t last_step_unix_ms = 0;  // when the loop last finished an iteration (liveness)
   int running = 0;
   int waiting = 0;
   int kv_blocks_total = 0;
@@ -72,6 +81,7 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<EngineRequest> incoming_;
+  int incoming_seqs_ = 0;  // sequences (sum of n) in incoming_, for the queue limit
   std::vector<std::string> aborts_;
   bool stop_ = false;
   int waiting_count_ = 0;  // sequences the scheduler has not admitted yet (for the queue limit)

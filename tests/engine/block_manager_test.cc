@@ -114,5 +114,35 @@ TEST(BlockManager, UnpublishedBlocksAreNoLongerFoundAndAreReusedFirst) {
   EXPECT_EQ(bm.num_used(), 0);
 }
 
+// A released prefix is evicted tail first: after its last block's eviction its first blocks are still
+// found, so a later request that shares the prefix reuses the head. Evicting the head first (as a
+// forward-order release did) would make the whole chain unreachable after a single eviction.
+TEST(BlockManager, APrefixsHeadOutlivesItsTail) {
+  BlockManager bm(4, true);
+  auto t = tokens(4 * kKvBlockSize, 11);
+  auto h = block_hashes(t, "", 4);
+  std::vector<int> a;
+  ASSERT_TRUE(bm.grow(a, 4 * kKvBlockSize));
+  for (int i = 0; i < 4; ++i) bm.publish(a[size_t(i)], h[size_t(i)]);
+  const std::vector<int> blocks = a;
+  bm.release(a);
+  // One new block evicts exactly one cached block: the prefix's last.
+  std::vector<int> b;
+  ASSERT_TRUE(bm.grow(b, 1));
+  EXPECT_EQ(b[0], blocks[3]);
+  std::vector<int> c = bm.acquire_prefix(h);
+  EXPECT_EQ(c, std::vector<int>(blocks.begin(), blocks.begin() + 3));
+  bm.release(c);
+  bm.release(b);  // a plain block now: reused before any cached one
+  // Two more evict the tail of what is left (block 2, then block 1); block 0 survives them.
+  std::vector<int> d;
+  ASSERT_TRUE(bm.grow(d, 3 * kKvBlockSize));
+  EXPECT_EQ(d, (std::vector<int>{blocks[3], blocks[2], blocks[1]}));
+  std::vector<int> e = bm.acquire_prefix(h);
+  EXPECT_EQ(e, std::vector<int>{blocks[0]});
+  bm.release(e);
+  bm.release(d);
+}
+
 }  // namespace
 }  // namespace beluga
