@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DBELUGA_CUDA=AUTO
 
-.PHONY: setup build run test test-asan format clean
+.PHONY: setup build run test test-asan test-tsan format clean
 
 setup:
 	bash scripts/setup.sh
@@ -31,8 +31,20 @@ test-asan: setup
 	bash scripts/setup-test-tools.sh
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# The engine and server tests (the threaded parts: engine loop, model runner, Asio I/O threads) under
+# ThreadSanitizer. GCC's libgomp is not instrumented (its barriers look like races), so in this build
+# the CPU kernels run on one OpenMP thread; every thread of Beluga's own (engine loop, model runner,
+# Asio I/O, workers) is checked.
+test-tsan: setup
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBELUGA_TSAN=ON -DBELUGA_CUDA=OFF \
+	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+	cmake --build build-tsan -j $(JOBS) --target beluga test_engine test_server
+	bash scripts/setup-test-tools.sh
+	cd build-tsan && OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  ctest --output-on-failure -j $(JOBS) -L "engine|server"
+
 format:
 	find src tests -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan

@@ -41,6 +41,9 @@ void check_f32_2d(const Tensor& t, const char* what) {
 
 CpuOps::CpuOps(CpuOptions opt) : k_(&cpu::select_kernels()), bf16_act_(opt.bf16_activations) {
   threads_ = opt.threads > 0 ? opt.threads : omp_get_max_threads();
+#ifdef BELUGA_TSAN
+  threads_ = 1;  // libgomp's synchronization is invisible to ThreadSanitizer (CMakeLists.txt)
+#endif
 }
 
 CpuOps::~CpuOps() = default;
