@@ -233,8 +233,11 @@ class Ops {
   virtual void compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, const Tensor& ape, int rate,
                              bool overlap);
   // Lightning indexer: score[t, w] = sum_h (weights[t, h] * w_scale) * relu(q[t, h] . keys[w]) * q_scale
-  // over entries w < (t + 1) / rate (complete before t); ids [T, k] I32 = the top-k entries (ties: the
-  // lower index), -1 past the number of entries t may see. q [T, H, d], keys [W, d], weights [T, H].
+  // over entries w < (t + 1) / rate (complete before t); ids [T, k] I32 = the top-k entries in no
+  // particular order, -1 past the number of entries t may see. q [T, H, d], keys [W, d], weights
+  // [T, H]. Ties are broken as the reference (torch.topk on the CPU) breaks them: the scores of all W
+  // entries in index order, unseen ones at -inf, std::nth_element at k-1 on the value alone; so, as
+  // there, a tied query's pick may depend on W.
   virtual void indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
                             float q_scale, float w_scale);
   // Shared-KV attention with per-head sinks. Query t (q [T, H, D]) sees kv rows (t - window, t] of
@@ -247,7 +250,8 @@ class Ops {
   // ids [T, k] = hash_table[tokens[t]] when hash_table (I32 [vocab, k]) is given, else the top-k of
   // s + bias (bias may be empty); weights = s[ids] / (sum + 1e-20) * scale.
   virtual void moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
-                            const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring, float scale);
+                            const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
+                            float scale);
 };
 
 [[noreturn]] inline void unsupported_on_backend(const char* op) {
@@ -257,7 +261,9 @@ class Ops {
 inline void Ops::hc_weights(Tensor, Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&, int, float) {
   unsupported_on_backend("hc_weights");
 }
-inline void Ops::hc_collapse(Tensor, const Tensor&, const Tensor&) { unsupported_on_backend("hc_collapse"); }
+inline void Ops::hc_collapse(Tensor, const Tensor&, const Tensor&) {
+  unsupported_on_backend("hc_collapse");
+}
 inline void Ops::hc_expand(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   unsupported_on_backend("hc_expand");
 }

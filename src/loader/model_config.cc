@@ -157,16 +157,17 @@ void parse_v4(const json& j, ModelConfig& c) {
   // Ropes: the sliding layers' plain one (rope_theta) and the compressed branches' (yarn on
   // compress_rope_theta; its cos/sin unscaled, attention_factor 1, as transformers forces).
   v.compress_rope_theta = get_or<double>(j, "compress_rope_theta", 160000.0);
-  const json* rp = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? &j["rope_parameters"]
-                                                                                     : nullptr;
+  const json* rp =
+      j.contains("rope_parameters") && j["rope_parameters"].is_object() ? &j["rope_parameters"] : nullptr;
   c.rope = {};
   if (rp && rp->contains("main") && (*rp)["main"].is_object() && rp->contains("compress") &&
       (*rp)["compress"].is_object()) {
     c.rope = parse_rope_dict((*rp)["main"], &c.rope_theta);
     v.compress_rope = parse_rope_dict((*rp)["compress"], &v.compress_rope_theta);
   } else {
-    const json* rs = rp ? rp : (j.contains("rope_scaling") && j["rope_scaling"].is_object() ? &j["rope_scaling"]
-                                                                                            : nullptr);
+    const json* rs =
+        rp ? rp
+           : (j.contains("rope_scaling") && j["rope_scaling"].is_object() ? &j["rope_scaling"] : nullptr);
     double ignored = 0;
     if (rs) v.compress_rope = parse_rope_dict(*rs, &ignored);
     v.compress_rope.attention_factor = 1.0;
@@ -206,9 +207,9 @@ void parse_v4(const json& j, ModelConfig& c) {
   c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", true);
   c.routed_scaling_factor = get_or<double>(j, "routed_scaling_factor", 1.5);
   c.num_nextn_predict_layers = get_or<int>(j, "num_nextn_predict_layers", 0);
-  BELUGA_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts &&
-                   c.moe_intermediate_size > 0,
-               "config.json: bad MoE dimensions");
+  BELUGA_CHECK(
+      c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts && c.moe_intermediate_size > 0,
+      "config.json: bad MoE dimensions");
 }
 
 }  // namespace

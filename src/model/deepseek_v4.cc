@@ -31,8 +31,8 @@ struct Layer {
   V4AttentionWeights attn;
   bool hash = false;
   Weight router;
-  Tensor bias;      // F32 [E] selection bias (learned-routing layers)
-  Tensor tid2eid;   // I32 [vocab, k] (hash layers)
+  Tensor bias;     // F32 [E] selection bias (learned-routing layers)
+  Tensor tid2eid;  // I32 [vocab, k] (hash layers)
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;
 };
@@ -49,11 +49,12 @@ class DeepseekV4Model final : public Model {
                   K = c.num_experts_per_tok;
     embed_ = ops.upload(src.get("model.embed_tokens.weight", {c.vocab_size, D}));
     n_params_ += int64_t(c.vocab_size) * D;
-    V4Loaders load{[&](const std::string& p, int64_t out, int64_t in) { return load_linear(src, p, out, in); },
-                   [&](const std::string& name, int64_t len) { return load_vector(src, name, len); },
-                   [&](const std::string& name, std::initializer_list<int64_t> shape) {
-                     return load_f32(src, name, shape);
-                   }};
+    V4Loaders load{
+        [&](const std::string& p, int64_t out, int64_t in) { return load_linear(src, p, out, in); },
+        [&](const std::string& name, int64_t len) { return load_vector(src, name, len); },
+        [&](const std::string& name, std::initializer_list<int64_t> shape) {
+          return load_f32(src, name, shape);
+        }};
     const float limit = float(v.swiglu_limit);
     for (int l = 0; l < c.num_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -65,6 +66,10 @@ class DeepseekV4Model final : public Model {
       L.attn = load_v4_attention(c, l, p + "attn.", load);
       L.hash = v.hash_moe[size_t(l)];
       L.router = load_linear(src, p + "ffn.gate", E, D);
+      if (!L.router.bias.empty()) {  // ffn.gate.bias selects experts; it is not added to the logits
+        L.router.bias = {};
+        n_params_ -= E;
+      }
       if (L.hash) {
         L.tid2eid = load_hash_table(src, p + "ffn.gate.tid2eid", c.vocab_size, K);
       } else {
@@ -132,8 +137,8 @@ class DeepseekV4Model final : public Model {
       const int64_t e = host.dtype == DType::kI64   ? host.ptr<const int64_t>()[i]
                         : host.dtype == DType::kI32 ? host.ptr<const int32_t>()[i]
                                                     : -1;
-      BELUGA_CHECK(host.dtype == DType::kI64 || host.dtype == DType::kI32, name, ": expected integer ids, got ",
-                   host.describe());
+      BELUGA_CHECK(host.dtype == DType::kI64 || host.dtype == DType::kI32, name,
+                   ": expected integer ids, got ", host.describe());
       BELUGA_CHECK(e >= 0 && e < cfg_.n_routed_experts, name, ": expert id ", e, " out of range");
       ids[i] = int32_t(e);
     }
@@ -147,7 +152,8 @@ class DeepseekV4Model final : public Model {
     // The mixing matrix has no ".weight" suffix (a parameter, not a Linear, in the checkpoint).
     HyperConnection hc;
     Tensor fn = src.get(p + "fn", {mix, width});
-    BELUGA_CHECK(fn.dtype == DType::kBF16 || fn.dtype == DType::kF32, p, "fn: unsupported dtype ", fn.describe());
+    BELUGA_CHECK(fn.dtype == DType::kBF16 || fn.dtype == DType::kF32, p, "fn: unsupported dtype ",
+                 fn.describe());
     hc.fn.w = ops_.upload(fn);
     n_params_ += mix * width;
     hc.base = load_f32(src, p + "base", {mix});
@@ -172,10 +178,12 @@ class DeepseekV4Model final : public Model {
   }
 
   // The base class's layer hooks: V4's step (below) drives its own loop around these.
-  LayerNorms layer_norms(int l) const override { return {layers_[size_t(l)].attn_norm, layers_[size_t(l)].ffn_norm}; }
+  LayerNorms layer_norms(int l) const override {
+    return {layers_[size_t(l)].attn_norm, layers_[size_t(l)].ffn_norm};
+  }
 
-  Tensor attention(int l, const NormedInput& in, const AttnMeta&, const Tensor& pos, Tensor, const ForwardOptions&,
-                   int) override {
+  Tensor attention(int l, const NormedInput& in, const AttnMeta&, const Tensor& pos, Tensor,
+                   const ForwardOptions&, int) override {
     ops_.normalize(in);
     Tensor out = ops_.scratch(ops_.act_dtype(), {in.out.shape[0], cfg_.hidden_size});
     v4_attention(ops_, cfg_, layers_[size_t(l)].attn, ropes_, in.out, pos, ones_, out);
@@ -199,7 +207,8 @@ class DeepseekV4Model final : public Model {
   // One hyper-connected block: collapse the streams with `hc`'s pre weights, run the block on the
   // normed result, and write the expanded output mixed with the streams into `next`.
   template <typename Block>
-  void hc_block(const HyperConnection& hc, const Tensor& norm, const Tensor& streams, Tensor next, Block&& block) {
+  void hc_block(const HyperConnection& hc, const Tensor& norm, const Tensor& streams, Tensor next,
+                Block&& block) {
     const int64_t T = streams.shape[0], n = cfg_.v4.hc_mult, D = cfg_.hidden_size;
     const float eps = float(cfg_.rms_norm_eps);
     Tensor flat = ops_.scratch(DType::kF32, {T, n * D});
@@ -208,7 +217,8 @@ class DeepseekV4Model final : public Model {
     ops_.linear(mix, flat, hc.fn);
     Tensor pre = ops_.scratch(DType::kF32, {T, n}), post = ops_.scratch(DType::kF32, {T, n});
     Tensor comb = ops_.scratch(DType::kF32, {T, n * n});
-    ops_.hc_weights(pre, post, comb, mix, hc.base, hc.scale, cfg_.v4.hc_sinkhorn_iters, float(cfg_.v4.hc_eps));
+    ops_.hc_weights(pre, post, comb, mix, hc.base, hc.scale, cfg_.v4.hc_sinkhorn_iters,
+                    float(cfg_.v4.hc_eps));
     Tensor collapsed = ops_.scratch(ops_.act_dtype(), {T, D});
     ops_.hc_collapse(collapsed, streams, pre);
     Tensor x = ops_.scratch(ops_.act_dtype(), {T, D});
@@ -314,7 +324,8 @@ class DeepseekV4Model final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) {
+std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops,
+                                        int max_positions) {
   return std::make_unique<DeepseekV4Model>(cfg, src, ops, max_positions);
 }
 

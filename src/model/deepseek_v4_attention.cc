@@ -28,8 +28,8 @@ void rope_tail(Ops& ops, const Tensor& t, int64_t H, int64_t d, const Tensor& po
 
 // One compressor over x [T, D]: the T / rate pooled entries [W, d], normed and roped at w * rate.
 // Empty when no window is complete yet.
-Tensor compress(Ops& ops, const ModelConfig& c, const V4Compressor& w, const Tensor& x, int rate, bool overlap,
-                int64_t d, const RopeTable& rope) {
+Tensor compress(Ops& ops, const ModelConfig& c, const V4Compressor& w, const Tensor& x, int rate,
+                bool overlap, int64_t d, const RopeTable& rope) {
   const int64_t T = x.shape[0], W = T / rate, width = overlap ? 2 * d : d;
   if (W == 0) return {};
   const DType act = ops.act_dtype();
@@ -49,7 +49,8 @@ Tensor compress(Ops& ops, const ModelConfig& c, const V4Compressor& w, const Ten
 
 }  // namespace
 
-V4AttentionWeights load_v4_attention(const ModelConfig& c, int layer, const std::string& p, const V4Loaders& load) {
+V4AttentionWeights load_v4_attention(const ModelConfig& c, int layer, const std::string& p,
+                                     const V4Loaders& load) {
   const V4Config& v = c.v4;
   const int64_t D = c.hidden_size, H = c.num_heads, hd = c.head_dim, G = v.o_groups;
   V4AttentionWeights w;
@@ -115,8 +116,8 @@ void v4_attention(Ops& ops, const ModelConfig& c, const V4AttentionWeights& w, c
       Tensor hw = ops.scratch(act, {T, ih});
       ops.linear(hw, x, w.idx_weights);
       comp_ids = ops.scratch(DType::kI32, {T, v.index_topk});
-      ops.indexer_topk(comp_ids, split_heads(iq, ih, id), keys, hw, w.rate, float(1.0 / std::sqrt(double(id))),
-                       float(1.0 / std::sqrt(double(ih))));
+      ops.indexer_topk(comp_ids, split_heads(iq, ih, id), keys, hw, w.rate,
+                       float(1.0 / std::sqrt(double(id))), float(1.0 / std::sqrt(double(ih))));
     }
   }
   Tensor o = ops.scratch(act, {T, H, hd});

@@ -10,7 +10,8 @@
 namespace beluga {
 
 std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
-std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
+std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops,
+                                        int max_positions);
 std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
 
 Model::Model(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {}

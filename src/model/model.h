@@ -72,7 +72,7 @@ class Model {
   // Embedding, layers, then the F32 logits [rows, vocab] of the given rows (none: empty `rows`).
   // Virtual for architectures whose step is not a stack of pre-norm residual layers (DeepSeek-V4).
   virtual Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
-                   KvCache& kv, const ForwardOptions& opt, int max_query_len);
+                           KvCache& kv, const ForwardOptions& opt, int max_query_len);
   // From the embedded tokens to the final-normed hidden states [T, D].
   Tensor run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& positions, KvCache& kv,
                     const ForwardOptions& opt, int max_query_len);

@@ -171,7 +171,8 @@ TEST_P(V4Fixture, BatchedAndChunkedSequencesMatchSingle) {
   const int V = l.cfg.vocab_size;
   auto a = to_ids(ints(*l.ref, "prompt_1"));
   auto b = to_ids(ints(*l.ref, "prompt_0"));
-  const std::vector<float> ra = gen.prompt_logits(a, MlaMode::kAuto), rb = gen.prompt_logits(b, MlaMode::kAuto);
+  const std::vector<float> ra = gen.prompt_logits(a, MlaMode::kAuto),
+                           rb = gen.prompt_logits(b, MlaMode::kAuto);
   const int na = int(a.size()), nb = int(b.size()), split = na / 2;
   KvCache kv = l.model->make_kv_cache(4);
   // Step 1: the first half of a alone (its KV only). Step 2: a's second half next to all of b.
@@ -188,9 +189,11 @@ TEST_P(V4Fixture, BatchedAndChunkedSequencesMatchSingle) {
   std::vector<float> out(both.logit_rows.size() * size_t(V));
   l.model->forward(both, kv, out.data());
   for (int i = 0; i < na - split; ++i)
-    EXPECT_LE(rel_l2(out.data() + size_t(i) * V, ra.data() + size_t(split + i) * V, V), 1e-6) << "a row " << i;
+    EXPECT_LE(rel_l2(out.data() + size_t(i) * V, ra.data() + size_t(split + i) * V, V), 1e-6)
+        << "a row " << i;
   for (int i = 0; i < nb; ++i)
-    EXPECT_LE(rel_l2(out.data() + size_t(na - split + i) * V, rb.data() + size_t(i) * V, V), 1e-6) << "b row " << i;
+    EXPECT_LE(rel_l2(out.data() + size_t(na - split + i) * V, rb.data() + size_t(i) * V, V), 1e-6)
+        << "b row " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, V4Fixture, ::testing::Values("dsv4-tiny-hca16", "dsv4-tiny"));

@@ -29,8 +29,8 @@ float* fhead_mut(const Tensor& t, int64_t r, int64_t h) {
 }
 
 void check_f32(const Tensor& t, const char* op, const char* what) {
-  BELUGA_CHECK(t.dtype == DType::kF32 && t.stride[t.ndim - 1] == 1, op, ": ", what, " must be F32 with unit stride, got ",
-               t.describe());
+  BELUGA_CHECK(t.dtype == DType::kF32 && t.stride[t.ndim - 1] == 1, op, ": ", what,
+               " must be F32 with unit stride, got ", t.describe());
 }
 
 float sigmoid(float x) {
@@ -67,7 +67,8 @@ void CpuOps::hc_weights(Tensor pre, Tensor post, Tensor comb, const Tensor& mix,
       double mx = -INFINITY;
       for (int64_t k = 0; k < n; ++k) mx = std::max(mx, double(zr[k] * sc[2] + br[k]));
       double sum = 0;
-      for (int64_t k = 0; k < n; ++k) sum += (c[size_t(r * n + k)] = std::exp(double(zr[k] * sc[2] + br[k]) - mx));
+      for (int64_t k = 0; k < n; ++k)
+        sum += (c[size_t(r * n + k)] = std::exp(double(zr[k] * sc[2] + br[k]) - mx));
       for (int64_t k = 0; k < n; ++k) c[size_t(r * n + k)] = c[size_t(r * n + k)] / sum + eps;
     }
     auto norm_cols = [&] {
@@ -97,7 +98,8 @@ void CpuOps::hc_weights(Tensor pre, Tensor post, Tensor comb, const Tensor& mix,
 void CpuOps::hc_collapse(Tensor out, const Tensor& streams, const Tensor& pre) {
   cpu::OpProfile::Scope prof(profile_, "hc_collapse");
   const int64_t T = out.shape[0], D = out.shape[1], n = pre.shape[1];
-  BELUGA_CHECK(streams.shape[0] == T && streams.shape[1] == n * D && pre.shape[0] == T, "hc_collapse: shapes");
+  BELUGA_CHECK(streams.shape[0] == T && streams.shape[1] == n * D && pre.shape[0] == T,
+               "hc_collapse: shapes");
   for (int64_t t = 0; t < T; ++t) {
     const float* s = frow(streams, t);
     const float* p = frow(pre, t);
@@ -161,7 +163,8 @@ void CpuOps::compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, con
       const double mx = *std::max_element(logit.begin(), logit.begin() + m);
       double sum = 0, acc = 0;
       for (int i = 0; i < m; ++i) sum += std::exp(logit[size_t(i)] - mx);
-      for (int i = 0; i < m; ++i) acc += double(float(std::exp(logit[size_t(i)] - mx) / sum)) * *val[size_t(i)];
+      for (int i = 0; i < m; ++i)
+        acc += double(float(std::exp(logit[size_t(i)] - mx) / sum)) * *val[size_t(i)];
       o[ch] = float(acc);
     }
   }
@@ -172,32 +175,37 @@ void CpuOps::indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const
   cpu::OpProfile::Scope prof(profile_, "indexer_topk");
   const int64_t T = q.shape[0], H = q.shape[1], d = q.shape[2], W = keys.empty() ? 0 : keys.shape[0];
   const int64_t K = ids.shape[1];
-  BELUGA_CHECK(ids.dtype == DType::kI32 && ids.shape[0] == T && weights.shape[0] == T && weights.shape[1] == H &&
-                   (W == 0 || keys.shape[1] == d) && rate > 0,
+  BELUGA_CHECK(ids.dtype == DType::kI32 && ids.shape[0] == T && weights.shape[0] == T &&
+                   weights.shape[1] == H && (W == 0 || keys.shape[1] == d) && rate > 0,
                "indexer_topk: shapes");
-  std::vector<float> score(size_t(std::max<int64_t>(W, 1)));
-  std::vector<int> order(size_t(std::max<int64_t>(W, 1)));
+  // Ties (exact zeros after the ReLU are common) are broken as torch.topk's CPU kernel breaks them:
+  // every entry in index order, the unseen ones at -inf, std::nth_element on the value alone.
+  using Entry = std::pair<float, int>;
+  std::vector<Entry> queue(static_cast<size_t>(W));
+  const int64_t take = std::min(K, W);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t visible = std::min<int64_t>(W, (t + 1) / rate);
     const float* wt = frow(weights, t);
-    for (int64_t w = 0; w < visible; ++w) {
-      const float* k = frow(keys, w);
-      float s = 0;
-      for (int64_t h = 0; h < H; ++h) {
-        const float* qh = fhead(q, t, h);
-        float dot = 0;
-        for (int64_t i = 0; i < d; ++i) dot += qh[i] * k[i];
-        s += std::max(dot, 0.0f) * q_scale * (wt[h] * w_scale);
+    for (int64_t w = 0; w < W; ++w) {
+      float s = -INFINITY;
+      if (w < visible) {
+        const float* k = frow(keys, w);
+        s = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          const float* qh = fhead(q, t, h);
+          float dot = 0;
+          for (int64_t i = 0; i < d; ++i) dot += qh[i] * k[i];
+          s += std::max(dot, 0.0f) * q_scale * (wt[h] * w_scale);
+        }
       }
-      score[size_t(w)] = s;
+      queue[size_t(w)] = {s, int(w)};
     }
-    std::iota(order.begin(), order.begin() + visible, 0);
-    const int64_t take = std::min(K, visible);
-    std::partial_sort(order.begin(), order.begin() + take, order.begin() + visible, [&](int a, int b) {
-      return score[size_t(a)] > score[size_t(b)] || (score[size_t(a)] == score[size_t(b)] && a < b);
-    });
+    if (take > 0)
+      std::nth_element(queue.begin(), queue.begin() + (take - 1), queue.end(),
+                       [](const Entry& x, const Entry& y) { return x.first > y.first; });
     int32_t* o = ids.ptr<int32_t>() + t * ids.stride[0];
-    for (int64_t i = 0; i < K; ++i) o[i] = i < take ? order[size_t(i)] : -1;
+    for (int64_t i = 0; i < K; ++i)
+      o[i] = i < take && queue[size_t(i)].second < visible ? queue[size_t(i)].second : -1;
   }
 }
 
@@ -255,7 +263,8 @@ void CpuOps::sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const
 }
 
 void CpuOps::moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
-                          const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring, float scale) {
+                          const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
+                          float scale) {
   cpu::OpProfile::Scope prof(profile_, "moe_route_v4");
   const int64_t T = logits.shape[0], E = logits.shape[1], K = ids.shape[1];
   check_f32(logits, "moe_route_v4", "logits");
@@ -285,7 +294,8 @@ void CpuOps::moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, cons
     int32_t* id = ids.ptr<int32_t>() + t * ids.stride[0];
     if (hashed) {
       const int32_t tok = tokens.ptr<const int32_t>()[t];
-      BELUGA_CHECK(tok >= 0 && tok < hash_table.shape[0], "moe_route_v4: token ", tok, " outside the hash table");
+      BELUGA_CHECK(tok >= 0 && tok < hash_table.shape[0], "moe_route_v4: token ", tok,
+                   " outside the hash table");
       const int32_t* row = hash_table.ptr<const int32_t>() + int64_t(tok) * hash_table.stride[0];
       for (int64_t i = 0; i < K; ++i) {
         BELUGA_CHECK(row[i] >= 0 && row[i] < E, "moe_route_v4: hash table names expert ", row[i]);

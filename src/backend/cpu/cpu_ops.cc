@@ -327,7 +327,8 @@ void CpuOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const T
   const int64_t T = logits.shape[0], E = logits.shape[1];
   const int K = p.top_k, G = p.n_group;
   BELUGA_CHECK(E % G == 0 && p.topk_group <= G && K <= E, "moe_route: bad router parameters");
-  BELUGA_CHECK(p.scoring != RouterScoring::kSqrtSoftplus, "moe_route: sqrtsoftplus scoring is moe_route_v4's");
+  BELUGA_CHECK(p.scoring != RouterScoring::kSqrtSoftplus,
+               "moe_route: sqrtsoftplus scoring is moe_route_v4's");
   std::vector<float> s(E), sel(E), gscore(G);
   std::vector<int> order(std::max<int64_t>(E, G));
   for (int64_t t = 0; t < T; ++t) {

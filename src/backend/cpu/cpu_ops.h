@@ -83,10 +83,12 @@ class CpuOps final : public Ops {
                      bool overlap) override;
   void indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
                     float q_scale, float w_scale) override;
-  void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp, const Tensor& comp_ids,
-                      const Tensor& sinks, int window, int rate, float scale) override;
+  void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
+                      const Tensor& comp_ids, const Tensor& sinks, int window, int rate,
+                      float scale) override;
   void moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
-                    const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring, float scale) override;
+                    const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
+                    float scale) override;
 
  private:
   // Runs the GEMM for rows of x against W rows [0, N), split over threads by columns.
