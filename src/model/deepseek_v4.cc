@@ -5,7 +5,11 @@
 //
 // First slice, no incremental state: the paged cache holds each position's token id, and every step
 // recomputes each sequence's whole prefix (cached tokens + new ones) to produce the new rows. Exact,
-// and O(prefix) per step; the hybrid cache (window, compressed entries, unpooled tail) replaces it.
+// and O(prefix) per step. The hybrid cache that replaces it keeps, per layer: token-indexed pages of
+// the roped K=V row (only the last sliding_window are read) and of the compressor's (and indexer's)
+// kv/gate projections (only the last 2*rate are read: the open window and, for CSA, the one before
+// it), and entry-indexed pages (one entry per `rate` tokens) of the pooled K=V and indexer keys; all
+// addressed through the sequence's block table, so a cached prefix restores by block reuse.
 #include <cmath>
 #include <vector>
 
