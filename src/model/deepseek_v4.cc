@@ -10,6 +10,7 @@
 // kv/gate projections (only the last 2*rate are read: the open window and, for CSA, the one before
 // it), and entry-indexed pages (one entry per `rate` tokens) of the pooled K=V and indexer keys; all
 // addressed through the sequence's block table, so a cached prefix restores by block reuse.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -290,11 +291,18 @@ class DeepseekV4Model final : public Model {
     std::vector<float> ctx_ids(static_cast<size_t>(C));
     ops_.copy_to_host(ctx, ctx_ids.data());
 
+    // Only sequences with a wanted row run (a prefill chunk that needs no logits only stores its ids).
+    std::vector<int32_t> wanted(static_cast<size_t>(rows.empty() ? 0 : rows.numel()));
+    if (!wanted.empty()) ops_.copy_to_host(rows, wanted.data());
     Tensor h = ops_.scratch(ops_.act_dtype(), {T, D});
     int64_t off = 0;
     for (int s = 0; s < meta.num_seqs; ++s) {
       const int ctx_len = meta.h_context_len[size_t(s)], q0 = meta.h_query_start[size_t(s)],
                 qn = meta.h_query_start[size_t(s) + 1] - q0, len = ctx_len + qn;
+      if (std::none_of(wanted.begin(), wanted.end(), [&](int32_t r) { return r >= q0 && r < q0 + qn; })) {
+        off += len;
+        continue;
+      }
       std::vector<int32_t> toks(static_cast<size_t>(len)), at(static_cast<size_t>(len));
       for (int i = 0; i < len; ++i) {
         toks[size_t(i)] = int32_t(ctx_ids[size_t(off + i)]);
