@@ -5,7 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_ops.h"
 #include "loader/model_config.h"
+#include "loader/weight_source.h"
+#include "model/model.h"
 #include "util/error.h"
 
 namespace beluga {
@@ -94,6 +97,20 @@ TEST(DeepseekV4Config, ClearErrors) {
   j = transformers();
   j["layer_types"] = {"sliding_attention"};
   EXPECT_THROW(ModelConfig::from_json(j), Error);
+}
+
+TEST(DeepseekV4Config, Fp8CheckpointsAreRefusedClearly) {
+  nlohmann::json j = transformers();
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  const ModelConfig c = ModelConfig::from_json(j);
+  CpuOps ops({1});
+  DummyWeights w;
+  try {
+    load_model(c, w, ops, 64);
+    FAIL() << "an FP8 deepseek_v4 checkpoint loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FP8"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
