@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tensor/tensor.h"
+#include "util/error.h"
 
 namespace beluga {
 
@@ -24,6 +25,9 @@ struct Weight {
 
 struct ExpertWeights {
   Weight gate, up, down;
+  // > 0: gate x clamped to <= limit and up x to [-limit, limit] before silu(gate) * up (DeepSeek-V4).
+  // Only the CPU backend applies it so far; DeepSeek-V4 refuses other backends.
+  float swiglu_limit = 0;
 };
 
 // Positions of the step's tokens in the paged KV cache (vLLM V1 style: all tokens flattened).
@@ -50,7 +54,7 @@ struct RopeTable {
   bool interleaved = false;  // pairs (2i, 2i+1) as DeepSeek; otherwise (i, i + d/2) as Llama/Qwen
 };
 
-enum class RouterScoring { kSoftmax, kSigmoid };
+enum class RouterScoring { kSoftmax, kSigmoid, kSqrtSoftplus };  // sqrtsoftplus: moe_route_v4 only
 
 struct RouterParams {
   RouterScoring scoring = RouterScoring::kSoftmax;
@@ -205,7 +209,78 @@ class Ops {
   // GQA: q [T, H, D]; cache entries [K (kvh*D) | V (kvh*D)]; out [T, H, D].
   virtual void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                              int kv_heads, float scale) = 0;
+
+  // ---- DeepSeek-V4 (CPU only so far: the defaults throw "not supported on this backend yet") ----
+  // Small parameters (bases, scales, biases, sinks) are F32; one sequence's rows at a time where a
+  // row's position is its row index.
+  //
+  // Hyper-connection weights from the mixing logits mix [T, (2+n)*n] (n = hc streams) with base
+  // [(2+n)*n] and scale [3]: pre = sigmoid(mix*scale0 + base) + eps, post = 2 sigmoid(...scale1...),
+  // comb [T, n, n] = softmax_rows(...scale2...) + eps, then Sinkhorn: columns normalized, then
+  // (rows, columns) iters-1 times, each divided by (sum + eps). With post and comb empty, mix is
+  // [T, n] and only pre is formed (the hyper head: base [n], scale [1]).
+  virtual void hc_weights(Tensor pre, Tensor post, Tensor comb, const Tensor& mix, const Tensor& base,
+                          const Tensor& scale, int sinkhorn_iters, float eps);
+  // out [T, D] = sum_j pre[t, j] * streams[t, j] with streams [T, n*D].
+  virtual void hc_collapse(Tensor out, const Tensor& streams, const Tensor& pre);
+  // out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * streams[t, j]; out, streams [T, n*D], y [T, D].
+  virtual void hc_expand(Tensor out, const Tensor& streams, const Tensor& post, const Tensor& comb,
+                         const Tensor& y);
+  // Gated pooling of every `rate` rows: out [T / rate, d] with, per channel, a softmax over the
+  // window's rows of gate + ape[i] weighting kv. kv, gate [T, d] and ape [rate, d]; with `overlap`
+  // they are [T, 2d] and window w pools 2*rate slots: window w-1's first d channels (ape[i][:d]) then
+  // its own last d channels (ape[i][d:]); window 0 has only its own.
+  virtual void compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, const Tensor& ape, int rate,
+                             bool overlap);
+  // Lightning indexer: score[t, w] = sum_h (weights[t, h] * w_scale) * relu(q[t, h] . keys[w]) * q_scale
+  // over entries w < (t + 1) / rate (complete before t); ids [T, k] I32 = the top-k entries in no
+  // particular order, -1 past the number of entries t may see. q [T, H, d], keys [W, d], weights
+  // [T, H]. Ties are broken as the reference (torch.topk on the CPU) breaks them: the scores of all W
+  // entries in index order, unseen ones at -inf, std::nth_element at k-1 on the value alone; so, as
+  // there, a tied query's pick may depend on W.
+  virtual void indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
+                            float q_scale, float w_scale);
+  // Shared-KV attention with per-head sinks. Query t (q [T, H, D]) sees kv rows (t - window, t] of
+  // kv [T, D] and compressed entries comp [W, D]: all w < (t + 1) / rate when comp_ids is empty, else
+  // the ids >= 0 in comp_ids [T, k]. The softmax has one more logit per head, sinks[h], that adds
+  // no value. out [T, H, D] = sum p * row (K = V).
+  virtual void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
+                              const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale);
+  // DeepSeek-V4 routing from logits [T, E]: s = score(logits) (sqrtsoftplus, sigmoid or softmax);
+  // ids [T, k] = hash_table[tokens[t]] when hash_table (I32 [vocab, k]) is given, else the top-k of
+  // s + bias (bias may be empty); weights = s[ids] / (sum + 1e-20) * scale.
+  virtual void moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                            const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
+                            float scale);
 };
+
+[[noreturn]] inline void unsupported_on_backend(const char* op) {
+  fail(op, ": not supported on this backend yet (DeepSeek-V4 runs on the CPU backend only so far)");
+}
+
+inline void Ops::hc_weights(Tensor, Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&, int, float) {
+  unsupported_on_backend("hc_weights");
+}
+inline void Ops::hc_collapse(Tensor, const Tensor&, const Tensor&) {
+  unsupported_on_backend("hc_collapse");
+}
+inline void Ops::hc_expand(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  unsupported_on_backend("hc_expand");
+}
+inline void Ops::compress_pool(Tensor, const Tensor&, const Tensor&, const Tensor&, int, bool) {
+  unsupported_on_backend("compress_pool");
+}
+inline void Ops::indexer_topk(Tensor, const Tensor&, const Tensor&, const Tensor&, int, float, float) {
+  unsupported_on_backend("indexer_topk");
+}
+inline void Ops::sink_attention(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, int, int, float) {
+  unsupported_on_backend("sink_attention");
+}
+inline void Ops::moe_route_v4(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              RouterScoring, float) {
+  unsupported_on_backend("moe_route_v4");
+}
 
 inline void Ops::mla_prepare(Tensor cache, const Tensor& kva, const Tensor& norm_w, float eps, Tensor q_pe,
                              Tensor q_pe_out, const Tensor& positions, const RopeTable& rope,

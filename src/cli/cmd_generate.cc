@@ -85,7 +85,31 @@ int cmd_inspect(int argc, char** argv) {
     j["dtypes"] = ck->dtype_counts();
   else
     j["dtypes"] = {{"BF16 (dummy)", m.model->num_parameters()}};
-  if (c.is_mla()) {
+  if (c.arch == Arch::kDeepseekV4) {
+    const V4Config& v = c.v4;
+    j["attention"] = "DeepSeek-V4 hybrid: shared-KV MQA, sliding window + compressed (CSA / HCA)";
+    std::vector<std::string> kinds, mlp;
+    for (size_t l = 0; l < v.attention.size(); ++l) {
+      kinds.push_back(v.attention[l] == V4Attention::kSliding ? "sliding"
+                      : v.attention[l] == V4Attention::kCompressedSparse
+                          ? "csa/" + std::to_string(v.compress_rate[l])
+                          : "hca/" + std::to_string(v.compress_rate[l]));
+      mlp.push_back(v.hash_moe[l] ? "hash_moe" : "moe");
+    }
+    j["layer_attention"] = kinds;
+    j["layer_mlp"] = mlp;
+    j["head_dim"] = c.head_dim;
+    j["rope_dim"] = v.rope_dim;
+    j["sliding_window"] = v.sliding_window;
+    j["index_topk"] = v.index_topk;
+    j["hc_mult"] = v.hc_mult;
+    j["q_lora_rank"] = c.q_lora_rank;
+    j["o_groups"] = v.o_groups;
+    j["routed_experts"] = c.n_routed_experts;
+    j["experts_per_token"] = c.num_experts_per_tok;
+    j["shared_experts"] = c.n_shared_experts;
+    j["kv_cache"] = "token ids only: each step recomputes its sequences' prefixes (no hybrid cache yet)";
+  } else if (c.is_mla()) {
     j["attention"] = "MLA";
     j["kv_lora_rank"] = c.kv_lora_rank;
     j["q_lora_rank"] = c.q_lora_rank;

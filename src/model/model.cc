@@ -10,6 +10,8 @@
 namespace beluga {
 
 std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
+std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops,
+                                        int max_positions);
 std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
 
 Model::Model(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {}
@@ -17,6 +19,7 @@ Model::Model(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {}
 std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) {
   if (max_positions <= 0)
     max_positions = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096, 32768);
+  if (cfg.arch == Arch::kDeepseekV4) return make_deepseek_v4(cfg, src, ops, max_positions);
   if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions);
   return make_dense(cfg, src, ops, max_positions);
 }

@@ -70,8 +70,9 @@ class Model {
   void capture(const ForwardOptions& opt, const Tensor& h);
   StepPlan plan_step(const Batch& b, const KvCache& kv) const;  // validates the batch
   // Embedding, layers, then the F32 logits [rows, vocab] of the given rows (none: empty `rows`).
-  Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
-                   KvCache& kv, const ForwardOptions& opt, int max_query_len);
+  // Virtual for architectures whose step is not a stack of pre-norm residual layers (DeepSeek-V4).
+  virtual Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
+                           KvCache& kv, const ForwardOptions& opt, int max_query_len);
   // From the embedded tokens to the final-normed hidden states [T, D].
   Tensor run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& positions, KvCache& kv,
                     const ForwardOptions& opt, int max_query_len);

@@ -49,6 +49,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& c, int dim, float* attention
             float(yarn_get_mscale(r.factor, r.mscale) / yarn_get_mscale(r.factor, r.mscale_all_dim));
       else
         *attention_factor = float(yarn_get_mscale(r.factor, 1.0));
+      if (r.attention_factor > 0) *attention_factor = float(r.attention_factor);
       break;
     }
     case RopeScaling::Type::kLlama3: {

@@ -148,6 +148,56 @@ TEST_P(Fixture, HiddenStatesMatchLayerByLayer) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Fixture,
                          ::testing::Values("dsv3-tiny", "dsv3-tiny-fp8", "dsv2-lite-tiny", "qwen3-tiny"));
 
+// DeepSeek-V4 (hybrid attention, hyper-connections, hash MoE): logits at every position of each
+// prompt, and greedy continuations decoded step by step through the model's cache (this slice
+// recomputes every sequence's prefix from the token ids the cache holds).
+class V4Fixture : public Fixture {};
+
+TEST_P(V4Fixture, LogitsMatchAtEveryPosition) {
+  Loaded l = load(dir());
+  check_logits(l, MlaMode::kAuto);
+}
+
+TEST_P(V4Fixture, GreedyDecodeMatches) {
+  Loaded l = load(dir());
+  check_greedy(l);
+}
+
+// Two sequences of different lengths in one batch, one of them split into a cached prefix and a new
+// chunk: each sequence's rows equal those of the same sequence run alone.
+TEST_P(V4Fixture, BatchedAndChunkedSequencesMatchSingle) {
+  Loaded l = load(dir());
+  Generator gen(*l.model);
+  const int V = l.cfg.vocab_size;
+  auto a = to_ids(ints(*l.ref, "prompt_1"));
+  auto b = to_ids(ints(*l.ref, "prompt_0"));
+  const std::vector<float> ra = gen.prompt_logits(a, MlaMode::kAuto),
+                           rb = gen.prompt_logits(b, MlaMode::kAuto);
+  const int na = int(a.size()), nb = int(b.size()), split = na / 2;
+  KvCache kv = l.model->make_kv_cache(4);
+  // Step 1: the first half of a alone (its KV only). Step 2: a's second half next to all of b.
+  Batch first;
+  first.tokens.assign(a.begin(), a.begin() + split);
+  first.seqs.push_back({0, split, {0}});
+  l.model->forward(first, kv, nullptr);
+  Batch both;
+  both.tokens.assign(a.begin() + split, a.end());
+  both.tokens.insert(both.tokens.end(), b.begin(), b.end());
+  both.seqs.push_back({split, na - split, {0}});
+  both.seqs.push_back({0, nb, {2}});
+  for (int i = 0; i < na - split + nb; ++i) both.logit_rows.push_back(i);
+  std::vector<float> out(both.logit_rows.size() * size_t(V));
+  l.model->forward(both, kv, out.data());
+  for (int i = 0; i < na - split; ++i)
+    EXPECT_LE(rel_l2(out.data() + size_t(i) * V, ra.data() + size_t(split + i) * V, V), 1e-6)
+        << "a row " << i;
+  for (int i = 0; i < nb; ++i)
+    EXPECT_LE(rel_l2(out.data() + size_t(na - split + i) * V, rb.data() + size_t(i) * V, V), 1e-6)
+        << "b row " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, V4Fixture, ::testing::Values("dsv4-tiny-hca16", "dsv4-tiny"));
+
 // The built-in demo model: three shards and an index; its own reference holds the last rows of logits
 // and a greedy continuation for two chat prompts.
 TEST(DemoModel, ShardedCheckpointMatchesReference) {

@@ -330,6 +330,8 @@ void CpuOps::moe_route(Tensor ids, Tensor weights, const Tensor& logits, const T
   const int64_t T = logits.shape[0], E = logits.shape[1];
   const int K = p.top_k, G = p.n_group;
   BELUGA_CHECK(E % G == 0 && p.topk_group <= G && K <= E, "moe_route: bad router parameters");
+  BELUGA_CHECK(p.scoring != RouterScoring::kSqrtSoftplus,
+               "moe_route: sqrtsoftplus scoring is moe_route_v4's");
   std::vector<float> s(E), sel(E), gscore(G);
   std::vector<int> order(std::max<int64_t>(E, G));
   for (int64_t t = 0; t < T; ++t) {
@@ -454,6 +456,11 @@ void CpuOps::moe_experts(Tensor out, const Tensor& x, const Tensor& ids, const T
     for (int r = 0; r < n; ++r) {
       float* gr = g + int64_t(r) * G.stride[0];
       float* hr = Hh.ptr<float>() + int64_t(r0 + r) * Hh.stride[0];
+      if (const float lim = ex.swiglu_limit; lim > 0)
+        for (int i = w.n0; i < w.n1; ++i) {
+          gr[i] = std::min(gr[i], lim);
+          gr[I + i] = std::clamp(gr[I + i], -lim, lim);
+        }
       k_->silu_mul(gr + w.n0, gr + I + w.n0, hr + w.n0, w.n1 - w.n0);
     }
   }

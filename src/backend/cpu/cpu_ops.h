@@ -73,6 +73,23 @@ class CpuOps final : public Ops {
   void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,
                      float scale) override;
 
+  // DeepSeek-V4 (cpu_deepseek_v4.cc)
+  void hc_weights(Tensor pre, Tensor post, Tensor comb, const Tensor& mix, const Tensor& base,
+                  const Tensor& scale, int sinkhorn_iters, float eps) override;
+  void hc_collapse(Tensor out, const Tensor& streams, const Tensor& pre) override;
+  void hc_expand(Tensor out, const Tensor& streams, const Tensor& post, const Tensor& comb,
+                 const Tensor& y) override;
+  void compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, const Tensor& ape, int rate,
+                     bool overlap) override;
+  void indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
+                    float q_scale, float w_scale) override;
+  void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
+                      const Tensor& comp_ids, const Tensor& sinks, int window, int rate,
+                      float scale) override;
+  void moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                    const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
+                    float scale) override;
+
  private:
   // Runs the GEMM for rows of x against W rows [0, N), split over threads by columns.
   void gemm(float* out, int64_t ldo, const float* x, int64_t ldx, int M, int K, const Weight& w, int N);
