@@ -33,8 +33,11 @@ double pct(std::vector<double> v, double p) {
 }
 
 nlohmann::json summary(const std::vector<double>& v) {
-  return {{"n", v.size()},           {"p50", pct(v, 50)},   {"p99", pct(v, 99)},
-          {"p99_9", pct(v, 99.9)},   {"max", pct(v, 100)}};
+  return {{"n", v.size()},
+          {"p50", pct(v, 50)},
+          {"p99", pct(v, 99)},
+          {"p99_9", pct(v, 99.9)},
+          {"max", pct(v, 100)}};
 }
 
 }  // namespace
@@ -114,17 +117,23 @@ int bench_grammar(int argc, char** argv) {
                           {"mask_us", summary(local)}});
   }
   std::printf("\ntokenizer %s: %zu ids\n", tpath.c_str(), vocab->size());
-  std::printf("compile (ms, per schema, median of %d): p50 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  (%zu schemas, %d refused)\n",
-              repeat, pct(compile_ms, 50), pct(compile_ms, 99), pct(compile_ms, 99.9), pct(compile_ms, 100),
-              compile_ms.size(), refused);
-  std::printf("mask (us, per token, full vocabulary): p50 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  (%zu masks)\n",
-              pct(mask_us, 50), pct(mask_us, 99), pct(mask_us, 99.9), pct(mask_us, 100), mask_us.size());
+  std::printf(
+      "compile (ms, per schema, median of %d): p50 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  (%zu schemas, %d "
+      "refused)\n",
+      repeat, pct(compile_ms, 50), pct(compile_ms, 99), pct(compile_ms, 99.9), pct(compile_ms, 100),
+      compile_ms.size(), refused);
+  std::printf(
+      "mask (us, per token, full vocabulary): p50 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  (%zu masks)\n",
+      pct(mask_us, 50), pct(mask_us, 99), pct(mask_us, 99.9), pct(mask_us, 100), mask_us.size());
   if (incomplete) std::printf("WARNING: %d instances were not accepted as complete\n", incomplete);
   if (out_path) {
-    nlohmann::json j = {{"tokenizer", tpath},           {"vocab_size", vocab->size()},
-                        {"schemas", per_schema},         {"refused", refused},
+    nlohmann::json j = {{"tokenizer", tpath},
+                        {"vocab_size", vocab->size()},
+                        {"schemas", per_schema},
+                        {"refused", refused},
                         {"incomplete_instances", incomplete},
-                        {"compile_ms", summary(compile_ms)}, {"mask_us", summary(mask_us)}};
+                        {"compile_ms", summary(compile_ms)},
+                        {"mask_us", summary(mask_us)}};
     std::ofstream(*out_path) << j.dump(2) << "\n";
   }
   return incomplete ? 1 : 0;

@@ -50,8 +50,8 @@ int grammar_check(int argc, char** argv) {
   std::shared_ptr<const grammar::CompiledGrammar> g;
   try {
     if (regex || gbnf)
-      throw grammar::Refused(regex ? "regex" : "gbnf",
-                             std::string(regex ? "--regex" : "--gbnf") + ": this front end is not implemented yet");
+      throw grammar::Refused(regex ? "regex" : "gbnf", std::string(regex ? "--regex" : "--gbnf") +
+                                                           ": this front end is not implemented yet");
     nlohmann::ordered_json schema;
     try {
       schema = nlohmann::ordered_json::parse(read_file(*schema_file));
@@ -89,8 +89,9 @@ int grammar_check(int argc, char** argv) {
 }  // namespace
 
 int cmd_grammar(int argc, char** argv) {
-  BELUGA_CHECK(argc >= 1, "usage: beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | "
-                          "--gbnf FILE) [--draft 4|6|7|2020-12] --instances FILE.jsonl");
+  BELUGA_CHECK(argc >= 1,
+               "usage: beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | "
+               "--gbnf FILE) [--draft 4|6|7|2020-12] --instances FILE.jsonl");
   std::string what = argv[0];
   if (what == "check") return grammar_check(argc - 1, argv + 1);
   fail("unknown grammar command '", what, "' (check)");

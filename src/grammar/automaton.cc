@@ -1,6 +1,8 @@
 #include "grammar/automaton.h"
 
+#include <algorithm>
 #include <functional>
+#include <map>
 
 #include "grammar/refused.h"
 
@@ -79,10 +81,12 @@ class Builder {
     for (size_t r = 0; r < g_.rule_body.size(); ++r) {
       if (!prod_.rule(int(r))) continue;
       rule_ = int32_t(r);
+      size_t base = nodes_.size();
       int32_t start = node();
       a.rule_start[r] = start;
       int32_t end = build(g_.rule_body[r], start);
       nodes_[end].final = true;
+      determinize(base);
     }
     for (const TmpNode& t : nodes_) {
       Automaton::Node n;
@@ -111,6 +115,80 @@ class Builder {
     return int32_t(nodes_.size()) - 1;
   }
   void eps(int32_t from, int32_t to) { nodes_[from].eps.push_back(to); }
+
+  // Replaces the NFA of the rule built at nodes_[base, end) by an equivalent DFA when the rule calls no
+  // other rule (lexemes: strings, numbers, formats): the matcher then holds one thread where the NFA
+  // had one per open alternative, which makes mask walks through string bodies several times cheaper.
+  void determinize(size_t base) {
+    size_t n_nfa = nodes_.size() - base;
+    for (size_t i = base; i < nodes_.size(); ++i)
+      if (nodes_[i].call >= 0) return;
+    auto closure = [&](std::vector<int32_t> set) {
+      std::vector<int32_t> work = set;
+      std::vector<uint8_t> in(n_nfa, 0);
+      for (int32_t x : set) in[x - base] = 1;
+      while (!work.empty()) {
+        int32_t x = work.back();
+        work.pop_back();
+        for (int32_t y : nodes_[x].eps)
+          if (!in[y - base]) in[y - base] = 1, work.push_back(y), set.push_back(y);
+      }
+      // Only nodes with byte edges and the end node matter for the future: keying states by them
+      // merges the states that differ only in the epsilon nodes passed on the way.
+      std::vector<int32_t> key;
+      for (int32_t x : set)
+        if (!nodes_[x].edges.empty() || nodes_[x].final) key.push_back(x);
+      std::sort(key.begin(), key.end());
+      return key;
+    };
+    std::map<std::vector<int32_t>, int32_t> index;
+    std::vector<std::vector<int32_t>> states;
+    std::vector<TmpNode> dfa;
+    size_t cap = 2 * n_nfa + 64;
+    auto state_of = [&](std::vector<int32_t> set) -> int32_t {
+      auto it = index.find(set);
+      if (it != index.end()) return it->second;
+      int32_t id = int32_t(states.size());
+      index.emplace(set, id);
+      states.push_back(std::move(set));
+      return id;
+    };
+    state_of(closure({int32_t(base)}));
+    std::vector<int32_t> target(256);
+    for (size_t q = 0; q < states.size(); ++q) {
+      if (states.size() > cap) return;  // too many states: keep the NFA
+      TmpNode t{rule_, {}, {}};
+      std::vector<std::vector<int32_t>> next(256);
+      for (int32_t x : states[q]) {
+        if (nodes_[x].final) t.final = true;
+        for (const auto& e : nodes_[x].edges)
+          for (unsigned b = e.lo; b <= e.hi; ++b) next[b].push_back(e.to);
+      }
+      for (unsigned b = 0; b < 256; ++b) {
+        if (b > 0 && next[b] == next[b - 1]) {
+          target[b] = target[b - 1];
+          continue;
+        }
+        target[b] = next[b].empty() ? -1 : state_of(closure(next[b]));
+      }
+      for (unsigned b = 0; b < 256;) {
+        if (target[b] < 0) {
+          ++b;
+          continue;
+        }
+        unsigned hi = b;
+        while (hi + 1 < 256 && target[hi + 1] == target[b]) ++hi;
+        t.edges.push_back({uint8_t(b), uint8_t(hi), target[b]});  // state ids; rebased below
+        b = hi + 1;
+      }
+      dfa.push_back(std::move(t));
+    }
+    nodes_.resize(base);
+    for (TmpNode& t : dfa) {
+      for (auto& e : t.edges) e.to += int32_t(base);
+      nodes_.push_back(std::move(t));
+    }
+  }
 
   // Adds the NFA of productive expression e starting at node `from`; returns its end node.
   int32_t build(int e, int32_t from) {

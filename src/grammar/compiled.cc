@@ -30,22 +30,23 @@ class MaskBuilder {
     size_t n_valid = v_.sorted().size();
     std::sort(uncertain_.begin(), uncertain_.end());
     uncertain_.erase(std::unique(uncertain_.begin(), uncertain_.end()), uncertain_.end());
-    std::sort(accepted_.begin(), accepted_.end());
-    accepted_.erase(std::unique(accepted_.begin(), accepted_.end()), accepted_.end());
     // An accepted token needs no check.
-    std::vector<std::pair<int32_t, int32_t>> unc;
+    acc_bits_.assign(v_.mask_words(), 0);
+    size_t n_acc = 0;
+    for (int32_t t : accepted_) {
+      uint32_t bit = uint32_t(1) << (t & 31);
+      if (!(acc_bits_[t >> 5] & bit)) acc_bits_[t >> 5] |= bit, ++n_acc;
+    }
+    auto accepted = [&](int32_t t) { return (acc_bits_[t >> 5] >> (t & 31)) & 1; };
     for (auto& u : uncertain_)
-      if (!std::binary_search(accepted_.begin(), accepted_.end(), u.first)) unc.push_back(u);
-    m.uncertain = std::move(unc);
-    if (accepted_.size() * 2 <= n_valid) {
-      m.ids = accepted_;
+      if (!accepted(u.first)) m.uncertain.push_back(u);
+    if (n_acc * 2 <= n_valid) {
+      for (int32_t t : accepted_)
+        if (accepted(t)) m.ids.push_back(t), acc_bits_[t >> 5] &= ~(uint32_t(1) << (t & 31));  // once each
     } else {
       m.complement = true;
-      std::vector<uint8_t> ok(v_.size(), 0);
-      for (int32_t t : accepted_) ok[t] = 1;
       for (int32_t t : v_.sorted())
-        if (!ok[t]) m.ids.push_back(t);
-      std::sort(m.ids.begin(), m.ids.end());
+        if (!accepted(t)) m.ids.push_back(t);
     }
     return m;
   }
@@ -64,8 +65,14 @@ class MaskBuilder {
       stepper_.begin();
       std::vector<uint64_t>& out = sets_;
       // step() reads from sets_ while appending to it: copy the input range first.
-      in_.assign(sets_.begin() + lo, sets_.begin() + hi);
-      bool end = stepper_.step(in_.data(), in_.size(), ch.byte, out);
+      bool end;
+      if (hi - lo == 1) {
+        uint64_t one = sets_[lo];
+        end = stepper_.step(&one, 1, ch.byte, out);
+      } else {
+        in_.assign(sets_.begin() + lo, sets_.begin() + hi);
+        end = stepper_.step(in_.data(), in_.size(), ch.byte, out);
+      }
       size_t out_hi = sets_.size();
       uint32_t d = depth + 1;
       bool alive = out_hi > out_lo;
@@ -99,6 +106,7 @@ class MaskBuilder {
   std::vector<uint64_t> sets_, in_;
   std::vector<int32_t> escapes_;
   std::vector<int32_t> accepted_;
+  std::vector<uint32_t> acc_bits_;
   std::vector<std::pair<int32_t, int32_t>> uncertain_;
 };
 

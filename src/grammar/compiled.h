@@ -24,7 +24,7 @@ namespace beluga::grammar {
 
 struct NodeMask {
   bool complement = false;   // ids lists the tokens NOT allowed (rejected and uncertain) instead
-  std::vector<int32_t> ids;  // accepted (or, with complement, rejected + uncertain) token ids, sorted
+  std::vector<int32_t> ids;  // accepted (or, with complement, rejected + uncertain) token ids
   std::vector<std::pair<int32_t, int32_t>> uncertain;  // (token, bytes consumed when the rule ended)
 };
 

@@ -383,9 +383,31 @@ class SchemaCompiler {
   }
 
   // ---- strings -------------------------------------------------------------------------------------
+  // Unbounded strings share one rule for their body and closing quote, so its (full-vocabulary) token
+  // masks are computed once per grammar rather than once per string in the schema.
+  int string_rest() {
+    if (string_rest_ < 0) {
+      if (char_ < 0) char_ = json_string_char(g_);
+      int r = g_.add_rule("string-rest");
+      g_.define(r, g_.seq({g_.repeat(char_, 0, -1), lit("\"")}));
+      string_rest_ = g_.ref(r);
+    }
+    return string_rest_;
+  }
   int string_expr(int min, int max) {
+    if (min == 0 && max < 0) return g_.seq({lit("\""), string_rest()});
     if (char_ < 0) char_ = json_string_char(g_);
-    return g_.seq({lit("\""), g_.repeat(char_, min, max), lit("\"")});
+    return g_.seq({lit("\""), lexeme("string{" + std::to_string(min) + "," + std::to_string(max) + "}",
+                                     g_.seq({g_.repeat(char_, min, max), lit("\"")}))});
+  }
+  // A call-free piece as a rule of its own: the automaton compiler makes it a DFA, built once however
+  // often the schema uses it.
+  int lexeme(const std::string& name, int body) {
+    auto it = lexemes_.find(name);
+    if (it != lexemes_.end()) return it->second;
+    int r = g_.add_rule(name);
+    g_.define(r, body);
+    return lexemes_[name] = g_.ref(r);
   }
 
   int gen_string(const Json& s, const std::string& path) {
@@ -398,9 +420,11 @@ class SchemaCompiler {
       std::string f = s["format"].get<std::string>();
       if (min > 0 || max >= 0)
         refuse("format", path, "format together with minLength/maxLength is not supported");
+      auto it = lexemes_.find("format:" + f);
+      if (it != lexemes_.end()) return g_.seq({lit("\""), it->second});
       int body = format_expr(f);
       if (body < 0) refuse("format", path, "format \"" + f + "\" is not supported");
-      return g_.seq({lit("\""), body, lit("\"")});
+      return g_.seq({lit("\""), lexeme("format:" + f, g_.seq({body, lit("\"")}))});
     }
     return string_expr(min, max);
   }
@@ -712,7 +736,10 @@ class SchemaCompiler {
     if (addl_ok) {
       int v =
           addl == &true_schema ? any_value() : gen(*addl, join_path(path, "additionalProperties"), depth + 1);
-      st.add = g_.seq({json_string_not_in(g_, keys), st.colon, v});
+      // One rule for "an additional member": it appears in every state of the object.
+      int r = g_.add_rule(join_path(path, "additionalProperties"));
+      g_.define(r, g_.seq({json_string_not_in(g_, keys, string_rest()), st.colon, v}));
+      st.add = g_.ref(r);
     }
     // Values used in many states become rules (one copy of their automaton).
     if (st.subset && n > 2)
@@ -1042,10 +1069,11 @@ class SchemaCompiler {
   bool has_ref_ = false;
   Grammar g_;
   int ws_ = -1;
-  int any_container_ = -1, any_inline_ = -1, char_ = -1;
+  int any_container_ = -1, any_inline_ = -1, char_ = -1, string_rest_ = -1;
   std::set<std::string> in_progress_;
   std::map<std::string, int> ref_rule_;
   std::map<std::string, int> expansions_;
+  std::map<std::string, int> lexemes_;
   size_t ticks_ = 0, merges_ = 0;
 };
 

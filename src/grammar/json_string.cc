@@ -99,7 +99,7 @@ int json_string_char(Grammar& g) {
   return g.choice(std::move(alts));
 }
 
-int json_string_not_in(Grammar& g, const std::vector<std::string>& excluded) {
+int json_string_not_in(Grammar& g, const std::vector<std::string>& excluded, int rest) {
   Trie trie;
   for (const auto& s : excluded) {
     std::string d = nlohmann::json(s).dump();
@@ -107,7 +107,7 @@ int json_string_not_in(Grammar& g, const std::vector<std::string>& excluded) {
   }
   std::map<int, int> memo;
   int quote = g.literal("\"");
-  int any_rest = g.seq({g.repeat(json_string_char(g), 0, -1), quote});
+  int any_rest = rest;
   // A string that has left the trie: finish the character, then anything.
   auto free_from = [&](int q) { return g.seq({complete(g, q, memo), any_rest}); };
   std::function<int(int, int)> not_in = [&](int u, int q) -> int {

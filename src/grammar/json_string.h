@@ -13,7 +13,8 @@ namespace beluga::grammar {
 // One character (the unit minLength/maxLength count).
 int json_string_char(Grammar& g);
 
-// A whole string, quotes included, whose value is none of `excluded`.
-int json_string_not_in(Grammar& g, const std::vector<std::string>& excluded);
+// A whole string, quotes included, whose value is none of `excluded`; `rest` matches any characters
+// and the closing quote (shared, see SchemaCompiler::string_rest).
+int json_string_not_in(Grammar& g, const std::vector<std::string>& excluded, int rest);
 
 }  // namespace beluga::grammar

@@ -76,6 +76,23 @@ bool Stepper::closure(int32_t node, int32_t stack, std::vector<uint64_t>& out) {
 }
 
 bool Stepper::step(const uint64_t* in, size_t n, uint8_t b, std::vector<uint64_t>& out) {
+  if (n == 1) {
+    // Fast path (one thread, as in a DFA lexeme): a target without epsilon edges, call or end is the
+    // whole next set, no deduplication needed.
+    const Automaton::Node& nd = a_.nodes[thread_node(in[0])];
+    for (uint32_t e = nd.edge_begin; e < nd.edge_end; ++e) {
+      const Automaton::Edge& ed = a_.edges[e];
+      if (b < ed.lo) return false;
+      if (b <= ed.hi) {
+        const Automaton::Node& t = a_.nodes[ed.to];
+        if (t.eps_begin == t.eps_end && t.call < 0 && !t.final) {
+          if (t.has_edges()) out.push_back(thread_key(ed.to, thread_stack(in[0])));
+          return false;
+        }
+        break;
+      }
+    }
+  }
   bool end = false;
   for (size_t i = 0; i < n; ++i) {
     const Automaton::Node& nd = a_.nodes[thread_node(in[i])];
