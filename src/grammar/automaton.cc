@@ -244,16 +244,18 @@ class Builder {
           eps(build(kid, s), loop);
           return loop;
         }
+        // x{0,k} as (x (x (...)?)?)?: a copy is reachable only after the one before it, so the
+        // repetition is unambiguous (skipping "copy 1" then taking "copy 2" would double the threads).
+        if (x.max == x.min) return cur;
+        int32_t end = node();
         for (int i = x.min; i < x.max; ++i) {
+          eps(cur, end);
           int32_t s = node();
           eps(cur, s);
-          int32_t e2 = build(kid, s);
-          int32_t join = node();
-          eps(cur, join);
-          eps(e2, join);
-          cur = join;
+          cur = build(kid, s);
         }
-        return cur;
+        eps(cur, end);
+        return end;
       }
     }
     return from;

@@ -742,8 +742,11 @@ class SchemaCompiler {
       st.add = g_.ref(r);
     }
     // Values used in many states become rules (one copy of their automaton).
+    // Small ones (scalars) stay inline: a rule ending right after a number would make every token
+    // that continues past the number "uncertain" (checked at mask time).
     if (st.subset && n > 2)
       for (size_t i = 0; i < n; ++i) {
+        if (expr_size(st.val[i], 1500) < 1500) continue;
         int r = g_.add_rule(join_path(path, "properties") + "/" + keys[i]);
         g_.define(r, st.val[i]);
         st.val[i] = g_.ref(r);
@@ -802,6 +805,19 @@ class SchemaCompiler {
     int body = st.add >= 0 ? g_.seq({g_.repeat(g_.seq({st.comma, st.add}), 0, -1), tail}) : tail;
     g_.define(r, body);
     return r;
+  }
+
+  // Expression nodes under e (shared ones counted each time, references as one), up to `cap`.
+  size_t expr_size(int e, size_t cap) {
+    size_t n = 0;
+    std::vector<int> work = {e};
+    while (!work.empty() && n < cap) {
+      const Expr& x = g_.exprs[work.back()];
+      work.pop_back();
+      n += x.kind == ExprKind::kRepeat ? size_t(std::max(x.max, x.min) < 0 ? 1 : std::max(x.max, 1)) : 1;
+      for (int k : x.kids) work.push_back(k);
+    }
+    return n;
   }
 
   // ---- enum / const --------------------------------------------------------------------------------
