@@ -8,6 +8,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libboost-dev libpcre2-dev libxxhash-dev libomp-dev
   clang-format python3 curl
+  json-schema-test-suite
   manpages-zh manpages-ja
 )
 # Node.js (for the npm test tools) may come from Debian or from NodeSource; only install when absent.

@@ -24,6 +24,7 @@ constexpr Subcommand kCommands[] = {
     {"tokenize", beluga::cli::cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", beluga::cli::cmd_detokenize, "token ids on stdin -> text"},
     {"render", beluga::cli::cmd_render, "API request -> prompt text and token ids"},
+    {"grammar", beluga::cli::cmd_grammar, "structured outputs: `grammar check` a schema against candidate outputs"},
 };
 
 void usage() {

@@ -36,6 +36,7 @@ struct Engine::Impl {
     EngineRequest req;
     std::vector<std::unique_ptr<Seq>> seqs;
     std::vector<int> stop_ids;
+    std::vector<std::unique_ptr<LogitsProcessor>> procs;  // per sequence, when constrained
     uint64_t seed = 0;
     int unfinished = 0;
     // Prompt logprobs (sampling.prompt_logprobs >= 0). Whichever sequence's prefill reaches a prompt
@@ -85,6 +86,7 @@ struct Engine::Impl {
   std::vector<int> failed;
   std::vector<float> scratch;
   std::vector<int> index_scratch;
+  std::vector<uint32_t> allowed;  // a constrained row's token mask
 };
 
 namespace {
@@ -256,14 +258,48 @@ void Engine::loop() {
       if (s->finish != FinishReason::kNone) continue;
       SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
                         &rq.stop_ids,     rq.seed,        s->index};
+      LogitsProcessor* proc = rq.procs.empty() ? nullptr : rq.procs[size_t(s->index)].get();
+      std::string proc_error;
+      if (proc) {
+        // Structured output: the processor's mask (EOS only where the grammar accepts).
+        im.allowed.assign((size_t(V) + 31) / 32, 0);
+        try {
+          proc->fill_mask(im.allowed.data(), V);
+        } catch (const std::exception& e) {
+          proc_error = e.what();
+        }
+        if (proc_error.empty() &&
+            std::all_of(im.allowed.begin(), im.allowed.end(), [](uint32_t w) { return !w; }))
+          proc_error = "structured output: no token can continue the output";
+        ctx.allowed = im.allowed.data();
+      }
       SampleResult res{};
-      if (im.runner.greedy())  // every row samples_raw_argmax(): the device took the argmax
-        res.token = im.runner.greedy_tokens()[r];
-      else
-        res = sample(im.runner.logits() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
+      if (proc_error.empty()) {  // else the sequence fails below
+        if (im.runner.greedy())  // every row samples_raw_argmax(): the device took the argmax
+          res.token = im.runner.greedy_tokens()[r];
+        else
+          res = sample(im.runner.logits() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
+      }
+      if (proc && proc_error.empty()) {
+        try {
+          proc->accept(res.token);
+        } catch (const std::exception& e) {
+          proc_error = e.what();
+        }
+      }
       auto [oi, added] = im.out_of.try_emplace(s->request, im.outs.size());
       if (added) im.outs.emplace_back(s->request, RequestOutput{});
       RequestOutput& out = im.outs[oi->second].second;
+      if (!proc_error.empty()) {
+        SeqOutput so;
+        so.index = s->index;
+        so.finish = s->finish = FinishReason::kError;
+        out.error = proc_error;
+        im.scheduler.remove(s);
+        rq.unfinished--;
+        out.seqs.push_back(std::move(so));
+        continue;
+      }
       if (rq.prompt_lps_pending) {
         // The request's first sampled token: its sequence's prefill computed every prompt position
         // not scored before (prefix_cap kept the others out of the cache), so all are here.
@@ -355,8 +391,9 @@ void Engine::loop() {
       if (c.sample) {
         b.logit_rows.push_back(int(b.tokens.size()) - 1);
         im.rows.push_back({s->request, s->index, -1});
-        greedy = greedy && samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts,
-                                               s->num_output(), &rq.stop_ids, rq.seed, s->index});
+        greedy = greedy && rq.procs.empty() &&
+                 samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
+                                     &rq.stop_ids, rq.seed, s->index});
       }
       im.step_slots.push_back(s->request);
     }
@@ -401,6 +438,7 @@ void Engine::loop() {
         s->num_prompt = int(rr.req.prompt.size());
         s->max_length = std::min(s->num_prompt + rr.req.sampling.max_tokens, max_model_len_);
         Seq* raw = s.get();
+        if (rr.req.logits_processor) rr.procs.push_back(rr.req.logits_processor());
         rr.seqs.push_back(std::move(s));
         im.scheduler.add(raw);
       }

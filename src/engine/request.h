@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/logits_processor.h"
+
 namespace beluga {
 
 // Applied in this order to each step's logits (docs/sampling.md): logit_bias; repetition,
@@ -78,6 +80,9 @@ struct EngineRequest {
   SamplingParams sampling;
   std::string cache_salt;  // tenants with different salts never share prefix-cache entries
   OutputCallback on_output;
+  // Structured output: when set, each sequence's tokens are constrained by its own processor (the
+  // sampler masks disallowed tokens; end-of-sequence only where the processor accepts).
+  LogitsProcessorFactory logits_processor;
 };
 
 }  // namespace beluga

@@ -51,8 +51,8 @@ std::vector<double>& prob_scratch(int n) {
 
 bool samples_raw_argmax(const SampleContext& ctx) {
   const SamplingParams& p = *ctx.params;
-  return p.temperature <= 0.0f && p.logprobs < 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+  return !ctx.allowed && p.temperature <= 0.0f && p.logprobs < 0 && p.logit_bias.empty() &&
+         p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
          (ctx.num_output >= p.min_tokens || ctx.stop_ids->empty());
 }
 
@@ -85,6 +85,20 @@ SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vec
   if (ctx.num_output < p.min_tokens)
     for (int t : *ctx.stop_ids)
       if (t >= 0 && t < vocab) logits[t] = -INFINITY;
+  if (ctx.allowed) {  // after every other edit, so nothing can bring a disallowed token back
+    bool any = false;
+    for (int t = 0; t < vocab; ++t) {
+      if (!((ctx.allowed[t >> 5] >> (t & 31)) & 1))
+        logits[t] = -INFINITY;
+      else
+        any = any || logits[t] > -INFINITY;
+    }
+    // The grammar is complete and only a stop token may follow, but min_tokens masked it: the
+    // grammar wins (the caller guarantees the mask is not empty).
+    if (!any)
+      for (int t : *ctx.stop_ids)
+        if (t >= 0 && t < vocab && ((ctx.allowed[t >> 5] >> (t & 31)) & 1)) logits[t] = 0.0f;
+  }
 
   int token;
   if (p.temperature <= 0.0f) {

@@ -17,6 +17,7 @@ struct SampleContext {
   const std::vector<int>* stop_ids;                   // EOS + stop_token_ids (masked before min_tokens)
   uint64_t seed;                                      // per request
   int seq_index;
+  const uint32_t* allowed = nullptr;  // structured output: bitmask of the tokens allowed (null: all)
 };
 
 struct SampleResult {

@@ -1,0 +1,142 @@
+#include "cli/bench_grammar.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "grammar/check.h"
+#include "grammar/matcher.h"
+#include "grammar/refused.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+#include "util/file.h"
+
+namespace beluga::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = size_t(p / 100.0 * double(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+nlohmann::json summary(const std::vector<double>& v) {
+  return {{"n", v.size()},
+          {"p50", pct(v, 50)},
+          {"p99", pct(v, 99)},
+          {"p99_9", pct(v, 99.9)},
+          {"max", pct(v, 100)}};
+}
+
+}  // namespace
+
+int bench_grammar(int argc, char** argv) {
+  Args args(argc, argv);
+  std::string tpath = args.require("tokenizer");
+  if (fs::is_directory(tpath)) tpath += "/tokenizer.json";
+  std::string dir = args.require("schemas");
+  auto out_path = args.get("out");
+  int repeat = int(args.get_int("repeat", 3));
+  grammar::JsonSchemaOptions opt;
+  opt.max_whitespace = int(args.get_int("max-whitespace", 0));
+  args.check_all_used();
+  BELUGA_CHECK(repeat >= 1, "--repeat must be at least 1");
+
+  auto tokenizer = tok::Tokenizer::from_file(tpath);
+  auto vocab = std::make_shared<grammar::TokenVocab>(tokenizer, std::vector<int>{});
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  BELUGA_CHECK(!files.empty(), "no *.json schemas in ", dir);
+
+  std::vector<double> compile_ms, mask_us;
+  nlohmann::json per_schema = nlohmann::json::array();
+  std::vector<uint32_t> mask(vocab->mask_words());
+  int refused = 0, incomplete = 0;
+  for (const auto& f : files) {
+    auto schema = nlohmann::ordered_json::parse(read_file(f.string()));
+    std::shared_ptr<const grammar::CompiledGrammar> g;
+    std::vector<double> times;
+    try {
+      for (int r = 0; r < repeat; ++r) {
+        auto t0 = Clock::now();
+        g = grammar::compile_json_schema(schema, vocab, opt, std::chrono::milliseconds(60'000));
+        times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+    } catch (const grammar::Refused& e) {
+      std::printf("%-28s refused: %s\n", f.filename().c_str(), e.what());
+      ++refused;
+      continue;
+    }
+    double c = pct(times, 50);
+    compile_ms.push_back(c);
+    std::vector<double> local;
+    fs::path inst = f;
+    inst.replace_extension(".instances.jsonl");
+    std::ifstream in(inst);
+    std::string line;
+    int n_inst = 0;
+    while (std::getline(in, line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      ++n_inst;
+      std::string text = nlohmann::ordered_json::parse(line).dump();
+      grammar::Matcher m(g);
+      std::vector<int> ids = tokenizer.encode(text, false);
+      bool ok = true;
+      for (size_t i = 0; i <= ids.size(); ++i) {
+        auto t0 = Clock::now();
+        m.fill_mask(mask.data());
+        local.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        if (i == ids.size()) break;
+        if (!((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1) || !m.accept_token(ids[i])) {
+          ok = false;
+          break;
+        }
+      }
+      if (!ok || !m.is_accepting()) ++incomplete;
+    }
+    mask_us.insert(mask_us.end(), local.begin(), local.end());
+    std::printf("%-28s compile %8.2f ms  nodes %6zu  instances %d  mask p50 %7.1f us  max %8.1f us\n",
+                f.filename().c_str(), c, g->automaton.nodes.size(), n_inst, pct(local, 50), pct(local, 100));
+    per_schema.push_back({{"schema", f.filename().string()},
+                          {"compile_ms", c},
+                          {"automaton_nodes", g->automaton.nodes.size()},
+                          {"mask_us", summary(local)}});
+  }
+  std::printf("\ntokenizer %s: %zu ids\n", tpath.c_str(), vocab->size());
+  std::printf(
+      "compile (ms, per schema, median of %d): p50 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  (%zu schemas, %d "
+      "refused)\n",
+      repeat, pct(compile_ms, 50), pct(compile_ms, 99), pct(compile_ms, 99.9), pct(compile_ms, 100),
+      compile_ms.size(), refused);
+  std::printf(
+      "mask (us, per token, full vocabulary): p50 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  (%zu masks)\n",
+      pct(mask_us, 50), pct(mask_us, 99), pct(mask_us, 99.9), pct(mask_us, 100), mask_us.size());
+  if (incomplete) std::printf("WARNING: %d instances were not accepted as complete\n", incomplete);
+  if (out_path) {
+    nlohmann::json j = {{"tokenizer", tpath},
+                        {"vocab_size", vocab->size()},
+                        {"schemas", per_schema},
+                        {"refused", refused},
+                        {"incomplete_instances", incomplete},
+                        {"compile_ms", summary(compile_ms)},
+                        {"mask_us", summary(mask_us)}};
+    std::ofstream(*out_path) << j.dump(2) << "\n";
+  }
+  return incomplete ? 1 : 0;
+}
+
+}  // namespace beluga::cli

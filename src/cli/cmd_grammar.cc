@@ -1,0 +1,100 @@
+// `beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | --gbnf FILE)
+//                       [--draft 4|6|7|2020-12] [--max-whitespace N] [--compile-timeout-ms MS]
+//                       --instances FILE.jsonl`
+// Reads one JSON string per line (a candidate output text), feeds its tokens through the matcher and
+// prints {"accepted": bool, "complete": bool} per line (grammar/check.h says what they mean).
+// Exit 0 when the grammar compiled, 2 when it is refused (the reason on stderr), 1 on other errors.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "grammar/check.h"
+#include "grammar/refused.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+#include "util/file.h"
+
+namespace beluga::cli {
+
+namespace {
+
+std::string tokenizer_path(const std::string& p) {
+  return std::filesystem::is_directory(p) ? p + "/tokenizer.json" : p;
+}
+
+int grammar_check(int argc, char** argv) {
+  Args args(argc, argv);
+  auto tokenizer = tok::Tokenizer::from_file(tokenizer_path(args.require("tokenizer")));
+  auto schema_file = args.get("schema");
+  auto regex = args.get("regex");
+  auto gbnf = args.get("gbnf");
+  std::string instances = args.require("instances");
+  grammar::JsonSchemaOptions opt;
+  if (auto d = args.get("draft")) {
+    opt.draft = grammar::parse_draft(*d);
+    BELUGA_CHECK(opt.draft, "--draft must be 4, 6, 7 or 2020-12 (got '", *d, "')");
+  }
+  opt.max_whitespace = int(args.get_int("max-whitespace", 0));
+  BELUGA_CHECK(opt.max_whitespace >= 0 && opt.max_whitespace <= 16, "--max-whitespace must be 0..16");
+  long timeout_ms = args.get_int("compile-timeout-ms", 10'000);
+  BELUGA_CHECK(timeout_ms > 0, "--compile-timeout-ms must be positive");
+  args.check_all_used();
+  BELUGA_CHECK(int(bool(schema_file)) + int(bool(regex)) + int(bool(gbnf)) == 1,
+               "give exactly one of --schema, --regex, --gbnf");
+
+  std::shared_ptr<const grammar::CompiledGrammar> g;
+  try {
+    if (regex || gbnf)
+      throw grammar::Refused(regex ? "regex" : "gbnf", std::string(regex ? "--regex" : "--gbnf") +
+                                                           ": this front end is not implemented yet");
+    nlohmann::ordered_json schema;
+    try {
+      schema = nlohmann::ordered_json::parse(read_file(*schema_file));
+    } catch (const nlohmann::json::exception& e) {
+      fail(*schema_file, ": not JSON: ", e.what());
+    }
+    auto vocab = std::make_shared<grammar::TokenVocab>(tokenizer, std::vector<int>{});
+    g = grammar::compile_json_schema(schema, vocab, opt, std::chrono::milliseconds(timeout_ms));
+  } catch (const grammar::Refused& r) {
+    std::fprintf(stderr, "beluga grammar check: refused (%s): %s\n", r.keyword().c_str(), r.what());
+    return 2;
+  }
+
+  std::ifstream in(instances);
+  BELUGA_CHECK(in, "cannot open ", instances);
+  std::string line;
+  size_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      fail(instances, " line ", lineno, ": not JSON: ", e.what());
+    }
+    BELUGA_CHECK(j.is_string(), instances, " line ", lineno, ": expected a JSON string (a candidate output)");
+    grammar::CheckResult r = grammar::check_text(g, tokenizer, j.get_ref<const std::string&>());
+    std::printf("{\"accepted\": %s, \"complete\": %s}\n", r.accepted ? "true" : "false",
+                r.complete ? "true" : "false");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_grammar(int argc, char** argv) {
+  BELUGA_CHECK(argc >= 1,
+               "usage: beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | "
+               "--gbnf FILE) [--draft 4|6|7|2020-12] --instances FILE.jsonl");
+  std::string what = argv[0];
+  if (what == "check") return grammar_check(argc - 1, argv + 1);
+  fail("unknown grammar command '", what, "' (check)");
+}
+
+}  // namespace beluga::cli

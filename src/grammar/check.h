@@ -1,0 +1,35 @@
+// What `beluga grammar check` does for one candidate output, shared with the test-suite harness: the
+// text is tokenized with the model's tokenizer (special tokens off) and fed token by token, each token
+// tested against the full-vocabulary mask first. accepted: every token was in the mask (feeding stops
+// at the first that is not); complete: accepted and the matcher accepts at the end.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar/compiled.h"
+#include "grammar/json_schema.h"
+
+namespace beluga::tok {
+class Tokenizer;
+}
+
+namespace beluga::grammar {
+
+struct CheckResult {
+  bool accepted = false, complete = false;
+};
+
+CheckResult check_text(std::shared_ptr<const CompiledGrammar> grammar, const tok::Tokenizer& tokenizer,
+                       std::string_view text);
+
+// JSON Schema -> compiled grammar within `timeout` (front end and mask precompute together).
+std::shared_ptr<const CompiledGrammar> compile_json_schema(const nlohmann::ordered_json& schema,
+                                                           std::shared_ptr<const TokenVocab> vocab,
+                                                           JsonSchemaOptions options,
+                                                           std::chrono::milliseconds timeout);
+
+}  // namespace beluga::grammar
