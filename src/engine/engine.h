@@ -42,6 +42,9 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // of which served from cache
   int64_t preemptions = 0;
   int64_t steps = 0;
+  // Steps whose forward, sampling or commit threw (their requests failed); with `steps`, tells the
+  // server's /health whether recent steps fail.
+  int64_t steps_failed = 0;
   int running = 0;
   int waiting = 0;
   int kv_blocks_total = 0;

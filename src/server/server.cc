@@ -16,6 +16,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "server/auth.h"
+#include "server/internal_error.h"
 #include "server/job.h"
 #include "server/sse.h"
 #include "util/error.h"
@@ -42,6 +44,7 @@ struct Server::State {
   std::condition_variable cv;
   bool stopping = false;
   int64_t started = unix_seconds();
+  std::atomic<int> connections{0};  // open sessions (for max_connections)
 };
 
 namespace {
@@ -81,7 +84,14 @@ bool is_disconnect(const beast::error_code& ec) {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, Server::State& st)
-      : st_(st), stream_(std::move(socket)), exec_(stream_.get_executor()) {}
+      : st_(st), stream_(std::move(socket)), exec_(stream_.get_executor()) {
+    st_.connections.fetch_add(1);
+    st_.metrics.connections(+1);
+  }
+  ~Session() {
+    st_.connections.fetch_sub(1);
+    st_.metrics.connections(-1);
+  }
 
   void run() {
     net::dispatch(exec_, [self = shared_from_this()] { self->do_read(); });
@@ -90,12 +100,31 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   // ------------------------------------------------------------------ reading requests
 
+  // Between requests of a keep-alive connection: wait (up to the idle timeout) for the next
+  // request's first byte; from there (and on a new connection, from its opening) the headers have
+  // header_timeout_s to arrive.
   void do_read() {
     if (closed_) return;
+    if (served_ > 0 && buffer_.size() == 0) {
+      stream_.expires_after(std::chrono::seconds(st_.cfg.idle_timeout_s));
+      auto mb = buffer_.prepare(4096);
+      stream_.async_read_some(mb, [self = shared_from_this()](beast::error_code ec, size_t n) {
+        if (ec) return self->do_close();
+        self->buffer_.commit(n);
+        self->read_header();
+      });
+      return;
+    }
+    read_header();
+  }
+
+  void read_header() {
+    if (closed_) return;
+    head_sent_ = false;
     parser_.emplace();
     parser_->body_limit(st_.cfg.max_body_bytes);
     parser_->header_limit(64 * 1024);
-    stream_.expires_after(std::chrono::seconds(st_.cfg.idle_timeout_s));
+    stream_.expires_after(std::chrono::seconds(st_.cfg.header_timeout_s));
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -121,7 +150,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_body() {
-    stream_.expires_after(std::chrono::seconds(st_.cfg.idle_timeout_s));
+    stream_.expires_after(std::chrono::seconds(st_.cfg.body_timeout_s));
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
@@ -147,13 +176,54 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return on_read_error(ec);
     stream_.expires_never();
     http::request<http::string_body> req = parser_->release();
+    ++served_;
     keep_alive_ = req.keep_alive();
     http11_ = req.version() >= 11;
+    const recipe::Api eapi = api_of_path(strip_query(req.target()));
     try {
       route(req);
     } catch (const std::exception& e) {
-      // Never let a request take the process down.
-      send_error(api_of_path(strip_query(req.target())), 500, std::string("internal error: ") + e.what(), "");
+      fail_internal(eapi, e.what());
+    } catch (...) {
+      fail_internal(eapi, "unknown exception");
+    }
+  }
+
+  // A handler threw (a bug or a failed allocation, not the client's fault): the request gets a 500
+  // (a stream, the API's error event) naming a logged id; its engine requests are aborted. The
+  // connection closes after the reply, since the handler may have left it half-way.
+  void fail_internal(recipe::Api eapi, std::string_view what) noexcept {
+    try {
+      const std::string msg = report_internal_error(label_, what);
+      keep_alive_ = false;
+      if (job_ || active_)
+        for (const auto& id : ids_) st_.engine->abort(id);
+      ids_.clear();
+      ++gen_;  // outputs still on their way are stale
+      if (active_) {
+        active_ = false;
+        st_.metrics.in_flight(-1);
+      }
+      if (head_sent_ && stream_mode_) {
+        std::string out;
+        if (job_ && !job_->complete()) job_->fail(msg, out);
+        job_.reset();
+        if (!out.empty()) queue_body(out);
+        if (http11_) queue_raw(http_chunk(""));
+        st_.metrics.request_done(label_, 500);
+        response_complete_ = true;
+        if (!writing_) after_response();
+        return;
+      }
+      job_.reset();
+      if (head_sent_) {  // a reply is already on its way: end the connection after it
+        response_complete_ = true;
+        if (!writing_) after_response();
+        return;
+      }
+      send_error(eapi, 500, msg, "");
+    } catch (...) {
+      do_close();  // out of memory while reporting: at least the client sees the connection end
     }
   }
 
@@ -191,7 +261,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!path.starts_with("/v1/")) return send_error(eapi, 404, "no route for " + path, "");
 
-    if (!st_.cfg.api_key.empty() && presented_key(req) != st_.cfg.api_key)
+    if (!st_.cfg.api_key.empty() && !api_key_matches(presented_key(req), st_.cfg.api_key))
       return send_error(
           eapi, 401, "invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)", "");
 
@@ -259,9 +329,7 @@ class Session : public std::enable_shared_from_this<Session> {
       b = build_request(api, req.body(), st_.info, StoreView{st_.responses.get(), salt});
     } catch (const recipe::ApiError& e) {
       return send_json(e.status(), e.body());
-    } catch (const std::exception& e) {
-      return send_error(eapi, 400, e.what(), "");
-    }
+    }  // anything else is an internal error: on_read's handler answers 500 with a logged id
     api_ = api;
     stream_mode_ = b.stream;
     job_ =
@@ -316,6 +384,7 @@ class Session : public std::enable_shared_from_this<Session> {
       else
         keep_alive_ = false;
       head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+      head_sent_ = true;
       queue_raw(std::move(head));
     }
     arm_watch();
@@ -323,10 +392,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_engine_output(uint64_t gen, int sub, RequestOutput&& o) {
     if (gen != gen_ || !active_ || !job_) return;
-    std::string out;
-    job_->on_output(sub, std::move(o), out);
-    if (job_->complete()) return finish_job(std::move(out));
-    if (stream_mode_ && !out.empty()) queue_body(out);
+    try {
+      std::string out;
+      job_->on_output(sub, std::move(o), out);
+      if (job_->complete()) return finish_job(std::move(out));
+      if (stream_mode_ && !out.empty()) queue_body(out);
+    } catch (const std::exception& e) {
+      fail_internal(error_api(api_), e.what());
+    }
   }
 
   // `out`: the stream's last events.
@@ -443,6 +516,7 @@ class Session : public std::enable_shared_from_this<Session> {
                     "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
     s += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     s += body;
+    head_sent_ = true;
     response_complete_ = true;
     queue_raw(std::move(s));
   }
@@ -519,7 +593,9 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool keep_alive_ = true, http11_ = true, closed_ = false, drain_on_close_ = false;
+  bool head_sent_ = false;  // this request's response (or stream) head is queued
   size_t drained_ = 0;
+  uint64_t served_ = 0;  // requests read on this connection
   std::string label_ = "other";
 
   // The generation in flight.
@@ -539,13 +615,59 @@ class Session : public std::enable_shared_from_this<Session> {
 // Handlers hold a plain pointer: the State owns the io_context that stores them, so a shared_ptr here
 // would keep the State alive forever (a leak). Server::stop() joins the I/O threads before the State
 // goes away, and no handler runs after that.
+// A connection past max_connections: a 503 in the OpenAI error shape (the path is not read, so the
+// API is not known), then a half-close and a short read of whatever the client sent, so the client
+// reads the 503 rather than a reset. Bounded: 5 s and 64 KiB at most.
+struct Rejected {
+  explicit Rejected(tcp::socket s) : stream(std::move(s)) {}
+  beast::tcp_stream stream;
+  std::string reply;
+  std::array<char, 4096> sink{};
+  size_t drained = 0;
+};
+
+void drain_rejected(const std::shared_ptr<Rejected>& r) {
+  r->stream.async_read_some(net::buffer(r->sink), [r](beast::error_code ec, size_t n) {
+    r->drained += n;
+    if (!ec && r->drained <= 65536) drain_rejected(r);
+  });
+}
+
+void reject_connection(tcp::socket socket, Server::State& st) {
+  recipe::ApiError e(recipe::Api::kChat, 503,
+                     "the server is at its connection limit (" + std::to_string(st.cfg.max_connections) +
+                         " open connections); retry later");
+  const std::string body = e.body().dump();
+  auto r = std::make_shared<Rejected>(std::move(socket));
+  r->reply =
+      "HTTP/1.1 503 Service Unavailable\r\nServer: beluga\r\nContent-Type: application/json\r\n"
+      "Retry-After: 1\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  r->stream.expires_after(std::chrono::seconds(5));
+  st.metrics.connection_rejected();
+  net::async_write(r->stream, net::buffer(r->reply), [r](beast::error_code ec, size_t) {
+    if (ec) return;
+    r->stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    drain_rejected(r);
+  });
+}
+
 void do_accept(Server::State* st) {
   st->acceptor.async_accept(net::make_strand(st->ioc), [st](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !st->acceptor.is_open()) return;
     if (!ec) {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Session>(std::move(socket), *st)->run();
+      if (st->connections.load() >= st->cfg.max_connections)
+        reject_connection(std::move(socket), *st);
+      else
+        std::make_shared<Session>(std::move(socket), *st)->run();
+    } else {
+      // Out of descriptors (EMFILE) or the like: pause instead of spinning on the error.
+      std::fprintf(stderr, "beluga serve: accept failed: %s\n", ec.message().c_str());
+      auto t = std::make_shared<net::steady_timer>(st->ioc, std::chrono::milliseconds(100));
+      t->async_wait([st, t](beast::error_code) { do_accept(st); });
+      return;
     }
     do_accept(st);
   });

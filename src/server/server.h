@@ -23,6 +23,13 @@ struct ServerConfig {
   size_t max_body_bytes = 16u << 20;  // larger bodies get 413
   int io_threads = 2;
   int idle_timeout_s = 300;  // keep-alive connections idle this long are closed
+  // A request's headers must arrive within this many seconds of its first byte (of the connection's
+  // opening, for a new one), and its body within body_timeout_s after them; slower clients are
+  // dropped, so a slow sender cannot hold a connection for the idle timeout.
+  int header_timeout_s = 15;
+  int body_timeout_s = 60;
+  // Open connections; one past the cap is answered 503 (the API's error JSON) and closed.
+  int max_connections = 1024;
   // Responses kept for previous_response_id and GET /v1/responses/{id} (least recently used evicted
   // first); 0 stores none (responses then report store: false).
   size_t max_stored_responses = 1024;
