@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@ constexpr const char* kUsage =
     "                    [--max-model-len N] [--max-queue-len 256] [--max-body-bytes 16777216]\n"
     "                    [--max-stored-responses 1024] [--max-seqs-per-request N (default: --max-num-seqs)]\n"
     "                    [--max-connections 1024] [--header-timeout-s 15] [--body-timeout-s 60]\n"
+    "                    [--build-threads 2] [--build-queue 64] [--shutdown-grace-s 30]\n"
     "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
@@ -95,6 +97,13 @@ int cmd_serve(int argc, char** argv) {
   BELUGA_CHECK(scfg.max_connections > 0 && scfg.header_timeout_s > 0 && scfg.body_timeout_s > 0,
                "--max-connections, --header-timeout-s and --body-timeout-s must be positive");
   raise_fd_limit(scfg.max_connections);
+  scfg.build_threads = int(args.get_int("build-threads", scfg.build_threads));
+  const long build_queue = args.get_int("build-queue", long(scfg.build_queue));
+  BELUGA_CHECK(scfg.build_threads > 0 && build_queue > 0,
+               "--build-threads and --build-queue must be positive");
+  scfg.build_queue = size_t(build_queue);
+  const int grace_s = int(args.get_int("shutdown-grace-s", 30));
+  BELUGA_CHECK(grace_s >= 0, "--shutdown-grace-s must be >= 0");
 
   EngineConfig ecfg;
   ecfg.max_num_seqs = int(args.get_int("max-num-seqs", ecfg.max_num_seqs));
@@ -152,7 +161,10 @@ int cmd_serve(int argc, char** argv) {
       scfg.host.c_str(), server.port(), m.load_seconds);
 
   server.wait_for_signal();
-  std::fprintf(stderr, "beluga serve: shutting down\n");
+  std::fprintf(stderr, "beluga serve: draining (up to %d s for the requests in flight)\n", grace_s);
+  const bool clean = server.drain(std::chrono::seconds(grace_s));
+  std::fprintf(stderr, "beluga serve: shutting down (%s)\n",
+               clean ? "every request finished" : "the grace period ended; the rest were cut short");
   server.stop();
   handle.reset();
   engine.reset();  // pending requests finish with kAbort; their outputs go nowhere
