@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -71,6 +74,22 @@ void raise_fd_limit(int max_connections) {
                  static_cast<unsigned long>(lim.rlim_cur));
 }
 
+// For the server's fault tests (tests/server/fault_test.cc): BELUGA_TEST_FAIL_STEPS=FROM:COUNT makes
+// engine steps FROM .. FROM+COUNT-1 throw, as a failing forward would. Not a user option.
+void inject_step_failures(EngineConfig& ecfg) {
+  const char* v = std::getenv("BELUGA_TEST_FAIL_STEPS");
+  if (!v || !*v) return;
+  long long from = 0, count = 0;
+  BELUGA_CHECK(std::sscanf(v, "%lld:%lld", &from, &count) == 2 && from >= 0 && count >= 0,
+               "BELUGA_TEST_FAIL_STEPS must be FROM:COUNT");
+  std::fprintf(stderr, "beluga serve: test mode: engine steps %lld..%lld fail\n", from, from + count - 1);
+  ecfg.step_hook = [from, count](int64_t step) {
+    if (step >= from && step < from + count)
+      throw std::runtime_error("injected step failure (BELUGA_TEST_FAIL_STEPS) at step " +
+                               std::to_string(step));
+  };
+}
+
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
@@ -118,6 +137,7 @@ int cmd_serve(int argc, char** argv) {
   // One request's fan-out (prompts x n), in sequences: by default one full batch.
   const int max_seqs_per_request = int(args.get_int("max-seqs-per-request", ecfg.max_num_seqs));
   BELUGA_CHECK(max_seqs_per_request > 0, "--max-seqs-per-request must be positive");
+  inject_step_failures(ecfg);
   const auto served_name = args.get("served-model-name");
   const auto format_name = args.get("chat-format");
   std::optional<recipe::ChatFormat> format;

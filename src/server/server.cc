@@ -133,13 +133,14 @@ class Session : public std::enable_shared_from_this<Session> {
     net::dispatch(exec_, [self = shared_from_this()] { self->do_read(); });
   }
 
-  // Server::drain began: a connection waiting for its next request closes now; a busy one closes
-  // after its response (responses then say Connection: close).
+  // Runs `f` on this connection's strand.
   template <class F>
   void post(F&& f) {
     net::post(exec_, std::forward<F>(f));
   }
 
+  // Server::drain began: a connection waiting for its next request closes now; a busy one closes
+  // after its response (responses then say Connection: close).
   void on_drain() {
     if (idle_wait_) do_close();
   }
