@@ -1,9 +1,16 @@
 // `beluga serve [--model DIR] [--host H] [--port P] ...`: the OpenAI / Anthropic compatible HTTP
 // server. Listens first (so /health answers 503 while the model loads), loads the model, its
 // tokenizer and chat format, starts the engine, then serves until SIGINT/SIGTERM.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -25,7 +32,9 @@ constexpr const char* kUsage =
     "usage: beluga serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]\n"
     "                    [--api-key KEY] [--max-num-seqs 64] [--max-num-batched-tokens 2048]\n"
     "                    [--max-model-len N] [--max-queue-len 256] [--max-body-bytes 16777216]\n"
-    "                    [--max-stored-responses 1024]\n"
+    "                    [--max-stored-responses 1024] [--max-seqs-per-request N (default: --max-num-seqs)]\n"
+    "                    [--max-connections 1024] [--header-timeout-s 15] [--body-timeout-s 60]\n"
+    "                    [--build-threads 2] [--build-queue 64] [--shutdown-grace-s 30]\n"
     "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
@@ -49,6 +58,38 @@ void generation_defaults(const std::string& dir, server::ModelInfo& info) {
   if (j.contains("top_k") && j["top_k"].is_number_integer()) info.default_top_k = j["top_k"].get<int>();
 }
 
+// Each connection holds a descriptor: lift the soft limit (often 1024) toward the hard one so that
+// --max-connections is reached before accept() runs out of descriptors.
+void raise_fd_limit(int max_connections) {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t want = rlim_t(max_connections) + 256;  // model files, engine, stdio
+  if (lim.rlim_cur < want) {
+    lim.rlim_cur = lim.rlim_max == RLIM_INFINITY ? want : std::min(want, lim.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < want)
+    std::fprintf(stderr,
+                 "beluga serve: warning: the descriptor limit (%lu) is below --max-connections + 256\n",
+                 static_cast<unsigned long>(lim.rlim_cur));
+}
+
+// For the server's fault tests (tests/server/fault_test.cc): BELUGA_TEST_FAIL_STEPS=FROM:COUNT makes
+// engine steps FROM .. FROM+COUNT-1 throw, as a failing forward would. Not a user option.
+void inject_step_failures(EngineConfig& ecfg) {
+  const char* v = std::getenv("BELUGA_TEST_FAIL_STEPS");
+  if (!v || !*v) return;
+  long long from = 0, count = 0;
+  BELUGA_CHECK(std::sscanf(v, "%lld:%lld", &from, &count) == 2 && from >= 0 && count >= 0,
+               "BELUGA_TEST_FAIL_STEPS must be FROM:COUNT");
+  std::fprintf(stderr, "beluga serve: test mode: engine steps %lld..%lld fail\n", from, from + count - 1);
+  ecfg.step_hook = [from, count](int64_t step) {
+    if (step >= from && step < from + count)
+      throw std::runtime_error("injected step failure (BELUGA_TEST_FAIL_STEPS) at step " +
+                               std::to_string(step));
+  };
+}
+
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
@@ -69,6 +110,19 @@ int cmd_serve(int argc, char** argv) {
   BELUGA_CHECK(stored >= 0, "--max-stored-responses must be >= 0");
   scfg.max_stored_responses = size_t(stored);
   scfg.io_threads = int(args.get_int("io-threads", 2));
+  scfg.max_connections = int(args.get_int("max-connections", scfg.max_connections));
+  scfg.header_timeout_s = int(args.get_int("header-timeout-s", scfg.header_timeout_s));
+  scfg.body_timeout_s = int(args.get_int("body-timeout-s", scfg.body_timeout_s));
+  BELUGA_CHECK(scfg.max_connections > 0 && scfg.header_timeout_s > 0 && scfg.body_timeout_s > 0,
+               "--max-connections, --header-timeout-s and --body-timeout-s must be positive");
+  raise_fd_limit(scfg.max_connections);
+  scfg.build_threads = int(args.get_int("build-threads", scfg.build_threads));
+  const long build_queue = args.get_int("build-queue", long(scfg.build_queue));
+  BELUGA_CHECK(scfg.build_threads > 0 && build_queue > 0,
+               "--build-threads and --build-queue must be positive");
+  scfg.build_queue = size_t(build_queue);
+  const int grace_s = int(args.get_int("shutdown-grace-s", 30));
+  BELUGA_CHECK(grace_s >= 0, "--shutdown-grace-s must be >= 0");
 
   EngineConfig ecfg;
   ecfg.max_num_seqs = int(args.get_int("max-num-seqs", ecfg.max_num_seqs));
@@ -80,6 +134,10 @@ int cmd_serve(int argc, char** argv) {
   ecfg.enable_prefix_caching = !args.has("no-enable-prefix-caching");
   BELUGA_CHECK(ecfg.max_num_seqs > 0 && ecfg.max_num_batched_tokens > 0 && ecfg.max_queue_len >= 0,
                "--max-num-seqs and --max-num-batched-tokens must be positive, --max-queue-len non-negative");
+  // One request's fan-out (prompts x n), in sequences: by default one full batch.
+  const int max_seqs_per_request = int(args.get_int("max-seqs-per-request", ecfg.max_num_seqs));
+  BELUGA_CHECK(max_seqs_per_request > 0, "--max-seqs-per-request must be positive");
+  inject_step_failures(ecfg);
   const auto served_name = args.get("served-model-name");
   const auto format_name = args.get("chat-format");
   std::optional<recipe::ChatFormat> format;
@@ -113,6 +171,7 @@ int cmd_serve(int argc, char** argv) {
   info.encoder = &encoder;
   info.max_model_len = engine->max_model_len();
   info.bos_token_id = m.cfg.bos_token_id;
+  info.max_seqs_per_request = max_seqs_per_request;
   generation_defaults(m.dir, info);
   server.set_engine(handle.get(), info);
   std::fprintf(
@@ -122,7 +181,10 @@ int cmd_serve(int argc, char** argv) {
       scfg.host.c_str(), server.port(), m.load_seconds);
 
   server.wait_for_signal();
-  std::fprintf(stderr, "beluga serve: shutting down\n");
+  std::fprintf(stderr, "beluga serve: draining (up to %d s for the requests in flight)\n", grace_s);
+  const bool clean = server.drain(std::chrono::seconds(grace_s));
+  std::fprintf(stderr, "beluga serve: shutting down (%s)\n",
+               clean ? "every request finished" : "the grace period ended; the rest were cut short");
   server.stop();
   handle.reset();
   engine.reset();  // pending requests finish with kAbort; their outputs go nowhere

@@ -487,15 +487,15 @@ void Engine::loop() {
         ok = false;
         error = "the forward step failed";
       }
+      im.stats.steps++;
       if (ok) {
-        im.stats.steps++;
         apply_step();
         // A sequence that finished at N may still have a chunk in N+1 (a stop token arrived); its
         // blocks are already released. Seqs stay alive until step e, so c.seq is valid here.
         std::erase_if(im.chunks, [](const Chunk& c) { return c.seq->finish != FinishReason::kNone; });
         if (cfg_.loop_hook) cfg_.loop_hook(im.stats.steps);
       } else {
-        im.stats.failed_steps++;
+        im.stats.steps_failed++;
         fail_step(error);  // a failed step fails the requests in it; the engine keeps serving the others
       }
     }
@@ -533,7 +533,7 @@ void Engine::loop() {
   // not touched yet (waiting, not scheduled) go on.
   auto recover = [&](const std::string& what) {
     std::fprintf(stderr, "beluga engine: internal error in a step, failing its requests: %s\n", what.c_str());
-    im.stats.failed_steps++;
+    im.stats.steps_failed++;
     if (im.runner.in_flight()) {
       try {
         im.runner.wait();

@@ -34,7 +34,7 @@ struct EngineConfig {
   // (0, 1, ...); an exception it throws fails the step like a forward error.
   std::function<void(int64_t step)> step_hook;
   // Testing aid: called on the engine thread after each step's results are applied, with the number
-  // of steps applied so far (1, 2, ...); an exception it throws takes the loop's failure path (the
+  // of steps finished so far (1, 2, ...); an exception it throws takes the loop's failure path (the
   // requests of the steps in hand fail, the engine keeps serving the others).
   std::function<void(int64_t steps)> loop_hook;
 };
@@ -49,7 +49,10 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // of which served from cache
   int64_t preemptions = 0;
   int64_t steps = 0;
-  int64_t failed_steps = 0;       // forward errors and exceptions caught by the loop's step boundary
+  // Steps whose forward threw, plus loop iterations whose exception the step boundary caught (their
+  // requests failed); `steps` counts every finished forward, failed ones included, so the two tell
+  // the server's /health whether recent steps fail.
+  int64_t steps_failed = 0;
   int64_t last_step_unix_ms = 0;  // when the loop last finished an iteration (liveness)
   int running = 0;
   int waiting = 0;

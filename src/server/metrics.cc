@@ -82,6 +82,26 @@ void Metrics::in_flight(int delta) {
   in_flight_ += delta;
 }
 
+void Metrics::connections(int delta) {
+  std::lock_guard lock(mu_);
+  connections_ += delta;
+}
+
+void Metrics::building(int delta) {
+  std::lock_guard lock(mu_);
+  building_ += delta;
+}
+
+void Metrics::build_rejected() {
+  std::lock_guard lock(mu_);
+  ++builds_rejected_;
+}
+
+void Metrics::connection_rejected() {
+  std::lock_guard lock(mu_);
+  ++connections_rejected_;
+}
+
 std::string Metrics::render(const EngineStats* st, const std::string& model) const {
   std::lock_guard lock(mu_);
   std::string out;
@@ -92,6 +112,17 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
            std::to_string(v) + "\n";
   metric(out, "beluga_requests_in_flight", "gauge", "Generation requests being served.");
   out += "beluga_requests_in_flight" + lbl + " " + std::to_string(in_flight_) + "\n";
+  metric(out, "beluga_connections_open", "gauge", "Open HTTP connections.");
+  out += "beluga_connections_open" + lbl + " " + std::to_string(connections_) + "\n";
+  metric(out, "beluga_connections_rejected_total", "counter",
+         "Connections answered 503 because max_connections were open.");
+  out += "beluga_connections_rejected_total" + lbl + " " + std::to_string(connections_rejected_) + "\n";
+  metric(out, "beluga_requests_building", "gauge",
+         "Requests being parsed, templated and tokenized (or waiting for a build thread).");
+  out += "beluga_requests_building" + lbl + " " + std::to_string(building_) + "\n";
+  metric(out, "beluga_builds_rejected_total", "counter",
+         "Requests answered 503 because the build queue was full.");
+  out += "beluga_builds_rejected_total" + lbl + " " + std::to_string(builds_rejected_) + "\n";
   metric(out, "beluga_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
   out += "beluga_prompt_tokens_total" + lbl + " " + std::to_string(prompt_tokens_) + "\n";
   metric(out, "beluga_prompt_cached_tokens_total", "counter", "Prompt tokens served from the prefix cache.");

@@ -37,6 +37,10 @@ class Metrics {
   void disconnect();
   void stop_abort();
   void in_flight(int delta);
+  void connections(int delta);  // open connections
+  void building(int delta);     // requests on the build pool (queued or being built)
+  void build_rejected();        // refused because the build queue was full
+  void connection_rejected();   // one past max_connections, answered 503
 
   std::string render(const EngineStats* stats, const std::string& model) const;
 
@@ -46,6 +50,9 @@ class Metrics {
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
   uint64_t disconnects_ = 0, stop_aborts_ = 0;
   int in_flight_ = 0;
+  int connections_ = 0, building_ = 0;
+  uint64_t builds_rejected_ = 0;
+  uint64_t connections_rejected_ = 0;
   Histogram ttft_, tpot_, e2e_;
 };
 

@@ -84,6 +84,14 @@ int parse_n(const Fields& f, Json& body) {
   return n;
 }
 
+// The fan-out limit, counted in sequences (what the engine schedules), before any tokenizing.
+void check_fan_out(const Fields& f, int64_t prompts, int n, const ModelInfo& info) {
+  if (prompts * n <= info.max_seqs_per_request) return;
+  f.fail("n", "this request asks for " + std::to_string(prompts) + " prompt(s) x n=" + std::to_string(n) +
+                  " = " + std::to_string(prompts * n) + " sequences; the limit is " +
+                  std::to_string(info.max_seqs_per_request) + " sequences per request");
+}
+
 void check_model(ServerApi api, const Json& body, const ModelInfo& info) {
   if (!body.is_object() || !body.contains("model") || !body["model"].is_string()) return;
   const std::string m = body["model"].get<std::string>();
@@ -137,6 +145,7 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info, co
   BuiltRequest b;
   int n = 1;
   if (api == ServerApi::kChat) n = parse_n(f, body);
+  check_fan_out(f, 1, n, info);
   recipe::ParsedRequest pr;
   switch (api) {
     case ServerApi::kChat:
@@ -238,6 +247,8 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
 
   // prompt: string | [string] | [int] | [[int]]
   const Json& p = f.required(body, "prompt", "");
+  const bool many = p.is_array() && !p.empty() && !p[0].is_number();
+  check_fan_out(f, many ? int64_t(p.size()) : 1, n, info);
   std::vector<std::string> texts;
   auto text_prompt = [&](const std::string& s) {
     std::vector<int> ids;

@@ -29,6 +29,9 @@ struct ModelInfo {
   std::optional<float> default_top_p;
   std::optional<int> default_top_k;
   int default_completions_max_tokens = 16;  // OpenAI's default for /v1/completions
+  // Sequences one request may ask for (prompts x n); more is a 400 naming the limit, checked before
+  // any prompt is tokenized (`beluga serve --max-seqs-per-request`).
+  int max_seqs_per_request = 128;
 };
 
 struct BuiltRequest {

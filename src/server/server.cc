@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange
@@ -16,6 +17,10 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "server/auth.h"
+#include "server/build_pool.h"
+#include "server/engine_health.h"
+#include "server/internal_error.h"
 #include "server/job.h"
 #include "server/sse.h"
 #include "util/error.h"
@@ -28,20 +33,45 @@ namespace http = beast::http;
 using tcp = net::ip::tcp;
 using Json = nlohmann::ordered_json;
 
+namespace {
+class Session;
+}
+
 struct Server::State {
+  // What a Session's destructor touches comes first, so that it outlives the io_context (whose
+  // destructor destroys the handlers, and the sessions they hold, that never ran).
   ServerConfig cfg;
+  Metrics metrics;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::atomic<int> connections{0};  // open sessions (for max_connections)
+  // Draining (see Server::drain): the sessions, and how many of them are busy (building, generating
+  // or writing a response); guarded by `mu`, with `cv` signalled when busy drops to zero.
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
+  int busy = 0;
+  std::atomic<bool> draining{false};
+
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::atomic<bool> ready{false};
   EngineHandle* engine = nullptr;
   ModelInfo info;
-  Metrics metrics;
   std::unique_ptr<ResponseStore> responses;
+  std::unique_ptr<BuildPool> builds;
+  std::unique_ptr<EngineHealth> health;
   std::vector<std::thread> threads;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stopping = false;
   int64_t started = unix_seconds();
+
+  void busy_delta(int d) {
+    std::lock_guard lock(mu);
+    busy += d;
+    if (busy == 0) cv.notify_all();
+  }
+  HealthVerdict engine_verdict() {
+    if (!ready) return {false, "loading"};
+    return health->observe(engine->stats(), std::chrono::steady_clock::now());
+  }
 };
 
 namespace {
@@ -81,21 +111,79 @@ bool is_disconnect(const beast::error_code& ec) {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, Server::State& st)
-      : st_(st), stream_(std::move(socket)), exec_(stream_.get_executor()) {}
+      : st_(st), stream_(std::move(socket)), exec_(stream_.get_executor()) {
+    st_.connections.fetch_add(1);
+    st_.metrics.connections(+1);
+  }
+  ~Session() {
+    if (counted_busy_) st_.busy_delta(-1);
+    {
+      std::lock_guard lock(st_.mu);
+      st_.sessions.erase(this);
+    }
+    st_.connections.fetch_sub(1);
+    st_.metrics.connections(-1);
+  }
 
   void run() {
+    {
+      std::lock_guard lock(st_.mu);
+      st_.sessions[this] = weak_from_this();
+    }
     net::dispatch(exec_, [self = shared_from_this()] { self->do_read(); });
+  }
+
+  // Runs `f` on this connection's strand.
+  template <class F>
+  void post(F&& f) {
+    net::post(exec_, std::forward<F>(f));
+  }
+
+  // Server::drain began: a connection waiting for its next request closes now; a busy one closes
+  // after its response (responses then say Connection: close).
+  void on_drain() {
+    if (idle_wait_) do_close();
+  }
+
+  // The drain's grace period ended with this request still running: it ends now, a stream with the
+  // API's error event, any other request with a 503.
+  void on_shutdown() {
+    shutting_down_ = true;
+    if (active_ || building_)
+      end_with_error(error_api(api_), 503, "the server is shutting down; the request was cut short");
   }
 
  private:
   // ------------------------------------------------------------------ reading requests
 
+  // Between requests of a keep-alive connection: wait (up to the idle timeout) for the next
+  // request's first byte; from there (and on a new connection, from its opening) the headers have
+  // header_timeout_s to arrive.
   void do_read() {
     if (closed_) return;
+    if (served_ > 0 && buffer_.size() == 0) {
+      if (st_.draining) return do_close();
+      stream_.expires_after(std::chrono::seconds(st_.cfg.idle_timeout_s));
+      auto mb = buffer_.prepare(4096);
+      idle_wait_ = true;
+      stream_.async_read_some(mb, [self = shared_from_this()](beast::error_code ec, size_t n) {
+        self->idle_wait_ = false;
+        if (ec) return self->do_close();
+        self->buffer_.commit(n);
+        self->read_header();
+      });
+      return;
+    }
+    read_header();
+  }
+
+  void read_header() {
+    if (closed_) return;
+    head_sent_ = false;
     parser_.emplace();
     parser_->body_limit(st_.cfg.max_body_bytes);
     parser_->header_limit(64 * 1024);
-    stream_.expires_after(std::chrono::seconds(st_.cfg.idle_timeout_s));
+    stream_.expires_after(std::chrono::seconds(st_.cfg.header_timeout_s));
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -121,7 +209,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_body() {
-    stream_.expires_after(std::chrono::seconds(st_.cfg.idle_timeout_s));
+    stream_.expires_after(std::chrono::seconds(st_.cfg.body_timeout_s));
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
@@ -147,14 +235,74 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return on_read_error(ec);
     stream_.expires_never();
     http::request<http::string_body> req = parser_->release();
-    keep_alive_ = req.keep_alive();
+    ++served_;
+    keep_alive_ = req.keep_alive() && !st_.draining;
     http11_ = req.version() >= 11;
+    const recipe::Api eapi = api_of_path(strip_query(req.target()));
     try {
       route(req);
     } catch (const std::exception& e) {
-      // Never let a request take the process down.
-      send_error(api_of_path(strip_query(req.target())), 500, std::string("internal error: ") + e.what(), "");
+      fail_internal(eapi, e.what());
+    } catch (...) {
+      fail_internal(eapi, "unknown exception");
     }
+  }
+
+  // A handler threw (a bug or a failed allocation, not the client's fault): the request gets a 500
+  // naming a logged id.
+  void fail_internal(recipe::Api eapi, std::string_view what) noexcept {
+    try {
+      end_with_error(eapi, 500, report_internal_error(label_, what));
+    } catch (...) {
+      do_close();  // out of memory while reporting: at least the client sees the connection end
+    }
+  }
+
+  // Ends the request in whatever state it is: its engine requests are aborted, a stream whose head
+  // went out gets the API's error event and its end, anything else an error response. The
+  // connection closes after the reply, since the request may have been left half-way.
+  void end_with_error(recipe::Api eapi, int status, const std::string& msg) {
+    keep_alive_ = false;
+    if (job_ || active_)
+      for (const auto& id : ids_) st_.engine->abort(id);
+    ids_.clear();
+    ++gen_;  // outputs still on their way, and a build in progress, are stale
+    if (building_) set_building_done();
+    if (active_) {
+      active_ = false;
+      st_.metrics.in_flight(-1);
+    }
+    if (head_sent_ && stream_mode_) {
+      std::string out;
+      if (job_ && !job_->complete()) job_->fail(msg, out);
+      job_.reset();
+      if (!out.empty()) queue_body(out);
+      if (http11_) queue_raw(http_chunk(""));
+      st_.metrics.request_done(label_, status);
+      response_complete_ = true;
+      if (!writing_) after_response();
+    } else if (head_sent_) {  // a reply is already on its way: end the connection after it
+      job_.reset();
+      response_complete_ = true;
+      if (!writing_) after_response();
+    } else {
+      job_.reset();
+      send_error(eapi, status, msg, "");
+    }
+    sync_busy();
+  }
+
+  void set_building_done() {
+    building_ = false;
+    st_.metrics.building(-1);
+  }
+
+  // Counts this session in State::busy while it builds, generates or writes.
+  void sync_busy() {
+    const bool b = building_ || active_ || writing_;
+    if (b == counted_busy_) return;
+    counted_busy_ = b;
+    st_.busy_delta(b ? +1 : -1);
   }
 
   // ------------------------------------------------------------------ routing
@@ -171,16 +319,28 @@ class Session : public std::enable_shared_from_this<Session> {
     return {};
   }
 
-  void route(const http::request<http::string_body>& req) {
+  void route(http::request<http::string_body>& req) {
     const std::string path(strip_query(req.target()));
     const auto method = req.method();
     const recipe::Api eapi = api_of_path(path);
     label_ = "other";
 
     if (path == "/health" || path == "/ping") {
+      // Liveness: the process serves HTTP and the engine makes progress without failing.
       label_ = "health";
       if (!st_.ready) return send_response(503, "application/json", R"({"status":"loading"})");
+      const HealthVerdict v = st_.engine_verdict();
+      if (!v.ok) return send_json(503, Json{{"status", "unhealthy"}, {"reason", v.reason}});
       return send_response(200, "application/json", R"({"status":"ok"})");
+    }
+    if (path == "/ready") {
+      // Readiness: take new requests here (not while loading, draining or unhealthy).
+      label_ = "health";
+      if (!st_.ready) return send_response(503, "application/json", R"({"status":"loading"})");
+      if (st_.draining) return send_response(503, "application/json", R"({"status":"draining"})");
+      const HealthVerdict v = st_.engine_verdict();
+      if (!v.ok) return send_json(503, Json{{"status", "unhealthy"}, {"reason", v.reason}});
+      return send_response(200, "application/json", R"({"status":"ready"})");
     }
     if (path == "/metrics") {
       label_ = "metrics";
@@ -191,7 +351,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!path.starts_with("/v1/")) return send_error(eapi, 404, "no route for " + path, "");
 
-    if (!st_.cfg.api_key.empty() && presented_key(req) != st_.cfg.api_key)
+    if (!st_.cfg.api_key.empty() && !api_key_matches(presented_key(req), st_.cfg.api_key))
       return send_error(
           eapi, 401, "invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)", "");
 
@@ -227,6 +387,7 @@ class Session : public std::enable_shared_from_this<Session> {
     label_ = server_api_name(*api);
     if (method != http::verb::post) return send_error(eapi, 405, "use POST for " + path, "");
     if (!st_.ready) return send_error(eapi, 503, "the model is loading", "");
+    if (st_.draining) return send_error(eapi, 503, "the server is shutting down", "");
     handle_generate(*api, req);
   }
 
@@ -251,18 +412,75 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ------------------------------------------------------------------ generation
 
-  void handle_generate(ServerApi api, const http::request<http::string_body>& req) {
+  // What a build task hands back to the session's strand.
+  struct Built {
+    std::optional<BuiltRequest> request;
+    std::optional<recipe::ApiError> client_error;  // the request is invalid
+    std::string internal_error;                    // not empty: a bug while building
+  };
+
+  // Parsing, templating and tokenizing run on the build pool; the result comes back to this strand.
+  void handle_generate(ServerApi api, http::request<http::string_body>& req) {
     const recipe::Api eapi = error_api(api);
-    const std::string salt = presented_key(req);
-    BuiltRequest b;
-    try {
-      b = build_request(api, req.body(), st_.info, StoreView{st_.responses.get(), salt});
-    } catch (const recipe::ApiError& e) {
-      return send_json(e.status(), e.body());
-    } catch (const std::exception& e) {
-      return send_error(eapi, 400, e.what(), "");
-    }
     api_ = api;
+    stream_mode_ = false;
+    salt_ = presented_key(req);
+    building_ = true;
+    client_gone_ = false;
+    const uint64_t gen = ++gen_;
+    auto task = [self = shared_from_this(), api, gen, salt = salt_, body = std::move(req.body())] {
+      Built r;
+      try {
+        r.request = build_request(api, body, self->st_.info, StoreView{self->st_.responses.get(), salt});
+      } catch (const recipe::ApiError& e) {
+        r.client_error = e;
+      } catch (const std::exception& e) {
+        r.internal_error = e.what();
+      } catch (...) {
+        r.internal_error = "unknown exception";
+      }
+      net::post(self->exec_, [self, gen, r = std::move(r)]() mutable { self->on_built(gen, std::move(r)); });
+    };
+    if (!st_.builds->try_submit(std::move(task))) {
+      building_ = false;
+      st_.metrics.build_rejected();
+      return send_error(eapi, 503, "the server is overloaded (too many requests being prepared); retry later",
+                        "");
+    }
+    st_.metrics.building(+1);
+    sync_busy();
+    arm_watch();  // notice a client that leaves while its request is built
+  }
+
+  void on_built(uint64_t gen, Built r) {
+    if (gen != gen_ || !building_) return;  // ended meanwhile (shutdown)
+    set_building_done();
+    const recipe::Api eapi = error_api(api_);
+    try {
+      if (client_gone_) {
+        st_.metrics.disconnect();
+        st_.metrics.request_done(label_, 499);
+        do_close();
+      } else if (shutting_down_) {
+        send_error(eapi, 503, "the server is shutting down", "");
+      } else if (!r.internal_error.empty()) {
+        fail_internal(eapi, r.internal_error);
+      } else if (r.client_error) {
+        send_json(r.client_error->status(), r.client_error->body());
+      } else {
+        start_job(std::move(*r.request));
+      }
+    } catch (const std::exception& e) {
+      fail_internal(eapi, e.what());
+    }
+    sync_busy();
+  }
+
+  // Submits the built request's prompts to the engine and starts the response.
+  void start_job(BuiltRequest b) {
+    const ServerApi api = api_;
+    const recipe::Api eapi = error_api(api);
+    const std::string& salt = salt_;
     stream_mode_ = b.stream;
     job_ =
         std::make_unique<Job>(std::move(b.spec), *st_.info.tokenizer, make_formatter(api, b.ctx), b.stream);
@@ -315,7 +533,9 @@ class Session : public std::enable_shared_from_this<Session> {
         head += "Transfer-Encoding: chunked\r\n";
       else
         keep_alive_ = false;
+      if (st_.draining) keep_alive_ = false;
       head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+      head_sent_ = true;
       queue_raw(std::move(head));
     }
     arm_watch();
@@ -323,10 +543,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_engine_output(uint64_t gen, int sub, RequestOutput&& o) {
     if (gen != gen_ || !active_ || !job_) return;
-    std::string out;
-    job_->on_output(sub, std::move(o), out);
-    if (job_->complete()) return finish_job(std::move(out));
-    if (stream_mode_ && !out.empty()) queue_body(out);
+    try {
+      std::string out;
+      job_->on_output(sub, std::move(o), out);
+      if (job_->complete()) return finish_job(std::move(out));
+      if (stream_mode_ && !out.empty()) queue_body(out);
+    } catch (const std::exception& e) {
+      fail_internal(error_api(api_), e.what());
+    }
   }
 
   // `out`: the stream's last events.
@@ -379,6 +603,7 @@ class Session : public std::enable_shared_from_this<Session> {
       send_json(200, response);
     }
     job_.reset();
+    sync_busy();
   }
 
   // The client went away (write failed or the connection closed while generating).
@@ -395,6 +620,7 @@ class Session : public std::enable_shared_from_this<Session> {
       to_store_.reset();
     }
     do_close();
+    sync_busy();
   }
 
   // While generating, a read on the socket tells us when the client closes the connection.
@@ -413,6 +639,15 @@ class Session : public std::enable_shared_from_this<Session> {
       resume_after_watch_ = false;
       if (ec && ec != net::error::operation_aborted) return do_close();
       return do_read();
+    }
+    if (building_) {
+      if (ec)
+        client_gone_ = true;  // on_built closes
+      else if (buffer_.size() > st_.cfg.max_body_bytes + 65536)
+        client_gone_ = true;
+      else
+        arm_watch();
+      return;
     }
     if (active_) {
       if (ec) return on_client_gone();
@@ -441,8 +676,10 @@ class Session : public std::enable_shared_from_this<Session> {
                     std::string(http::obsolete_reason(http::int_to_status(unsigned(status)))) +
                     "\r\nServer: beluga\r\nContent-Type: " + std::string(content_type) +
                     "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    if (st_.draining) keep_alive_ = false;
     s += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     s += body;
+    head_sent_ = true;
     response_complete_ = true;
     queue_raw(std::move(s));
   }
@@ -459,6 +696,7 @@ class Session : public std::enable_shared_from_this<Session> {
     inflight_.swap(pending_);
     pending_.clear();
     writing_ = true;
+    sync_busy();
     stream_.expires_after(std::chrono::seconds(120));  // a client that stops reading is dropped
     net::async_write(stream_, net::buffer(inflight_),
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
@@ -471,6 +709,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return on_client_gone();
     if (!pending_.empty()) return do_write();
     if (response_complete_ && !active_) after_response();
+    sync_busy();
   }
 
   void after_response() {
@@ -519,7 +758,11 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool keep_alive_ = true, http11_ = true, closed_ = false, drain_on_close_ = false;
+  bool head_sent_ = false;  // this request's response (or stream) head is queued
   size_t drained_ = 0;
+  uint64_t served_ = 0;     // requests read on this connection
+  bool idle_wait_ = false;  // waiting for the next request's first byte
+  bool counted_busy_ = false, shutting_down_ = false;
   std::string label_ = "other";
 
   // The generation in flight.
@@ -529,6 +772,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::string> ids_;
   uint64_t gen_ = 0;
   bool active_ = false, stream_mode_ = false;
+  bool building_ = false, client_gone_ = false;  // on the build pool; the client left meanwhile
+  std::string salt_;                             // the request's API key (prefix-cache salt, store tenant)
 
   // Writes.
   std::string pending_, inflight_;
@@ -539,16 +784,73 @@ class Session : public std::enable_shared_from_this<Session> {
 // Handlers hold a plain pointer: the State owns the io_context that stores them, so a shared_ptr here
 // would keep the State alive forever (a leak). Server::stop() joins the I/O threads before the State
 // goes away, and no handler runs after that.
+// A connection past max_connections: a 503 in the OpenAI error shape (the path is not read, so the
+// API is not known), then a half-close and a short read of whatever the client sent, so the client
+// reads the 503 rather than a reset. Bounded: 5 s and 64 KiB at most.
+struct Rejected {
+  explicit Rejected(tcp::socket s) : stream(std::move(s)) {}
+  beast::tcp_stream stream;
+  std::string reply;
+  std::array<char, 4096> sink{};
+  size_t drained = 0;
+};
+
+void drain_rejected(const std::shared_ptr<Rejected>& r) {
+  r->stream.async_read_some(net::buffer(r->sink), [r](beast::error_code ec, size_t n) {
+    r->drained += n;
+    if (!ec && r->drained <= 65536) drain_rejected(r);
+  });
+}
+
+void reject_connection(tcp::socket socket, Server::State& st) {
+  recipe::ApiError e(recipe::Api::kChat, 503,
+                     "the server is at its connection limit (" + std::to_string(st.cfg.max_connections) +
+                         " open connections); retry later");
+  const std::string body = e.body().dump();
+  auto r = std::make_shared<Rejected>(std::move(socket));
+  r->reply =
+      "HTTP/1.1 503 Service Unavailable\r\nServer: beluga\r\nContent-Type: application/json\r\n"
+      "Retry-After: 1\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  r->stream.expires_after(std::chrono::seconds(5));
+  st.metrics.connection_rejected();
+  net::async_write(r->stream, net::buffer(r->reply), [r](beast::error_code ec, size_t) {
+    if (ec) return;
+    r->stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    drain_rejected(r);
+  });
+}
+
 void do_accept(Server::State* st) {
   st->acceptor.async_accept(net::make_strand(st->ioc), [st](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !st->acceptor.is_open()) return;
     if (!ec) {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Session>(std::move(socket), *st)->run();
+      if (st->connections.load() >= st->cfg.max_connections)
+        reject_connection(std::move(socket), *st);
+      else
+        std::make_shared<Session>(std::move(socket), *st)->run();
+    } else {
+      // Out of descriptors (EMFILE) or the like: pause instead of spinning on the error.
+      std::fprintf(stderr, "beluga serve: accept failed: %s\n", ec.message().c_str());
+      auto t = std::make_shared<net::steady_timer>(st->ioc, std::chrono::milliseconds(100));
+      t->async_wait([st, t](beast::error_code) { do_accept(st); });
+      return;
     }
     do_accept(st);
   });
+}
+
+// Runs `fn` on every open session's strand.
+void for_each_session(Server::State& st, void (Session::*fn)()) {
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard lock(st.mu);
+    for (auto& [p, w] : st.sessions)
+      if (auto s = w.lock()) live.push_back(std::move(s));
+  }
+  for (auto& s : live) s->post([s, fn] { (s.get()->*fn)(); });
 }
 
 }  // namespace
@@ -556,6 +858,8 @@ void do_accept(Server::State* st) {
 Server::Server(ServerConfig cfg) : st_(std::make_shared<State>()) {
   st_->cfg = std::move(cfg);
   st_->responses = std::make_unique<ResponseStore>(st_->cfg.max_stored_responses);
+  st_->builds = std::make_unique<BuildPool>(st_->cfg.build_threads, st_->cfg.build_queue);
+  st_->health = std::make_unique<EngineHealth>(std::chrono::seconds(st_->cfg.engine_stall_s));
 }
 
 Server::~Server() {
@@ -594,6 +898,7 @@ void Server::set_engine(EngineHandle* engine, ModelInfo info) {
   st_->engine = engine;
   st_->info = std::move(info);
   st_->ready.store(true);
+  st_->engine_verdict();  // the first sample: the baseline of "recent steps"
 }
 
 void Server::start() {
@@ -643,7 +948,26 @@ void Server::wait_for_signal() {
   waiter.join();
 }
 
+bool Server::drain(std::chrono::seconds grace) {
+  State& st = *st_;
+  st.draining = true;
+  net::post(st.ioc, [&st] {
+    beast::error_code ec;
+    st.acceptor.close(ec);
+  });
+  for_each_session(st, &Session::on_drain);
+  std::unique_lock lock(st.mu);
+  if (st.cv.wait_for(lock, grace, [&] { return st.busy == 0; })) return true;
+  lock.unlock();
+  for_each_session(st, &Session::on_shutdown);
+  lock.lock();
+  // The cut requests' last words (error events, 503s) get a few seconds to reach their clients.
+  st.cv.wait_for(lock, std::chrono::seconds(5), [&] { return st.busy == 0; });
+  return false;
+}
+
 void Server::stop() {
+  st_->builds->stop();  // its tasks post to the I/O threads: it stops first
   {
     std::lock_guard lock(st_->mu);
     st_->stopping = true;

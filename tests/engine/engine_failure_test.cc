@@ -70,7 +70,7 @@ TEST_F(EngineTest, ExceptionInTheLoopFailsTheStepsRequestsAndTheLoopGoesOn) {
   EXPECT_EQ(c.late, 0);
   const EngineStats st = wait_idle(engine);
   EXPECT_EQ(st.kv_blocks_used, 0);
-  EXPECT_EQ(st.failed_steps, 1);
+  EXPECT_EQ(st.steps_failed, 1);
   ASSERT_EQ(engine.submit(greedy("after", prompts[0], 8, c)), SubmitStatus::kOk);
   ASSERT_TRUE(c.wait(5));
   EXPECT_EQ(c.tokens["after"][0], reference(prompts[0], 8));

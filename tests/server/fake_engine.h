@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +59,7 @@ class FakeEngine final : public EngineHandle {
 
   SubmitStatus submit(EngineRequest req, std::string* why) override {
     std::lock_guard l(mu_);
+    if (throw_on_submit_) throw std::runtime_error("fake engine: submit failed (injected)");
     if (refuse_) return SubmitStatus::kQueueFull;
     submitted_.push_back(req.id);
     salts_.push_back(req.cache_salt);
@@ -81,6 +83,8 @@ class FakeEngine final : public EngineHandle {
     s.running = int(active_.size()) + processing_;
     s.kv_blocks_total = 100;
     s.kv_blocks_used = s.running;
+    s.steps = steps_;
+    s.steps_failed = steps_failed_;
     return s;
   }
   int max_model_len() const override { return 512; }
@@ -88,6 +92,17 @@ class FakeEngine final : public EngineHandle {
   void set_refuse(bool r) {
     std::lock_guard l(mu_);
     refuse_ = r;
+  }
+  // submit() throws std::runtime_error (a handler exception in the server).
+  void set_throw_on_submit(bool t) {
+    std::lock_guard l(mu_);
+    throw_on_submit_ = t;
+  }
+  // Adds to the step counters stats() reports (the fake's own loop does not count steps).
+  void add_steps(int64_t steps, int64_t failed) {
+    std::lock_guard l(mu_);
+    steps_ += steps;
+    steps_failed_ += failed;
   }
   std::set<std::string> aborted() const {
     std::lock_guard l(mu_);
@@ -181,7 +196,8 @@ class FakeEngine final : public EngineHandle {
   std::vector<std::vector<int>> prompts_;
   SamplingParams last_sampling_;
   int processing_ = 0;
-  bool refuse_ = false, stop_ = false;
+  bool refuse_ = false, stop_ = false, throw_on_submit_ = false;
+  int64_t steps_ = 0, steps_failed_ = 0;
   std::thread thread_;
 };
 

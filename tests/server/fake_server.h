@@ -1,0 +1,93 @@
+// A Server on a free port in front of a FakeEngine, with the demo model's tokenizer and chat
+// encoder, for tests of the server's own behaviour (limits, health, drain).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <sys/socket.h>
+#include <cerrno>
+#include <memory>
+#include <string>
+
+#include "fake_engine.h"
+#include "http_client.h"
+#include "recipe/chat_format.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace beluga::server::testing {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Json = nlohmann::json;
+
+inline const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+
+class FakeServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tokenizer_ = new tok::Tokenizer(tok::Tokenizer::from_file(kModelDir + "/tokenizer.json"));
+    encoder_ = new recipe::ChatEncoder(recipe::ChatEncoder::from_model_dir(kModelDir));
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete encoder_;
+  }
+  // `text`: what every sequence generates (one token per `step`).
+  void start(ServerConfig cfg = {}, int max_seqs_per_request = 128, std::string text = "Hello world.",
+             std::chrono::milliseconds step = std::chrono::milliseconds(1)) {
+    engine_ = std::make_unique<FakeEngine>(
+        [text](const EngineRequest&) { return tokenizer_->encode(text, false); }, step);
+    cfg.port = 0;
+    server_ = std::make_unique<Server>(cfg);
+    server_->listen();
+    server_->start();
+    ModelInfo info;
+    info.served_name = "demo";
+    info.tokenizer = tokenizer_;
+    info.encoder = encoder_;
+    info.max_model_len = 512;
+    info.bos_token_id = 0;
+    info.max_seqs_per_request = max_seqs_per_request;
+    server_->set_engine(engine_.get(), info);
+    port_ = server_->port();
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    engine_.reset();
+    server_.reset();
+  }
+  Json chat(Json extra = Json::object()) {
+    Json b{{"model", "demo"}, {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})}};
+    for (auto& [k, v] : extra.items()) b[k] = v;
+    return b;
+  }
+  tcp::socket connect_raw(net::io_context& ioc) {
+    tcp::socket s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
+    return s;
+  }
+  // Reads until the server closes the connection or `limit` passes; true when it closed.
+  static bool closed_by_server_within(tcp::socket& s, std::chrono::seconds limit,
+                                      std::string* got = nullptr) {
+    timeval tv{static_cast<time_t>(limit.count()), 0};
+    setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[4096];
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      ssize_t n = ::recv(s.native_handle(), buf, sizeof(buf), 0);
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+      if (got) got->append(buf, size_t(n));
+    }
+    return false;
+  }
+
+  inline static tok::Tokenizer* tokenizer_ = nullptr;
+  inline static recipe::ChatEncoder* encoder_ = nullptr;
+  std::unique_ptr<FakeEngine> engine_;
+  std::unique_ptr<Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace beluga::server::testing
