@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/kv_args.h"
 #include "cli/model_args.h"
 #include "engine/engine.h"
 #include "recipe/chat_format.h"
@@ -55,6 +56,7 @@ int cmd_serve(int argc, char** argv) {
   Args args(argc, argv, {"no-enable-prefix-caching", "enforce-eager", "help"});
   if (args.has("help")) {
     std::fputs(kUsage, stdout);
+    std::fputs(kKvUsage, stdout);
     return 0;
   }
   server::Server::block_signals();
@@ -99,6 +101,8 @@ int cmd_serve(int argc, char** argv) {
   // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
   // a dummy-weight benchmark of a config that ships no tokenizer.
   const std::string tok_dir = args.get_or("tokenizer", m.dir);
+  const std::unique_ptr<kv::TieredStore> kv_store = kv_store_from_args(args, m);  // outlives the engine
+  ecfg.kv_connector = kv_store.get();
   args.check_all_used();
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");
   BELUGA_CHECK(int(tokenizer.vocab_size()) <= m.cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
