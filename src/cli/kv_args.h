@@ -1,5 +1,7 @@
 // The KV tier options of `beluga serve` (and `beluga bench kv`): --kv-host-gb G (a host-memory tier of
-// G GiB, fractions allowed; off when absent). Builds the store with the loaded model's fingerprint.
+// G GiB, fractions allowed), --kv-disk-dir DIR (a file tier there) and --kv-disk-gb G (its capacity;
+// default: the file system's free space). A tier is off when its flag is absent. Builds the store
+// with the loaded model's fingerprint.
 #pragma once
 
 #include <memory>
@@ -10,7 +12,8 @@
 
 namespace beluga::cli {
 
-inline constexpr const char* kKvUsage = "                    [--kv-host-gb G]\n";
+inline constexpr const char* kKvUsage =
+    "                    [--kv-host-gb G] [--kv-disk-dir DIR] [--kv-disk-gb G]\n";
 
 // nullptr when no tier is asked for.
 std::unique_ptr<kv::TieredStore> kv_store_from_args(const Args& args, const LoadedModel& m);

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <random>
 #include <unordered_map>
@@ -298,8 +299,16 @@ void Engine::loop() {
     // a. New requests and aborts; block only when there is nothing to do at all.
     {
       std::unique_lock<std::mutex> lk(mu_);
-      if (!im.runner.in_flight())
-        cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
+      if (!im.runner.in_flight()) {
+        // Every sequence waits on a KV load (from disk): look again shortly, unless news come first.
+        if (im.scheduler.num_loading() > 0 && im.scheduler.num_running() == 0 &&
+            im.scheduler.num_loading() == im.scheduler.num_waiting())
+          cv_.wait_for(lk, std::chrono::microseconds(200),
+                       [&] { return stop_ || !incoming_.empty() || !aborts_.empty(); });
+        else
+          cv_.wait(lk,
+                   [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
+      }
       if (stop_) break;
       incoming.swap(incoming_);
       aborts.swap(aborts_);

@@ -1,52 +1,59 @@
-// TieredStore: the KV connector (engine/kv_connector.h) over the tiers below the device pool. Blocks
-// are keyed by tier_key(chained block hash, model fingerprint).
+// TieredStore: the KV connector (engine/kv_connector.h) over the tiers below the device pool: host
+// memory (HostPool) and, optionally, files (DiskTier). Blocks are keyed by tier_key(chained block
+// hash, model fingerprint).
 //
-// Host tier: a HostPool. Saving is write-through: every block a step fills is copied down right after
-// the step computed it (SGLang HiCache's write_through, vLLM's offloading connector), not when the
-// device pool evicts it (write_back). Eviction from the device pool then costs nothing and needs no
-// copy ordered before the block's reuse, the copy leaves the critical path of the step that needs the
-// block, and a block is below the device before a crash or restart (what the file tier needs for
-// retention in days and for replicas sharing a directory). The price is a copy of every computed
-// block (deduplicated by key: a block already below is not copied again).
+// Saving is write-through: every block a step fills is copied to the host tier right after the step
+// computed it (SGLang HiCache's write_through, vLLM's offloading connector), and from there written
+// to the file tier on an I/O thread; not when the device pool evicts it (write_back). Eviction from
+// the device pool then costs nothing and needs no copy ordered before the block's reuse, and a block
+// is on disk soon after it was computed, before a crash or a restart, and visible to the other
+// replicas sharing the directory (what retention in days needs). The price is one copy of every
+// computed block, deduplicated by key (a block already below is not copied again).
 //
-// Thread-safe: the KvConnector calls come from the engine thread, stats() from anywhere.
+// Loads: a block in host memory is copied to the device with the next step; a block only on disk is
+// first read into a host slot by an I/O thread (the sequence waits in the scheduler's loading list,
+// other requests run on), verified, and becomes a host entry too. Without a host tier, a staging pool
+// of kStagingBlocks is used.
+//
+// Thread-safe: the KvConnector calls come from the engine thread, I/O completions from the disk
+// tier's threads, stats() from anywhere.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/kv_connector.h"
+#include "kvstore/disk_tier.h"
 #include "kvstore/host_pool.h"
+#include "kvstore/tier_stats.h"
 
 namespace beluga::kv {
 
-struct TierStats {
-  int64_t hits = 0;           // blocks loaded from the tier
-  int64_t misses = 0;         // lookups whose next block was not in the tier
-  int64_t bytes_read = 0;     // loaded from the tier
-  int64_t bytes_written = 0;  // saved into the tier
-  int64_t evictions = 0;      // blocks evicted for capacity
-  int64_t expirations = 0;    // blocks removed because their retention had passed
-  int64_t errors = 0;         // failed reads or writes (each one a miss or a dropped save)
-  int64_t blocks = 0;         // held now
-  int64_t capacity_blocks = 0;
-};
-
 struct StoreStats {
   TierStats host;
+  std::optional<TierStats> disk;
 };
 
 struct StoreConfig {
   size_t block_bytes = 0;  // the model's KV bytes per block
   BlockHash fingerprint;   // kvstore/fingerprint.h
-  size_t host_bytes = 0;   // the host tier's capacity
+  size_t host_bytes = 0;   // the host tier's capacity (0 with a disk tier: a staging pool only)
   HostAllocator host_alloc = HostAllocator::plain();
+  std::string disk_dir;   // empty: no file tier
+  size_t disk_bytes = 0;  // 0: the file system's free space
+  int disk_threads = 4;
+  std::function<int64_t()> now;  // unix seconds (tests inject a clock); default: the system clock
 };
 
 class TieredStore final : public KvConnector {
  public:
+  static constexpr int kStagingBlocks = 64;
+
   explicit TieredStore(StoreConfig cfg);
   ~TieredStore() override;
 
@@ -61,17 +68,30 @@ class TieredStore final : public KvConnector {
   void step_done(bool ok) override;
 
   StoreStats stats() const;
+  DiskTier* disk() { return disk_.get(); }
+  void drain();  // waits for the disk I/O submitted so far (tests, shutdown)
 
  private:
+  struct Part {
+    int slot = -1;           // host slot: pinned (found) or reserved (being read from disk)
+    bool from_disk = false;  // read into a reserved slot
+    int state = 0;           // disk reads: 0 in flight, 1 ok, -1 failed
+  };
   struct Load {
     std::vector<int> blocks;  // device blocks
-    std::vector<int> slots;   // the host slots found (pinned), leading
+    std::vector<BlockHash> keys;
+    std::vector<Part> parts;  // leading blocks found below
+    int pending = 0;          // disk reads in flight
+    bool cancelled = false;
   };
   struct StepState {
-    std::vector<int> pins;   // host slots read by the step's loads
-    std::vector<int> saves;  // host slots reserved for its saves
+    std::vector<int> pins;                         // host slots read by the step's loads
+    std::vector<std::pair<int, BlockHash>> saves;  // host slots reserved for its saves
   };
   void end_step(StepState& st, bool ok);
+  void release_parts(Load& ld, size_t from);  // mu_ held: ends parts [from, end) of a load
+  void on_read(LoadId id, size_t part, bool ok);
+  bool in_host(const BlockHash& k) { return host_.find(k, false) >= 0; }
 
   StoreConfig cfg_;
   mutable std::mutex mu_;
@@ -79,7 +99,8 @@ class TieredStore final : public KvConnector {
   std::unordered_map<LoadId, Load> loads_;
   LoadId next_load_ = 0;
   StepState building_, in_flight_;
-  StoreStats stats_;
+  TierStats host_stats_;
+  std::unique_ptr<DiskTier> disk_;  // last: destroyed first, its callbacks use the members above
 };
 
 }  // namespace beluga::kv

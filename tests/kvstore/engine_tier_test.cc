@@ -4,6 +4,10 @@
 #include "../engine/engine_test_support.h"
 #include "kvstore/tiered_store.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+
 namespace beluga::engine_test {
 namespace {
 
@@ -102,6 +106,52 @@ TEST_F(EngineTier, ConcurrentRequestsThroughASmallTierMatchTheReference) {
   EXPECT_EQ(wait_idle(e).kv_blocks_used, 0);
   EXPECT_GT(store.stats().host.hits, 0) << "some prefix came back from the host tier";
   EXPECT_GT(store.stats().host.evictions, 0) << "the tier was full";
+}
+
+// A server restarted on its KV directory serves the prefix from the files: the greedy output is the
+// cold run's and the prefix counts as cached. Then, with a host tier of 5 blocks, prefixes come back
+// from the disk while other requests run.
+TEST_F(EngineTier, RestartServesHitsFromTheFileTier) {
+  const std::string dir =
+      std::filesystem::temp_directory_path().string() + "/beluga_kv_engine_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::vector<int> a = prompt(300, 5);
+  const std::vector<int> want = reference(a, 10);
+  kv::StoreConfig sc = store_config(16);
+  sc.disk_dir = dir;
+  {
+    kv::TieredStore store(sc);
+    Engine e(*model_, small_pool(&store));
+    Collector c;
+    EXPECT_EQ(run_in_turn(e, c, {{"cold", a}}, 10)[0], want);
+    EXPECT_EQ(c.cached["cold"], 0);
+    store.drain();
+    EXPECT_GE(store.stats().disk->bytes_written, int64_t(4 * sc.block_bytes));
+  }
+  {
+    kv::TieredStore store(sc);  // the restart: empty device pool and host tier
+    Engine e(*model_, small_pool(&store));
+    Collector c;
+    EXPECT_EQ(run_in_turn(e, c, {{"warm", a}}, 10)[0], want);
+    EXPECT_EQ(c.cached["warm"], 4 * kKvBlockSize);
+    EXPECT_EQ(store.stats().disk->hits, 4);
+  }
+  {
+    kv::StoreConfig tiny = sc;
+    tiny.host_bytes = 5 * sc.block_bytes;  // staging for the 4 blocks read back, little more
+    kv::TieredStore store(tiny);
+    Engine e(*model_, small_pool(&store));
+    Collector c;
+    const std::vector<int> b = prompt(200, 6);
+    ASSERT_EQ(e.submit(greedy("b", b, 40, c)), SubmitStatus::kOk);
+    ASSERT_EQ(e.submit(greedy("a", a, 10, c)), SubmitStatus::kOk);
+    ASSERT_TRUE(c.wait(2));
+    EXPECT_EQ(c.tokens["a"][0], want);
+    EXPECT_EQ(c.tokens["b"][0], reference(b, 40));
+    EXPECT_EQ(c.cached["a"], 4 * kKvBlockSize);
+    EXPECT_EQ(wait_idle(e).kv_blocks_used, 0);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
