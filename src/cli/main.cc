@@ -24,6 +24,7 @@ constexpr Subcommand kCommands[] = {
     {"tokenize", beluga::cli::cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", beluga::cli::cmd_detokenize, "token ids on stdin -> text"},
     {"render", beluga::cli::cmd_render, "API request -> prompt text and token ids"},
+    {"kv", beluga::cli::cmd_kv, "the KV file tier: `kv stats`, `kv gc` (retention by class)"},
 };
 
 void usage() {

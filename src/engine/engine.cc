@@ -82,9 +82,10 @@ struct Engine::Impl {
   std::vector<int> step_slots;            // the step in flight: its requests (sorted, unique)
   std::vector<int> published;             // the step in flight: blocks its commit put in the prefix index
   std::vector<BlockHash> published_keys;  // their keys
-  KvStepCopies kv_copies;                 // the step being launched: its KV connector copies
-  std::vector<std::pair<int, RequestOutput>> outs;  // (slot, output) of the last applied step
-  std::unordered_map<int, size_t> out_of;           // slot -> index in outs
+  std::vector<const std::string*> published_classes;  // their sequences' traffic classes
+  KvStepCopies kv_copies;                             // the step being launched: its KV connector copies
+  std::vector<std::pair<int, RequestOutput>> outs;    // (slot, output) of the last applied step
+  std::unordered_map<int, size_t> out_of;             // slot -> index in outs
   std::vector<int> failed;
   std::vector<float> scratch;
   std::vector<int> index_scratch;
@@ -335,6 +336,7 @@ void Engine::loop() {
         s->request = slot;
         s->index = i;
         s->salt = &rr.req.cache_salt;
+        s->traffic_class = &rr.req.traffic_class;
         s->prefix_cap = &rr.prefix_cap;  // stable: requests are map nodes
         s->tokens = rr.req.prompt;
         s->num_prompt = int(rr.req.prompt.size());
@@ -431,14 +433,15 @@ void Engine::loop() {
       im.step_slots.erase(std::unique(im.step_slots.begin(), im.step_slots.end()), im.step_slots.end());
       im.published.clear();
       im.published_keys.clear();
-      im.scheduler.commit(im.chunks, &im.published, &im.published_keys);
+      im.published_classes.clear();
+      im.scheduler.commit(im.chunks, &im.published, &im.published_keys, &im.published_classes);
       KvStepCopies* copies = nullptr;
       if (im.kv_connector) {  // this step's loads and the saves of the blocks it fills
         copies = &im.kv_copies;
         im.scheduler.take_loads(copies->loads);
         copies->saves.clear();
         for (size_t i = 0; i < im.published.size(); ++i)
-          if (std::byte* host = im.kv_connector->start_save(im.published_keys[i]))
+          if (std::byte* host = im.kv_connector->start_save(im.published_keys[i], *im.published_classes[i]))
             copies->saves.push_back({im.published[i], host});
       }
       im.runner.launch(b, greedy && !b.logit_rows.empty(), copies);  // b, copies: older ones (capacity)

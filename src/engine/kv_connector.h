@@ -13,6 +13,7 @@
 //     engine allocated; poll load_ready() each step (a sequence whose load is not ready is simply not
 //     scheduled); finish_load() hands the step's host -> device copies; cancel_load() when the request
 //     goes away first.
+//   admission: touch() the blocks found in the device pool (their copies below are in use too).
 //   commit: start_save() for each block a step filled; it returns where the runner copies it (or
 //     nothing when the block is stored already).
 //   runner: the engine hands the step's copies (finish_load's and start_save's) to the runner with the
@@ -23,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/block_manager.h"
@@ -58,8 +60,9 @@ class KvConnector {
   // How many of the leading `n` blocks of `keys` are available below the device pool; the tier of
   // each is written to tiers[0..result) when `tiers` is given. A hint: a later load may get fewer.
   virtual int lookup(const BlockHash* keys, int n, KvTier* tiers) = 0;
-  // Starts fetching the blocks `keys[0..n)` for the device blocks `blocks[0..n)`.
-  virtual LoadId start_load(const BlockHash* keys, const int* blocks, int n) = 0;
+  // Starts fetching the blocks `keys[0..n)` for the device blocks `blocks[0..n)`, for a request of
+  // traffic class `cls` (the blocks' retention becomes the longer of theirs and cls's).
+  virtual LoadId start_load(const BlockHash* keys, const int* blocks, int n, const std::string& cls) = 0;
   // Whether the load has finished fetching (never blocks).
   virtual bool load_ready(LoadId id) = 0;
   // For a ready load: appends the host -> device copies of its leading blocks that were found to
@@ -71,7 +74,10 @@ class KvConnector {
 
   // Device block `block` now holds the prefix `key` (computed by the step being built): returns the
   // host memory the runner copies it to, or nullptr when the block needs no saving.
-  virtual std::byte* start_save(const BlockHash& key) = 0;
+  virtual std::byte* start_save(const BlockHash& key, const std::string& cls) = 0;
+  // Blocks `keys[0..n)` were served from the device pool to a request of class `cls`: their copies
+  // below count as used now (and keep the longer retention).
+  virtual void touch(const BlockHash* keys, int n, const std::string& cls) = 0;
 
   // The copies handed out so far go with the step just launched.
   virtual void step_launched() = 0;

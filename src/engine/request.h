@@ -76,7 +76,8 @@ struct EngineRequest {
   std::string id;
   std::vector<int> prompt;
   SamplingParams sampling;
-  std::string cache_salt;  // tenants with different salts never share prefix-cache entries
+  std::string cache_salt;              // tenants with different salts never share prefix-cache entries
+  std::string traffic_class = "chat";  // the retention class of its KV below the device pool
   OutputCallback on_output;
 };
 

@@ -40,11 +40,13 @@ void Scheduler::preempt(Seq* s) {
 bool Scheduler::start_load(Seq* s, const std::vector<BlockHash>& hashes) {
   const int have = int(s->blocks.size());
   const int rest = int(hashes.size()) - have;
-  if (!kv_ || rest <= 0) return false;
+  if (!kv_) return false;
+  if (have > 0) kv_->touch(hashes.data(), have, *s->traffic_class);
+  if (rest <= 0) return false;
   const int n = kv_->lookup(hashes.data() + have, rest, nullptr);
   // No room for the blocks now: compute them instead (the queue does not wait for a load).
   if (n <= 0 || !bm_.grow(s->blocks, (have + n) * kKvBlockSize)) return false;
-  s->kv_load = kv_->start_load(hashes.data() + have, s->blocks.data() + have, n);
+  s->kv_load = kv_->start_load(hashes.data() + have, s->blocks.data() + have, n, *s->traffic_class);
   s->kv_load_first = have;
   waiting_.pop_front();
   loading_.push_back(s);
@@ -147,7 +149,8 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
 }
 
 void Scheduler::commit(const std::vector<Chunk>& chunks, std::vector<int>* published,
-                       std::vector<BlockHash>* published_keys) {
+                       std::vector<BlockHash>* published_keys,
+                       std::vector<const std::string*>* published_classes) {
   for (const Chunk& c : chunks) {
     Seq* s = c.seq;
     BELUGA_ASSERT(c.start + c.len <= int(s->tokens.size()));
@@ -159,6 +162,7 @@ void Scheduler::commit(const std::vector<Chunk>& chunks, std::vector<int>* publi
       bm_.publish(s->blocks[size_t(b)], s->hashes.back());
       if (published) published->push_back(s->blocks[size_t(b)]);
       if (published_keys) published_keys->push_back(s->hashes.back());
+      if (published_classes) published_classes->push_back(s->traffic_class);
     }
   }
 }

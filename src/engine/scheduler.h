@@ -29,6 +29,7 @@ struct Seq {
   int request = 0;    // the engine's request slot
   int index = 0;      // 0..n-1 within the request
   const std::string* salt = nullptr;
+  const std::string* traffic_class = nullptr;  // the request's (KV connector retention)
   // When set: at most this many leading tokens may come from the prefix cache (prompt logprobs need
   // the logits of the positions from there on). Owned by the engine's request; read at admission.
   const int* prefix_cap = nullptr;
@@ -70,9 +71,11 @@ class Scheduler {
   // Once the step is launched (steps run in order, so the next one sees this one's KV): advances
   // num_computed and publishes newly full blocks to the prefix index; appends those blocks to
   // `published` when given. Every chunk's tokens must be known by then.
-  // `published_keys`, when given, gets each published block's key beside it.
+  // `published_keys`, when given, gets each published block's key beside it, and `published_classes`
+  // its sequence's traffic class.
   void commit(const std::vector<Chunk>& chunks, std::vector<int>* published = nullptr,
-              std::vector<BlockHash>* published_keys = nullptr);
+              std::vector<BlockHash>* published_keys = nullptr,
+              std::vector<const std::string*>* published_classes = nullptr);
   // The host -> device copies of loads finished by schedule() calls since the last take (they must
   // run with the next step launched); swaps them into `out`.
   void take_loads(std::vector<KvCopy>& out);

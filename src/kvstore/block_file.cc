@@ -201,6 +201,33 @@ BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, i
   return BlockFileStatus::kOk;
 }
 
+BlockFileStatus update_block_class(const std::string& path, const BlockHash& fingerprint,
+                                   const BlockHash& key, const std::string& cls) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? BlockFileStatus::kMissing : BlockFileStatus::kIoError;
+  unsigned char head[kBlockFileHeaderBytes];
+  BlockFileStatus status = BlockFileStatus::kOk;
+  BlockFileHeader h;
+  uint64_t sum = 0;
+  bool foreign = false;
+  const ssize_t r = read_at(fd, head, sizeof(head), 0);
+  if (r < 0) {
+    status = BlockFileStatus::kIoError;
+  } else if (size_t(r) < sizeof(head)) {
+    status = BlockFileStatus::kShort;
+  } else if (!decode(head, &h, &sum, &foreign)) {
+    status = foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
+  } else if (!(h.fingerprint == fingerprint) || !(h.key == key)) {
+    status = BlockFileStatus::kForeign;
+  } else {
+    h.cls = cls;
+    encode(h, sum, head);
+    if (::pwrite(fd, head, sizeof(head), 0) != ssize_t(sizeof(head))) status = BlockFileStatus::kIoError;
+  }
+  ::close(fd);
+  return status;
+}
+
 BlockFileStatus read_block_file(const std::string& path, const BlockHash& fingerprint, const BlockHash& key,
                                 size_t payload_bytes, void* dst, BlockFileHeader* h) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

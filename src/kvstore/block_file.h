@@ -39,6 +39,10 @@ const char* block_file_status_name(BlockFileStatus s);
 BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader& h, const void* payload);
 // Reads the header of `path`; `mtime` (may be null) gets the file's modification time.
 BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, int64_t* mtime);
+// Rewrites the class in the header of `path` (block `key` of `fingerprint`) in place. A torn header
+// write fails the header checksum: the block becomes a miss, never wrong data.
+BlockFileStatus update_block_class(const std::string& path, const BlockHash& fingerprint,
+                                   const BlockHash& key, const std::string& cls);
 // Reads and verifies `path` as block `key` of `fingerprint` with `payload_bytes` into `dst`.
 // On any status but kOk, `dst` may hold garbage.
 BlockFileStatus read_block_file(const std::string& path, const BlockHash& fingerprint, const BlockHash& key,

@@ -52,12 +52,13 @@ std::string DiskTier::path_of(const BlockHash& key) const {
   return root_ + "/" + h.substr(0, 2) + "/" + h + ".kvb";
 }
 
-void DiskTier::add(const BlockHash& key, uint64_t bytes, int64_t last_used) {
-  auto [it, inserted] = index_.try_emplace(key, Entry{bytes, last_used});
+void DiskTier::add(const BlockHash& key, uint64_t bytes, int64_t last_used, const std::string& cls) {
+  auto [it, inserted] = index_.try_emplace(key, Entry{bytes, last_used, last_used, cls});
   if (inserted) {
     bytes_ += bytes;
   } else {
     it->second.last_used = std::max(it->second.last_used, last_used);
+    if (cfg_.retention.of(cls) > cfg_.retention.of(it->second.cls)) it->second.cls = cls;
   }
   stats_.blocks = int64_t(index_.size());
   stats_.bytes = int64_t(bytes_);
@@ -104,7 +105,7 @@ void DiskTier::scan() {
         continue;
       }
       const bool known = index_.count(key) > 0;
-      add(key, kBlockFileHeaderBytes + h.payload_bytes, std::max(h.last_used, mtime));
+      add(key, kBlockFileHeaderBytes + h.payload_bytes, std::max(h.last_used, mtime), h.cls);
       if (!known && capacity_from_free_) capacity_ += kBlockFileHeaderBytes + h.payload_bytes;
     }
   }
@@ -116,31 +117,92 @@ void DiskTier::scan() {
 }
 
 bool DiskTier::contains(const BlockHash& key) {
+  const int64_t t = now();
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (index_.count(key)) return true;
+    auto it = index_.find(key);
+    if (it != index_.end()) return !expired(it->second, t) || !expire_one(key, it->second, t);
   }
   // Not (yet) in the index: written by another server, or the scan has not reached it.
-  struct stat st {};
-  const std::string path = path_of(key);
-  if (::stat(path.c_str(), &st) != 0 || uint64_t(st.st_size) != kBlockFileHeaderBytes + cfg_.block_bytes)
-    return false;
+  BlockFileHeader h;
+  int64_t mtime = 0;
+  if (read_block_header(path_of(key), &h, &mtime) != BlockFileStatus::kOk || !(h.key == key) ||
+      !(h.fingerprint == cfg_.fingerprint) || h.payload_bytes != cfg_.block_bytes)
+    return false;  // a bad file is removed when a read finds it
   std::lock_guard<std::mutex> lk(mu_);
-  add(key, uint64_t(st.st_size), int64_t(st.st_mtime));
+  add(key, kBlockFileHeaderBytes + h.payload_bytes, std::max(h.last_used, mtime), h.cls);
+  auto it = index_.find(key);
+  return !expired(it->second, t) || !expire_one(key, it->second, t);
+}
+
+bool DiskTier::expire_one(const BlockHash& key, Entry& e, int64_t t) {
+  const std::string path = path_of(key);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && int64_t(st.st_mtime) > e.last_used) {
+    e.last_used = e.persisted_use = int64_t(st.st_mtime);  // used meanwhile by a server sharing the directory
+    if (!expired(e, t)) return false;
+  }
+  ::unlink(path.c_str());
+  forget(key);
+  stats_.expirations++;
   return true;
 }
 
-void DiskTier::read(const BlockHash& key, std::byte* dst, std::function<void(bool)> done) {
-  pool_.submit([this, key, dst, done = std::move(done)] {
+int64_t DiskTier::expire() {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t t = now();
+  last_expire_ = t;
+  std::vector<BlockHash> old;
+  for (const auto& [k, e] : index_)
+    if (expired(e, t)) old.push_back(k);
+  int64_t n = 0;
+  for (const BlockHash& k : old) n += expire_one(k, index_.at(k), t);
+  return n;
+}
+
+void DiskTier::touch(const BlockHash& key, const std::string& cls) {
+  std::lock_guard<std::mutex> lk(mu_);
+  touch_locked(key, cls);
+}
+
+void DiskTier::touch_locked(const BlockHash& key, const std::string& cls) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  Entry& e = it->second;
+  const int64_t t = now();
+  e.last_used = std::max(e.last_used, t);
+  if (cfg_.retention.of(cls) > cfg_.retention.of(e.cls)) {
+    e.cls = cls;
+    pool_.submit([this, key, cls] { update_block_class(path_of(key), cfg_.fingerprint, key, cls); });
+  }
+  if (t - e.persisted_use >= 60) {  // the file's mtime is its last use, kept to the minute
+    e.persisted_use = t;
+    pool_.submit([this, key, t] {
+      const struct timespec ts[2] = {{0, UTIME_OMIT}, {time_t(t), 0}};
+      ::utimensat(AT_FDCWD, path_of(key).c_str(), ts, 0);
+    });
+  }
+}
+
+std::map<std::string, DiskTier::ClassUsage> DiskTier::by_class() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::map<std::string, ClassUsage> m;
+  for (const auto& [k, e] : index_) {
+    m[e.cls].blocks++;
+    m[e.cls].bytes += int64_t(e.bytes);
+  }
+  return m;
+}
+
+void DiskTier::read(const BlockHash& key, std::byte* dst, const std::string& cls,
+                    std::function<void(bool)> done) {
+  pool_.submit([this, key, dst, cls, done = std::move(done)] {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string path = path_of(key);
     BlockFileHeader h;
     const BlockFileStatus s = read_block_file(path, cfg_.fingerprint, key, cfg_.block_bytes, dst, &h);
     const bool ok = s == BlockFileStatus::kOk;
-    if (ok) {
-      const struct timespec ts[2] = {{0, UTIME_OMIT}, {time_t(now()), 0}};  // mtime: its last use
-      ::utimensat(AT_FDCWD, path.c_str(), ts, 0);
-    } else if (s != BlockFileStatus::kIoError && s != BlockFileStatus::kMissing) {
+    if (!ok && s != BlockFileStatus::kIoError && s != BlockFileStatus::kMissing) {
       ::unlink(path.c_str());  // truncated, corrupt or foreign: never served, not kept
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -150,8 +212,7 @@ void DiskTier::read(const BlockHash& key, std::byte* dst, std::function<void(boo
         stats_.hits++;
         stats_.bytes_read += int64_t(cfg_.block_bytes);
         stats_.load_seconds += dt;
-        auto it = index_.find(key);
-        if (it != index_.end()) it->second.last_used = now();
+        touch_locked(key, cls);
       } else {
         stats_.misses++;
         if (s != BlockFileStatus::kMissing) stats_.errors++;
@@ -163,6 +224,13 @@ void DiskTier::read(const BlockHash& key, std::byte* dst, std::function<void(boo
 }
 
 void DiskTier::make_room(uint64_t incoming) {
+  if (bytes_ + incoming <= capacity_) return;
+  // Expired blocks go first, then the least recently used.
+  const int64_t t = now();
+  std::vector<BlockHash> old;
+  for (const auto& [k, e] : index_)
+    if (expired(e, t)) old.push_back(k);
+  for (const BlockHash& k : old) expire_one(k, index_.at(k), t);
   if (bytes_ + incoming <= capacity_) return;
   // Evict down to 90% of the capacity in one go, least recently used first.
   std::vector<std::pair<int64_t, BlockHash>> by_age;
@@ -196,10 +264,13 @@ void DiskTier::write(const BlockHash& key, const std::byte* src, const std::stri
     h.created = h.last_used = now();
     h.payload_bytes = cfg_.block_bytes;
     const uint64_t bytes = kBlockFileHeaderBytes + cfg_.block_bytes;
+    bool expire_due = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       make_room(bytes);
+      expire_due = now() - last_expire_ >= 60;
     }
+    if (expire_due) expire();  // retention holds without capacity pressure too
     const std::string path = path_of(key);
     ::mkdir(path.substr(0, path.rfind('/')).c_str(), 0755);  // its shard, made on first use
     const BlockFileStatus s = write_block_file(path, h, src);
@@ -207,7 +278,7 @@ void DiskTier::write(const BlockHash& key, const std::byte* src, const std::stri
       std::lock_guard<std::mutex> lk(mu_);
       writing_.erase(key);
       if (s == BlockFileStatus::kOk) {
-        add(key, bytes, h.last_used);
+        add(key, bytes, h.last_used, cls);
         stats_.bytes_written += int64_t(cfg_.block_bytes);
       } else {
         stats_.errors++;  // a full disk or an I/O error: the block is simply not saved

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,7 @@
 
 #include "engine/block_manager.h"
 #include "kvstore/io_pool.h"
+#include "kvstore/retention.h"
 #include "kvstore/tier_stats.h"
 
 namespace beluga::kv {
@@ -35,6 +37,7 @@ struct DiskConfig {
   BlockHash fingerprint;
   size_t block_bytes = 0;
   int threads = 4;
+  Retention retention;
   std::function<int64_t()> now;  // unix seconds; default: the system clock
 };
 
@@ -45,10 +48,20 @@ class DiskTier {
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
-  // Whether block `key` is in the tier (the index, else a stat of its file). Any thread.
+  // Whether block `key` is in the tier (the index, else a stat of its file) and not expired. Any thread.
   bool contains(const BlockHash& key);
-  // Reads and verifies block `key` into `dst` (block_bytes) on an I/O thread, then calls done(ok).
-  void read(const BlockHash& key, std::byte* dst, std::function<void(bool ok)> done);
+  // Reads and verifies block `key` into `dst` (block_bytes) on an I/O thread, then calls done(ok);
+  // a hit is a use by class `cls`.
+  void read(const BlockHash& key, std::byte* dst, const std::string& cls, std::function<void(bool ok)> done);
+  // Block `key` (if here) is used now by class `cls`: its last use moves, and its class becomes cls
+  // when cls keeps blocks longer (a block shared by several classes keeps the longest retention).
+  void touch(const BlockHash& key, const std::string& cls);
+  // Removes the blocks whose class's retention has passed since their last use; returns how many.
+  int64_t expire();
+  struct ClassUsage {
+    int64_t blocks = 0, bytes = 0;
+  };
+  std::map<std::string, ClassUsage> by_class() const;
   // Writes block `key` from `src` unless it is there already, on an I/O thread; then done() (always).
   void write(const BlockHash& key, const std::byte* src, const std::string& cls, std::function<void()> done);
 
@@ -62,11 +75,18 @@ class DiskTier {
   struct Entry {
     uint64_t bytes = 0;
     int64_t last_used = 0;
+    int64_t persisted_use = 0;  // the last use the file's mtime says
+    std::string cls;
   };
+  bool expired(const Entry& e, int64_t t) const { return t - e.last_used > cfg_.retention.of(e.cls); }
+  // mu_ held: an expired entry whose file another server has used since stays (with that use);
+  // otherwise its file goes. True when it went.
+  bool expire_one(const BlockHash& key, Entry& e, int64_t t);
+  void touch_locked(const BlockHash& key, const std::string& cls);  // mu_ held
   void scan();
-  void add(const BlockHash& key, uint64_t bytes, int64_t last_used);  // mu_ held
-  void forget(const BlockHash& key);                                  // mu_ held
-  void make_room(uint64_t incoming);                                  // mu_ held: evicts LRU files
+  void add(const BlockHash& key, uint64_t bytes, int64_t last_used, const std::string& cls);  // mu_ held
+  void forget(const BlockHash& key);                                                          // mu_ held
+  void make_room(uint64_t incoming);  // mu_ held: evicts LRU files
   int64_t now() const { return cfg_.now ? cfg_.now() : int64_t(::time(nullptr)); }
 
   DiskConfig cfg_;
@@ -77,6 +97,7 @@ class DiskTier {
   std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
   std::unordered_set<BlockHash, BlockHashHasher> writing_;
   uint64_t bytes_ = 0;
+  int64_t last_expire_ = 0;
   TierStats stats_;
   std::atomic<bool> stop_{false}, scan_done_{false};
   IoPool pool_;

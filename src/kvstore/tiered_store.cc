@@ -24,6 +24,7 @@ TieredStore::TieredStore(StoreConfig cfg)
     dc.fingerprint = cfg_.fingerprint;
     dc.block_bytes = cfg_.block_bytes;
     dc.threads = cfg_.disk_threads;
+    dc.retention = cfg_.retention;
     dc.now = cfg_.now;
     disk_ = std::make_unique<DiskTier>(std::move(dc));
   }
@@ -60,7 +61,17 @@ int TieredStore::lookup(const BlockHash* keys, int n, KvTier* tiers) {
   return i;
 }
 
-KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* blocks, int n) {
+const std::string* TieredStore::intern(const std::string& cls) {
+  return &*classes_.insert(cls).first;
+}
+
+void TieredStore::touch(const BlockHash* keys, int n, const std::string& cls) {
+  if (!disk_) return;
+  for (int i = 0; i < n; ++i) disk_->touch(tier_key(keys[i], cfg_.fingerprint), cls);
+}
+
+KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* blocks, int n,
+                                            const std::string& cls) {
   const LoadId id = next_load_++;
   struct Read {
     size_t part;
@@ -80,6 +91,7 @@ KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* bl
       if (p.slot >= 0) {
         host_.pin(p.slot);
         p.state = 1;
+        if (disk_) disk_->touch(k, cls);  // its file copy is in use too
       } else {
         if (!disk_) break;
         bool evicted = false;
@@ -95,7 +107,7 @@ KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* bl
   }
   // Outside the lock: a read may complete (and take mu_) at once.
   for (const Read& r : reads)
-    disk_->read(r.key, r.dst, [this, id, part = r.part](bool ok) { on_read(id, part, ok); });
+    disk_->read(r.key, r.dst, cls, [this, id, part = r.part](bool ok) { on_read(id, part, ok); });
   return id;
 }
 
@@ -166,15 +178,18 @@ void TieredStore::cancel_load(LoadId id) {
   loads_.erase(it);
 }
 
-std::byte* TieredStore::start_save(const BlockHash& key) {
+std::byte* TieredStore::start_save(const BlockHash& key, const std::string& cls) {
   const BlockHash k = tier_key(key, cfg_.fingerprint);
   std::lock_guard<std::mutex> lk(mu_);
-  if (host_.find(k, true) >= 0) return nullptr;  // below already (loaded from there, or saved before)
+  if (host_.find(k, true) >= 0) {  // below already (loaded from there, or saved before)
+    if (disk_) disk_->touch(k, cls);
+    return nullptr;
+  }
   bool evicted = false;
   const int slot = host_.reserve(k, &evicted);
   if (evicted) host_stats_.evictions++;
   if (slot < 0) return nullptr;  // every slot is being copied: this block is not saved
-  building_.saves.push_back({slot, k});
+  building_.saves.push_back({slot, k, intern(cls)});
   return host_.data(slot);
 }
 
@@ -185,21 +200,20 @@ void TieredStore::step_launched() {
 }
 
 void TieredStore::step_done(bool ok) {
-  std::vector<std::pair<int, BlockHash>> to_disk;
+  std::vector<StepState::Save> to_disk;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (ok && disk_)
-      for (const auto& [slot, key] : in_flight_.saves) to_disk.push_back({slot, key});
+    if (ok && disk_) to_disk = in_flight_.saves;
     end_step(in_flight_, ok);
     // The disk copy is written from the host entry, pinned until it is on disk.
-    for (auto& [slot, key] : to_disk) {
-      slot = host_.find(key, false);
-      if (slot >= 0) host_.pin(slot);
+    for (auto& sv : to_disk) {
+      sv.slot = host_.find(sv.key, false);
+      if (sv.slot >= 0) host_.pin(sv.slot);
     }
   }
-  for (const auto& [slot, key] : to_disk) {
-    if (slot < 0) continue;
-    disk_->write(key, host_.data(slot), "chat", [this, slot = slot] {
+  for (const auto& sv : to_disk) {
+    if (sv.slot < 0) continue;
+    disk_->write(sv.key, host_.data(sv.slot), *sv.cls, [this, slot = sv.slot] {
       std::lock_guard<std::mutex> lk(mu_);
       host_.unpin(slot);
     });
@@ -208,7 +222,8 @@ void TieredStore::step_done(bool ok) {
 
 void TieredStore::end_step(StepState& st, bool ok) {
   for (int slot : st.pins) host_.unpin(slot);
-  for (const auto& [slot, key] : st.saves) {
+  for (const auto& sv : st.saves) {
+    const int slot = sv.slot;
     if (ok) {
       host_.publish(slot);
       host_stats_.bytes_written += int64_t(cfg_.block_bytes);

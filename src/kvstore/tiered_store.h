@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -47,6 +48,7 @@ struct StoreConfig {
   std::string disk_dir;   // empty: no file tier
   size_t disk_bytes = 0;  // 0: the file system's free space
   int disk_threads = 4;
+  Retention retention;           // of the file tier's blocks (the host tier is LRU within its capacity)
   std::function<int64_t()> now;  // unix seconds (tests inject a clock); default: the system clock
 };
 
@@ -59,11 +61,12 @@ class TieredStore final : public KvConnector {
 
   size_t block_bytes() const override { return cfg_.block_bytes; }
   int lookup(const BlockHash* keys, int n, KvTier* tiers) override;
-  LoadId start_load(const BlockHash* keys, const int* blocks, int n) override;
+  LoadId start_load(const BlockHash* keys, const int* blocks, int n, const std::string& cls) override;
   bool load_ready(LoadId id) override;
   int finish_load(LoadId id, std::vector<KvCopy>& copies) override;
   void cancel_load(LoadId id) override;
-  std::byte* start_save(const BlockHash& key) override;
+  std::byte* start_save(const BlockHash& key, const std::string& cls) override;
+  void touch(const BlockHash* keys, int n, const std::string& cls) override;
   void step_launched() override;
   void step_done(bool ok) override;
 
@@ -85,8 +88,13 @@ class TieredStore final : public KvConnector {
     bool cancelled = false;
   };
   struct StepState {
-    std::vector<int> pins;                         // host slots read by the step's loads
-    std::vector<std::pair<int, BlockHash>> saves;  // host slots reserved for its saves
+    std::vector<int> pins;  // host slots read by the step's loads
+    struct Save {
+      int slot;
+      BlockHash key;
+      const std::string* cls;  // interned in classes_
+    };
+    std::vector<Save> saves;  // host slots reserved for its saves
   };
   void end_step(StepState& st, bool ok);
   void release_parts(Load& ld, size_t from);  // mu_ held: ends parts [from, end) of a load
@@ -100,6 +108,8 @@ class TieredStore final : public KvConnector {
   LoadId next_load_ = 0;
   StepState building_, in_flight_;
   TierStats host_stats_;
+  const std::string* intern(const std::string& cls);  // mu_ held
+  std::set<std::string> classes_;                     // the classes seen (stable addresses for StepState)
   std::unique_ptr<DiskTier> disk_;  // last: destroyed first, its callbacks use the members above
 };
 

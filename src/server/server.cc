@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -187,7 +188,8 @@ class Session : public std::enable_shared_from_this<Session> {
       std::optional<EngineStats> stats;
       if (st_.ready) stats = st_.engine->stats();
       return send_response(200, "text/plain; version=0.0.4; charset=utf-8",
-                           st_.metrics.render(stats ? &*stats : nullptr, st_.info.served_name));
+                           st_.metrics.render(stats ? &*stats : nullptr, st_.info.served_name) +
+                               (st_.ready && st_.info.extra_metrics ? st_.info.extra_metrics() : ""));
     }
     if (!path.starts_with("/v1/")) return send_error(eapi, 404, "no route for " + path, "");
 
@@ -262,6 +264,12 @@ class Session : public std::enable_shared_from_this<Session> {
     } catch (const std::exception& e) {
       return send_error(eapi, 400, e.what(), "");
     }
+    std::string traffic_class = b.traffic_class;
+    if (traffic_class.empty()) traffic_class = std::string(req["x-traffic-class"]);
+    if (traffic_class.empty()) traffic_class = "chat";
+    const auto& classes = st_.info.traffic_classes;
+    if (std::find(classes.begin(), classes.end(), traffic_class) == classes.end())
+      return send_error(eapi, 400, "unknown traffic_class '" + traffic_class + "'", "traffic_class");
     api_ = api;
     stream_mode_ = b.stream;
     job_ =
@@ -275,6 +283,7 @@ class Session : public std::enable_shared_from_this<Session> {
       er.prompt = std::move(b.prompts[k]);
       er.sampling = b.sampling;
       er.cache_salt = salt;
+      er.traffic_class = traffic_class;
       er.on_output = [self = shared_from_this(), exec = exec_, gen = gen_, sub = int(k)](RequestOutput&& o) {
         net::post(exec, [self, gen, sub, o = std::move(o)]() mutable {
           self->on_engine_output(gen, sub, std::move(o));

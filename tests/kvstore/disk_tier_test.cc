@@ -55,9 +55,9 @@ StoreConfig disk_store(const std::string& dir, size_t host_blocks = 16) {
 
 // Saves `data` as the blocks keys[0..n) the way the engine does (a step's save copies).
 void save(TieredStore& st, const std::vector<BlockHash>& keys,
-          const std::vector<std::vector<std::byte>>& data) {
+          const std::vector<std::vector<std::byte>>& data, const std::string& cls = "chat") {
   std::vector<std::byte*> dst;
-  for (const auto& k : keys) dst.push_back(st.start_save(k));
+  for (const auto& k : keys) dst.push_back(st.start_save(k, cls));
   st.step_launched();
   for (size_t i = 0; i < keys.size(); ++i)
     if (dst[i]) std::memcpy(dst[i], data[i].data(), kBlockBytes);
@@ -66,10 +66,11 @@ void save(TieredStore& st, const std::vector<BlockHash>& keys,
 }
 
 // Loads keys[0..n) (waiting for the disk) and returns the bytes of the blocks found.
-std::vector<std::vector<std::byte>> load(TieredStore& st, const std::vector<BlockHash>& keys) {
+std::vector<std::vector<std::byte>> load(TieredStore& st, const std::vector<BlockHash>& keys,
+                                         const std::string& cls = "chat") {
   std::vector<int> blocks(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) blocks[i] = int(i);
-  const auto id = st.start_load(keys.data(), blocks.data(), int(keys.size()));
+  const auto id = st.start_load(keys.data(), blocks.data(), int(keys.size()), cls);
   for (int i = 0; i < 5000 && !st.load_ready(id); ++i) ::usleep(1000);
   EXPECT_TRUE(st.load_ready(id));
   std::vector<KvCopy> copies;

@@ -109,19 +109,19 @@ TEST_F(HostTier, SaveThenLoadIsBitExact) {
   // One step saves blocks 0 and 1 (as the runner does: device -> host after the forward).
   const BlockHash k[2] = {key(10), key(11)};
   KvStepCopies step;
-  for (int b = 0; b < 2; ++b) step.saves.push_back({b, store.start_save(k[b])});
+  for (int b = 0; b < 2; ++b) step.saves.push_back({b, store.start_save(k[b], "chat")});
   ASSERT_TRUE(step.saves[0].host && step.saves[1].host);
   store.step_launched();
   EXPECT_EQ(store.lookup(k, 2, nullptr), 0) << "not visible before its step is done";
   for (const KvCopy& c : step.saves) ops_->kv_block_to_host(kv_.layers, c.block, c.host);
   store.step_done(true);
-  EXPECT_EQ(store.start_save(k[0]), nullptr) << "stored already: no second copy";
+  EXPECT_EQ(store.start_save(k[0], "chat"), nullptr) << "stored already: no second copy";
   KvTier tiers[2];
   ASSERT_EQ(store.lookup(k, 2, tiers), 2);
   EXPECT_EQ(tiers[1], KvTier::kHost);
   // Load them into blocks 2 and 3.
   const int dst[2] = {2, 3};
-  const auto id = store.start_load(k, dst, 2);
+  const auto id = store.start_load(k, dst, 2, "chat");
   ASSERT_TRUE(store.load_ready(id));
   std::vector<KvCopy> copies;
   ASSERT_EQ(store.finish_load(id, copies), 2);
@@ -146,11 +146,11 @@ TEST_F(HostTier, FailedStepSavesNothing) {
   sc.host_bytes = 2 * block_bytes_;
   TieredStore store(sc);
   const BlockHash k = key(1);
-  ASSERT_NE(store.start_save(k), nullptr);
+  ASSERT_NE(store.start_save(k, "chat"), nullptr);
   store.step_launched();
   store.step_done(false);
   EXPECT_EQ(store.lookup(&k, 1, nullptr), 0);
-  EXPECT_NE(store.start_save(k), nullptr) << "the slot is free again";
+  EXPECT_NE(store.start_save(k, "chat"), nullptr) << "the slot is free again";
 }
 
 BlockHash fingerprint_of(const std::string& fixture) {
