@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/bench_kv.h"
 #include "cli/bench_serve.h"
 #include "cli/bench_tokenizer.h"
 #include "cli/commands.h"
@@ -560,7 +561,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "model") return bench_model(argc - 1, argv + 1);
   if (what == "tokenizer") return bench_tokenizer(argc - 1, argv + 1);
   if (what == "serve") return bench_serve(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve)");
+  if (what == "kv") return bench_kv(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve, kv)");
 }
 
 }  // namespace beluga::cli
