@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <vector>
 
@@ -116,6 +117,17 @@ class Ops {
   virtual void synchronize() = 0;
   // Called once on each thread that will issue ops (CUDA: selects the device).
   virtual void bind_thread() {}
+
+  // ---- KV block transfers (engine/kv_connector.h) ----
+  // Copies block `block` (an index along dim 0) of every cache in `layers` to `dst`, layer after
+  // layer, or back from `src`. Ordered with the other ops: the host memory must stay as it is until
+  // synchronize(). The defaults copy each layer's slice with copy_to_host / copy_from_host.
+  virtual void kv_block_to_host(std::span<const Tensor> layers, int block, void* dst);
+  virtual void kv_block_from_host(std::span<const Tensor> layers, int block, const void* src);
+  // Host memory for the KV tiers below the device (any thread): page-locked where the device copies
+  // faster from it (CUDA), plain 64-byte-aligned memory otherwise; nullptr when none is left.
+  virtual void* host_alloc(size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+  virtual void host_free(void* p) { std::free(p); }
 
   // ---- step graphs (optional; CUDA graphs) ----
   // Between begin_capture and end_capture the enqueued work is recorded, not run; replay(id) runs it
@@ -312,6 +324,24 @@ inline void Ops::mla_attention_absorbed_uv(Tensor out, const Tensor& q, const Te
   Tensor latent = scratch(act_dtype(), {q.shape[0], q.shape[1], kv_rank});
   mla_attention_absorbed(latent, q, cache, m, kv_rank, scale);
   linear_heads(out, latent, w_uv);
+}
+
+inline void Ops::kv_block_to_host(std::span<const Tensor> layers, int block, void* dst) {
+  auto* out = static_cast<char*>(dst);
+  for (const Tensor& t : layers) {
+    const Tensor b = t.rows(block, block + 1);
+    copy_to_host(b, out);
+    out += b.nbytes();
+  }
+}
+
+inline void Ops::kv_block_from_host(std::span<const Tensor> layers, int block, const void* src) {
+  const auto* in = static_cast<const char*>(src);
+  for (const Tensor& t : layers) {
+    const Tensor b = t.rows(block, block + 1);
+    copy_from_host(b, in);
+    in += b.nbytes();
+  }
 }
 
 inline void Ops::normalize(const NormedInput& in) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/bench_kv.h"
 #include "cli/bench_serve.h"
 #include "cli/bench_grammar.h"
 #include "cli/bench_tokenizer.h"
@@ -562,7 +563,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "tokenizer") return bench_tokenizer(argc - 1, argv + 1);
   if (what == "serve") return bench_serve(argc - 1, argv + 1);
   if (what == "grammar") return bench_grammar(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar)");
+  if (what == "kv") return bench_kv(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv)");
 }
 
 }  // namespace beluga::cli

@@ -16,8 +16,10 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/kv_args.h"
 #include "cli/model_args.h"
 #include "engine/engine.h"
+#include "kvstore/metrics_text.h"
 #include "recipe/chat_format.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
@@ -96,6 +98,7 @@ int cmd_serve(int argc, char** argv) {
   Args args(argc, argv, {"no-enable-prefix-caching", "enforce-eager", "help"});
   if (args.has("help")) {
     std::fputs(kUsage, stdout);
+    std::fputs(kKvUsage, stdout);
     return 0;
   }
   server::Server::block_signals();
@@ -157,6 +160,8 @@ int cmd_serve(int argc, char** argv) {
   // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
   // a dummy-weight benchmark of a config that ships no tokenizer.
   const std::string tok_dir = args.get_or("tokenizer", m.dir);
+  const KvOptions kv = kv_from_args(args, m);  // its store outlives the engine
+  ecfg.kv_connector = kv.store.get();
   args.check_all_used();
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");
   BELUGA_CHECK(int(tokenizer.vocab_size()) <= m.cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
@@ -173,6 +178,11 @@ int cmd_serve(int argc, char** argv) {
   info.bos_token_id = m.cfg.bos_token_id;
   info.max_seqs_per_request = max_seqs_per_request;
   generation_defaults(m.dir, info);
+  info.traffic_classes = kv.retention.classes();
+  if (kv.store)
+    info.extra_metrics = [&kv, &engine, name = info.served_name] {
+      return kv::render_metrics(*kv.store, engine->stats(), name);
+    };
   server.set_engine(handle.get(), info);
   std::fprintf(
       stderr,

@@ -13,5 +13,6 @@ int cmd_detokenize(int argc, char** argv);
 int cmd_render(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_grammar(int argc, char** argv);  // `grammar check`
+int cmd_kv(int argc, char** argv);  // `kv stats`, `kv gc`: the KV file tier's directory
 
 }  // namespace beluga::cli

@@ -25,6 +25,7 @@ constexpr Subcommand kCommands[] = {
     {"detokenize", beluga::cli::cmd_detokenize, "token ids on stdin -> text"},
     {"render", beluga::cli::cmd_render, "API request -> prompt text and token ids"},
     {"grammar", beluga::cli::cmd_grammar, "structured outputs: `grammar check` a schema against candidate outputs"},
+    {"kv", beluga::cli::cmd_kv, "the KV file tier: `kv stats`, `kv gc` (retention by class)"},
 };
 
 void usage() {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "kvstore/fingerprint.h"
 #include "util/error.h"
 #ifdef BELUGA_WITH_CUDA
 #include "backend/cuda/cuda_ops.h"
@@ -70,7 +71,10 @@ LoadedModel load_model_from_args(const Args& args) {
 #endif
   }
   if (!m.weights) m.weights = std::make_unique<Checkpoint>(path);
-  m.model = load_model(m.cfg, *m.weights, *m.ops, max_len);
+  kv::FingerprintingSource recorded(*m.weights);  // the KV tiers' model fingerprint
+  m.model = load_model(m.cfg, recorded, *m.ops, max_len);
+  m.weights_digest = recorded.digest();
+  m.config_path = config_path;
   m.model->set_enforce_eager(args.has("enforce-eager"));
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "cli/args.h"
+#include "engine/block_manager.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
 
@@ -21,6 +22,8 @@ struct LoadedModel {
   std::string device = "cpu";
   std::unique_ptr<Model> model;
   double load_seconds = 0;
+  std::string config_path;
+  BlockHash weights_digest;  // the tensors the model loaded (kvstore/fingerprint.h)
 };
 
 // The built-in demo model, next to the binary's source tree (models/beluga-demo-coder).

@@ -59,14 +59,16 @@ struct Engine::Impl {
   Impl(Model& m, const EngineConfig& cfg, int num_blocks)
       : model(m),
         blocks(num_blocks, cfg.enable_prefix_caching),
-        scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens),
+        scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector),
         kv(m.make_kv_cache(num_blocks)),
+        kv_connector(cfg.kv_connector),
         runner(m, kv, cfg.step_hook) {}
 
   Model& model;
   BlockManager blocks;
   Scheduler scheduler;
   KvCache kv;
+  KvConnector* kv_connector;
   ModelRunner runner;                         // after kv: its thread uses kv, so it must stop first
   std::unordered_map<int, Request> requests;  // by slot
   std::unordered_map<std::string, int> slot_of;
@@ -78,11 +80,14 @@ struct Engine::Impl {
   // Reused every step (the loop allocates little once warm).
   std::vector<Chunk> chunks;  // the next step: scheduled before the step in flight is done
   Batch batch;
-  std::vector<Row> rows;        // the step in flight: one per logit row
-  std::vector<int> step_slots;  // the step in flight: its requests (sorted, unique)
-  std::vector<int> published;   // the step in flight: blocks its commit put in the prefix index
-  std::vector<std::pair<int, RequestOutput>> outs;  // (slot, output) of the last applied step
-  std::unordered_map<int, size_t> out_of;           // slot -> index in outs
+  std::vector<Row> rows;                  // the step in flight: one per logit row
+  std::vector<int> step_slots;            // the step in flight: its requests (sorted, unique)
+  std::vector<int> published;             // the step in flight: blocks its commit put in the prefix index
+  std::vector<BlockHash> published_keys;  // their keys
+  std::vector<const std::string*> published_classes;  // their sequences' traffic classes
+  KvStepCopies kv_copies;                             // the step being launched: its KV connector copies
+  std::vector<std::pair<int, RequestOutput>> outs;    // (slot, output) of the last applied step
+  std::unordered_map<int, size_t> out_of;             // slot -> index in outs
   std::vector<int> failed;
   std::vector<float> scratch;
   std::vector<int> index_scratch;
@@ -106,6 +111,10 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
   BELUGA_CHECK(int64_t(num_blocks) * kKvBlockSize >= max_model_len_, "the KV cache (", num_blocks,
                " blocks of ", kKvBlockSize, " tokens) cannot hold one sequence of max_model_len ",
                max_model_len_, " tokens; give it more memory or lower --max-model-len");
+  if (cfg.kv_connector)
+    BELUGA_CHECK(cfg.kv_connector->block_bytes() == model.kv_bytes_per_token() * kKvBlockSize,
+                 "the KV connector's blocks are ", cfg.kv_connector->block_bytes(), " bytes, the model's ",
+                 model.kv_bytes_per_token() * kKvBlockSize);
   impl_ = std::make_unique<Impl>(model, cfg, num_blocks);
   impl_->stats.kv_blocks_total = num_blocks;
   thread_ = std::thread([this] { loop(); });
@@ -399,9 +408,21 @@ void Engine::loop() {
     }
     std::sort(im.step_slots.begin(), im.step_slots.end());
     im.step_slots.erase(std::unique(im.step_slots.begin(), im.step_slots.end()), im.step_slots.end());
-    im.runner.launch(b, greedy && !b.logit_rows.empty());  // b now holds an older batch (capacity)
     im.published.clear();
-    im.scheduler.commit(im.chunks, &im.published);
+    im.published_keys.clear();
+    im.published_classes.clear();
+    im.scheduler.commit(im.chunks, &im.published, &im.published_keys, &im.published_classes);
+    KvStepCopies* copies = nullptr;
+    if (im.kv_connector) {  // this step's loads and the saves of the blocks it fills
+      copies = &im.kv_copies;
+      im.scheduler.take_loads(copies->loads);
+      copies->saves.clear();
+      for (size_t i = 0; i < im.published.size(); ++i)
+        if (std::byte* host = im.kv_connector->start_save(im.published_keys[i], *im.published_classes[i]))
+          copies->saves.push_back({im.published[i], host});
+    }
+    im.runner.launch(b, greedy && !b.logit_rows.empty(), copies);  // b, copies: older ones (capacity)
+    if (im.kv_connector) im.kv_connector->step_launched();
     for (const Chunk& c : im.chunks)
       if (c.sample) c.seq->pending = 1;
   };
@@ -433,6 +454,7 @@ void Engine::loop() {
         s->request = slot;
         s->index = i;
         s->salt = &rr.req.cache_salt;
+        s->traffic_class = &rr.req.traffic_class;
         s->prefix_cap = &rr.prefix_cap;  // stable: requests are map nodes
         s->tokens = rr.req.prompt;
         s->num_prompt = int(rr.req.prompt.size());
@@ -487,6 +509,7 @@ void Engine::loop() {
         ok = false;
         error = "the forward step failed";
       }
+      if (im.kv_connector) im.kv_connector->step_done(ok);
       im.stats.steps++;
       if (ok) {
         apply_step();
@@ -539,6 +562,11 @@ void Engine::loop() {
         im.runner.wait();
       } catch (...) {  // its requests fail below either way
       }
+      if (im.kv_connector) im.kv_connector->step_done(false);
+    }
+    if (im.kv_connector) {  // copies handed out for a step that never launched: dropped with it
+      im.kv_connector->step_launched();
+      im.kv_connector->step_done(false);
     }
     for (const Chunk& c : im.chunks) im.step_slots.push_back(c.seq->request);
     for (const auto& [slot, out] : im.outs) im.step_slots.push_back(slot);
@@ -557,8 +585,16 @@ void Engine::loop() {
     // a. New requests and aborts; block only when there is nothing to do at all.
     {
       std::unique_lock<std::mutex> lk(mu_);
-      if (!im.runner.in_flight())
-        cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
+      if (!im.runner.in_flight()) {
+        // Every sequence waits on a KV load (from disk): look again shortly, unless news come first.
+        if (im.scheduler.num_loading() > 0 && im.scheduler.num_running() == 0 &&
+            im.scheduler.num_loading() == im.scheduler.num_waiting())
+          cv_.wait_for(lk, std::chrono::microseconds(200),
+                       [&] { return stop_ || !incoming_.empty() || !aborts_.empty(); });
+        else
+          cv_.wait(lk,
+                   [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || !im.requests.empty(); });
+      }
       if (stop_) break;
       incoming.swap(incoming_);
       aborts.swap(aborts_);
@@ -583,6 +619,7 @@ void Engine::loop() {
       im.stats.preemptions = im.scheduler.preemptions();
       im.stats.prefix_cache_queries = im.scheduler.cache_queries();
       im.stats.prefix_cache_hits = im.scheduler.cache_hits();
+      im.stats.prefix_cache_hits_below = im.scheduler.cache_hits_below();
       im.stats.last_step_unix_ms = unix_ms();
       published_stats_ = im.stats;
     }
@@ -590,10 +627,13 @@ void Engine::loop() {
   // Shutting down: the step in flight finishes (its results are dropped); every request still here
   // ends as aborted.
   if (im.runner.in_flight()) {
+    bool ok = true;
     try {
       im.runner.wait();
     } catch (...) {  // the requests end as aborted either way
+      ok = false;
     }
+    if (im.kv_connector) im.kv_connector->step_done(ok);
   }
   std::vector<int> slots;
   for (auto& [slot, r] : im.requests) slots.push_back(slot);

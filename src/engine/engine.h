@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/kv_connector.h"
 #include "engine/request.h"
 #include "model/model.h"
 
@@ -30,6 +31,9 @@ struct EngineConfig {
   int max_model_len = 0;    // 0: the model's max positions
   int max_queue_len = 256;  // waiting sequences (each request counts n); beyond it submit() says kQueueFull
   bool enable_prefix_caching = true;
+  // The tiers below the device pool (src/kvstore), or none. Not owned; outlives the engine. Its
+  // block_bytes() must be the model's KV bytes per block.
+  KvConnector* kv_connector = nullptr;
   // Testing aid: called on the model thread before each step's forward with the step's number
   // (0, 1, ...); an exception it throws fails the step like a forward error.
   std::function<void(int64_t step)> step_hook;
@@ -45,8 +49,9 @@ struct EngineStats {
   int64_t requests_finished = 0;
   int64_t prompt_tokens = 0;
   int64_t generation_tokens = 0;
-  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
-  int64_t prefix_cache_hits = 0;     // of which served from cache
+  int64_t prefix_cache_queries = 0;     // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;        // of which served from cache (every tier)
+  int64_t prefix_cache_hits_below = 0;  // of which loaded from below the device pool
   int64_t preemptions = 0;
   int64_t steps = 0;
   // Steps whose forward threw, plus loop iterations whose exception the step boundary caught (their

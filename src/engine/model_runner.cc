@@ -20,9 +20,13 @@ ModelRunner::~ModelRunner() {
   thread_.join();  // run() finishes a step in flight before it looks at stop_
 }
 
-void ModelRunner::launch(Batch& b, bool greedy) {
+void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies) {
   BELUGA_ASSERT(!in_flight_);
   std::swap(batch_, b);
+  if (copies)
+    std::swap(copies_, *copies);
+  else
+    copies_.clear();
   greedy_ = greedy;
   // Sized here, not on the thread: logits() stays valid for the caller between wait() and launch().
   if (greedy)
@@ -71,7 +75,11 @@ void ModelRunner::run() {
         if (hook_) hook_(step_);
         ForwardOptions opt;
         if (greedy_) opt.greedy_tokens = greedy_tokens_.data();
+        Ops& ops = model_.ops();
+        for (const KvCopy& c : copies_.loads) ops.kv_block_from_host(kv_.layers, c.block, c.host);
         model_.forward(batch_, kv_, logits_.data(), opt);
+        for (const KvCopy& c : copies_.saves) ops.kv_block_to_host(kv_.layers, c.block, c.host);
+        if (!copies_.empty()) ops.synchronize();
       } catch (...) {
         err = std::current_exception();
       }

@@ -10,6 +10,7 @@
 //     step. The engine relies on this to reuse blocks and to schedule ahead of the results.
 //   - The thread calls model.ops().bind_thread() once before its first step; only that thread issues
 //     ops, so the model and `kv` must not be used from elsewhere while the runner lives.
+//   - A step's KV copies (KvStepCopies) run on the same thread, around its forward.
 //   - Destruction waits for a step in flight (its result is dropped) and joins the thread.
 #pragma once
 
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/kv_connector.h"
 #include "model/model.h"
 
 namespace beluga {
@@ -40,7 +42,9 @@ class ModelRunner {
   // capacity it can reuse for the next step instead of allocating. With `greedy`, the step samples
   // each logit row's argmax on the device (ForwardOptions::greedy_tokens): greedy_tokens() holds the
   // ids and logits() is not written.
-  void launch(Batch& b, bool greedy = false);
+  // `copies` (swapped like `b`, may be null): the step's KV connector copies; loads run before the
+  // forward, saves after it (none when it fails), and their host memory is not touched after the step.
+  void launch(Batch& b, bool greedy = false, KvStepCopies* copies = nullptr);
   // Waits for the step in flight; rethrows its exception.
   void wait();
   bool in_flight() const { return in_flight_; }
@@ -58,6 +62,7 @@ class ModelRunner {
   StepHook hook_;
   const int vocab_;
   Batch batch_;                // the step in flight (owned by the thread between launch and done)
+  KvStepCopies copies_;        // its KV connector copies
   std::vector<float> logits_;  // sized by launch(), written by the thread
   std::vector<int32_t> greedy_tokens_;
   bool greedy_ = false;

@@ -78,7 +78,8 @@ struct EngineRequest {
   std::string id;
   std::vector<int> prompt;
   SamplingParams sampling;
-  std::string cache_salt;  // tenants with different salts never share prefix-cache entries
+  std::string cache_salt;              // tenants with different salts never share prefix-cache entries
+  std::string traffic_class = "chat";  // the retention class of its KV below the device pool
   OutputCallback on_output;
   // Structured output: when set, each sequence's tokens are constrained by its own processor (the
   // sampler masks disallowed tokens; end-of-sequence only where the processor accepts).

@@ -7,8 +7,8 @@
 
 namespace beluga {
 
-Scheduler::Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens)
-    : bm_(blocks), max_seqs_(max_num_seqs), max_tokens_(max_num_batched_tokens) {
+Scheduler::Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens, KvConnector* kv)
+    : bm_(blocks), max_seqs_(max_num_seqs), max_tokens_(max_num_batched_tokens), kv_(kv) {
   BELUGA_CHECK(max_seqs_ > 0 && max_tokens_ > 0, "max_num_seqs and max_num_batched_tokens must be positive");
 }
 
@@ -17,6 +17,11 @@ void Scheduler::add(Seq* s) {
 }
 
 void Scheduler::remove(Seq* s) {
+  if (s->kv_load >= 0) {
+    kv_->cancel_load(s->kv_load);
+    s->kv_load = -1;
+    loading_.erase(std::remove(loading_.begin(), loading_.end(), s), loading_.end());
+  }
   bm_.release(s->blocks);
   s->hashes.clear();
   running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
@@ -32,9 +37,53 @@ void Scheduler::preempt(Seq* s) {
   ++preemptions_;
 }
 
+bool Scheduler::start_load(Seq* s, const std::vector<BlockHash>& hashes) {
+  const int have = int(s->blocks.size());
+  const int rest = int(hashes.size()) - have;
+  if (!kv_) return false;
+  if (have > 0) kv_->touch(hashes.data(), have, *s->traffic_class);
+  if (rest <= 0) return false;
+  const int n = kv_->lookup(hashes.data() + have, rest, nullptr);
+  // No room for the blocks now: compute them instead (the queue does not wait for a load).
+  if (n <= 0 || !bm_.grow(s->blocks, (have + n) * kKvBlockSize)) return false;
+  s->kv_load = kv_->start_load(hashes.data() + have, s->blocks.data() + have, n, *s->traffic_class);
+  s->kv_load_first = have;
+  waiting_.pop_front();
+  loading_.push_back(s);
+  return true;
+}
+
+void Scheduler::finish_loads() {
+  size_t ready = 0;  // loaded sequences go back to the front of the queue, in admission order
+  for (size_t i = 0; i < loading_.size(); ++i) {
+    Seq* s = loading_[i];
+    if (!kv_->load_ready(s->kv_load)) {
+      loading_[i - ready] = s;
+      continue;
+    }
+    const int got = kv_->finish_load(s->kv_load, loads_);
+    s->kv_load = -1;
+    // Blocks past what was found stay in the table, to be computed.
+    s->num_computed = (s->kv_load_first + got) * kKvBlockSize;
+    if (!s->admitted_once) {
+      s->num_cached = s->num_computed;
+      s->num_cached_below = got * kKvBlockSize;
+    }
+    waiting_.insert(waiting_.begin() + int64_t(ready), s);
+    ++ready;
+  }
+  loading_.resize(loading_.size() - ready);
+}
+
+void Scheduler::take_loads(std::vector<KvCopy>& out) {
+  out.swap(loads_);
+  loads_.clear();
+}
+
 void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
   *stuck = nullptr;
   chunks.clear();
+  if (kv_ && !loading_.empty()) finish_loads();
   int budget = max_tokens_;
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
@@ -57,7 +106,8 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
     budget -= n;
   }
   // New work only when nothing had to give way this step.
-  while (!preempted && !waiting_.empty() && budget > 0 && int(running_.size()) < max_seqs_) {
+  while (!preempted && !waiting_.empty() && budget > 0 &&
+         int(running_.size() + loading_.size()) < max_seqs_) {
     Seq* s = waiting_.front();
     // Preempted while its sample was in flight: wait (in order) until the engine has applied it.
     if (s->pending > 0) break;
@@ -72,17 +122,23 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
       s->hashes.assign(hashes.begin(), hashes.begin() + int64_t(s->blocks.size()));
       if (!s->admitted_once) {
         s->num_cached = s->num_computed;
-        cache_queries_ += s->num_prompt;
-        cache_hits_ += s->num_cached;
+        s->num_cached_below = 0;
       }
+      if (start_load(s, hashes)) continue;  // it waits in the loading list; the next one's turn
     }
     const int n = std::min(int(s->tokens.size()) - s->num_computed, budget);
     if (!bm_.grow(s->blocks, s->num_computed + n)) {
-      if (running_.empty() && chunks.empty()) *stuck = s;  // nothing will ever free more blocks
+      // Nothing will ever free more blocks.
+      if (running_.empty() && chunks.empty() && loading_.empty()) *stuck = s;
       bm_.release(s->blocks);
       s->hashes.clear();
       s->num_computed = 0;
       break;
+    }
+    if (!s->admitted_once) {
+      cache_queries_ += s->num_prompt;
+      cache_hits_ += s->num_cached;
+      cache_hits_below_ += s->num_cached_below;
     }
     s->admitted_once = true;
     waiting_.pop_front();
@@ -92,7 +148,9 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
   }
 }
 
-void Scheduler::commit(const std::vector<Chunk>& chunks, std::vector<int>* published) {
+void Scheduler::commit(const std::vector<Chunk>& chunks, std::vector<int>* published,
+                       std::vector<BlockHash>* published_keys,
+                       std::vector<const std::string*>* published_classes) {
   for (const Chunk& c : chunks) {
     Seq* s = c.seq;
     BELUGA_ASSERT(c.start + c.len <= int(s->tokens.size()));
@@ -103,6 +161,8 @@ void Scheduler::commit(const std::vector<Chunk>& chunks, std::vector<int>* publi
       s->hashes.push_back(chain_hash(prev, s->tokens.data() + int64_t(b) * kKvBlockSize, *s->salt));
       bm_.publish(s->blocks[size_t(b)], s->hashes.back());
       if (published) published->push_back(s->blocks[size_t(b)]);
+      if (published_keys) published_keys->push_back(s->hashes.back());
+      if (published_classes) published_classes->push_back(s->traffic_class);
     }
   }
 }

@@ -3,6 +3,11 @@
 // each reusing its longest cached prefix. When blocks run out the youngest running sequence is
 // preempted: its blocks are released and it is recomputed later from its tokens so far.
 //
+// With a KV connector, a waiting sequence whose prefix continues below the device pool (host memory,
+// files) gets device blocks for it and waits in a loading list, not scheduled and not blocking the
+// queue, until the connector has fetched the blocks; then it goes back to the front of the queue with
+// those blocks computed (their host -> device copies run before the step's forward: take_loads()).
+//
 // The engine schedules step N+1 while step N is still running, before N's samples are known. A
 // sequence's length is therefore tokens.size() + pending: a decode chunk may cover a token that step N
 // is still sampling; the engine appends it before it builds the batch.
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "engine/block_manager.h"
+#include "engine/kv_connector.h"
 #include "engine/request.h"
 
 namespace beluga {
@@ -23,6 +29,7 @@ struct Seq {
   int request = 0;    // the engine's request slot
   int index = 0;      // 0..n-1 within the request
   const std::string* salt = nullptr;
+  const std::string* traffic_class = nullptr;  // the request's (KV connector retention)
   // When set: at most this many leading tokens may come from the prefix cache (prompt logprobs need
   // the logits of the positions from there on). Owned by the engine's request; read at admission.
   const int* prefix_cap = nullptr;
@@ -30,9 +37,12 @@ struct Seq {
   int pending = 0;          // tokens sampled by the step in flight, not yet in `tokens` (0 or 1)
   int max_length = 0;       // length at which it finishes for sure (max_tokens, max_model_len); 0: none
   int num_prompt = 0;
-  int num_computed = 0;  // tokens whose KV is in the cache
-  int num_cached = 0;    // prompt tokens found in the prefix cache at first admission
+  int num_computed = 0;      // tokens whose KV is in the cache
+  int num_cached = 0;        // prompt tokens found in the prefix cache at first admission (every tier)
+  int num_cached_below = 0;  // of which loaded from below the device pool
   bool admitted_once = false;
+  int64_t kv_load = -1;   // the connector's load in progress (the sequence is in the loading list)
+  int kv_load_first = 0;  // the first block it loads
   std::vector<int> blocks;
   std::vector<BlockHash> hashes;  // keys of the leading full blocks already published
   std::unordered_map<int, int> output_counts;
@@ -49,7 +59,7 @@ struct Chunk {
 
 class Scheduler {
  public:
-  Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens);
+  Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens, KvConnector* kv = nullptr);
 
   void add(Seq* s);     // to the back of the waiting queue
   void remove(Seq* s);  // finished or aborted: releases its blocks
@@ -61,22 +71,39 @@ class Scheduler {
   // Once the step is launched (steps run in order, so the next one sees this one's KV): advances
   // num_computed and publishes newly full blocks to the prefix index; appends those blocks to
   // `published` when given. Every chunk's tokens must be known by then.
-  void commit(const std::vector<Chunk>& chunks, std::vector<int>* published = nullptr);
+  // `published_keys`, when given, gets each published block's key beside it, and `published_classes`
+  // its sequence's traffic class.
+  void commit(const std::vector<Chunk>& chunks, std::vector<int>* published = nullptr,
+              std::vector<BlockHash>* published_keys = nullptr,
+              std::vector<const std::string*>* published_classes = nullptr);
+  // The host -> device copies of loads finished by schedule() calls since the last take (they must
+  // run with the next step launched); swaps them into `out`.
+  void take_loads(std::vector<KvCopy>& out);
 
   int num_running() const { return int(running_.size()); }
-  int num_waiting() const { return int(waiting_.size()); }
+  int num_waiting() const { return int(waiting_.size() + loading_.size()); }
+  int num_loading() const { return int(loading_.size()); }
   int64_t preemptions() const { return preemptions_; }
   int64_t cache_queries() const { return cache_queries_; }
-  int64_t cache_hits() const { return cache_hits_; }
+  int64_t cache_hits() const { return cache_hits_; }              // every tier
+  int64_t cache_hits_below() const { return cache_hits_below_; }  // of which loaded from below
 
  private:
   void preempt(Seq* s);
+  void finish_loads();
+  // For a waiting sequence that just took its device prefix: starts loading what continues below;
+  // true when it went to the loading list.
+  bool start_load(Seq* s, const std::vector<BlockHash>& hashes);
 
   BlockManager& bm_;
   int max_seqs_, max_tokens_;
   std::vector<Seq*> running_;  // admission order
   std::deque<Seq*> waiting_;
-  int64_t preemptions_ = 0, cache_queries_ = 0, cache_hits_ = 0;
+  KvConnector* kv_;
+  std::vector<Seq*> loading_;  // admission order
+  std::vector<KvCopy> loads_;  // finished loads' copies, for the next step
+  std::vector<KvTier> tiers_;  // scratch
+  int64_t preemptions_ = 0, cache_queries_ = 0, cache_hits_ = 0, cache_hits_below_ = 0;
 };
 
 }  // namespace beluga

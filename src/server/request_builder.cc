@@ -354,8 +354,19 @@ BuiltRequest build_request(ServerApi api, std::string_view body, const ModelInfo
   if (j.is_discarded()) throw ApiError(rapi, 400, "the request body is not valid JSON");
   if (!j.is_object()) throw ApiError(rapi, 400, "the request body must be a JSON object");
   check_model(api, j, info);
-  if (api == ServerApi::kCompletions) return build_completions(std::move(j), info);
-  return build_chat_like(api, std::move(j), info, responses);
+  // Beluga's own field, on every API: the KV retention class (checked by the server, which also
+  // reads the x-traffic-class header).
+  std::string traffic_class;
+  if (j.contains("traffic_class")) {
+    if (!j["traffic_class"].is_string() || j["traffic_class"].get<std::string>().empty())
+      throw ApiError(rapi, 400, "traffic_class must be a non-empty string", "traffic_class");
+    traffic_class = j["traffic_class"].get<std::string>();
+    j.erase("traffic_class");
+  }
+  BuiltRequest b = api == ServerApi::kCompletions ? build_completions(std::move(j), info)
+                                                  : build_chat_like(api, std::move(j), info, responses);
+  b.traffic_class = std::move(traffic_class);
+  return b;
 }
 
 }  // namespace beluga::server

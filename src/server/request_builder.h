@@ -3,6 +3,7 @@
 // Invalid requests throw recipe::ApiError with the API's own status and JSON body.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +33,11 @@ struct ModelInfo {
   // Sequences one request may ask for (prompts x n); more is a 400 naming the limit, checked before
   // any prompt is tokenized (`beluga serve --max-seqs-per-request`).
   int max_seqs_per_request = 128;
+  // The KV retention classes a request may name (body `traffic_class`, header `x-traffic-class`;
+  // default chat); another is a 400, KV tiers on or off.
+  std::vector<std::string> traffic_classes = {"agent", "chat"};
+  // Extra /metrics text (the KV tiers'), appended when set.
+  std::function<std::string()> extra_metrics;
 };
 
 struct BuiltRequest {
@@ -45,6 +51,7 @@ struct BuiltRequest {
   bool store = false;
   std::shared_ptr<const StoredResponse> previous;
   nlohmann::ordered_json input;
+  std::string traffic_class;  // as the body gave it; empty: none
 };
 
 // Where a Responses request's `previous_response_id` is looked up: the server's store (null: none,

@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -347,7 +348,8 @@ class Session : public std::enable_shared_from_this<Session> {
       std::optional<EngineStats> stats;
       if (st_.ready) stats = st_.engine->stats();
       return send_response(200, "text/plain; version=0.0.4; charset=utf-8",
-                           st_.metrics.render(stats ? &*stats : nullptr, st_.info.served_name));
+                           st_.metrics.render(stats ? &*stats : nullptr, st_.info.served_name) +
+                               (st_.ready && st_.info.extra_metrics ? st_.info.extra_metrics() : ""));
     }
     if (!path.starts_with("/v1/")) return send_error(eapi, 404, "no route for " + path, "");
 
@@ -425,6 +427,7 @@ class Session : public std::enable_shared_from_this<Session> {
     api_ = api;
     stream_mode_ = false;
     salt_ = presented_key(req);
+    header_class_ = std::string(req["x-traffic-class"]);
     building_ = true;
     client_gone_ = false;
     const uint64_t gen = ++gen_;
@@ -481,6 +484,12 @@ class Session : public std::enable_shared_from_this<Session> {
     const ServerApi api = api_;
     const recipe::Api eapi = error_api(api);
     const std::string& salt = salt_;
+    // KV retention class: the body's traffic_class, else the x-traffic-class header, else chat.
+    std::string traffic_class = !b.traffic_class.empty() ? b.traffic_class : header_class_;
+    if (traffic_class.empty()) traffic_class = "chat";
+    const auto& classes = st_.info.traffic_classes;
+    if (std::find(classes.begin(), classes.end(), traffic_class) == classes.end())
+      return send_error(eapi, 400, "unknown traffic_class '" + traffic_class + "'", "traffic_class");
     stream_mode_ = b.stream;
     job_ =
         std::make_unique<Job>(std::move(b.spec), *st_.info.tokenizer, make_formatter(api, b.ctx), b.stream);
@@ -493,6 +502,7 @@ class Session : public std::enable_shared_from_this<Session> {
       er.prompt = std::move(b.prompts[k]);
       er.sampling = b.sampling;
       er.cache_salt = salt;
+      er.traffic_class = traffic_class;
       er.on_output = [self = shared_from_this(), exec = exec_, gen = gen_, sub = int(k)](RequestOutput&& o) {
         net::post(exec, [self, gen, sub, o = std::move(o)]() mutable {
           self->on_engine_output(gen, sub, std::move(o));
@@ -770,6 +780,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<Job> job_;
   std::shared_ptr<StoredResponse> to_store_;  // Responses with store: kept once the job completes
   std::vector<std::string> ids_;
+  std::string header_class_;  // the request's x-traffic-class header
   uint64_t gen_ = 0;
   bool active_ = false, stream_mode_ = false;
   bool building_ = false, client_gone_ = false;  // on the build pool; the client left meanwhile

@@ -63,6 +63,7 @@ class FakeEngine final : public EngineHandle {
     if (refuse_) return SubmitStatus::kQueueFull;
     submitted_.push_back(req.id);
     salts_.push_back(req.cache_salt);
+    classes_.push_back(req.traffic_class);
     prompts_.push_back(req.prompt);
     last_sampling_ = req.sampling;
     Active a;
@@ -111,6 +112,10 @@ class FakeEngine final : public EngineHandle {
   std::vector<std::string> salts() const {
     std::lock_guard l(mu_);
     return salts_;
+  }
+  std::vector<std::string> traffic_classes() const {  // of every submitted request, in order
+    std::lock_guard l(mu_);
+    return classes_;
   }
   // Prompt token ids of every submitted request, in submission order.
   std::vector<std::vector<int>> prompts() const {
@@ -192,7 +197,7 @@ class FakeEngine final : public EngineHandle {
   std::condition_variable cv_;
   std::vector<Active> active_;
   std::set<std::string> aborted_;
-  std::vector<std::string> submitted_, salts_;
+  std::vector<std::string> submitted_, salts_, classes_;
   std::vector<std::vector<int>> prompts_;
   SamplingParams last_sampling_;
   int processing_ = 0;

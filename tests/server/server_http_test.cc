@@ -1122,5 +1122,31 @@ TEST_F(ServerTest, ResponsesStoreDisabled) {
   expect_not_found(request(port_, http::verb::get, "/v1/responses/" + r.json()["id"].get<std::string>()), "");
 }
 
+// The KV retention class: body `traffic_class`, else the `x-traffic-class` header, else chat; a class
+// the server does not know is a 400 in the API's error shape.
+TEST_F(ServerTest, TrafficClassFromBodyHeaderOrDefault) {
+  start();
+  ASSERT_EQ(post(port_, "/v1/chat/completions", chat("hi", {{"traffic_class", "agent"}})).status, 200);
+  ASSERT_EQ(post(port_, "/v1/chat/completions", chat("hi"), {{"x-traffic-class", "agent"}}).status, 200);
+  ASSERT_EQ(post(port_, "/v1/chat/completions", chat("hi", {{"traffic_class", "chat"}}),
+                 {{"x-traffic-class", "agent"}})
+                .status,
+            200);
+  ASSERT_EQ(post(port_, "/v1/chat/completions", chat("hi")).status, 200);
+  EXPECT_EQ(engine_->traffic_classes(), (std::vector<std::string>{"agent", "agent", "chat", "chat"}));
+  Reply bad = post(port_, "/v1/chat/completions", chat("hi", {{"traffic_class", "bulk"}}));
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.json()["error"]["param"], "traffic_class");
+  Reply bad_header = post(port_, "/v1/messages",
+                          Json{{"model", "demo"},
+                               {"max_tokens", 8},
+                               {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})}},
+                          {{"x-traffic-class", "nope"}});
+  EXPECT_EQ(bad_header.status, 400);
+  EXPECT_EQ(bad_header.json()["type"], "error");
+  EXPECT_EQ(post(port_, "/v1/chat/completions", chat("hi", {{"traffic_class", 3}})).status, 400);
+  EXPECT_EQ(engine_->traffic_classes().size(), 4u) << "rejected requests never reach the engine";
+}
+
 }  // namespace
 }  // namespace beluga::server

@@ -447,6 +447,39 @@ void CudaOps::copy_from_host(Tensor dst, const void* src) {
   BELUGA_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, S(stream_)));
 }
 
+void CudaOps::kv_block_to_host(std::span<const Tensor> layers, int block, void* dst) {
+  auto* out = static_cast<char*>(dst);
+  for (const Tensor& t : layers) {
+    const Tensor b = t.rows(block, block + 1);
+    BELUGA_CHECK(b.is_contiguous(), "kv_block_to_host: cache must be contiguous, got ", b.describe());
+    BELUGA_CUDA_CHECK(cudaMemcpyAsync(out, b.data, b.nbytes(), cudaMemcpyDeviceToHost, S(stream_)));
+    out += b.nbytes();
+  }
+}
+
+void CudaOps::kv_block_from_host(std::span<const Tensor> layers, int block, const void* src) {
+  const auto* in = static_cast<const char*>(src);
+  for (const Tensor& t : layers) {
+    const Tensor b = t.rows(block, block + 1);
+    BELUGA_CHECK(b.is_contiguous(), "kv_block_from_host: cache must be contiguous, got ", b.describe());
+    BELUGA_CUDA_CHECK(cudaMemcpyAsync(b.data, in, b.nbytes(), cudaMemcpyHostToDevice, S(stream_)));
+    in += b.nbytes();
+  }
+}
+
+void* CudaOps::host_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaOps::host_free(void* p) {
+  if (p) cudaFreeHost(p);
+}
+
 void CudaOps::synchronize() {
   BELUGA_CUDA_CHECK(cudaStreamSynchronize(S(stream_)));
 }

@@ -67,6 +67,11 @@ class CudaOps final : public Ops {
   void copy_from_host(Tensor dst, const void* src) override;
   void synchronize() override;
   void bind_thread() override;
+  // Asynchronous on the stream (pinned host memory from host_alloc overlaps with compute).
+  void kv_block_to_host(std::span<const Tensor> layers, int block, void* dst) override;
+  void kv_block_from_host(std::span<const Tensor> layers, int block, const void* src) override;
+  void* host_alloc(size_t bytes) override;  // cudaHostAlloc
+  void host_free(void* p) override;
 
   bool supports_graphs() const override { return !profile_; }
   void begin_capture() override;

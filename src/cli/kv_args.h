@@ -1,0 +1,27 @@
+// The KV tier options of `beluga serve` (and `beluga bench kv`): --kv-host-gb G (a host-memory tier of
+// G GiB, fractions allowed), --kv-disk-dir DIR (a file tier there), --kv-disk-gb G (its capacity;
+// default: the file system's free space) and --kv-retention chat=7d,agent=3d (the classes a request
+// may name, tiers on or off, and how long the file tier keeps their blocks after their last use).
+// A tier is off when its flag is absent. The store is keyed with the loaded model's fingerprint.
+#pragma once
+
+#include <memory>
+
+#include "cli/args.h"
+#include "cli/model_args.h"
+#include "kvstore/retention.h"
+#include "kvstore/tiered_store.h"
+
+namespace beluga::cli {
+
+inline constexpr const char* kKvUsage =
+    "                    [--kv-host-gb G] [--kv-disk-dir DIR] [--kv-disk-gb G] [--kv-retention "
+    "chat=7d,agent=3d]\n";
+
+struct KvOptions {
+  kv::Retention retention;
+  std::unique_ptr<kv::TieredStore> store;  // nullptr when no tier is asked for
+};
+KvOptions kv_from_args(const Args& args, const LoadedModel& m);
+
+}  // namespace beluga::cli

@@ -1,0 +1,263 @@
+#include "kvstore/block_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace beluga::kv {
+
+namespace {
+
+constexpr char kMagic[8] = {'B', 'L', 'U', 'G', 'K', 'V', 'B', '1'};
+
+struct Writer {
+  unsigned char* p;
+  template <class T>
+  void put(const T& v) {
+    std::memcpy(p, &v, sizeof(T));
+    p += sizeof(T);
+  }
+};
+
+struct Reader {
+  const unsigned char* p;
+  template <class T>
+  T get() {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    p += sizeof(T);
+    return v;
+  }
+};
+
+void encode(const BlockFileHeader& h, uint64_t payload_sum, unsigned char* out) {
+  Writer w{out};
+  std::memcpy(w.p, kMagic, 8);
+  w.p += 8;
+  w.put(kBlockFileVersion);
+  w.put(uint32_t(0));  // reserved
+  w.put(h.fingerprint.lo);
+  w.put(h.fingerprint.hi);
+  w.put(h.key.lo);
+  w.put(h.key.hi);
+  w.put(h.tokens);
+  char cls[kBlockClassMax] = {};
+  std::memcpy(cls, h.cls.data(), std::min(h.cls.size(), kBlockClassMax - 1));
+  std::memcpy(w.p, cls, kBlockClassMax);
+  w.p += kBlockClassMax;
+  w.put(h.created);
+  w.put(h.last_used);
+  w.put(h.payload_bytes);
+  w.put(payload_sum);
+  w.put(uint64_t(XXH3_64bits(out, size_t(w.p - out))));
+}
+
+// Decodes a header; false when it is not a valid header of this format.
+bool decode(const unsigned char* in, BlockFileHeader* h, uint64_t* payload_sum, bool* foreign) {
+  *foreign = false;
+  if (std::memcmp(in, kMagic, 8) != 0) return false;
+  Reader r{in + 8};
+  const uint32_t version = r.get<uint32_t>();
+  r.get<uint32_t>();
+  if (XXH3_64bits(in, kBlockFileHeaderBytes - 8) != [&] {
+        uint64_t v;
+        std::memcpy(&v, in + kBlockFileHeaderBytes - 8, 8);
+        return v;
+      }())
+    return false;
+  if (version != kBlockFileVersion) {
+    *foreign = true;
+    return false;
+  }
+  h->fingerprint.lo = r.get<uint64_t>();
+  h->fingerprint.hi = r.get<uint64_t>();
+  h->key.lo = r.get<uint64_t>();
+  h->key.hi = r.get<uint64_t>();
+  h->tokens = r.get<uint32_t>();
+  char cls[kBlockClassMax];
+  std::memcpy(cls, r.p, kBlockClassMax);
+  r.p += kBlockClassMax;
+  cls[kBlockClassMax - 1] = '\0';
+  h->cls = cls;
+  h->created = r.get<int64_t>();
+  h->last_used = r.get<int64_t>();
+  h->payload_bytes = r.get<uint64_t>();
+  *payload_sum = r.get<uint64_t>();
+  return true;
+}
+
+bool write_all(int fd, const void* data, size_t n, int* err) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      *err = errno;
+      return false;
+    }
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+// Reads exactly n bytes at `off`; returns bytes read (< n at end of file), -1 on error.
+ssize_t read_at(int fd, void* data, size_t n, off_t off) {
+  auto* p = static_cast<char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, p + done, n - done, off + off_t(done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (r == 0) break;
+    done += size_t(r);
+  }
+  return ssize_t(done);
+}
+
+std::atomic<uint64_t> g_tmp_counter{0};  // unique temporary names within a process
+
+}  // namespace
+
+const char* block_file_status_name(BlockFileStatus s) {
+  switch (s) {
+    case BlockFileStatus::kOk:
+      return "ok";
+    case BlockFileStatus::kMissing:
+      return "missing";
+    case BlockFileStatus::kShort:
+      return "truncated";
+    case BlockFileStatus::kCorrupt:
+      return "corrupt";
+    case BlockFileStatus::kForeign:
+      return "foreign";
+    case BlockFileStatus::kIoError:
+      return "i/o error";
+    case BlockFileStatus::kNoSpace:
+      return "no space";
+  }
+  return "?";
+}
+
+std::string key_hex(const BlockHash& k) {
+  char buf[33];
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(k.hi),
+                static_cast<unsigned long long>(k.lo));
+  return buf;
+}
+
+bool key_from_hex(const std::string& s, BlockHash* k) {
+  if (s.size() != 32) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  k->hi = std::stoull(s.substr(0, 16), nullptr, 16);
+  k->lo = std::stoull(s.substr(16), nullptr, 16);
+  return true;
+}
+
+BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader& h, const void* payload) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return errno == ENOSPC || errno == EDQUOT ? BlockFileStatus::kNoSpace : BlockFileStatus::kIoError;
+  unsigned char head[kBlockFileHeaderBytes];
+  encode(h, XXH3_64bits(payload, h.payload_bytes), head);
+  int err = 0;
+  const bool ok = write_all(fd, head, sizeof(head), &err) && write_all(fd, payload, h.payload_bytes, &err);
+  const bool closed = ::close(fd) == 0;
+  if (!closed && err == 0) err = errno;
+  if (!ok || !closed || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (err == 0) err = errno;
+    ::unlink(tmp.c_str());
+    return err == ENOSPC || err == EDQUOT ? BlockFileStatus::kNoSpace : BlockFileStatus::kIoError;
+  }
+  return BlockFileStatus::kOk;
+}
+
+BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, int64_t* mtime) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? BlockFileStatus::kMissing : BlockFileStatus::kIoError;
+  unsigned char head[kBlockFileHeaderBytes];
+  const ssize_t r = read_at(fd, head, sizeof(head), 0);
+  struct stat st {};
+  const bool have_stat = ::fstat(fd, &st) == 0;
+  ::close(fd);
+  if (r < 0) return BlockFileStatus::kIoError;
+  if (size_t(r) < sizeof(head)) return BlockFileStatus::kShort;
+  uint64_t sum = 0;
+  bool foreign = false;
+  if (!decode(head, h, &sum, &foreign))
+    return foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
+  if (have_stat && uint64_t(st.st_size) < sizeof(head) + h->payload_bytes) return BlockFileStatus::kShort;
+  if (mtime) *mtime = have_stat ? int64_t(st.st_mtime) : 0;
+  return BlockFileStatus::kOk;
+}
+
+BlockFileStatus update_block_class(const std::string& path, const BlockHash& fingerprint,
+                                   const BlockHash& key, const std::string& cls) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? BlockFileStatus::kMissing : BlockFileStatus::kIoError;
+  unsigned char head[kBlockFileHeaderBytes];
+  BlockFileStatus status = BlockFileStatus::kOk;
+  BlockFileHeader h;
+  uint64_t sum = 0;
+  bool foreign = false;
+  const ssize_t r = read_at(fd, head, sizeof(head), 0);
+  if (r < 0) {
+    status = BlockFileStatus::kIoError;
+  } else if (size_t(r) < sizeof(head)) {
+    status = BlockFileStatus::kShort;
+  } else if (!decode(head, &h, &sum, &foreign)) {
+    status = foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
+  } else if (!(h.fingerprint == fingerprint) || !(h.key == key)) {
+    status = BlockFileStatus::kForeign;
+  } else {
+    h.cls = cls;
+    encode(h, sum, head);
+    if (::pwrite(fd, head, sizeof(head), 0) != ssize_t(sizeof(head))) status = BlockFileStatus::kIoError;
+  }
+  ::close(fd);
+  return status;
+}
+
+BlockFileStatus read_block_file(const std::string& path, const BlockHash& fingerprint, const BlockHash& key,
+                                size_t payload_bytes, void* dst, BlockFileHeader* h) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? BlockFileStatus::kMissing : BlockFileStatus::kIoError;
+  unsigned char head[kBlockFileHeaderBytes];
+  BlockFileStatus status = BlockFileStatus::kOk;
+  const ssize_t r = read_at(fd, head, sizeof(head), 0);
+  uint64_t sum = 0;
+  bool foreign = false;
+  if (r < 0) {
+    status = BlockFileStatus::kIoError;
+  } else if (size_t(r) < sizeof(head)) {
+    status = BlockFileStatus::kShort;
+  } else if (!decode(head, h, &sum, &foreign)) {
+    status = foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
+  } else if (!(h->fingerprint == fingerprint) || h->payload_bytes != payload_bytes) {
+    status = BlockFileStatus::kForeign;
+  } else if (!(h->key == key)) {
+    status = BlockFileStatus::kCorrupt;  // a file under another block's name
+  } else {
+    const ssize_t p = read_at(fd, dst, payload_bytes, off_t(sizeof(head)));
+    if (p < 0)
+      status = BlockFileStatus::kIoError;
+    else if (size_t(p) < payload_bytes)
+      status = BlockFileStatus::kShort;
+    else if (XXH3_64bits(dst, payload_bytes) != sum)
+      status = BlockFileStatus::kCorrupt;
+  }
+  ::close(fd);
+  return status;
+}
+
+}  // namespace beluga::kv

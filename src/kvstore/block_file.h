@@ -1,0 +1,55 @@
+// The file format of one KV block in the file tier: a fixed header, then the block's host image.
+//
+//   magic "BLUGKVB1" | format version | model fingerprint | block key | token count | class name
+//   (32 bytes, NUL-padded) | created, last used (unix seconds) | payload bytes | payload XXH3-64 |
+//   header XXH3-64 (over everything before it)
+//
+// A file is written to a temporary name in its directory and renamed over the final one, so a reader
+// sees a whole file or none; a file that is truncated, corrupt (either checksum) or of another model
+// or format is rejected. The file's mtime is its last use when that is later than the header's (a hit
+// touches the file instead of rewriting it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "engine/block_manager.h"
+
+namespace beluga::kv {
+
+inline constexpr uint32_t kBlockFileVersion = 1;
+inline constexpr size_t kBlockClassMax = 32;
+
+struct BlockFileHeader {
+  BlockHash fingerprint;
+  BlockHash key;
+  uint32_t tokens = 0;
+  std::string cls;  // retention class, at most kBlockClassMax - 1 bytes
+  int64_t created = 0, last_used = 0;
+  uint64_t payload_bytes = 0;
+};
+
+inline constexpr size_t kBlockFileHeaderBytes = 8 + 4 + 4 + 16 + 16 + 4 + kBlockClassMax + 8 + 8 + 8 + 8 + 8;
+
+enum class BlockFileStatus { kOk, kMissing, kShort, kCorrupt, kForeign, kIoError, kNoSpace };
+const char* block_file_status_name(BlockFileStatus s);
+
+// Writes `h` and `payload` (h.payload_bytes) to `path` through a temporary name (removed on failure).
+BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader& h, const void* payload);
+// Reads the header of `path`; `mtime` (may be null) gets the file's modification time.
+BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, int64_t* mtime);
+// Rewrites the class in the header of `path` (block `key` of `fingerprint`) in place. A torn header
+// write fails the header checksum: the block becomes a miss, never wrong data.
+BlockFileStatus update_block_class(const std::string& path, const BlockHash& fingerprint,
+                                   const BlockHash& key, const std::string& cls);
+// Reads and verifies `path` as block `key` of `fingerprint` with `payload_bytes` into `dst`.
+// On any status but kOk, `dst` may hold garbage.
+BlockFileStatus read_block_file(const std::string& path, const BlockHash& fingerprint, const BlockHash& key,
+                                size_t payload_bytes, void* dst, BlockFileHeader* h);
+
+// The hex spelling of a key (32 digits), as file names use it.
+std::string key_hex(const BlockHash& k);
+bool key_from_hex(const std::string& s, BlockHash* k);
+
+}  // namespace beluga::kv

@@ -1,0 +1,33 @@
+#include "kvstore/store_scan.h"
+
+#include <filesystem>
+
+#include "util/error.h"
+
+namespace beluga::kv {
+
+namespace fs = std::filesystem;
+
+void scan_store(const std::string& dir, const std::function<void(const ScannedBlock&)>& visit,
+                int64_t* invalid) {
+  std::error_code ec;
+  BELUGA_CHECK(fs::is_directory(dir, ec), "no KV directory at ", dir);
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it.depth() > 2 || !it->is_regular_file(ec)) continue;  // DIR/<fingerprint>/<shard>/<key>.kvb
+    const std::string path = it->path().string();
+    if (it->path().extension() != ".kvb") continue;  // temporary files and strangers
+    ScannedBlock b;
+    b.path = path;
+    int64_t mtime = 0;
+    if (read_block_header(path, &b.header, &mtime) != BlockFileStatus::kOk) {
+      if (invalid) ++*invalid;
+      continue;
+    }
+    b.last_used = std::max(b.header.last_used, mtime);
+    b.bytes = uint64_t(it->file_size(ec));
+    visit(b);
+  }
+}
+
+}  // namespace beluga::kv

@@ -1,0 +1,250 @@
+#include "kvstore/tiered_store.h"
+
+#include "kvstore/fingerprint.h"
+#include "util/error.h"
+
+namespace beluga::kv {
+
+namespace {
+
+size_t host_capacity(const StoreConfig& c) {
+  if (c.host_bytes > 0 || c.disk_dir.empty()) return c.host_bytes;
+  return size_t(TieredStore::kStagingBlocks) * c.block_bytes;
+}
+
+}  // namespace
+
+TieredStore::TieredStore(StoreConfig cfg)
+    : cfg_(std::move(cfg)), host_(host_capacity(cfg_), cfg_.block_bytes, cfg_.host_alloc) {
+  host_stats_.capacity_bytes = int64_t(size_t(host_.capacity()) * cfg_.block_bytes);
+  if (!cfg_.disk_dir.empty()) {
+    DiskConfig dc;
+    dc.dir = cfg_.disk_dir;
+    dc.capacity_bytes = cfg_.disk_bytes;
+    dc.fingerprint = cfg_.fingerprint;
+    dc.block_bytes = cfg_.block_bytes;
+    dc.threads = cfg_.disk_threads;
+    dc.retention = cfg_.retention;
+    dc.now = cfg_.now;
+    disk_ = std::make_unique<DiskTier>(std::move(dc));
+  }
+}
+
+TieredStore::~TieredStore() {
+  disk_.reset();  // finishes the I/O in flight first: its callbacks take mu_
+  std::lock_guard<std::mutex> lk(mu_);
+  end_step(in_flight_, false);
+  end_step(building_, false);
+}
+
+void TieredStore::drain() {
+  if (disk_) disk_->drain();
+}
+
+int TieredStore::lookup(const BlockHash* keys, int n, KvTier* tiers) {
+  int i = 0;
+  for (; i < n; ++i) {
+    const BlockHash k = tier_key(keys[i], cfg_.fingerprint);
+    bool host = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      host = in_host(k);
+      if (!host) host_stats_.misses++;
+    }
+    KvTier t = KvTier::kHost;
+    if (!host) {
+      if (!disk_ || !disk_->contains(k)) break;  // (the disk tier counts its misses on reads)
+      t = KvTier::kDisk;
+    }
+    if (tiers) tiers[i] = t;
+  }
+  return i;
+}
+
+const std::string* TieredStore::intern(const std::string& cls) {
+  return &*classes_.insert(cls).first;
+}
+
+void TieredStore::touch(const BlockHash* keys, int n, const std::string& cls) {
+  if (!disk_) return;
+  for (int i = 0; i < n; ++i) disk_->touch(tier_key(keys[i], cfg_.fingerprint), cls);
+}
+
+KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* blocks, int n,
+                                            const std::string& cls) {
+  const LoadId id = next_load_++;
+  struct Read {
+    size_t part;
+    BlockHash key;
+    std::byte* dst;
+  };
+  std::vector<Read> reads;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Load& ld = loads_[id];
+    ld.blocks.assign(blocks, blocks + n);
+    for (int i = 0; i < n; ++i) {
+      const BlockHash k = tier_key(keys[i], cfg_.fingerprint);
+      ld.keys.push_back(k);
+      Part p;
+      p.slot = host_.find(k, true);
+      if (p.slot >= 0) {
+        host_.pin(p.slot);
+        p.state = 1;
+        if (disk_) disk_->touch(k, cls);  // its file copy is in use too
+      } else {
+        if (!disk_) break;
+        bool evicted = false;
+        p.slot = host_.reserve(k, &evicted);  // the disk read lands here
+        if (evicted) host_stats_.evictions++;
+        if (p.slot < 0) break;  // every host slot is busy: the rest is computed
+        p.from_disk = true;
+        reads.push_back({ld.parts.size(), k, host_.data(p.slot)});
+        ld.pending++;
+      }
+      ld.parts.push_back(p);
+    }
+  }
+  // Outside the lock: a read may complete (and take mu_) at once.
+  for (const Read& r : reads)
+    disk_->read(r.key, r.dst, cls, [this, id, part = r.part](bool ok) { on_read(id, part, ok); });
+  return id;
+}
+
+void TieredStore::on_read(LoadId id, size_t part, bool ok) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Load& ld = loads_.at(id);
+  ld.parts[part].state = ok ? 1 : -1;
+  if (--ld.pending == 0 && ld.cancelled) {
+    release_parts(ld, 0);
+    loads_.erase(id);
+  }
+}
+
+bool TieredStore::load_ready(LoadId id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return loads_.at(id).pending == 0;
+}
+
+void TieredStore::release_parts(Load& ld, size_t from) {
+  for (size_t i = from; i < ld.parts.size(); ++i) {
+    const Part& p = ld.parts[i];
+    if (!p.from_disk)
+      host_.unpin(p.slot);
+    else if (p.state == 1)
+      host_.publish(p.slot);  // read and verified: keep it as a host entry
+    else
+      host_.drop(p.slot);
+  }
+  ld.parts.resize(std::min(ld.parts.size(), from));
+}
+
+int TieredStore::finish_load(LoadId id, std::vector<KvCopy>& copies) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = loads_.find(id);
+  BELUGA_ASSERT(it != loads_.end() && it->second.pending == 0);
+  Load& ld = it->second;
+  size_t got = 0;
+  while (got < ld.parts.size() && ld.parts[got].state == 1) ++got;
+  release_parts(ld, got);  // after a missing or bad block nothing more is used
+  for (size_t i = 0; i < got; ++i) {
+    Part& p = ld.parts[i];
+    int slot = p.slot;
+    if (p.from_disk) {
+      host_.publish(slot);  // now a host entry; pinned again below for the copy
+      slot = host_.find(ld.keys[i], false);
+      BELUGA_ASSERT(slot >= 0);
+      host_.pin(slot);
+    } else {
+      host_stats_.hits++;
+      host_stats_.bytes_read += int64_t(cfg_.block_bytes);
+    }
+    copies.push_back({ld.blocks[i], host_.data(slot)});
+    building_.pins.push_back(slot);  // unpinned once the step that copies it is done
+  }
+  loads_.erase(it);
+  return int(got);
+}
+
+void TieredStore::cancel_load(LoadId id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = loads_.find(id);
+  if (it == loads_.end()) return;
+  if (it->second.pending > 0) {
+    it->second.cancelled = true;  // the last read cleans up
+    return;
+  }
+  release_parts(it->second, 0);
+  loads_.erase(it);
+}
+
+std::byte* TieredStore::start_save(const BlockHash& key, const std::string& cls) {
+  const BlockHash k = tier_key(key, cfg_.fingerprint);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (host_.find(k, true) >= 0) {  // below already (loaded from there, or saved before)
+    if (disk_) disk_->touch(k, cls);
+    return nullptr;
+  }
+  bool evicted = false;
+  const int slot = host_.reserve(k, &evicted);
+  if (evicted) host_stats_.evictions++;
+  if (slot < 0) return nullptr;  // every slot is being copied: this block is not saved
+  building_.saves.push_back({slot, k, intern(cls)});
+  return host_.data(slot);
+}
+
+void TieredStore::step_launched() {
+  std::lock_guard<std::mutex> lk(mu_);
+  BELUGA_ASSERT(in_flight_.pins.empty() && in_flight_.saves.empty());
+  std::swap(in_flight_, building_);
+}
+
+void TieredStore::step_done(bool ok) {
+  std::vector<StepState::Save> to_disk;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (ok && disk_) to_disk = in_flight_.saves;
+    end_step(in_flight_, ok);
+    // The disk copy is written from the host entry, pinned until it is on disk.
+    for (auto& sv : to_disk) {
+      sv.slot = host_.find(sv.key, false);
+      if (sv.slot >= 0) host_.pin(sv.slot);
+    }
+  }
+  for (const auto& sv : to_disk) {
+    if (sv.slot < 0) continue;
+    disk_->write(sv.key, host_.data(sv.slot), *sv.cls, [this, slot = sv.slot] {
+      std::lock_guard<std::mutex> lk(mu_);
+      host_.unpin(slot);
+    });
+  }
+}
+
+void TieredStore::end_step(StepState& st, bool ok) {
+  for (int slot : st.pins) host_.unpin(slot);
+  for (const auto& sv : st.saves) {
+    const int slot = sv.slot;
+    if (ok) {
+      host_.publish(slot);
+      host_stats_.bytes_written += int64_t(cfg_.block_bytes);
+    } else {
+      host_.drop(slot);
+    }
+  }
+  st.pins.clear();
+  st.saves.clear();
+  host_stats_.blocks = host_.size();
+  host_stats_.bytes = int64_t(size_t(host_.size()) * cfg_.block_bytes);
+}
+
+StoreStats TieredStore::stats() const {
+  StoreStats s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    s.host = host_stats_;
+  }
+  if (disk_) s.disk = disk_->stats();
+  return s;
+}
+
+}  // namespace beluga::kv

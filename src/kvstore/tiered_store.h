@@ -1,0 +1,116 @@
+// TieredStore: the KV connector (engine/kv_connector.h) over the tiers below the device pool: host
+// memory (HostPool) and, optionally, files (DiskTier). Blocks are keyed by tier_key(chained block
+// hash, model fingerprint).
+//
+// Saving is write-through: every block a step fills is copied to the host tier right after the step
+// computed it (SGLang HiCache's write_through, vLLM's offloading connector), and from there written
+// to the file tier on an I/O thread; not when the device pool evicts it (write_back). Eviction from
+// the device pool then costs nothing and needs no copy ordered before the block's reuse, and a block
+// is on disk soon after it was computed, before a crash or a restart, and visible to the other
+// replicas sharing the directory (what retention in days needs). The price is one copy of every
+// computed block, deduplicated by key (a block already below is not copied again).
+//
+// Loads: a block in host memory is copied to the device with the next step; a block only on disk is
+// first read into a host slot by an I/O thread (the sequence waits in the scheduler's loading list,
+// other requests run on), verified, and becomes a host entry too. Without a host tier, a staging pool
+// of kStagingBlocks is used.
+//
+// Thread-safe: the KvConnector calls come from the engine thread, I/O completions from the disk
+// tier's threads, stats() from anywhere.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_connector.h"
+#include "kvstore/disk_tier.h"
+#include "kvstore/host_pool.h"
+#include "kvstore/tier_stats.h"
+
+namespace beluga::kv {
+
+struct StoreStats {
+  TierStats host;
+  std::optional<TierStats> disk;
+};
+
+struct StoreConfig {
+  size_t block_bytes = 0;  // the model's KV bytes per block
+  BlockHash fingerprint;   // kvstore/fingerprint.h
+  size_t host_bytes = 0;   // the host tier's capacity (0 with a disk tier: a staging pool only)
+  HostAllocator host_alloc = HostAllocator::plain();
+  std::string disk_dir;   // empty: no file tier
+  size_t disk_bytes = 0;  // 0: the file system's free space
+  int disk_threads = 4;
+  Retention retention;           // of the file tier's blocks (the host tier is LRU within its capacity)
+  std::function<int64_t()> now;  // unix seconds (tests inject a clock); default: the system clock
+};
+
+class TieredStore final : public KvConnector {
+ public:
+  static constexpr int kStagingBlocks = 64;
+
+  explicit TieredStore(StoreConfig cfg);
+  ~TieredStore() override;
+
+  size_t block_bytes() const override { return cfg_.block_bytes; }
+  int lookup(const BlockHash* keys, int n, KvTier* tiers) override;
+  LoadId start_load(const BlockHash* keys, const int* blocks, int n, const std::string& cls) override;
+  bool load_ready(LoadId id) override;
+  int finish_load(LoadId id, std::vector<KvCopy>& copies) override;
+  void cancel_load(LoadId id) override;
+  std::byte* start_save(const BlockHash& key, const std::string& cls) override;
+  void touch(const BlockHash* keys, int n, const std::string& cls) override;
+  void step_launched() override;
+  void step_done(bool ok) override;
+
+  StoreStats stats() const;
+  DiskTier* disk() { return disk_.get(); }
+  void drain();  // waits for the disk I/O submitted so far (tests, shutdown)
+
+ private:
+  struct Part {
+    int slot = -1;           // host slot: pinned (found) or reserved (being read from disk)
+    bool from_disk = false;  // read into a reserved slot
+    int state = 0;           // disk reads: 0 in flight, 1 ok, -1 failed
+  };
+  struct Load {
+    std::vector<int> blocks;  // device blocks
+    std::vector<BlockHash> keys;
+    std::vector<Part> parts;  // leading blocks found below
+    int pending = 0;          // disk reads in flight
+    bool cancelled = false;
+  };
+  struct StepState {
+    std::vector<int> pins;  // host slots read by the step's loads
+    struct Save {
+      int slot;
+      BlockHash key;
+      const std::string* cls;  // interned in classes_
+    };
+    std::vector<Save> saves;  // host slots reserved for its saves
+  };
+  void end_step(StepState& st, bool ok);
+  void release_parts(Load& ld, size_t from);  // mu_ held: ends parts [from, end) of a load
+  void on_read(LoadId id, size_t part, bool ok);
+  bool in_host(const BlockHash& k) { return host_.find(k, false) >= 0; }
+
+  StoreConfig cfg_;
+  mutable std::mutex mu_;
+  HostPool host_;
+  std::unordered_map<LoadId, Load> loads_;
+  LoadId next_load_ = 0;
+  StepState building_, in_flight_;
+  TierStats host_stats_;
+  const std::string* intern(const std::string& cls);  // mu_ held
+  std::set<std::string> classes_;                     // the classes seen (stable addresses for StepState)
+  std::unique_ptr<DiskTier> disk_;  // last: destroyed first, its callbacks use the members above
+};
+
+}  // namespace beluga::kv

@@ -1,0 +1,158 @@
+// The engine with a KV tier below its device pool (dsv3-tiny fixture, CPU): a prefix evicted from a
+// small device pool is loaded back from the host tier, the greedy output is the cold run's, and the
+// loaded tokens count as cached.
+#include "../engine/engine_test_support.h"
+#include "kvstore/tiered_store.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+namespace beluga::engine_test {
+namespace {
+
+class EngineTier : public EngineTest {
+ protected:
+  EngineConfig small_pool(KvConnector* kv) const {
+    EngineConfig ec;
+    ec.num_kv_blocks = 8;  // 512 tokens: the second prompt evicts the first's cached blocks
+    ec.max_model_len = 512;
+    ec.kv_connector = kv;
+    return ec;
+  }
+  kv::StoreConfig store_config(size_t host_blocks) const {
+    kv::StoreConfig sc;
+    sc.block_bytes = model_->kv_bytes_per_token() * kKvBlockSize;
+    sc.fingerprint = {42, 7};
+    sc.host_bytes = host_blocks * sc.block_bytes;
+    return sc;
+  }
+  // Runs the requests one after another; returns each one's tokens.
+  std::vector<std::vector<int>> run_in_turn(Engine& e, Collector& c,
+                                            const std::vector<std::pair<std::string, std::vector<int>>>& reqs,
+                                            int max_tokens) {
+    std::vector<std::vector<int>> out;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(e.submit(greedy(reqs[i].first, reqs[i].second, max_tokens, c)), SubmitStatus::kOk);
+      EXPECT_TRUE(c.wait(i + 1));
+      out.push_back(c.tokens[reqs[i].first][0]);
+    }
+    wait_idle(e);
+    return out;
+  }
+};
+
+TEST_F(EngineTier, EvictedPrefixIsServedFromHostTier) {
+  const std::vector<int> a = prompt(300, 1), b = prompt(420, 2);
+  const std::vector<int> want = reference(a, 12);
+
+  // Without a tier the second prompt evicts the first's cached blocks: its rerun hits nothing.
+  {
+    Engine e(*model_, small_pool(nullptr));
+    Collector c;
+    const auto got = run_in_turn(e, c, {{"a", a}, {"b", b}, {"a2", a}}, 12);
+    EXPECT_EQ(got[2], want);
+    EXPECT_EQ(c.cached["a2"], 0) << "the device pool should have lost the prefix";
+  }
+  kv::TieredStore store(store_config(64));
+  Engine e(*model_, small_pool(&store));
+  Collector c;
+  const auto got = run_in_turn(e, c, {{"a", a}, {"b", b}, {"a2", a}}, 12);
+  EXPECT_EQ(got[0], want);
+  EXPECT_EQ(got[2], want) << "loaded from the host tier: same greedy tokens as the cold run";
+  EXPECT_EQ(c.cached["a"], 0);
+  EXPECT_EQ(c.cached["a2"], 4 * kKvBlockSize) << "300 tokens: 4 full blocks, all from the host tier";
+  const kv::StoreStats st = store.stats();
+  EXPECT_EQ(st.host.hits, 4);
+  EXPECT_GE(st.host.bytes_written, int64_t(4 + 6) * int64_t(store_config(0).block_bytes));
+  const EngineStats es = e.stats();
+  EXPECT_EQ(es.prefix_cache_hits_below, 4 * kKvBlockSize);
+  EXPECT_EQ(es.prefix_cache_hits, 4 * kKvBlockSize);
+}
+
+// Many requests sharing prefixes through a host tier smaller than their working set, two at a time
+// and with n = 2: every output is the reference's (the tier never serves the wrong block).
+TEST_F(EngineTier, ConcurrentRequestsThroughASmallTierMatchTheReference) {
+  kv::TieredStore store(store_config(6));
+  Engine e(*model_, small_pool(&store));
+  Collector c;
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int> p = prompt(130 + 40 * (i % 3), i % 3);  // three prefixes, shared in pairs
+    p.push_back(3 + i);
+    prompts.push_back(p);
+  }
+  auto id = [](int i) {
+    std::string s = "r";
+    s += std::to_string(i);
+    return s;
+  };
+  for (int i = 0; i < 6; ++i) {
+    EngineRequest r = greedy(id(i), prompts[size_t(i)], 6, c);
+    if (i == 4) r.sampling.n = 2;
+    ASSERT_EQ(e.submit(std::move(r)), SubmitStatus::kOk);
+    if (i % 2 == 1) {
+      ASSERT_TRUE(c.wait(size_t(i + 1)));
+    }
+  }
+  ASSERT_TRUE(c.wait(6));
+  for (int i = 0; i < 6; ++i) {
+    const auto want = reference(prompts[size_t(i)], 6);
+    EXPECT_EQ(c.tokens[id(i)][0], want) << i;
+    if (i == 4) {
+      EXPECT_EQ(c.tokens["r4"][1], want);
+    }
+  }
+  EXPECT_EQ(wait_idle(e).kv_blocks_used, 0);
+  EXPECT_GT(store.stats().host.hits, 0) << "some prefix came back from the host tier";
+  EXPECT_GT(store.stats().host.evictions, 0) << "the tier was full";
+}
+
+// A server restarted on its KV directory serves the prefix from the files: the greedy output is the
+// cold run's and the prefix counts as cached. Then, with a host tier of 5 blocks, prefixes come back
+// from the disk while other requests run.
+TEST_F(EngineTier, RestartServesHitsFromTheFileTier) {
+  const std::string dir =
+      std::filesystem::temp_directory_path().string() + "/beluga_kv_engine_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::vector<int> a = prompt(300, 5);
+  const std::vector<int> want = reference(a, 10);
+  kv::StoreConfig sc = store_config(16);
+  sc.disk_dir = dir;
+  {
+    kv::TieredStore store(sc);
+    Engine e(*model_, small_pool(&store));
+    Collector c;
+    EXPECT_EQ(run_in_turn(e, c, {{"cold", a}}, 10)[0], want);
+    EXPECT_EQ(c.cached["cold"], 0);
+    store.drain();
+    EXPECT_GE(store.stats().disk->bytes_written, int64_t(4 * sc.block_bytes));
+  }
+  {
+    kv::TieredStore store(sc);  // the restart: empty device pool and host tier
+    Engine e(*model_, small_pool(&store));
+    Collector c;
+    EXPECT_EQ(run_in_turn(e, c, {{"warm", a}}, 10)[0], want);
+    EXPECT_EQ(c.cached["warm"], 4 * kKvBlockSize);
+    EXPECT_EQ(store.stats().disk->hits, 4);
+  }
+  {
+    kv::StoreConfig tiny = sc;
+    tiny.host_bytes = 5 * sc.block_bytes;  // staging for the 4 blocks read back, little more
+    kv::TieredStore store(tiny);
+    Engine e(*model_, small_pool(&store));
+    Collector c;
+    const std::vector<int> b = prompt(200, 6);
+    ASSERT_EQ(e.submit(greedy("b", b, 40, c)), SubmitStatus::kOk);
+    ASSERT_EQ(e.submit(greedy("a", a, 10, c)), SubmitStatus::kOk);
+    ASSERT_TRUE(c.wait(2));
+    EXPECT_EQ(c.tokens["a"][0], want);
+    EXPECT_EQ(c.tokens["b"][0], reference(b, 40));
+    EXPECT_EQ(c.cached["a"], 4 * kKvBlockSize);
+    EXPECT_EQ(wait_idle(e).kv_blocks_used, 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace beluga::engine_test
