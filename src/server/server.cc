@@ -18,6 +18,7 @@
 
 #include "server/job.h"
 #include "server/sse.h"
+#include "server/web_ui.h"
 #include "util/error.h"
 
 namespace beluga::server {
@@ -188,6 +189,11 @@ class Session : public std::enable_shared_from_this<Session> {
       if (st_.ready) stats = st_.engine->stats();
       return send_response(200, "text/plain; version=0.0.4; charset=utf-8",
                            st_.metrics.render(stats ? &*stats : nullptr, st_.info.served_name));
+    }
+    if (auto page = web_asset(path)) {  // the web chat page (web_ui.h); public: it asks for the key itself
+      label_ = "web";
+      if (method != http::verb::get) return send_error(eapi, 405, "use GET for " + path, "");
+      return send_response(200, page->content_type, page->body);
     }
     if (!path.starts_with("/v1/")) return send_error(eapi, 404, "no route for " + path, "");
 
