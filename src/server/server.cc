@@ -18,6 +18,7 @@
 
 #include "server/job.h"
 #include "server/sse.h"
+#include "server/utility_routes.h"
 #include "server/web_ui.h"
 #include "util/error.h"
 
@@ -195,12 +196,19 @@ class Session : public std::enable_shared_from_this<Session> {
       if (method != http::verb::get) return send_error(eapi, 405, "use GET for " + path, "");
       return send_response(200, page->content_type, page->body);
     }
-    if (!path.starts_with("/v1/")) return send_error(eapi, 404, "no route for " + path, "");
+    if (!path.starts_with("/v1/") && !is_utility_route(path))
+      return send_error(eapi, 404, "no route for " + path, "");
 
     if (!st_.cfg.api_key.empty() && presented_key(req) != st_.cfg.api_key)
       return send_error(
           eapi, 401, "invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)", "");
 
+    if (is_utility_route(path)) {  // /tokenize, /detokenize, /v1/messages/count_tokens, /version
+      label_ = path == "/version" ? "version" : path.substr(path.rfind('/') + 1);
+      auto r =
+          handle_utility_route(path, sv(req.method_string()), req.body(), st_.ready ? &st_.info : nullptr);
+      return send_response(r.status, r.content_type, r.body);
+    }
     if (path == "/v1/models" || path.starts_with("/v1/models/")) {
       label_ = "models";
       if (method != http::verb::get) return send_error(eapi, 405, "use GET for " + path, "");
