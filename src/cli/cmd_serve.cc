@@ -1,4 +1,4 @@
-// `beluga serve [--model DIR] [--host H] [--port P] ...`: the OpenAI / Anthropic compatible HTTP
+// `beluga serve [MODEL_DIR] [--host H] [--port P] ...`: the OpenAI / Anthropic compatible HTTP
 // server. Listens first (so /health answers 503 while the model loads), loads the model, its
 // tokenizer and chat format, starts the engine, then serves until SIGINT/SIGTERM.
 #include <cstdio>
@@ -22,7 +22,8 @@ namespace beluga::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: beluga serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]\n"
+    "usage: beluga serve [MODEL_DIR | --model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name "
+    "NAME]\n"
     "                    [--api-key KEY] [--max-num-seqs 64] [--max-num-batched-tokens 2048]\n"
     "                    [--max-model-len N] [--max-queue-len 256] [--max-body-bytes 16777216]\n"
     "                    [--max-stored-responses 1024]\n"
@@ -80,6 +81,10 @@ int cmd_serve(int argc, char** argv) {
   ecfg.enable_prefix_caching = !args.has("no-enable-prefix-caching");
   BELUGA_CHECK(ecfg.max_num_seqs > 0 && ecfg.max_num_batched_tokens > 0 && ecfg.max_queue_len >= 0,
                "--max-num-seqs and --max-num-batched-tokens must be positive, --max-queue-len non-negative");
+  const ModelArgs model_args = parse_model_args(args);
+  // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
+  // a dummy-weight benchmark of a config that ships no tokenizer.
+  const auto tokenizer_dir = args.get("tokenizer");
   const auto served_name = args.get("served-model-name");
   const auto format_name = args.get("chat-format");
   std::optional<recipe::ChatFormat> format;
@@ -88,6 +93,7 @@ int cmd_serve(int argc, char** argv) {
     BELUGA_CHECK(format, "unknown --chat-format '", *format_name,
                  "' (deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v4, deepseek-v4.1, template)");
   }
+  args.check_all_used();  // before listening or loading: a bad command line fails at once
 
   server::Server server(scfg);
   server.listen();
@@ -95,11 +101,8 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "beluga serve: listening on http://%s:%d (loading the model)\n", scfg.host.c_str(),
                server.port());
 
-  LoadedModel m = load_model_from_args(args);
-  // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
-  // a dummy-weight benchmark of a config that ships no tokenizer.
-  const std::string tok_dir = args.get_or("tokenizer", m.dir);
-  args.check_all_used();
+  LoadedModel m = load_model_dir(model_args);
+  const std::string tok_dir = tokenizer_dir ? *tokenizer_dir : m.dir;
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");
   BELUGA_CHECK(int(tokenizer.vocab_size()) <= m.cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
                tokenizer.vocab_size(), " tokens, more than the model's vocabulary of ", m.cfg.vocab_size);
