@@ -30,7 +30,8 @@ constexpr const char* kUsage =
     "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
-    "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n";
+    "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n"
+    "                    [--no-access-log]\n";
 
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -53,7 +54,7 @@ void generation_defaults(const std::string& dir, server::ModelInfo& info) {
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  Args args(argc, argv, {"no-enable-prefix-caching", "enforce-eager", "help"});
+  Args args(argc, argv, {"no-enable-prefix-caching", "enforce-eager", "no-access-log", "help"});
   if (args.has("help")) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -70,6 +71,7 @@ int cmd_serve(int argc, char** argv) {
   BELUGA_CHECK(stored >= 0, "--max-stored-responses must be >= 0");
   scfg.max_stored_responses = size_t(stored);
   scfg.io_threads = int(args.get_int("io-threads", 2));
+  scfg.access_log = !args.has("no-access-log");
 
   EngineConfig ecfg;
   ecfg.max_num_seqs = int(args.get_int("max-num-seqs", ecfg.max_num_seqs));

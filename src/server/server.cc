@@ -16,6 +16,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "server/access_log.h"
 #include "server/job.h"
 #include "server/sse.h"
 #include "server/utility_routes.h"
@@ -94,6 +95,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void do_read() {
     if (closed_) return;
+    access_method_.clear();
+    access_path_.clear();
     parser_.emplace();
     parser_->body_limit(st_.cfg.max_body_bytes);
     parser_->header_limit(64 * 1024);
@@ -106,6 +109,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_header(beast::error_code ec) {
     if (ec) return on_read_error(ec);
     const auto& req = parser_->get();
+    access_start_ = std::chrono::steady_clock::now();
+    if (access_client_.empty()) {  // once per connection, while the peer is surely there
+      beast::error_code aec;
+      auto ep = stream_.socket().remote_endpoint(aec);
+      access_client_ = aec ? "-" : ep.address().to_string();
+    }
+    access_method_ = std::string(sv(req.method_string()));
+    access_path_ = std::string(strip_query(req.target()));
     if (auto len = parser_->content_length(); len && *len > st_.cfg.max_body_bytes)
       return on_read_error(http::error::body_limit);
     auto expect = req.find(http::field::expect);
@@ -384,6 +395,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (stream_mode_) {
       if (!out.empty()) queue_body(out);
       st_.metrics.request_done(label_, 200);
+      log_access(200);
       if (http11_) queue_raw(http_chunk(""));
       response_complete_ = true;
       if (!writing_) after_response();
@@ -402,6 +414,7 @@ class Session : public std::enable_shared_from_this<Session> {
       st_.metrics.in_flight(-1);
       st_.metrics.disconnect();
       st_.metrics.request_done(label_, 499);
+      log_access(499);
       for (int k = 0; job_ && k < job_->num_subs() && size_t(k) < ids_.size(); ++k)
         if (job_->engine_active(k)) st_.engine->abort(ids_[size_t(k)]);
       ++gen_;
@@ -449,8 +462,28 @@ class Session : public std::enable_shared_from_this<Session> {
     send_json(status, e.body());
   }
 
+  // The request's access log line; generations add their tokens and time to first token.
+  void log_access(int status) {
+    if (!st_.cfg.access_log) return;
+    AccessRecord r;
+    r.client = access_client_;
+    r.method = access_method_;
+    r.path = access_path_;
+    r.status = status;
+    const auto now = std::chrono::steady_clock::now();
+    r.duration_s = access_method_.empty() ? 0 : std::chrono::duration<double>(now - access_start_).count();
+    if (job_) {
+      r.prompt_tokens = job_->usage().prompt_tokens;
+      r.completion_tokens = job_->usage().completion_tokens;
+      if (job_->first_token_time())
+        r.ttft_s = std::chrono::duration<double>(*job_->first_token_time() - job_->start_time()).count();
+    }
+    write_access_line(r);
+  }
+
   void send_response(int status, std::string_view content_type, std::string_view body) {
     st_.metrics.request_done(label_, status);
+    log_access(status);
     std::string s = "HTTP/1.1 " + std::to_string(status) + " " +
                     std::string(http::obsolete_reason(http::int_to_status(unsigned(status)))) +
                     "\r\nServer: beluga\r\nContent-Type: " + std::string(content_type) +
@@ -535,6 +568,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true, http11_ = true, closed_ = false, drain_on_close_ = false;
   size_t drained_ = 0;
   std::string label_ = "other";
+  std::string access_client_, access_method_, access_path_;  // for the access log
+  std::chrono::steady_clock::time_point access_start_;
 
   // The generation in flight.
   ServerApi api_ = ServerApi::kChat;

@@ -57,7 +57,7 @@ TEST(CliArgs, EverySubcommandAnswersHelp) {
   struct Case {
     std::string command, option;  // an option the usage must list
   } cases[] = {
-      {"serve", "--api-key"},
+      {"serve", "--no-access-log"},
       {"generate", "--prompt-ids"},
       {"logits", "--out"},
       {"inspect", "--load-format"},
@@ -122,7 +122,7 @@ TEST(CliArgs, BadOptionsFailBeforeAnythingLoads) {
     EXPECT_EQ(r.out.find("listening"), std::string::npos) << c.args << " -> " << r.out;
   }
   // The control: with a good command line the same directory is reached (and reported).
-  CmdResult reached = run("serve" + none + " --port 0");
+  CmdResult reached = run("serve" + none + " --port 0 --no-access-log");
   EXPECT_NE(reached.code, 0);
   EXPECT_NE(reached.out.find("no config.json at /nonexistent-model-dir/config.json"), std::string::npos)
       << reached.out;

@@ -1,7 +1,7 @@
 // The utility endpoints over HTTP against a scripted engine (utility_routes.h): /tokenize encodes
 // exactly what a generation request submits, /detokenize inverts it and checks ids, Anthropic's
 // /v1/messages/count_tokens counts a Messages prompt, GET /version; errors in each API's shape; all of
-// them behind --api-key; the web page's files at / with their content types.
+// them behind --api-key; the web page's files at / with their content types; the access log.
 #include <gtest/gtest.h>
 
 #include <boost/asio.hpp>
@@ -11,6 +11,7 @@
 
 #include "fake_engine.h"
 #include "recipe/chat_format.h"
+#include "server/access_log.h"
 #include "server/server.h"
 #include "server/version.h"
 #include "tokenizer/tokenizer.h"
@@ -71,6 +72,7 @@ class EndpointsTest : public ::testing::Test {
     delete encoder_;
   }
   void start(ServerConfig cfg = {}, bool ready = true) {
+    cfg.access_log = access_log_;
     engine_ = std::make_unique<testing::FakeEngine>(
         [](const EngineRequest&) { return tokenizer_->encode("ok", /*allow_special=*/false); });
     cfg.port = 0;
@@ -99,6 +101,7 @@ class EndpointsTest : public ::testing::Test {
 
   static tok::Tokenizer* tokenizer_;
   static recipe::ChatEncoder* encoder_;
+  bool access_log_ = false;  // the access log tests turn it on
   std::unique_ptr<testing::FakeEngine> engine_;
   std::unique_ptr<Server> server_;
   int port_ = 0;
@@ -260,6 +263,63 @@ TEST_F(EndpointsTest, AllBehindTheApiKey) {
   EXPECT_EQ(request(port_, http::verb::get, "/app.js").content_type, "text/javascript; charset=utf-8");
   EXPECT_EQ(request(port_, http::verb::post, "/").status, 405);
   EXPECT_EQ(request(port_, http::verb::get, "/nope").status, 404);
+}
+
+TEST(AccessLog, LineFormat) {
+  AccessRecord r;
+  r.client = "10.0.0.7";
+  r.method = "POST";
+  r.path = "/v1/chat/completions";
+  r.status = 200;
+  r.prompt_tokens = 26;
+  r.completion_tokens = 48;
+  r.ttft_s = 0.0314;
+  r.duration_s = 0.4121;
+  EXPECT_EQ(
+      format_access_line(r),
+      "access: 10.0.0.7 \"POST /v1/chat/completions\" 200 prompt_tokens=26 completion_tokens=48 ttft=0.031s "
+      "time=0.412s\n");
+  AccessRecord g;
+  g.method = "GET";
+  g.path = "/x\"\n\x1b[31mforged";  // a client-chosen path cannot forge a line or send escape codes
+  g.status = 404;
+  EXPECT_EQ(format_access_line(g), "access: - \"GET /x\\x22\\x0a\\x1b[31mforged\" 404 time=0.000s\n");
+}
+
+TEST_F(EndpointsTest, AccessLogLinePerRequest) {
+  access_log_ = true;
+  start();
+  ::testing::internal::CaptureStderr();
+  const Json msgs = Json::array({Json{{"role", "user"}, {"content", "Hi"}}});
+  ASSERT_EQ(post(port_, "/v1/chat/completions", Json{{"messages", msgs}, {"max_tokens", 4}}).status, 200);
+  const size_t prompt = last_prompt().size();
+  const size_t completion = tokenizer_->encode("ok", false).size();
+  ASSERT_EQ(post(port_, "/v1/chat/completions", Json{{"messages", msgs}, {"max_tokens", 4}, {"stream", true}})
+                .status,
+            200);
+  EXPECT_EQ(request(port_, http::verb::get, "/nope?api_key=secret").status, 404);
+  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 200);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string gen =
+      "access: 127.0.0.1 \"POST /v1/chat/completions\" 200 prompt_tokens=" + std::to_string(prompt) +
+      " completion_tokens=" + std::to_string(completion) + " ttft=";
+  size_t first = log.find(gen);
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_NE(log.find(gen, first + 1), std::string::npos) << "the streamed request too: " << log;
+  EXPECT_NE(log.find("access: 127.0.0.1 \"GET /nope\" 404 time="), std::string::npos) << log;
+  EXPECT_EQ(log.find("secret"), std::string::npos) << "no query string: " << log;
+  EXPECT_NE(log.find("access: 127.0.0.1 \"POST /tokenize\" 200 time="), std::string::npos) << log;
+  size_t lines = 0;
+  for (size_t p = log.find("access: "); p != std::string::npos; p = log.find("access: ", p + 1)) ++lines;
+  EXPECT_EQ(lines, 4u) << log;
+}
+
+TEST_F(EndpointsTest, AccessLogOff) {
+  start();  // access_log_ false, as `beluga serve --no-access-log`
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 200);
+  EXPECT_EQ(request(port_, http::verb::get, "/nope").status, 404);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("access:"), std::string::npos);
 }
 
 }  // namespace
