@@ -187,12 +187,29 @@ async function chatTests(browser) {
     check((await lastAssistant(page, '.content')).length === shown, 'nothing is added after Stop');
     log(`stopped after ${generated} generated tokens`);
 
-    await page.click('#new-chat');
+    // New chat in the middle of a stream ends it, and the new conversation starts empty (checked with
+    // the next question's messages below).
+    const renewed = page.evaluate(() => new Promise((resolve) => {
+      const obs = new MutationObserver(() => {
+        const c = document.querySelectorAll('.msg.assistant .content');
+        if (c.length && c[c.length - 1].textContent.length > 0) {
+          obs.disconnect();
+          document.getElementById('new-chat').click();
+          resolve();
+        }
+      });
+      obs.observe(document.getElementById('messages'), { childList: true, subtree: true, characterData: true });
+    }));
+    await ask(page, 'Write another long Python module.');
+    await renewed;
+    await waitIdle(page, 10000);
+    check(await page.$$eval('.msg', (e) => e.length) === 0, 'New chat clears the conversation on screen');
 
     // 2. A question streams an answer.
-    await setField(page, 'extra', '');
+    // ignore_eos: an answer long enough to arrive in several network reads, even from this fast model.
+    await setField(page, 'extra', '{"ignore_eos": true}');
     await setField(page, 'temperature', '0');
-    await setField(page, 'max_tokens', '48');
+    await setField(page, 'max_tokens', '120');
     const q1 = 'Write a Python function `read_json(path)`: Load a JSON file and return its contents.';
     // Every length the answer shows on its way (recorded in the page as the DOM changes).
     await page.evaluate(() => {
@@ -204,10 +221,10 @@ async function chatTests(browser) {
     });
     const { body: b1 } = await ask(page, q1);
     check(b1.stream === true && b1.stream_options?.include_usage === true, 'the page streams with usage', b1);
-    check(b1.temperature === 0 && b1.max_tokens === 48 && b1.top_p === 1, 'the sampling settings are sent', b1);
+    check(b1.temperature === 0 && b1.max_tokens === 120 && b1.ignore_eos === true && b1.top_p === 1, 'the sampling settings are sent', b1);
     check(JSON.stringify(b1.messages) === JSON.stringify([{ role: 'system', content: 'You write Python.' },
                                                           { role: 'user', content: q1 }]),
-          'the system prompt and the question are sent (New chat dropped the stopped turn)', b1.messages);
+          'the system prompt and the question are sent (New chat dropped the earlier turns)', b1.messages);
     check(b1.model === 'beluga-demo-coder', 'the page names the served model', b1.model);
     await waitIdle(page);
     const lengths = new Set((await page.evaluate(() => window.seenLengths)).filter((n) => n > 0));
@@ -215,7 +232,7 @@ async function chatTests(browser) {
     const a1 = await lastAssistant(page, '.content');
     const ref = await (await fetch(`${s.base}/v1/chat/completions`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ messages: b1.messages, temperature: 0, max_tokens: 48 })
+      body: JSON.stringify({ messages: b1.messages, temperature: 0, max_tokens: 120, ignore_eos: true })
     })).json();
     const refText = ref.choices[0].message.content;
     check(a1 === shownText(refText), 'the streamed answer equals the server\'s greedy answer', { page: a1, api: refText });
@@ -225,6 +242,8 @@ async function chatTests(browser) {
     check(/[0-9.]+ tokens\/s/.test(stats1) && /first token [0-9.]+ s/.test(stats1), 'speed and time to first token are shown', stats1);
 
     // 3. The next question sends the conversation so far.
+    await setField(page, 'extra', '');  // this answer ends where the model ends it
+    await setField(page, 'max_tokens', '48');
     const q2 = 'Now write `write_json(path, obj)`.';
     const { body: b2 } = await ask(page, q2);
     check(b2.messages.length === 4 && b2.messages[2].role === 'assistant' && b2.messages[2].content === refText &&

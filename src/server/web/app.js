@@ -298,7 +298,9 @@ async function send(text) {
     return;
   }
   if (state.model) body.model = state.model;
-  state.history.push({ role: 'user', content: text });
+  // The conversation this turn belongs to (New chat during the stream starts another one).
+  const history = state.history;
+  history.push({ role: 'user', content: text });
   renderText(addMessage('user').appendChild(el('div', 'content')), text);
   body.messages = apiMessages();
 
@@ -380,7 +382,7 @@ async function send(text) {
   view.update(turn);
   view.setStats(statsText(turn), turn.finish === 'stopped' ? 'stopped' : 'done');
   // A failed turn stays on screen but is not sent back; a stopped one is, with what it said so far.
-  if (!turn.failed && (turn.content || turn.toolCalls.length)) state.history.push(turn);
+  if (!turn.failed && (turn.content || turn.toolCalls.length)) history.push(turn);
   scrollDown();
 }
 
