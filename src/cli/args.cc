@@ -6,28 +6,48 @@
 
 namespace beluga::cli {
 
+namespace {
+
+bool is_option(const std::string& a) {
+  return a.size() > 2 && a.rfind("--", 0) == 0;
+}
+
+}  // namespace
+
 Args::Args(int argc, char** argv, const std::set<std::string>& flags) {
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--", 0) == 0) {
+    if (a == "-h") a = "--help";
+    if (is_option(a)) {
       std::string key = a.substr(2);
       auto eq = key.find('=');
       if (eq != std::string::npos) {
+        BELUGA_CHECK(eq > 0, "malformed option '", a, "'");
         values_[key.substr(0, eq)] = key.substr(eq + 1);
-      } else if (flags.count(key)) {
+      } else if (flags.count(key) || key == "help") {
         values_[key] = "true";
       } else {
-        BELUGA_CHECK(i + 1 < argc, "option --", key, " needs a value");
-        values_[key] = argv[++i];
+        if (i + 1 < argc && !is_option(argv[i + 1]))
+          values_[key] = argv[++i];
+        else
+          missing_value_.insert(key);  // an error when read, or as an unknown option if never read
       }
     } else {
+      BELUGA_CHECK(a.empty() || a[0] != '-' || a.size() == 1 || (a[1] >= '0' && a[1] <= '9') || a[1] == '.',
+                   "unknown option '", a, "' (options are spelled --name)");
       positional_.push_back(a);
     }
   }
 }
 
+const std::vector<std::string>& Args::positional() const {
+  positional_used_ = true;
+  return positional_;
+}
+
 std::optional<std::string> Args::get(const std::string& key) const {
   used_.insert(key);
+  BELUGA_CHECK(!missing_value_.count(key), "option --", key, " needs a value");
   auto it = values_.find(key);
   if (it == values_.end()) return std::nullopt;
   return it->second;
@@ -64,11 +84,24 @@ double Args::get_double(const std::string& key, double def) const {
 
 bool Args::has(const std::string& key) const {
   used_.insert(key);
-  return values_.count(key) > 0;
+  return values_.count(key) > 0 || missing_value_.count(key) > 0;
 }
 
 void Args::check_all_used() const {
   for (const auto& [k, v] : values_) BELUGA_CHECK(used_.count(k), "unknown option --", k);
+  for (const auto& k : missing_value_) {
+    BELUGA_CHECK(used_.count(k), "unknown option --", k);
+    fail("option --", k, " needs a value");  // has() asked, but the value is missing
+  }
+  BELUGA_CHECK(positional_used_ || positional_.empty(), "unexpected argument '", positional_.front(), "'");
+}
+
+bool wants_help(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") return true;
+  }
+  return false;
 }
 
 std::vector<int> parse_int_list(const std::string& s) {

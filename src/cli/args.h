@@ -1,5 +1,8 @@
-// Command-line arguments of one subcommand: `--key value`, `--key=value` and bare `--flag`.
-// Unknown or unused flags are an error, so a typo never silently changes behaviour.
+// Command-line arguments of one subcommand: `--key value`, `--key=value`, bare `--flag`, positionals.
+// `--help` and `-h` are always flags (has("help")). Unknown or unused options and unexpected
+// positionals are an error (check_all_used), so a typo never silently changes behaviour; a command
+// reads every option and calls check_all_used before it loads anything, so a bad command line fails
+// at once.
 #pragma once
 
 #include <map>
@@ -12,7 +15,8 @@ namespace beluga::cli {
 
 class Args {
  public:
-  // `flags` names the options that take no value (`--jsonl`); every other `--x` takes one.
+  // `flags` names the options that take no value (`--jsonl`); every other `--x` takes one (the next
+  // argument, which must not itself be an option).
   Args(int argc, char** argv, const std::set<std::string>& flags = {});
 
   std::optional<std::string> get(const std::string& key) const;
@@ -21,16 +25,22 @@ class Args {
   long get_int(const std::string& key, long def) const;
   double get_double(const std::string& key, double def) const;
   bool has(const std::string& key) const;
-  const std::vector<std::string>& positional() const { return positional_; }
+  // The arguments that are no option; reading them marks them used.
+  const std::vector<std::string>& positional() const;
 
-  // Throws if an option was given that the command never asked about.
+  // Throws if an option was given that the command never asked about, or positionals it never read.
   void check_all_used() const;
 
  private:
   std::map<std::string, std::string> values_;
+  std::set<std::string> missing_value_;  // `--x` last or before another option, not a flag
   std::vector<std::string> positional_;
   mutable std::set<std::string> used_;
+  mutable bool positional_used_ = false;
 };
+
+// True when argv (a subcommand's arguments) asks for help: `--help` or `-h`.
+bool wants_help(int argc, char** argv);
 
 std::vector<int> parse_int_list(const std::string& s);
 

@@ -109,16 +109,47 @@ ModelCost model_cost(const ModelConfig& c) {
   return m;
 }
 
+// The --device cuda sweep's options, read before the model loads.
+struct CudaSweepOptions {
+  std::vector<int> batches, contexts, prefills;
+  int steps = 8;
+  std::string out_path;
+  std::string sample_where = "gpu";
+  bool gpu_sample = true;
+  bool eager = false;
+};
+
+CudaSweepOptions parse_cuda_sweep_options(const Args& a) {
+  CudaSweepOptions o;
+  o.batches = parse_int_list(a.get_or("decode-batches", "1,16,64,256"));
+  o.contexts = parse_int_list(a.get_or("decode-contexts", "1024,4096"));
+  o.prefills = parse_int_list(a.get_or("prefill-lens", "512,2048,8192"));
+  o.steps = int(a.get_int("steps", 8));
+  o.out_path = a.get_or("out", "");
+  // Decode steps sample greedily on the GPU (R ids come back) unless --sample host copies the F32 logits.
+  o.sample_where = a.get_or("sample", "gpu");
+  BELUGA_CHECK(o.sample_where == "gpu" || o.sample_where == "host", "--sample must be gpu or host");
+  o.gpu_sample = o.sample_where == "gpu";
+  o.eager = a.has("enforce-eager");
+  BELUGA_CHECK(o.steps > 0, "--steps must be positive");
+  return o;
+}
+
 #ifdef BELUGA_WITH_CUDA
-int bench_model_cuda(Args& a, LoadedModel& m);
+int bench_model_cuda(const CudaSweepOptions& o, LoadedModel& m);
 #endif
 
 int bench_model(int argc, char** argv) {
   Args a(argc, argv, {"enforce-eager"});
-  LoadedModel m = load_model_from_args(a);
+  const ModelArgs ma = parse_model_args(a);
+  if (ma.device == "cuda") {
+    const CudaSweepOptions o = parse_cuda_sweep_options(a);
+    a.check_all_used();
 #ifdef BELUGA_WITH_CUDA
-  if (m.device == "cuda") return bench_model_cuda(a, m);
+    LoadedModel m = load_model_dir(ma);
+    return bench_model_cuda(o, m);
 #endif
+  }
   const int B = int(a.get_int("batch", 1));
   const int P = int(a.get_int("prompt-len", 512));
   const int G = int(a.get_int("gen-len", 32));
@@ -126,6 +157,7 @@ int bench_model(int argc, char** argv) {
   const std::string dtype = a.get_or("dtype", "float32");
   a.check_all_used();
   BELUGA_CHECK(B > 0 && P > 0 && G > 0, "--batch, --prompt-len and --gen-len must be positive");
+  LoadedModel m = load_model_dir(ma);
   const ModelConfig& c = m.cfg;
 
   std::printf(
@@ -297,19 +329,14 @@ struct SweepRow {
   std::vector<StageFloor> stage_floors;
 };
 
-int bench_model_cuda(Args& a, LoadedModel& m) {
-  const std::vector<int> batches = parse_int_list(a.get_or("decode-batches", "1,16,64,256"));
-  const std::vector<int> contexts = parse_int_list(a.get_or("decode-contexts", "1024,4096"));
-  const std::vector<int> prefills = parse_int_list(a.get_or("prefill-lens", "512,2048,8192"));
-  const int steps = int(a.get_int("steps", 8));
-  const std::string out_path = a.get_or("out", "");
-  // Decode steps sample greedily on the GPU (R ids come back) unless --sample host copies the F32 logits.
-  const std::string sample_where = a.get_or("sample", "gpu");
-  BELUGA_CHECK(sample_where == "gpu" || sample_where == "host", "--sample must be gpu or host");
-  const bool gpu_sample = sample_where == "gpu";
-  a.get_or("dtype", "");
-  a.check_all_used();
-  BELUGA_CHECK(steps > 0, "--steps must be positive");
+int bench_model_cuda(const CudaSweepOptions& o, LoadedModel& m) {
+  const std::vector<int>& batches = o.batches;
+  const std::vector<int>& contexts = o.contexts;
+  const std::vector<int>& prefills = o.prefills;
+  const int steps = o.steps;
+  const std::string& out_path = o.out_path;
+  const bool gpu_sample = o.gpu_sample;
+  const std::string& sample_where = o.sample_where;
   auto& ops = dynamic_cast<CudaOps&>(*m.ops);
   const ModelConfig& c = m.cfg;
   Model& model = *m.model;
@@ -520,7 +547,7 @@ int bench_model_cuda(Args& a, LoadedModel& m) {
       std::printf("  %-26s %6d %10.2f %12.2f %10.0f\n", f.stage.c_str(), f.count, f.mb, f.us,
                   f.mb * 1e3 / f.us);
   }
-  const bool eager = a.has("enforce-eager");
+  const bool eager = o.eager;
   std::printf("decode steps: %s (%d graphs recorded)\n", eager ? "eager (--enforce-eager)" : "CUDA graphs",
               model.num_graphs());
   if (!out_path.empty()) {

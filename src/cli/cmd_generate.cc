@@ -24,7 +24,6 @@ MlaMode parse_mla_mode(const Args& a) {
 
 int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, {"enforce-eager"});
-  LoadedModel m = load_model_from_args(a);
   GenerateParams p;
   std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
   p.max_tokens = int(a.get_int("max-tokens", 16));
@@ -36,7 +35,7 @@ int cmd_generate(int argc, char** argv) {
   const std::string format = a.get_or("format", "json");
   BELUGA_CHECK(format == "json" || format == "text", "--format must be json or text");
   BELUGA_CHECK(p.temperature >= 0, "--temperature must be >= 0");
-  a.check_all_used();
+  LoadedModel m = load_model_from_args(a);
   Generator gen(*m.model);
   std::vector<int> out = gen.generate({prompt}, p)[0];
   if (format == "json") {
@@ -51,11 +50,10 @@ int cmd_generate(int argc, char** argv) {
 
 int cmd_logits(int argc, char** argv) {
   Args a(argc, argv, {"enforce-eager"});
-  LoadedModel m = load_model_from_args(a);
   std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
   const std::string out = a.require("out");
   const MlaMode mode = parse_mla_mode(a);
-  a.check_all_used();
+  LoadedModel m = load_model_from_args(a);
   Generator gen(*m.model);
   std::vector<float> logits = gen.prompt_logits(prompt, mode);
   write_safetensors(out,
@@ -66,7 +64,6 @@ int cmd_logits(int argc, char** argv) {
 int cmd_inspect(int argc, char** argv) {
   Args a(argc, argv, {"enforce-eager"});
   LoadedModel m = load_model_from_args(a);
-  a.check_all_used();
   const ModelConfig& c = m.cfg;
   nlohmann::json j;
   j["model_dir"] = m.dir;

@@ -1,4 +1,4 @@
-// `beluga serve [--model DIR] [--host H] [--port P] ...`: the OpenAI / Anthropic compatible HTTP
+// `beluga serve [MODEL_DIR] [--host H] [--port P] ...`: the OpenAI / Anthropic compatible HTTP
 // server. Listens first (so /health answers 503 while the model loads), loads the model, its
 // tokenizer and chat format, starts the engine, then serves until SIGINT/SIGTERM.
 #include <sys/resource.h>
@@ -31,7 +31,8 @@ namespace beluga::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: beluga serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]\n"
+    "usage: beluga serve [MODEL_DIR | --model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name "
+    "NAME]\n"
     "                    [--api-key KEY] [--max-num-seqs 64] [--max-num-batched-tokens 2048]\n"
     "                    [--max-model-len N] [--max-queue-len 256] [--max-body-bytes 16777216]\n"
     "                    [--max-stored-responses 1024] [--max-seqs-per-request N (default: --max-num-seqs)]\n"
@@ -40,7 +41,8 @@ constexpr const char* kUsage =
     "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
-    "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n";
+    "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n"
+    "                    [--no-access-log]\n";
 
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -95,7 +97,7 @@ void inject_step_failures(EngineConfig& ecfg) {
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  Args args(argc, argv, {"no-enable-prefix-caching", "enforce-eager", "help"});
+  Args args(argc, argv, {"no-enable-prefix-caching", "enforce-eager", "no-access-log", "help"});
   if (args.has("help")) {
     std::fputs(kUsage, stdout);
     std::fputs(kKvUsage, stdout);
@@ -126,6 +128,7 @@ int cmd_serve(int argc, char** argv) {
   scfg.build_queue = size_t(build_queue);
   const int grace_s = int(args.get_int("shutdown-grace-s", 30));
   BELUGA_CHECK(grace_s >= 0, "--shutdown-grace-s must be >= 0");
+  scfg.access_log = !args.has("no-access-log");
 
   EngineConfig ecfg;
   ecfg.max_num_seqs = int(args.get_int("max-num-seqs", ecfg.max_num_seqs));
@@ -141,6 +144,11 @@ int cmd_serve(int argc, char** argv) {
   const int max_seqs_per_request = int(args.get_int("max-seqs-per-request", ecfg.max_num_seqs));
   BELUGA_CHECK(max_seqs_per_request > 0, "--max-seqs-per-request must be positive");
   inject_step_failures(ecfg);
+  const ModelArgs model_args = parse_model_args(args);
+  // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
+  // a dummy-weight benchmark of a config that ships no tokenizer.
+  const auto tokenizer_dir = args.get("tokenizer");
+  const KvFlags kv_flags = parse_kv_flags(args);
   const auto served_name = args.get("served-model-name");
   const auto format_name = args.get("chat-format");
   std::optional<recipe::ChatFormat> format;
@@ -149,6 +157,7 @@ int cmd_serve(int argc, char** argv) {
     BELUGA_CHECK(format, "unknown --chat-format '", *format_name,
                  "' (deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v4, deepseek-v4.1, template)");
   }
+  args.check_all_used();  // before listening or loading: a bad command line fails at once
 
   server::Server server(scfg);
   server.listen();
@@ -156,13 +165,10 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "beluga serve: listening on http://%s:%d (loading the model)\n", scfg.host.c_str(),
                server.port());
 
-  LoadedModel m = load_model_from_args(args);
-  // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
-  // a dummy-weight benchmark of a config that ships no tokenizer.
-  const std::string tok_dir = args.get_or("tokenizer", m.dir);
-  const KvOptions kv = kv_from_args(args, m);  // its store outlives the engine
+  LoadedModel m = load_model_dir(model_args);
+  const std::string tok_dir = tokenizer_dir ? *tokenizer_dir : m.dir;
+  const KvOptions kv = open_kv_tiers(kv_flags, m);  // its store outlives the engine
   ecfg.kv_connector = kv.store.get();
-  args.check_all_used();
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");
   BELUGA_CHECK(int(tokenizer.vocab_size()) <= m.cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
                tokenizer.vocab_size(), " tokens, more than the model's vocabulary of ", m.cfg.vocab_size);

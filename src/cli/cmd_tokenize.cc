@@ -33,10 +33,11 @@ void append_ids(std::string& out, const std::vector<int>& ids) {
 
 int cmd_tokenize(int argc, char** argv) {
   Args args(argc, argv, {"allow-special", "jsonl"});
-  auto tok = tok::Tokenizer::from_file(args.require("tokenizer"));
+  const std::string tok_path = args.require("tokenizer");
   bool allow_special = args.has("allow-special");
   bool jsonl = args.has("jsonl");
   args.check_all_used();
+  auto tok = tok::Tokenizer::from_file(tok_path);
   std::ios::sync_with_stdio(false);
   std::string out;
   std::vector<int> ids;
@@ -72,9 +73,10 @@ int cmd_tokenize(int argc, char** argv) {
 
 int cmd_detokenize(int argc, char** argv) {
   Args args(argc, argv, {"skip-special"});
-  auto tok = tok::Tokenizer::from_file(args.require("tokenizer"));
+  const std::string tok_path = args.require("tokenizer");
   bool skip_special = args.has("skip-special");
   args.check_all_used();
+  auto tok = tok::Tokenizer::from_file(tok_path);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_stdin());

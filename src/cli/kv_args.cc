@@ -9,15 +9,23 @@
 
 namespace beluga::cli {
 
-KvOptions kv_from_args(const Args& args, const LoadedModel& m) {
+KvFlags parse_kv_flags(const Args& args) {
+  KvFlags f;
+  f.retention = kv::parse_retention(args.get_or("kv-retention", ""));
+  f.host_gb = args.get_double("kv-host-gb", 0);
+  BELUGA_CHECK(std::isfinite(f.host_gb) && f.host_gb >= 0, "--kv-host-gb must be a size in GiB >= 0");
+  f.disk_dir = args.get_or("kv-disk-dir", "");
+  f.disk_gb = args.get_double("kv-disk-gb", 0);
+  BELUGA_CHECK(std::isfinite(f.disk_gb) && f.disk_gb >= 0, "--kv-disk-gb must be a size in GiB >= 0");
+  BELUGA_CHECK(f.disk_gb == 0 || !f.disk_dir.empty(), "--kv-disk-gb needs --kv-disk-dir");
+  return f;
+}
+
+KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m) {
   KvOptions o;
-  o.retention = kv::parse_retention(args.get_or("kv-retention", ""));
-  const double host_gb = args.get_double("kv-host-gb", 0);
-  BELUGA_CHECK(std::isfinite(host_gb) && host_gb >= 0, "--kv-host-gb must be a size in GiB >= 0");
-  const std::string disk_dir = args.get_or("kv-disk-dir", "");
-  const double disk_gb = args.get_double("kv-disk-gb", 0);
-  BELUGA_CHECK(std::isfinite(disk_gb) && disk_gb >= 0, "--kv-disk-gb must be a size in GiB >= 0");
-  BELUGA_CHECK(disk_gb == 0 || !disk_dir.empty(), "--kv-disk-gb needs --kv-disk-dir");
+  o.retention = f.retention;
+  const double host_gb = f.host_gb, disk_gb = f.disk_gb;
+  const std::string& disk_dir = f.disk_dir;
   if (host_gb <= 0 && disk_dir.empty()) return o;
   kv::StoreConfig sc;
   sc.block_bytes = m.model->kv_bytes_per_token() * kKvBlockSize;

@@ -18,10 +18,19 @@ inline constexpr const char* kKvUsage =
     "                    [--kv-host-gb G] [--kv-disk-dir DIR] [--kv-disk-gb G] [--kv-retention "
     "chat=7d,agent=3d]\n";
 
+// What the flags ask for: read and checked before anything loads.
+struct KvFlags {
+  kv::Retention retention;
+  double host_gb = 0, disk_gb = 0;
+  std::string disk_dir;
+};
+KvFlags parse_kv_flags(const Args& args);
+
 struct KvOptions {
   kv::Retention retention;
   std::unique_ptr<kv::TieredStore> store;  // nullptr when no tier is asked for
 };
-KvOptions kv_from_args(const Args& args, const LoadedModel& m);
+// The tiers the flags ask for, keyed with the loaded model's fingerprint.
+KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m);
 
 }  // namespace beluga::cli

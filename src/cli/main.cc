@@ -4,7 +4,10 @@
 #include <exception>
 #include <string>
 
+#include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/usage.h"
+#include "server/version.h"
 
 namespace {
 
@@ -28,21 +31,40 @@ constexpr Subcommand kCommands[] = {
     {"kv", beluga::cli::cmd_kv, "the KV file tier: `kv stats`, `kv gc` (retention by class)"},
 };
 
-void usage() {
-  std::fprintf(stderr, "usage: beluga <command> [options]\n\ncommands:\n");
-  for (const auto& c : kCommands) std::fprintf(stderr, "  %-12s %s\n", c.name, c.help);
+void usage(FILE* to) {
+  std::fprintf(to, "usage: beluga <command> [options]\n       beluga --version\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(to, "  %-12s %s\n", c.name, c.help);
+  std::fprintf(to, "\n`beluga <command> --help` lists a command's options.\n");
+}
+
+// `beluga CMD --help` / `-h`: the command's usage on stdout. `serve` prints its own; `bench` has
+// one per benchmark (`bench model --help`).
+bool print_help(const std::string& cmd, int argc, char** argv) {
+  if (cmd == "serve" || !beluga::cli::wants_help(argc, argv)) return false;
+  std::string name = cmd;
+  if (cmd == "bench" && argc > 0 && argv[0][0] != '-') name += std::string(" ") + argv[0];
+  const char* text = beluga::cli::command_usage(name);
+  if (!text) text = beluga::cli::command_usage(cmd);
+  if (!text) return false;
+  std::fputs(text, stdout);
+  return true;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    usage();
+    usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V")) {
+    std::printf("beluga %s\n", beluga::kVersion);
+    return 0;
   }
   for (const auto& c : kCommands) {
     if (std::strcmp(argv[1], c.name) == 0) {
       try {
+        if (print_help(c.name, argc - 2, argv + 2)) return 0;
         return c.run(argc - 2, argv + 2);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "beluga %s: error: %s\n", c.name, e.what());
@@ -51,6 +73,6 @@ int main(int argc, char** argv) {
     }
   }
   std::fprintf(stderr, "beluga: unknown command '%s'\n\n", argv[1]);
-  usage();
+  usage(stderr);
   return 2;
 }

@@ -26,40 +26,54 @@ std::string default_model_dir() {
        " (expected ../models/beluga-demo-coder); pass --model DIR");
 }
 
-LoadedModel load_model_from_args(const Args& args) {
-  LoadedModel m;
+ModelArgs parse_model_args(const Args& args) {
+  ModelArgs ma;
   std::string path = args.get_or("model", "");
+  const auto& pos = args.positional();
+  BELUGA_CHECK(pos.size() <= 1, "one model directory expected, got '", pos.size() > 1 ? pos[1] : "", "' too");
+  if (!pos.empty()) {
+    BELUGA_CHECK(path.empty() || path == pos[0], "the model is given twice and differently: '", pos[0],
+                 "' and --model '", path, "'");
+    path = pos[0];
+  }
   if (path.empty()) path = default_model_dir();
   const std::string suffix = "config.json";
-  std::string config_path = path + "/config.json";
+  ma.config_path = path + "/config.json";
   if (path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    config_path = path;
+    ma.config_path = path;
     path = path.rfind('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
   }
-  m.dir = path;
-  BELUGA_CHECK(file_exists(config_path), "no config.json at ", config_path);
-  m.cfg = ModelConfig::from_file(config_path);
-
-  const std::string fmt = args.get_or("load-format", "auto");
-  BELUGA_CHECK(fmt == "auto" || fmt == "dummy" || fmt == "safetensors",
+  ma.dir = path;
+  ma.load_format = args.get_or("load-format", "auto");
+  BELUGA_CHECK(ma.load_format == "auto" || ma.load_format == "dummy" || ma.load_format == "safetensors",
                "--load-format must be auto, safetensors or dummy");
   const std::string dtype = args.get_or("dtype", "float32");
   BELUGA_CHECK(dtype == "float32" || dtype == "bfloat16", "--dtype must be float32 or bfloat16");
-  CpuOptions opt;
-  opt.threads = int(args.get_int("threads", 0));
-  opt.bf16_activations = dtype == "bfloat16";
-  const std::string device = args.get_or("device", "cpu");
+  ma.cpu.threads = int(args.get_int("threads", 0));
+  BELUGA_CHECK(ma.cpu.threads >= 0, "--threads must be >= 0");
+  ma.cpu.bf16_activations = dtype == "bfloat16";
+  ma.device = args.get_or("device", "cpu");
 #ifdef BELUGA_WITH_CUDA
-  BELUGA_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda");
+  BELUGA_CHECK(ma.device == "cpu" || ma.device == "cuda", "--device must be cpu or cuda");
 #else
-  BELUGA_CHECK(device == "cpu", "--device ", device, " is not available in this build (cpu only)");
+  BELUGA_CHECK(ma.device == "cpu", "--device ", ma.device, " is not available in this build (cpu only)");
 #endif
-  m.device = device;
-  const int max_len = int(args.get_int("max-model-len", 0));
+  ma.max_model_len = int(args.get_int("max-model-len", 0));
+  BELUGA_CHECK(ma.max_model_len >= 0, "--max-model-len must be >= 0");
+  ma.enforce_eager = args.has("enforce-eager");
+  return ma;
+}
 
+LoadedModel load_model_dir(const ModelArgs& ma) {
+  LoadedModel m;
+  m.dir = ma.dir;
+  BELUGA_CHECK(file_exists(ma.config_path), "no config.json at ", ma.config_path);
+  m.cfg = ModelConfig::from_file(ma.config_path);
+  m.device = ma.device;
+  const std::string& fmt = ma.load_format;
   const auto t0 = std::chrono::steady_clock::now();
-  if (device == "cpu") {
-    auto cpu = std::make_unique<CpuOps>(opt);
+  if (ma.device == "cpu") {
+    auto cpu = std::make_unique<CpuOps>(ma.cpu);
     m.cpu = cpu.get();
     m.ops = std::move(cpu);
     if (fmt == "dummy") m.weights = std::make_unique<DummyWeights>();
@@ -70,14 +84,20 @@ LoadedModel load_model_from_args(const Args& args) {
     m.ops = std::move(cuda);
 #endif
   }
-  if (!m.weights) m.weights = std::make_unique<Checkpoint>(path);
+  if (!m.weights) m.weights = std::make_unique<Checkpoint>(ma.dir);
   kv::FingerprintingSource recorded(*m.weights);  // the KV tiers' model fingerprint
-  m.model = load_model(m.cfg, recorded, *m.ops, max_len);
+  m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len);
   m.weights_digest = recorded.digest();
-  m.config_path = config_path;
-  m.model->set_enforce_eager(args.has("enforce-eager"));
+  m.config_path = ma.config_path;
+  m.model->set_enforce_eager(ma.enforce_eager);
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
+}
+
+LoadedModel load_model_from_args(const Args& args) {
+  const ModelArgs ma = parse_model_args(args);
+  args.check_all_used();
+  return load_model_dir(ma);
 }
 
 }  // namespace beluga::cli

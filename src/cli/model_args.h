@@ -29,10 +29,25 @@ struct LoadedModel {
 // The built-in demo model, next to the binary's source tree (models/beluga-demo-coder).
 std::string default_model_dir();
 
-// --model DIR (or DIR/config.json; default: the built-in model), --load-format auto|dummy,
+// The shared model options, read and checked (nothing is loaded): the model directory as the one
+// positional argument (`beluga serve DIR`, as `vllm serve MODEL`) or --model DIR (or DIR/config.json;
+// both given and different is an error; default: the built-in model), --load-format auto|dummy,
 // --threads N, --dtype float32|bfloat16 (activation rounding for BF16 GEMMs), --max-model-len N,
 // --device cpu|cuda (cuda: in builds with the CUDA backend; BF16 activations, dummy weights made
 // on the GPU), --enforce-eager (no CUDA graphs for decode steps).
+struct ModelArgs {
+  std::string dir, config_path;
+  std::string load_format = "auto";
+  std::string device = "cpu";
+  CpuOptions cpu;
+  int max_model_len = 0;
+  bool enforce_eager = false;
+};
+ModelArgs parse_model_args(const Args& args);
+// Reads the config and loads the weights.
+LoadedModel load_model_dir(const ModelArgs& ma);
+// parse_model_args, args.check_all_used(), load_model_dir: a command reads its own options first,
+// so a bad command line fails before anything loads.
 LoadedModel load_model_from_args(const Args& args);
 
 }  // namespace beluga::cli

@@ -18,12 +18,15 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "server/access_log.h"
 #include "server/auth.h"
 #include "server/build_pool.h"
 #include "server/engine_health.h"
 #include "server/internal_error.h"
 #include "server/job.h"
 #include "server/sse.h"
+#include "server/utility_routes.h"
+#include "server/web_ui.h"
 #include "util/error.h"
 
 namespace beluga::server {
@@ -181,6 +184,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_header() {
     if (closed_) return;
     head_sent_ = false;
+    access_method_.clear();
+    access_path_.clear();
     parser_.emplace();
     parser_->body_limit(st_.cfg.max_body_bytes);
     parser_->header_limit(64 * 1024);
@@ -193,6 +198,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_header(beast::error_code ec) {
     if (ec) return on_read_error(ec);
     const auto& req = parser_->get();
+    access_start_ = std::chrono::steady_clock::now();
+    if (access_client_.empty()) {  // once per connection, while the peer is surely there
+      beast::error_code aec;
+      auto ep = stream_.socket().remote_endpoint(aec);
+      access_client_ = aec ? "-" : ep.address().to_string();
+    }
+    access_method_ = std::string(sv(req.method_string()));
+    access_path_ = std::string(strip_query(req.target()));
     if (auto len = parser_->content_length(); len && *len > st_.cfg.max_body_bytes)
       return on_read_error(http::error::body_limit);
     auto expect = req.find(http::field::expect);
@@ -351,12 +364,24 @@ class Session : public std::enable_shared_from_this<Session> {
                            st_.metrics.render(stats ? &*stats : nullptr, st_.info.served_name) +
                                (st_.ready && st_.info.extra_metrics ? st_.info.extra_metrics() : ""));
     }
-    if (!path.starts_with("/v1/")) return send_error(eapi, 404, "no route for " + path, "");
+    if (auto page = web_asset(path)) {  // the web chat page (web_ui.h); public: it asks for the key itself
+      label_ = "web";
+      if (method != http::verb::get) return send_error(eapi, 405, "use GET for " + path, "");
+      return send_response(200, page->content_type, page->body);
+    }
+    if (!path.starts_with("/v1/") && !is_utility_route(path))
+      return send_error(eapi, 404, "no route for " + path, "");
 
     if (!st_.cfg.api_key.empty() && !api_key_matches(presented_key(req), st_.cfg.api_key))
       return send_error(
           eapi, 401, "invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)", "");
 
+    if (is_utility_route(path)) {  // /tokenize, /detokenize, /v1/messages/count_tokens, /version
+      label_ = path == "/version" ? "version" : path.substr(path.rfind('/') + 1);
+      auto r =
+          handle_utility_route(path, sv(req.method_string()), req.body(), st_.ready ? &st_.info : nullptr);
+      return send_response(r.status, r.content_type, r.body);
+    }
     if (path == "/v1/models" || path.starts_with("/v1/models/")) {
       label_ = "models";
       if (method != http::verb::get) return send_error(eapi, 405, "use GET for " + path, "");
@@ -604,6 +629,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (stream_mode_) {
       if (!out.empty()) queue_body(out);
       st_.metrics.request_done(label_, 200);
+      log_access(200);
       if (http11_) queue_raw(http_chunk(""));
       response_complete_ = true;
       if (!writing_) after_response();
@@ -623,6 +649,7 @@ class Session : public std::enable_shared_from_this<Session> {
       st_.metrics.in_flight(-1);
       st_.metrics.disconnect();
       st_.metrics.request_done(label_, 499);
+      log_access(499);
       for (int k = 0; job_ && k < job_->num_subs() && size_t(k) < ids_.size(); ++k)
         if (job_->engine_active(k)) st_.engine->abort(ids_[size_t(k)]);
       ++gen_;
@@ -680,8 +707,28 @@ class Session : public std::enable_shared_from_this<Session> {
     send_json(status, e.body());
   }
 
+  // The request's access log line; generations add their tokens and time to first token.
+  void log_access(int status) {
+    if (!st_.cfg.access_log) return;
+    AccessRecord r;
+    r.client = access_client_;
+    r.method = access_method_;
+    r.path = access_path_;
+    r.status = status;
+    const auto now = std::chrono::steady_clock::now();
+    r.duration_s = access_method_.empty() ? 0 : std::chrono::duration<double>(now - access_start_).count();
+    if (job_) {
+      r.prompt_tokens = job_->usage().prompt_tokens;
+      r.completion_tokens = job_->usage().completion_tokens;
+      if (job_->first_token_time())
+        r.ttft_s = std::chrono::duration<double>(*job_->first_token_time() - job_->start_time()).count();
+    }
+    write_access_line(r);
+  }
+
   void send_response(int status, std::string_view content_type, std::string_view body) {
     st_.metrics.request_done(label_, status);
+    log_access(status);
     std::string s = "HTTP/1.1 " + std::to_string(status) + " " +
                     std::string(http::obsolete_reason(http::int_to_status(unsigned(status)))) +
                     "\r\nServer: beluga\r\nContent-Type: " + std::string(content_type) +
@@ -774,6 +821,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool idle_wait_ = false;  // waiting for the next request's first byte
   bool counted_busy_ = false, shutting_down_ = false;
   std::string label_ = "other";
+  std::string access_client_, access_method_, access_path_;  // for the access log
+  std::chrono::steady_clock::time_point access_start_;
 
   // The generation in flight.
   ServerApi api_ = ServerApi::kChat;

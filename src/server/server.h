@@ -42,6 +42,7 @@ struct ServerConfig {
   // Responses kept for previous_response_id and GET /v1/responses/{id} (least recently used evicted
   // first); 0 stores none (responses then report store: false).
   size_t max_stored_responses = 1024;
+  bool access_log = true;  // one line per request on stderr (access_log.h)
 };
 
 class Server {

@@ -1,6 +1,6 @@
 // End-to-end test of `beluga serve` with the official `openai` and `@anthropic-ai/sdk` clients.
 // Starts the server on free ports with the built-in demo model and checks: chat / completions /
-// responses / messages, streamed and not; stored responses (previous_response_id, retrieve,
+// responses / messages, streamed and not; Anthropic's countTokens; stored responses (previous_response_id, retrieve,
 // delete); tool-call history round trips; n=2; a seeded request
 // repeated under concurrent load gives identical tokens; error statuses and shapes; queue full
 // -> 429; 200 clients that disconnect mid-stream leave no KV blocks in use and the server keeps
@@ -274,6 +274,17 @@ async function testMessages(anthropic) {
     messages: [{ role: 'user', content: USER }] });
   if (r.content[0].text.length > 4)
     check(stop.stop_reason === 'stop_sequence' && stop.stop_sequence === r.content[0].text.slice(2, 4), 'messages: stop_sequence', stop);
+}
+
+// Anthropic's messages.countTokens (POST /v1/messages/count_tokens): the prompt tokens the same
+// request is billed for when it runs (cached or not).
+async function testCountTokens(anthropic) {
+  const req = { model: MODEL, system: 'You write Python.', messages: [{ role: 'user', content: USER }] };
+  const c = await anthropic.messages.countTokens(req);
+  const r = await anthropic.messages.create({ ...req, max_tokens: 2, temperature: 0 });
+  const billed = r.usage.input_tokens + (r.usage.cache_read_input_tokens || 0) + (r.usage.cache_creation_input_tokens || 0);
+  check(Number.isInteger(c.input_tokens) && c.input_tokens === billed, 'countTokens: equals the request\'s prompt tokens',
+        { count: c, usage: r.usage });
 }
 
 // A tool call and its result sent back, in each API's own shape: the server encodes the history
@@ -605,6 +616,7 @@ async function main() {
     ['responses', () => testResponses(openai)],
     ['responses store', () => testResponsesStore(openai)],
     ['messages', () => testMessages(anthropic)],
+    ['count tokens', () => testCountTokens(anthropic)],
     ['tool round trip', () => testToolRoundTrip(openai, anthropic)],
     ['n=2', () => testN2(openai)],
     ['seeded under load', () => testSeededUnderLoad(openai)],

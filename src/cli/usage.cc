@@ -1,0 +1,121 @@
+#include "cli/usage.h"
+
+namespace beluga::cli {
+
+namespace {
+
+#define MODEL_OPTIONS                                                                         \
+  "model options:\n"                                                                          \
+  "  MODEL_DIR | --model DIR   model directory (or its config.json); default: the built-in\n" \
+  "                            models/beluga-demo-coder\n"                                    \
+  "  --load-format auto|safetensors|dummy   dummy: random weights from config.json\n"         \
+  "  --threads N               CPU threads (default: all cores)\n"                            \
+  "  --dtype float32|bfloat16  activation rounding for BF16 GEMMs (default float32)\n"        \
+  "  --max-model-len N         context length (default: the model's)\n"                       \
+  "  --device cpu|cuda         cuda in builds with the CUDA backend\n"                        \
+  "  --enforce-eager           no CUDA graphs for decode steps\n"
+
+struct Usage {
+  std::string_view command;
+  const char* text;
+};
+
+constexpr Usage kUsages[] = {
+    {"generate",
+     "usage: beluga generate [MODEL_DIR] --prompt-ids 1,2,3 [options]\n"
+     "Greedy or sampled generation from token ids; prints the output ids.\n\n"
+     "  --prompt-ids IDS          comma-separated prompt token ids (required)\n"
+     "  --max-tokens N            tokens to generate (default 16)\n"
+     "  --temperature T           0 = greedy (default 0)\n"
+     "  --seed N                  sampling seed (default 0)\n"
+     "  --stop-ids IDS            comma-separated ids that end generation\n"
+     "  --prefill-chunk N         prefill in chunks of N tokens (default: whole prompt)\n"
+     "  --mla-mode auto|expanded|absorbed\n"
+     "  --format json|text        output format (default json)\n\n" MODEL_OPTIONS},
+    {"logits",
+     "usage: beluga logits [MODEL_DIR] --prompt-ids 1,2,3 --out FILE [options]\n"
+     "Writes the prefill logits of every prompt position to a safetensors file (tensor \"logits\").\n\n"
+     "  --prompt-ids IDS          comma-separated prompt token ids (required)\n"
+     "  --out FILE                output .safetensors file (required)\n"
+     "  --mla-mode auto|expanded|absorbed\n\n" MODEL_OPTIONS},
+    {"inspect",
+     "usage: beluga inspect [MODEL_DIR] [options]\n"
+     "Prints a model's architecture, parameter count, dtypes and KV bytes per token as "
+     "JSON.\n\n" MODEL_OPTIONS},
+    {"bench",
+     "usage: beluga bench model|tokenizer|serve [options]\n"
+     "  model       prefill and decode throughput of one model on this machine\n"
+     "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
+     "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
+     "`beluga bench <name> --help` lists each one's options.\n"},
+    {"bench model",
+     "usage: beluga bench model [MODEL_DIR] [options]\n"
+     "Prefill and decode throughput next to the machine's measured floor; --device cuda runs a sweep.\n\n"
+     "  --batch N                 sequences (default 1)\n"
+     "  --prompt-len N            prompt tokens (default 512)\n"
+     "  --gen-len N               decode steps (default 32)\n"
+     "  --out FILE                also write the results as JSON\n"
+     "cuda only:\n"
+     "  --decode-batches LIST     default 1,16,64,256\n"
+     "  --decode-contexts LIST    default 1024,4096\n"
+     "  --prefill-lens LIST       default 512,2048,8192\n"
+     "  --steps N                 timed steps per point (default 8)\n"
+     "  --sample gpu|host         where decode steps sample (default gpu)\n\n" MODEL_OPTIONS},
+    {"bench tokenizer",
+     "usage: beluga bench tokenizer --tokenizer tokenizer.json --input FILE [options]\n"
+     "  --tokenizer FILE          tokenizer.json (required)\n"
+     "  --input FILE              text to encode (required)\n"
+     "  --chunk N                 bytes per encode call (default 16384)\n"
+     "  --repeat N                runs, best kept (default 3)\n"
+     "  --no-hf                   skip the Hugging Face tokenizers comparison\n"
+     "  --hf-script FILE          the comparison script (Node, tests/tools/hf-bench.js)\n"
+     "  --out FILE                also write the results as JSON\n"},
+    {"bench serve",
+     "usage: beluga bench serve [options]\n"
+     "Load test of a running OpenAI-compatible server.\n\n"
+     "  --url URL                 default http://127.0.0.1:8000\n"
+     "  --model NAME              the served model name (default: the server's first)\n"
+     "  --api-key KEY\n"
+     "  --dataset random|shared-prefix|multi-turn   default random\n"
+     "  --num-prompts N           default 100\n"
+     "  --request-rate R|inf      requests per second (default inf)\n"
+     "  --max-concurrency N       default: unlimited\n"
+     "  --input-len N             default 128\n"
+     "  --output-len N            default 64\n"
+     "  --prefix-len N            shared-prefix: default 256\n"
+     "  --num-prefixes N          shared-prefix: default 4\n"
+     "  --num-turns N             multi-turn: default 4\n"
+     "  --vocab-size N            random ids are drawn from [100, N) (default 4000)\n"
+     "  --seed N                  default 0\n"
+     "  --slo ttft_ms=N,tpot_ms=N,e2el_ms=N   goodput: requests per second meeting these\n"
+     "  --out FILE                also write the results as JSON\n"},
+    {"tokenize",
+     "usage: beluga tokenize --tokenizer tokenizer.json [--allow-special] [--jsonl] < text\n"
+     "  --tokenizer FILE          tokenizer.json (required)\n"
+     "  --allow-special           match added/special tokens in the text (default: plain text)\n"
+     "  --jsonl                   one JSON string per input line -> one id list per line\n"},
+    {"detokenize",
+     "usage: beluga detokenize --tokenizer tokenizer.json [--skip-special] < ids\n"
+     "  --tokenizer FILE          tokenizer.json (required)\n"
+     "  --skip-special            leave special tokens out of the text\n"},
+    {"render",
+     "usage: beluga render --model DIR --request FILE [--api chat|responses|messages] [--chat-format NAME]\n"
+     "Prints the prompt an API request becomes, as {\"prompt\": text, \"ids\": [...]}.\n\n"
+     "  --model DIR               model directory (tokenizer and chat template)\n"
+     "  --request FILE            the request body (JSON)\n"
+     "  --api chat|responses|messages   default chat\n"
+     "  --chat-format NAME        deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v4, deepseek-v4.1, "
+     "template\n"},
+};
+
+#undef MODEL_OPTIONS
+
+}  // namespace
+
+const char* command_usage(std::string_view command) {
+  for (const auto& u : kUsages)
+    if (u.command == command) return u.text;
+  return nullptr;
+}
+
+}  // namespace beluga::cli
