@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 namespace beluga::kv {
 
@@ -203,29 +204,17 @@ BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, i
 
 BlockFileStatus update_block_class(const std::string& path, const BlockHash& fingerprint,
                                    const BlockHash& key, const std::string& cls) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? BlockFileStatus::kMissing : BlockFileStatus::kIoError;
-  unsigned char head[kBlockFileHeaderBytes];
-  BlockFileStatus status = BlockFileStatus::kOk;
+  // A whole new file through a temporary name, not a header rewritten in place: readers (this
+  // server's scan, other servers on the same directory) treat a torn header as corrupt and remove
+  // the file, so an in-place write could lose a good block.
   BlockFileHeader h;
-  uint64_t sum = 0;
-  bool foreign = false;
-  const ssize_t r = read_at(fd, head, sizeof(head), 0);
-  if (r < 0) {
-    status = BlockFileStatus::kIoError;
-  } else if (size_t(r) < sizeof(head)) {
-    status = BlockFileStatus::kShort;
-  } else if (!decode(head, &h, &sum, &foreign)) {
-    status = foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
-  } else if (!(h.fingerprint == fingerprint) || !(h.key == key)) {
-    status = BlockFileStatus::kForeign;
-  } else {
-    h.cls = cls;
-    encode(h, sum, head);
-    if (::pwrite(fd, head, sizeof(head), 0) != ssize_t(sizeof(head))) status = BlockFileStatus::kIoError;
-  }
-  ::close(fd);
-  return status;
+  BlockFileStatus status = read_block_header(path, &h, nullptr);
+  if (status != BlockFileStatus::kOk) return status;
+  std::vector<unsigned char> payload(h.payload_bytes);
+  status = read_block_file(path, fingerprint, key, h.payload_bytes, payload.data(), &h);
+  if (status != BlockFileStatus::kOk) return status;
+  h.cls = cls;
+  return write_block_file(path, h, payload.data());
 }
 
 BlockFileStatus read_block_file(const std::string& path, const BlockHash& fingerprint, const BlockHash& key,

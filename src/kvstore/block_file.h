@@ -39,8 +39,8 @@ const char* block_file_status_name(BlockFileStatus s);
 BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader& h, const void* payload);
 // Reads the header of `path`; `mtime` (may be null) gets the file's modification time.
 BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, int64_t* mtime);
-// Rewrites the class in the header of `path` (block `key` of `fingerprint`) in place. A torn header
-// write fails the header checksum: the block becomes a miss, never wrong data.
+// Rewrites `path` (block `key` of `fingerprint`) with class `cls`: the block is read and verified,
+// then written anew through a temporary name, so a reader never sees a half-written header.
 BlockFileStatus update_block_class(const std::string& path, const BlockHash& fingerprint,
                                    const BlockHash& key, const std::string& cls);
 // Reads and verifies `path` as block `key` of `fingerprint` with `payload_bytes` into `dst`.

@@ -75,7 +75,6 @@ void DiskTier::forget(const BlockHash& key) {
 
 void DiskTier::scan() {
   std::error_code ec;
-  const int64_t t = now();
   for (auto sub = fs::directory_iterator(root_, ec); !ec && sub != fs::directory_iterator();
        sub.increment(ec)) {
     if (!sub->is_directory(ec)) continue;
@@ -86,7 +85,10 @@ void DiskTier::scan() {
       const std::string path = f->path().string();
       if (name.find(".tmp.") != std::string::npos) {
         struct stat st {};
-        if (::stat(path.c_str(), &st) == 0 && t - int64_t(st.st_mtime) > kStaleTempSeconds)
+        // Against the real clock, as the file's mtime is: the retention clock (cfg_.now, injected in
+        // tests) may be far from it, and a live writer's file must never look stale.
+        if (::stat(path.c_str(), &st) == 0 &&
+            int64_t(::time(nullptr)) - int64_t(st.st_mtime) > kStaleTempSeconds)
           ::unlink(path.c_str());
         continue;
       }
