@@ -16,6 +16,10 @@ namespace {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+// The interpreter recurses over the tree (at most kMaxTemplateNesting deep) and into macros; this
+// bounds the whole, so a macro that calls itself without end fails cleanly instead of overflowing.
+constexpr int kMaxRenderDepth = 1000;
+
 class Renderer {
  public:
   explicit Renderer(const Dict& globals) : globals_(globals) { scopes_.emplace_back(); }
@@ -29,7 +33,19 @@ class Renderer {
   }
 
  private:
+  // Counts the interpreter's recursion (render_node and eval).
+  struct Deeper {
+    int& depth;
+    Deeper(int& d, int line) : depth(d) {
+      if (++depth > kMaxRenderDepth)
+        fail("template line ", line, ": recursion deeper than ", kMaxRenderDepth,
+             " levels (a macro that calls itself without end?)");
+    }
+    ~Deeper() { --depth; }
+  };
+
   Flow render_node(const Node& n, Value& out) {
+    const Deeper deeper(depth_, n.line);
     switch (n.kind) {
       case Node::Kind::kText:
         Value::string(n.text).append_to(out);
@@ -156,6 +172,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    const Deeper deeper(depth_, e.line);
     using K = Expr::Kind;
     switch (e.kind) {
       case K::kLiteral:
@@ -299,6 +316,7 @@ class Renderer {
 
   const Dict& globals_;
   std::vector<std::map<std::string, Value>> scopes_;
+  int depth_ = 0;
 };
 
 }  // namespace
