@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DBELUGA_CUDA=AUTO
 
-.PHONY: setup build run test test-asan format clean
+.PHONY: setup build run test test-asan fuzz fuzz-ci format clean
 
 setup:
 	bash scripts/setup.sh
@@ -31,8 +31,18 @@ test-asan: setup
 	bash scripts/setup-test-tools.sh
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# libFuzzer targets (tests/fuzz) in a clang ASan+UBSan tree of their own (build-fuzz), one at a time:
+# `make fuzz` runs each FUZZ_TIME seconds (a campaign; findings stay in build-fuzz/corpus and
+# build-fuzz/artifacts), `make fuzz-ci` 20 s each and fails on any crash, leak or timeout.
+FUZZ_TIME ?= 600
+fuzz: setup
+	bash scripts/fuzz.sh --time $(FUZZ_TIME)
+
+fuzz-ci: setup
+	bash scripts/fuzz.sh --time 20
+
 format:
 	find src tests -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-fuzz

@@ -58,5 +58,53 @@ TEST(JinjaLimits, EndlessMacroRecursionFailsCleanly) {
             "54321");
 }
 
+TEST(JinjaLimits, IntegerOverflowIsAnError) {
+  expect_error("{{ 9223372036854775807 + 1 }}", "integer overflow");
+  expect_error("{{ -9223372036854775807 - 2 }}", "integer overflow");
+  expect_error("{{ 4294967296 * 4294967296 }}", "integer overflow");
+  expect_error("{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow");
+  expect_error("{{ -(-9223372036854775807 - 1) }}", "integer overflow");
+  expect_error("{{ 10 ** 30 }}", "integer overflow");
+  expect_error("{{ 'abc'[10.0 ** 300:] }}", "out of the integer range");
+  EXPECT_EQ(render("{{ 9223372036854775806 + 1 }}"), "9223372036854775807");
+  EXPECT_EQ(render("{{ 'abcdef'[1:9223372036854775807:9223372036854775807] }}"), "b");
+  EXPECT_EQ(render("{{ range(9223372036854775806, 9223372036854775807, 9223372036854775807) | list }}"),
+            "[9223372036854775806]");
+}
+
+TEST(JinjaLimits, MemoryAndTimeBudgets) {
+  expect_error("{{ range(1000000000000) | length }}", "range() of more than 100000 items");
+  expect_error("{{ 'x' * 1000000000000 }}", "a string longer than 64 MiB");
+  expect_error(
+      "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+      "a string longer than 64 MiB");
+  expect_error(
+      "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+      "a list of more than 100000 items");
+  expect_error("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+               "rendering takes more than 5000000 steps");
+  EXPECT_EQ(render("{{ range(100000) | length }}"), "100000");
+}
+
+// Values a loop nests deeper than the template text: printing, comparing and serializing them is an
+// error past kMaxValueDepth, and freeing them (100,000 levels) does not recurse.
+TEST(JinjaLimits, DeepValuesBuiltInALoop) {
+  const std::string build =
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+  EXPECT_EQ(render(build + "{{ ns.x | length }}"), "1");
+  expect_error(build + "{{ ns.x }}", "a value nested deeper than 512 levels");
+  expect_error(build + "{{ ns.x | tojson }}", "a value nested deeper than 512 levels");
+  expect_error(build + "{{ ns.x == ns.x }}", "a value nested deeper than 512 levels");
+  // The same through dicts and appends.
+  EXPECT_EQ(render("{% set ns = namespace(d={}) %}{% for i in range(100000) %}{% set ns.d = {'a': ns.d} %}{% "
+                   "endfor %}ok"),
+            "ok");
+  EXPECT_EQ(render("{% set ns = namespace(cur=[]) %}{% set root = ns.cur %}{% for i in range(100000) %}{% "
+                   "set n = [] %}"
+                   "{{ ns.cur.append(n) or '' }}{% set ns.cur = n %}{% endfor %}{{ root | length }}"),
+            "1");
+  EXPECT_EQ(render("{{ [[1, [2]], {'a': [3]}] }}"), "[[1, [2]], {'a': [3]}]");
+}
+
 }  // namespace
 }  // namespace beluga::recipe
