@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DBELUGA_CUDA=AUTO
 
-.PHONY: setup build run test test-asan test-tsan format clean
+.PHONY: setup build run test test-asan test-tsan fuzz fuzz-ci format clean
 
 setup:
 	bash scripts/setup.sh
@@ -43,8 +43,18 @@ test-tsan: setup
 	cd build-tsan && OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS) -L "engine|server"
 
+# libFuzzer targets (tests/fuzz) in a clang ASan+UBSan tree of their own (build-fuzz), one at a time:
+# `make fuzz` runs each FUZZ_TIME seconds (a campaign; findings stay in build-fuzz/corpus and
+# build-fuzz/artifacts), `make fuzz-ci` 20 s each and fails on any crash, leak or timeout.
+FUZZ_TIME ?= 600
+fuzz: setup
+	bash scripts/fuzz.sh --time $(FUZZ_TIME)
+
+fuzz-ci: setup
+	bash scripts/fuzz.sh --time 20
+
 format:
 	find src tests -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

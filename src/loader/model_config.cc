@@ -1,7 +1,9 @@
 #include "loader/model_config.h"
 
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "util/error.h"
 #include "util/file.h"
@@ -12,26 +14,36 @@ namespace {
 
 using nlohmann::json;
 
+// A field as T; a number outside T's range (1e70 for an int) is an error, not a cast that
+// overflows (found by tests/fuzz/fuzz_model_config).
+template <typename T>
+T typed(const json& v, const char* key) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (v.is_number()) {
+      const double x = v.get<double>();
+      BELUGA_CHECK(x >= double(std::numeric_limits<T>::min()) && x <= double(std::numeric_limits<T>::max()),
+                   "config.json: field '", key, "' is out of range (", v.dump(), ")");
+    }
+  }
+  try {
+    return v.get<T>();
+  } catch (const std::exception&) {
+    fail("config.json: field '", key, "' has the wrong type (", v.type_name(), ")");
+  }
+}
+
 template <typename T>
 T get_or(const json& j, const char* key, T def) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return def;
-  try {
-    return it->get<T>();
-  } catch (const std::exception&) {
-    fail("config.json: field '", key, "' has the wrong type (", it->type_name(), ")");
-  }
+  return typed<T>(*it, key);
 }
 
 template <typename T>
 T require(const json& j, const char* key) {
   auto it = j.find(key);
   BELUGA_CHECK(it != j.end() && !it->is_null(), "config.json: missing field '", key, "'");
-  try {
-    return it->get<T>();
-  } catch (const std::exception&) {
-    fail("config.json: field '", key, "' has the wrong type (", it->type_name(), ")");
-  }
+  return typed<T>(*it, key);
 }
 
 double yarn_mscale(double scale, double mscale) {
@@ -276,9 +288,9 @@ ModelConfig ModelConfig::from_json(const json& j) {
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
   c.bos_token_id = get_or<int>(j, "bos_token_id", -1);
   if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
-    c.eos_token_ids = j["eos_token_id"].get<std::vector<int>>();
+    for (const auto& id : j["eos_token_id"]) c.eos_token_ids.push_back(typed<int>(id, "eos_token_id"));
   } else if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) {
-    c.eos_token_ids = {j["eos_token_id"].get<int>()};
+    c.eos_token_ids = {typed<int>(j["eos_token_id"], "eos_token_id")};
   }
   BELUGA_CHECK(
       c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
@@ -347,8 +359,8 @@ ModelConfig ModelConfig::from_json(const json& j) {
     c.fp8 = true;
     if (q.contains("weight_block_size") && q["weight_block_size"].is_array() &&
         q["weight_block_size"].size() == 2) {
-      c.fp8_block_n = q["weight_block_size"][0].get<int>();
-      c.fp8_block_k = q["weight_block_size"][1].get<int>();
+      c.fp8_block_n = typed<int>(q["weight_block_size"][0], "weight_block_size");
+      c.fp8_block_k = typed<int>(q["weight_block_size"][1], "weight_block_size");
     }
   }
   return c;

@@ -1,5 +1,6 @@
 // OpenAI Chat Completions request -> ParsedRequest (DeepSeek's extensions included: `thinking`,
 // `reasoning_content`, assistant `prefix` continuation, `top_k`).
+#include "recipe/json_depth.h"
 #include "recipe/json_fields.h"
 #include "recipe/py_json.h"
 #include "recipe/request.h"
@@ -100,6 +101,7 @@ Message chat_message(const Fields& f, const Json& m, const std::string& path, bo
 ParsedRequest parse_chat_request(const Json& body, const ParseOptions& opt) {
   const Fields f(Api::kChat);
   if (!body.is_object()) f.fail("", "the request body must be a JSON object");
+  check_request_depth(Api::kChat, body);  // before anything walks it recursively
   ParsedRequest r;
   r.api = Api::kChat;
   Conversation& conv = r.conversation;

@@ -1,6 +1,7 @@
 // Anthropic Messages request -> ParsedRequest: `system`, content blocks (text, image, tool_use,
 // tool_result, thinking), tools with `input_schema` (server tools are rejected, as the DeepSeek
 // Anthropic endpoint does), `tool_choice` auto/any/tool/none, `thinking`, `output_config.effort`.
+#include "recipe/json_depth.h"
 #include "recipe/json_fields.h"
 #include "recipe/py_json.h"
 #include "recipe/request.h"
@@ -31,6 +32,7 @@ std::string text_blocks(const Fields& f, const Json& c, const std::string& path)
 ParsedRequest parse_messages_request(const Json& body, const ParseOptions& opt) {
   const Fields f(Api::kMessages);
   if (!body.is_object()) f.fail("", "the request body must be a JSON object");
+  check_request_depth(Api::kMessages, body);  // before anything walks it recursively
   ParsedRequest r;
   r.api = Api::kMessages;
   Conversation& conv = r.conversation;

@@ -2,6 +2,7 @@
 // function_call, function_call_output, reasoning) after the conversation of `previous_response_id`
 // (looked up by the caller, see ParseOptions), `store`, function tools (web_search is dropped, as
 // deepseek-recipe does), `reasoning.effort` (none disables thinking), `text.format`.
+#include "recipe/json_depth.h"
 #include "recipe/json_fields.h"
 #include "recipe/py_json.h"
 #include "recipe/request.h"
@@ -112,6 +113,7 @@ Json responses_input_items(const Json& input) {
 ParsedRequest parse_responses_request(const Json& body, const ParseOptions& opt) {
   const Fields f(Api::kResponses);
   if (!body.is_object()) f.fail("", "the request body must be a JSON object");
+  check_request_depth(Api::kResponses, body);  // before anything walks it recursively
   ParsedRequest r;
   r.api = Api::kResponses;
   Conversation& conv = r.conversation;

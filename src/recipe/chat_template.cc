@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "recipe/json_depth.h"
 #include "util/error.h"
 
 namespace beluga::recipe {
@@ -11,17 +12,20 @@ namespace {
 using jinja::Value;
 
 // Request JSON (tool schemas) as Jinja values; every string and key is request data.
-Value from_json(const nlohmann::ordered_json& j) {
+// Recursive: request JSON is bounded when parsed (json_depth.h), and the check keeps it so.
+Value from_json(const nlohmann::ordered_json& j, int depth = 0) {
+  if (j.is_structured() && ++depth > kMaxJsonDepth)
+    fail("JSON nested deeper than ", kMaxJsonDepth, " levels cannot be passed to a chat template");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::object: {
       Value d = Value::new_dict();
       d.dict->data_keys = true;
-      for (auto it = j.begin(); it != j.end(); ++it) d.dict->set(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.dict->set(it.key(), from_json(it.value(), depth));
       return d;
     }
     case nlohmann::ordered_json::value_t::array: {
       jinja::List items;
-      for (const auto& x : j) items.push_back(from_json(x));
+      for (const auto& x : j) items.push_back(from_json(x, depth));
       return Value::new_list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::string:

@@ -8,6 +8,7 @@
 
 #include "recipe/deepseek_encoders.h"
 #include "recipe/deepseek_tokens.h"
+#include "recipe/json_depth.h"
 #include "recipe/py_json.h"
 
 namespace beluga::recipe {
@@ -117,9 +118,10 @@ void render_arguments(Prompt& p, const ToolCall& c, const Dialect& d) {
   if (c.arguments.empty()) {
     args = nlohmann::ordered_json::object();
   } else {
-    args = nlohmann::ordered_json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+    // Bounded (json_depth.h): the values are dumped below; deeper arguments stay raw text.
+    args = parse_json_bounded(c.arguments);
     if (args.is_string()) {  // double-encoded, tolerated by the reference
-      args = nlohmann::ordered_json::parse(args.get<std::string>(), nullptr, false);
+      args = parse_json_bounded(args.get<std::string>());
     }
   }
   if (!args.is_object()) args = nlohmann::ordered_json{{"arguments", c.arguments}};

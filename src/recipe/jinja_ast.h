@@ -10,6 +10,11 @@
 
 namespace beluga::recipe::jinja {
 
+// How deeply a template may nest expressions and blocks. The parser and the interpreter recurse
+// over the tree, so a hostile template (`((((...`, `1+1+...+1`, 10,000 nested ifs) is refused when
+// parsed instead of overflowing the stack; real chat templates nest fewer than 20 levels.
+inline constexpr int kMaxTemplateNesting = 100;
+
 struct Expr;
 using ExprPtr = std::shared_ptr<const Expr>;
 
@@ -36,6 +41,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   bool negate = false;
   int line = 0;
+  int depth = 1;  // height of this subtree (bounded by the parser: kMaxTemplateNesting)
 };
 
 struct Node;

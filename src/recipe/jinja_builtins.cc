@@ -112,7 +112,10 @@ Value attr_of(const Value& v, const std::string& path) {
 
 int64_t as_int(const Value& v, int64_t def) {
   if (v.type == Value::Type::kInt) return v.i;
-  if (v.type == Value::Type::kFloat) return static_cast<int64_t>(v.f);
+  if (v.type == Value::Type::kFloat) {
+    BELUGA_CHECK(v.f >= -9.2e18 && v.f <= 9.2e18, "template: ", v.f, " is out of the integer range");
+    return static_cast<int64_t>(v.f);
+  }
   if (v.type == Value::Type::kBool) return v.b;
   return def;
 }
@@ -182,16 +185,18 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
   int64_t b = norm(start, st > 0 ? 0 : n - 1), e = norm(stop, st > 0 ? n : -1);
   std::string s;
   List l;
-  for (int64_t k = b; st > 0 ? k < e : k > e; k += st) {
+  for (int64_t k = b; st > 0 ? k < e : k > e;) {
     if (is_str)
       s += obj.s[k];
     else
       l.push_back((*obj.list)[k]);
+    if (__builtin_add_overflow(k, st, &k)) break;  // past either end
   }
   return is_str ? derived(obj, s) : Value::new_list(std::move(l));
 }
 
 std::string to_json(const Value& v, int indent, int depth) {
+  BELUGA_CHECK(depth < kMaxValueDepth, "template: a value nested deeper than ", kMaxValueDepth, " levels");
   std::string pad, child;  // newline + indentation of this level and of its items
   if (indent >= 0) {
     pad.assign(1, '\n').append(static_cast<size_t>(indent) * depth, ' ');
@@ -583,7 +588,11 @@ Value global_function(const std::string& name) {
       }
       BELUGA_CHECK(step != 0, "template: range() step cannot be zero");
       List out;
-      for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(Value::integer(k));
+      for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
+        BELUGA_CHECK(out.size() < kMaxListItems, "template: range() of more than ", kMaxListItems, " items");
+        out.push_back(Value::integer(k));
+        if (__builtin_add_overflow(k, step, &k)) break;
+      }
       return Value::new_list(std::move(out));
     });
   if (name == "namespace" || name == "dict")

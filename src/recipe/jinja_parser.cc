@@ -1,5 +1,6 @@
 #include "recipe/jinja_parser.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <set>
@@ -226,6 +227,30 @@ class Parser {
   [[noreturn]] void error(const std::string& what) const {
     fail("template line ", peek().line, ": ", what, peek().text.empty() ? "" : " near '" + peek().text + "'");
   }
+  // Counts the parser's own recursion (parentheses, `not not`, nested blocks), which builds no
+  // tree depth of its own.
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.nest_ > kMaxTemplateNesting) p.too_deep();
+    }
+    ~Nest() { --p.nest_; }
+  };
+  [[noreturn]] void too_deep() const {
+    fail("template line ", peek().line, ": nested deeper than ", kMaxTemplateNesting, " levels");
+  }
+  // A node's height from its children's; refused past the limit (operator chains such as
+  // `1+1+...+1` are parsed by loops, not recursion, but evaluated recursively).
+  ExprPtr sized(std::shared_ptr<Expr> e) {
+    int d = 0;
+    for (const auto& a : e->args)
+      if (a) d = std::max(d, a->depth);
+    for (const auto& [k, a] : e->kwargs)
+      if (a) d = std::max(d, a->depth);
+    e->depth = d + 1;
+    if (e->depth > kMaxTemplateNesting) too_deep();
+    return e;
+  }
   void expect_op(const char* op) {
     if (!at_op(op)) error(std::string("expected '") + op + "'");
     ++pos_;
@@ -280,6 +305,7 @@ class Parser {
   }
 
   Node parse_statement() {
+    const Nest nest(*this);
     int line = peek().line;
     std::string kw = expect_name();
     Node n;
@@ -380,7 +406,7 @@ class Parser {
     e->args = std::move(args);
     e->name = std::move(name);
     e->line = peek().line;
-    return e;
+    return sized(std::move(e));
   }
 
   // `a, b` without brackets is a tuple (only where Jinja allows it: set values).
@@ -396,6 +422,7 @@ class Parser {
   }
 
   ExprPtr parse_expr() {
+    const Nest nest(*this);
     ExprPtr e = parse_or();
     if (at_name("if")) {
       ++pos_;
@@ -426,6 +453,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_not() {
+    const Nest nest(*this);
     if (at_name("not")) {
       ++pos_;
       return make(Expr::Kind::kUnary, {parse_not()}, "not");
@@ -491,6 +519,7 @@ class Parser {
     return parse_filters(parse_postfix(parse_primary()));
   }
   ExprPtr parse_unary_nofilter() {
+    const Nest nest(*this);
     if (at_op("-") || at_op("+")) {
       std::string op = next().text;
       return make(Expr::Kind::kUnary, {parse_unary_nofilter()}, op);
@@ -523,7 +552,7 @@ class Parser {
         f->name = expect_name();
         f->args.push_back(e);
         if (at_op("(")) parse_call_args(*f);
-        e = parse_postfix(f);
+        e = parse_postfix(sized(std::move(f)));
       } else if (at_name("is")) {
         ++pos_;
         auto t = std::make_shared<Expr>();
@@ -542,7 +571,7 @@ class Parser {
                     !at_name("if") && !at_name("is") && !at_name("in") && !at_name("not"))) {
           t->args.push_back(parse_primary());  // `is sameas false`, `is divisibleby 3`
         }
-        e = t;
+        e = sized(std::move(t));
       } else {
         return e;
       }
@@ -584,7 +613,7 @@ class Parser {
         c->line = peek().line;
         c->args.push_back(e);
         parse_call_args(*c);
-        e = c;
+        e = sized(std::move(c));
       } else {
         return e;
       }
@@ -658,6 +687,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t pos_ = 0;
+  int nest_ = 0;
 };
 
 }  // namespace

@@ -16,6 +16,14 @@ namespace {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+// The interpreter recurses over the tree (at most kMaxTemplateNesting deep) and into macros; this
+// bounds the whole, so a macro that calls itself without end fails cleanly instead of overflowing.
+constexpr int kMaxRenderDepth = 1000;
+// Nodes and expressions one render may evaluate: a chat template over a long conversation takes
+// well under a million (measured: a 5M-step render takes ~4 s on a loaded core); loops nested to multiply
+// past this are refused instead of running on.
+constexpr int64_t kMaxRenderSteps = 5'000'000;
+
 class Renderer {
  public:
   explicit Renderer(const Dict& globals) : globals_(globals) { scopes_.emplace_back(); }
@@ -29,7 +37,21 @@ class Renderer {
   }
 
  private:
+  // Counts the interpreter's recursion (render_node and eval).
+  struct Deeper {
+    int& depth;
+    Deeper(Renderer& r, int line) : depth(r.depth_) {
+      if (++r.steps_ > kMaxRenderSteps)
+        fail("template line ", line, ": rendering takes more than ", kMaxRenderSteps, " steps");
+      if (++depth > kMaxRenderDepth)
+        fail("template line ", line, ": recursion deeper than ", kMaxRenderDepth,
+             " levels (a macro that calls itself without end?)");
+    }
+    ~Deeper() { --depth; }
+  };
+
   Flow render_node(const Node& n, Value& out) {
+    const Deeper deeper(*this, n.line);
     switch (n.kind) {
       case Node::Kind::kText:
         Value::string(n.text).append_to(out);
@@ -106,6 +128,7 @@ class Renderer {
     if (items.empty()) return render(n.else_body, out);
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      const Deeper step(*this, n.line);  // an empty body still costs a step per iteration
       scopes_.emplace_back();
       Value loop = Value::new_dict();
       loop.dict->set("index", Value::integer(k + 1));
@@ -156,6 +179,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    const Deeper deeper(*this, e.line);
     using K = Expr::Kind;
     switch (e.kind) {
       case K::kLiteral:
@@ -212,7 +236,10 @@ class Renderer {
         Value v = eval(*e.args[0]);
         if (e.name == "not") return Value::boolean(!v.truthy());
         if (e.name == "+") return v;
-        if (v.type == Value::Type::kInt) return Value::integer(-v.i);
+        if (v.type == Value::Type::kInt) {
+          BELUGA_CHECK(v.i != INT64_MIN, "template line ", e.line, ": integer overflow");
+          return Value::integer(-v.i);
+        }
         return Value::real(-v.as_double());
       }
       case K::kCondExpr:
@@ -250,6 +277,8 @@ class Renderer {
         return out;
       }
       if (a.type == T::kList && b.type == T::kList) {
+        BELUGA_CHECK(a.list->size() + b.list->size() <= kMaxListItems, "template line ", e.line,
+                     ": a list of more than ", kMaxListItems, " items");
         List items = *a.list;
         items.insert(items.end(), b.list->begin(), b.list->end());
         return Value::new_list(std::move(items));
@@ -265,6 +294,8 @@ class Renderer {
     if (op == "*" && (a.is_string() || b.is_string())) {
       const Value& s = a.is_string() ? a : b;
       int64_t n = a.is_string() ? (b.type == T::kInt ? b.i : 0) : (a.type == T::kInt ? a.i : 0);
+      BELUGA_CHECK(n <= 0 || s.s.size() <= kMaxStringBytes / uint64_t(n), "template line ", e.line,
+                   ": a string longer than ", kMaxStringBytes >> 20, " MiB");
       std::string out;
       for (int64_t k = 0; k < n; ++k) out += s.s;
       return Value::string(out, s.has_data());
@@ -274,9 +305,15 @@ class Renderer {
     bool ints = (a.type == T::kInt || a.type == T::kBool) && (b.type == T::kInt || b.type == T::kBool);
     int64_t x = a.type == T::kBool ? a.b : a.i, y = b.type == T::kBool ? b.b : b.i;
     double fx = a.as_double(), fy = b.as_double();
-    if (op == "+") return ints ? Value::integer(x + y) : Value::real(fx + fy);
-    if (op == "-") return ints ? Value::integer(x - y) : Value::real(fx - fy);
-    if (op == "*") return ints ? Value::integer(x * y) : Value::real(fx * fy);
+    // Python integers do not overflow; int64 ones must not either (undefined behaviour).
+    int64_t r = 0;
+    auto exact = [&](bool overflow) {
+      BELUGA_CHECK(!overflow, "template line ", e.line, ": integer overflow");
+      return Value::integer(r);
+    };
+    if (op == "+") return ints ? exact(__builtin_add_overflow(x, y, &r)) : Value::real(fx + fy);
+    if (op == "-") return ints ? exact(__builtin_sub_overflow(x, y, &r)) : Value::real(fx - fy);
+    if (op == "*") return ints ? exact(__builtin_mul_overflow(x, y, &r)) : Value::real(fx * fy);
     if (op == "/") {
       BELUGA_CHECK(fy != 0, "template line ", e.line, ": division by zero");
       return Value::real(fx / fy);
@@ -284,6 +321,7 @@ class Renderer {
     if (op == "//" || op == "%") {
       BELUGA_CHECK(fy != 0, "template line ", e.line, ": division by zero");
       if (ints) {
+        BELUGA_CHECK(!(x == INT64_MIN && y == -1), "template line ", e.line, ": integer overflow");
         int64_t q = x / y;
         if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // Python floors
         return op == "//" ? Value::integer(q) : Value::integer(x - q * y);
@@ -291,14 +329,19 @@ class Renderer {
       double q = std::floor(fx / fy);
       return op == "//" ? Value::real(q) : Value::real(fx - q * fy);
     }
-    if (op == "**")
-      return ints && y >= 0 ? Value::integer(static_cast<int64_t>(std::pow(fx, fy)))
-                            : Value::real(std::pow(fx, fy));
+    if (op == "**") {
+      const double p = std::pow(fx, fy);
+      if (!ints || y < 0) return Value::real(p);
+      BELUGA_CHECK(p >= -9.2e18 && p <= 9.2e18, "template line ", e.line, ": integer overflow");
+      return Value::integer(static_cast<int64_t>(p));
+    }
     fail("template line ", e.line, ": unknown operator ", op);
   }
 
   const Dict& globals_;
   std::vector<std::map<std::string, Value>> scopes_;
+  int depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace

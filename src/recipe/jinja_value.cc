@@ -23,6 +23,55 @@ void Dict::set(const std::string& key, Value v) {
   items.emplace_back(key, std::move(v));
 }
 
+namespace {
+
+// Lists and dicts are freed with an explicit stack: a value a template nests 100,000 deep (one more
+// level per loop iteration) would otherwise be destroyed by one recursive destructor call per level.
+// Each container hands its items to the stack before it is deleted, so a nested container is, when
+// its turn comes, either shared (only its count drops) or already empty.
+bool holds_containers(const Value& v) {
+  return (v.list && !v.list->empty()) || (v.dict && !v.dict->items.empty());
+}
+
+void free_items(std::vector<Value> work) {
+  while (!work.empty()) {
+    Value v = std::move(work.back());
+    work.pop_back();
+    if (v.list && v.list.use_count() == 1) {
+      for (auto& x : *v.list)
+        if (holds_containers(x)) work.push_back(std::move(x));
+      v.list->clear();
+    }
+    if (v.dict && v.dict.use_count() == 1) {
+      for (auto& [k, x] : v.dict->items)
+        if (holds_containers(x)) work.push_back(std::move(x));
+      v.dict->items.clear();
+    }
+  }  // v's containers are empty or shared here: freeing them recurses at most one level
+}
+
+struct ListDeleter {
+  void operator()(List* l) const {
+    std::vector<Value> work;
+    for (auto& x : *l)
+      if (holds_containers(x)) work.push_back(std::move(x));
+    delete l;
+    free_items(std::move(work));
+  }
+};
+
+struct DictDeleter {
+  void operator()(Dict* d) const {
+    std::vector<Value> work;
+    for (auto& [k, x] : d->items)
+      if (holds_containers(x)) work.push_back(std::move(x));
+    delete d;
+    free_items(std::move(work));
+  }
+};
+
+}  // namespace
+
 Value Value::none() {
   Value v;
   v.type = Type::kNone;
@@ -56,13 +105,13 @@ Value Value::string(std::string x, bool is_data) {
 Value Value::new_list(List items) {
   Value v;
   v.type = Type::kList;
-  v.list = std::make_shared<List>(std::move(items));
+  v.list = std::shared_ptr<List>(new List(std::move(items)), ListDeleter{});
   return v;
 }
 Value Value::new_dict() {
   Value v;
   v.type = Type::kDict;
-  v.dict = std::make_shared<Dict>();
+  v.dict = std::shared_ptr<Dict>(new Dict(), DictDeleter{});
   return v;
 }
 Value Value::function(Function f) {
@@ -119,35 +168,46 @@ std::string float_str(double f) {
 
 }  // namespace
 
-std::string Value::to_str() const {
-  switch (type) {
+namespace {
+
+void check_depth(int depth) {
+  if (depth > kMaxValueDepth) fail("template: a value nested deeper than ", kMaxValueDepth, " levels");
+}
+
+std::string repr_at(const Value& v, int depth);
+
+std::string to_str_at(const Value& v, int depth) {
+  using Type = Value::Type;
+  switch (v.type) {
     case Type::kUndefined:
       return "";
     case Type::kNone:
       return "None";
     case Type::kBool:
-      return b ? "True" : "False";
+      return v.b ? "True" : "False";
     case Type::kInt:
-      return std::to_string(i);
+      return std::to_string(v.i);
     case Type::kFloat:
-      return float_str(f);
+      return float_str(v.f);
     case Type::kString:
-      return s;
+      return v.s;
     case Type::kList: {
+      check_depth(++depth);
       std::string out = "[";
-      for (size_t k = 0; k < list->size(); ++k) {
+      for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
-        out += (*list)[k].repr();
+        out += repr_at((*v.list)[k], depth);
       }
       return out + "]";
     }
     case Type::kDict: {
+      check_depth(++depth);
       std::string out = "{";
       bool first = true;
-      for (const auto& [key, v] : dict->items) {
+      for (const auto& [key, x] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += Value::string(key).repr() + ": " + v.repr();
+        out += Value::string(key).repr() + ": " + repr_at(x, depth);
       }
       return out + "}";
     }
@@ -157,8 +217,9 @@ std::string Value::to_str() const {
   return "";
 }
 
-std::string Value::repr() const {
-  if (type != Type::kString) return to_str();
+std::string repr_at(const Value& v, int depth) {
+  if (v.type != Value::Type::kString) return to_str_at(v, depth);
+  const std::string& s = v.s;
   char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
   std::string out(1, q);
   for (char c : s) {
@@ -173,8 +234,70 @@ std::string Value::repr() const {
   return out;
 }
 
+bool contains_data_at(const Value& v, int depth) {
+  switch (v.type) {
+    case Value::Type::kString:
+      return v.has_data();
+    case Value::Type::kList:
+      check_depth(++depth);
+      for (const auto& x : *v.list)
+        if (contains_data_at(x, depth)) return true;
+      return false;
+    case Value::Type::kDict:
+      check_depth(++depth);
+      if (v.dict->data_keys && !v.dict->items.empty()) return true;
+      for (const auto& [k, x] : v.dict->items)
+        if (contains_data_at(x, depth)) return true;
+      return false;
+    default:
+      return false;
+  }
+}
+
+bool equals_at(const Value& a, const Value& b, int depth) {
+  using T = Value::Type;
+  if (a.is_number() && b.is_number()) return a.as_double() == b.as_double();
+  if (a.type == T::kBool && b.type == T::kBool) return a.b == b.b;
+  if (a.type != b.type) return false;
+  switch (a.type) {
+    case T::kUndefined:
+    case T::kNone:
+      return true;
+    case T::kString:
+      return a.s == b.s;
+    case T::kList:
+      check_depth(++depth);
+      if (a.list->size() != b.list->size()) return false;
+      for (size_t k = 0; k < a.list->size(); ++k)
+        if (!equals_at((*a.list)[k], (*b.list)[k], depth)) return false;
+      return true;
+    case T::kDict:
+      check_depth(++depth);
+      if (a.dict->items.size() != b.dict->items.size()) return false;
+      for (const auto& [k, v] : a.dict->items) {
+        const Value* o = b.dict->find(k);
+        if (!o || !equals_at(v, *o, depth)) return false;
+      }
+      return true;
+    default:
+      return a.fn == b.fn;
+  }
+}
+
+}  // namespace
+
+std::string Value::to_str() const {
+  return to_str_at(*this, 0);
+}
+
+std::string Value::repr() const {
+  return repr_at(*this, 0);
+}
+
 void Value::append_to(Value& out) const {
   if (type == Type::kString) {
+    if (out.s.size() + s.size() > kMaxStringBytes)
+      fail("template: a string longer than ", kMaxStringBytes >> 20, " MiB");
     size_t base = out.s.size();
     out.s += s;
     for (const Range& r : data) {
@@ -191,49 +314,11 @@ void Value::append_to(Value& out) const {
 }
 
 bool contains_data(const Value& v) {
-  switch (v.type) {
-    case Value::Type::kString:
-      return v.has_data();
-    case Value::Type::kList:
-      for (const auto& x : *v.list)
-        if (contains_data(x)) return true;
-      return false;
-    case Value::Type::kDict:
-      if (v.dict->data_keys && !v.dict->items.empty()) return true;
-      for (const auto& [k, x] : v.dict->items)
-        if (contains_data(x)) return true;
-      return false;
-    default:
-      return false;
-  }
+  return contains_data_at(v, 0);
 }
 
 bool equals(const Value& a, const Value& b) {
-  using T = Value::Type;
-  if (a.is_number() && b.is_number()) return a.as_double() == b.as_double();
-  if (a.type == T::kBool && b.type == T::kBool) return a.b == b.b;
-  if (a.type != b.type) return false;
-  switch (a.type) {
-    case T::kUndefined:
-    case T::kNone:
-      return true;
-    case T::kString:
-      return a.s == b.s;
-    case T::kList:
-      if (a.list->size() != b.list->size()) return false;
-      for (size_t k = 0; k < a.list->size(); ++k)
-        if (!equals((*a.list)[k], (*b.list)[k])) return false;
-      return true;
-    case T::kDict:
-      if (a.dict->items.size() != b.dict->items.size()) return false;
-      for (const auto& [k, v] : a.dict->items) {
-        const Value* o = b.dict->find(k);
-        if (!o || !equals(v, *o)) return false;
-      }
-      return true;
-    default:
-      return a.fn == b.fn;
-  }
+  return equals_at(a, b, 0);
 }
 
 int compare(const Value& a, const Value& b) {

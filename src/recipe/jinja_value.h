@@ -13,6 +13,13 @@
 
 namespace beluga::recipe::jinja {
 
+// What a hostile template cannot exceed (each a beluga::Error when reached): the bytes of one string,
+// the items one range() or list concatenation makes, the nesting that printing, comparing or
+// serializing a value walks (values can nest deeper than the template text, built up in a loop).
+inline constexpr size_t kMaxStringBytes = size_t(64) << 20;
+inline constexpr size_t kMaxListItems = 100000;  // as Jinja's sandbox limits range()
+inline constexpr int kMaxValueDepth = 512;
+
 struct Value;
 using List = std::vector<Value>;
 

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "recipe/json_depth.h"
+
 namespace beluga::recipe {
 
 namespace {
@@ -158,7 +160,8 @@ void JsonToolCallReader::end_object(Output& out) {
   status_ = Status::kDone;
   if (committed_) return;
   // Not streamed: decide on the whole object (arguments before the name, or not an object).
-  const auto j = nlohmann::ordered_json::parse(raw_, nullptr, /*allow_exceptions=*/false);
+  // Bounded: the arguments are dumped below, and a model can write any nesting.
+  const auto j = parse_json_bounded(raw_);
   const char* args_key = nullptr;
   if (j.is_object())
     args_key = j.contains("arguments") ? "arguments" : j.contains("parameters") ? "parameters" : nullptr;

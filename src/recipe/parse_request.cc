@@ -1,11 +1,11 @@
 // Request body text -> ParsedRequest for any of the three APIs.
+#include "recipe/json_depth.h"
 #include "recipe/request.h"
 
 namespace beluga::recipe {
 
 ParsedRequest parse_request(Api api, std::string_view body, const ParseOptions& opt) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw ApiError(api, 400, "the request body is not valid JSON");
+  const nlohmann::ordered_json j = parse_request_json(api, body);
   switch (api) {
     case Api::kChat:
       return parse_chat_request(j, opt);

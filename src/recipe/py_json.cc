@@ -2,6 +2,9 @@
 
 #include <cstdio>
 
+#include "recipe/json_depth.h"
+#include "util/error.h"
+
 namespace beluga::recipe {
 
 void json_escape_append(std::string& out, std::string_view s) {
@@ -42,8 +45,12 @@ void json_escape_append(std::string& out, std::string_view s) {
 
 namespace {
 
-void dump(std::string& out, const nlohmann::ordered_json& v) {
+void dump(std::string& out, const nlohmann::ordered_json& v, int depth) {
   using T = nlohmann::ordered_json::value_t;
+  // Request JSON is bounded when parsed (json_depth.h); this keeps the recursion bounded whatever
+  // the caller passes.
+  if (v.is_structured() && ++depth > kMaxJsonDepth)
+    fail("JSON nested deeper than ", kMaxJsonDepth, " levels cannot be serialized");
   switch (v.type()) {
     case T::object: {
       out += '{';
@@ -54,7 +61,7 @@ void dump(std::string& out, const nlohmann::ordered_json& v) {
         out += '"';
         json_escape_append(out, it.key());
         out += "\": ";
-        dump(out, it.value());
+        dump(out, it.value(), depth);
       }
       out += '}';
       break;
@@ -63,7 +70,7 @@ void dump(std::string& out, const nlohmann::ordered_json& v) {
       out += '[';
       for (size_t i = 0; i < v.size(); ++i) {
         if (i) out += ", ";
-        dump(out, v[i]);
+        dump(out, v[i], depth);
       }
       out += ']';
       break;
@@ -83,7 +90,7 @@ void dump(std::string& out, const nlohmann::ordered_json& v) {
 
 std::string py_json_dumps(const nlohmann::ordered_json& value) {
   std::string out;
-  dump(out, value);
+  dump(out, value, 0);
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "recipe/json_depth.h"
 #include "server/sse.h"
 
 namespace beluga::server {
@@ -41,7 +42,8 @@ Json anthropic_usage(const Usage& u) {
 
 Json arguments_object(const std::string& text) {
   if (text.empty()) return Json::object();
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // Model-written text: nested deeper than the limit, it stays text (dumping it would recurse).
+  Json j = recipe::parse_json_bounded(text);
   if (j.is_discarded() || !j.is_object()) return Json{{"arguments", text}};
   return j;
 }

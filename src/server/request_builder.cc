@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "recipe/json_depth.h"
 #include "recipe/json_fields.h"
 #include "recipe/request.h"
 #include "server/sse.h"
@@ -350,8 +351,7 @@ BuiltRequest build_request(ServerApi api, std::string_view body, const ModelInfo
   const recipe::Api rapi = error_api(api);
   if (tok::utf8_first_invalid(body) != body.size())
     throw ApiError(rapi, 400, "the request body is not valid UTF-8");
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw ApiError(rapi, 400, "the request body is not valid JSON");
+  Json j = recipe::parse_request_json(rapi, body);  // also bounds its nesting (recipe/json_depth.h)
   if (!j.is_object()) throw ApiError(rapi, 400, "the request body must be a JSON object");
   check_model(api, j, info);
   // Beluga's own field, on every API: the KV retention class (checked by the server, which also

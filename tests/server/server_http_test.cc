@@ -1148,5 +1148,65 @@ TEST_F(ServerTest, TrafficClassFromBodyHeaderOrDefault) {
   EXPECT_EQ(engine_->traffic_classes().size(), 4u) << "rejected requests never reach the engine";
 }
 
+// Issue 18: one authenticated ~200 KB request (a tool whose parameters nest arrays 100,000 deep) used
+// to overflow the stack and kill the server. It and its relatives (deep objects, deep content, deep
+// response_format, deep Responses input and Anthropic messages, completions prompts) are a 400 in
+// the API's shape naming the limit, and the server goes on serving.
+TEST_F(ServerTest, DeeplyNestedJsonIsA400AndTheServerKeepsServing) {
+  start();
+  auto nest = [](int depth, const std::string& open, const std::string& close, const std::string& inner) {
+    std::string s;
+    for (int i = 0; i < depth; ++i) s += open;
+    s += inner;
+    for (int i = 0; i < depth; ++i) s += close;
+    return s;
+  };
+  const std::string arrays = nest(100000, "[", "]", "");
+  const std::string objects = nest(100000, "{\"a\": ", "}", "{}");
+  const std::string user = R"({"model": "demo", "messages": [{"role": "user", "content": "x"}], )";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/v1/chat/completions",
+       user + R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"p": )" + arrays +
+           "}}}]}"},
+      {"/v1/chat/completions",
+       user + R"("tools": [{"type": "function", "function": {"name": "f", "parameters": )" + objects +
+           "}}]}"},
+      {"/v1/chat/completions",
+       R"({"model": "demo", "messages": [{"role": "user", "content": )" + arrays + "}]}"},
+      {"/v1/chat/completions", user + R"("response_format": )" + objects + "}"},
+      {"/v1/chat/completions", arrays},
+      {"/v1/completions", R"({"model": "demo", "prompt": )" + arrays + "}"},
+      {"/v1/responses", R"({"model": "demo", "input": )" + arrays + "}"},
+      {"/v1/responses", R"({"model": "demo", "input": "x", "tools": [{"type": "function", "name": "f", )"
+                        R"("parameters": )" +
+                            objects + "}]}"},
+      {"/v1/messages",
+       R"({"model": "demo", "max_tokens": 5, "messages": [{"role": "user", "content": )" + arrays + "}]}"},
+      {"/v1/messages",
+       R"({"model": "demo", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], )"
+       R"("tools": [{"name": "f", "input_schema": )" +
+           objects + "}]}"},
+  };
+  for (const auto& [route, body] : cases) {
+    Reply r = request(port_, http::verb::post, route, body);
+    EXPECT_EQ(r.status, 400) << route << " " << body.substr(0, 120);
+    EXPECT_NE(r.body.find("deeper than 128 levels"), std::string::npos) << route << ": " << r.body;
+    if (route == "/v1/messages") {
+      EXPECT_EQ(r.json()["type"], "error") << r.body;
+    } else {
+      EXPECT_TRUE(r.json()["error"].is_object()) << r.body;
+    }
+    // Still serving, on a fresh connection.
+    ASSERT_EQ(post(port_, "/v1/chat/completions", chat("hi")).status, 200) << "after " << route;
+  }
+  // Nesting up to the limit is fine: a tool schema 100 levels deep is accepted and served.
+  Reply ok =
+      request(port_, http::verb::post, "/v1/chat/completions",
+              user + R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"p": )" +
+                  nest(100, "[", "]", "") + "}}}]}");
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(request(port_, http::verb::get, "/health").status, 200);
+}
+
 }  // namespace
 }  // namespace beluga::server

@@ -95,5 +95,17 @@ TEST(ModelConfig, ErrorsNameTheProblem) {
   EXPECT_THROW(ModelConfig::from_json(j), Error);
 }
 
+// Found by tests/fuzz/fuzz_model_config: a number outside int's range was cast (undefined behaviour).
+TEST(ModelConfig, OutOfRangeNumbersAreAnError) {
+  for (const char* field : {"num_hidden_layers", "bos_token_id", "max_position_embeddings"}) {
+    nlohmann::json j = v2_lite();
+    j[field] = 3.4e69;
+    EXPECT_THROW(ModelConfig::from_json(j), Error) << field;
+  }
+  nlohmann::json j = v2_lite();
+  j["eos_token_id"] = nlohmann::json::array({1, 1e30});
+  EXPECT_THROW(ModelConfig::from_json(j), Error);
+}
+
 }  // namespace
 }  // namespace beluga

@@ -1,0 +1,110 @@
+// Hostile chat templates (a template comes with a downloaded model): nesting past
+// kMaxTemplateNesting, operator chains, endless macro recursion and deep data are clear errors
+// (beluga::Error naming the limit), never a stack overflow. Each 100,000-level case used to crash.
+#include <gtest/gtest.h>
+
+#include "recipe/jinja_ast.h"
+#include "recipe/jinja_template.h"
+#include "util/error.h"
+
+namespace beluga::recipe {
+namespace {
+
+std::string repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+std::string render(const std::string& tmpl) {
+  jinja::Dict ctx;
+  return jinja::Template(tmpl).render(ctx).s;
+}
+
+void expect_error(const std::string& tmpl, const std::string& needle) {
+  try {
+    render(tmpl);
+    ADD_FAILURE() << "rendered: " << tmpl.substr(0, 60);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(JinjaLimits, DeepExpressionsAreRefusedWhenParsed) {
+  const int n = 100000;
+  expect_error("{{ " + repeat("(", n) + "1" + repeat(")", n) + " }}", "nested deeper than 100 levels");
+  expect_error("{{ " + repeat("[", n) + repeat("]", n) + " }}", "nested deeper than 100 levels");
+  expect_error("{{ " + repeat("not ", n) + "1 }}", "nested deeper than 100 levels");
+  expect_error("{{ " + repeat("-", n) + "1 }}", "nested deeper than 100 levels");
+  expect_error("{{ 1" + repeat(" + 1", n) + " }}", "nested deeper than 100 levels");
+  expect_error("{{ x" + repeat(".a", n) + " }}", "nested deeper than 100 levels");
+  expect_error("{{ x" + repeat("|string", n) + " }}", "nested deeper than 100 levels");
+  expect_error("{{ f" + repeat("()", n) + " }}", "nested deeper than 100 levels");
+  expect_error(repeat("{% if true %}", n) + repeat("{% endif %}", n), "nested deeper than 100 levels");
+  expect_error(repeat("{% for x in [1] %}", n) + repeat("{% endfor %}", n), "nested deeper than 100 levels");
+}
+
+TEST(JinjaLimits, NestingWithinTheLimitStillWorks) {
+  EXPECT_EQ(render("{{ " + repeat("(", 40) + "7" + repeat(")", 40) + " }}"), "7");
+  EXPECT_EQ(render("{{ 1" + repeat(" + 1", 60) + " }}"), "61");
+  EXPECT_EQ(render(repeat("{% if true %}", 60) + "y" + repeat("{% endif %}", 60)), "y");
+  EXPECT_EQ(render("{{ " + repeat("[", 30) + repeat("]", 30) + " | length }}"), "1");
+}
+
+TEST(JinjaLimits, EndlessMacroRecursionFailsCleanly) {
+  expect_error("{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}", "recursion deeper than 1000 levels");
+  // Bounded recursion is fine.
+  EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(5) }}"),
+            "54321");
+}
+
+TEST(JinjaLimits, IntegerOverflowIsAnError) {
+  expect_error("{{ 9223372036854775807 + 1 }}", "integer overflow");
+  expect_error("{{ -9223372036854775807 - 2 }}", "integer overflow");
+  expect_error("{{ 4294967296 * 4294967296 }}", "integer overflow");
+  expect_error("{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow");
+  expect_error("{{ -(-9223372036854775807 - 1) }}", "integer overflow");
+  expect_error("{{ 10 ** 30 }}", "integer overflow");
+  expect_error("{{ 'abc'[10.0 ** 300:] }}", "out of the integer range");
+  EXPECT_EQ(render("{{ 9223372036854775806 + 1 }}"), "9223372036854775807");
+  EXPECT_EQ(render("{{ 'abcdef'[1:9223372036854775807:9223372036854775807] }}"), "b");
+  EXPECT_EQ(render("{{ range(9223372036854775806, 9223372036854775807, 9223372036854775807) | list }}"),
+            "[9223372036854775806]");
+}
+
+TEST(JinjaLimits, MemoryAndTimeBudgets) {
+  expect_error("{{ range(1000000000000) | length }}", "range() of more than 100000 items");
+  expect_error("{{ 'x' * 1000000000000 }}", "a string longer than 64 MiB");
+  expect_error(
+      "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+      "a string longer than 64 MiB");
+  expect_error(
+      "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+      "a list of more than 100000 items");
+  expect_error("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+               "rendering takes more than 5000000 steps");
+  EXPECT_EQ(render("{{ range(100000) | length }}"), "100000");
+}
+
+// Values a loop nests deeper than the template text: printing, comparing and serializing them is an
+// error past kMaxValueDepth, and freeing them (100,000 levels) does not recurse.
+TEST(JinjaLimits, DeepValuesBuiltInALoop) {
+  const std::string build =
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+  EXPECT_EQ(render(build + "{{ ns.x | length }}"), "1");
+  expect_error(build + "{{ ns.x }}", "a value nested deeper than 512 levels");
+  expect_error(build + "{{ ns.x | tojson }}", "a value nested deeper than 512 levels");
+  expect_error(build + "{{ ns.x == ns.x }}", "a value nested deeper than 512 levels");
+  // The same through dicts and appends.
+  EXPECT_EQ(render("{% set ns = namespace(d={}) %}{% for i in range(100000) %}{% set ns.d = {'a': ns.d} %}{% "
+                   "endfor %}ok"),
+            "ok");
+  EXPECT_EQ(render("{% set ns = namespace(cur=[]) %}{% set root = ns.cur %}{% for i in range(100000) %}{% "
+                   "set n = [] %}"
+                   "{{ ns.cur.append(n) or '' }}{% set ns.cur = n %}{% endfor %}{{ root | length }}"),
+            "1");
+  EXPECT_EQ(render("{{ [[1, [2]], {'a': [3]}] }}"), "[[1, [2]], {'a': [3]}]");
+}
+
+}  // namespace
+}  // namespace beluga::recipe
