@@ -2,9 +2,11 @@
 # Runs the libFuzzer targets of tests/fuzz, one after the other (one process each: the machine's
 # cores are shared), and prints per target the executions and the crashes found.
 #
-#   scripts/fuzz.sh [--time S | --runs N] [--build DIR] [target...]
+#   scripts/fuzz.sh [--time S | --runs N] [--seed K] [--build DIR] [target...]
 #
 # --time S   seconds per target (default 60); --runs N: N inputs per target instead.
+# --seed K   libFuzzer's random seed: with --runs, a run from a fresh build tree is reproducible
+#            (what CI uses, so that its verdict does not depend on the machine's speed).
 # targets    names without the fuzz_ prefix (chat_request, jinja, ...); default: all of them.
 # Each target starts from its seed corpus (tests/fuzz/corpus/<target>, read-only) plus what earlier
 # runs found (DIR/corpus/<target>); crashing inputs land in DIR/artifacts/<target>/. Exit status 1
@@ -14,12 +16,14 @@ cd "$(dirname "$0")/.."
 
 TIME=60
 RUNS=""
+SEED=""
 BUILD=build-fuzz
 TARGETS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --time) TIME="$2"; RUNS=""; shift 2 ;;
     --runs) RUNS="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
     --build) BUILD="$2"; shift 2 ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) TARGETS+=("$1"); shift ;;
@@ -50,6 +54,7 @@ for t in "${TARGETS[@]}"; do
   if [ -f "tests/fuzz/dict/$t.dict" ]; then dict=("-dict=tests/fuzz/dict/$t.dict")
   elif [ "${t%_request}" != "$t" ]; then dict=("-dict=tests/fuzz/dict/request.dict"); fi
   if [ -n "$RUNS" ]; then limit=("-runs=$RUNS"); else limit=("-max_total_time=$TIME"); fi
+  [ -z "$SEED" ] || limit+=("-seed=$SEED")
   log="$BUILD/fuzz-$t.log"
   before=$(find "$art" -type f | wc -l)
   set +e
