@@ -1,5 +1,7 @@
 #include "recipe/output_parser.h"
 
+#include <algorithm>
+
 #include "recipe/deepseek_tokens.h"
 #include "recipe/py_json.h"
 
@@ -60,23 +62,39 @@ size_t incomplete_utf8_tail(std::string_view s) {
   return 0;
 }
 
+// Length of the valid UTF-8 character at s[i], 0 if that byte is not the start of one.
+size_t utf8_char_at(std::string_view s, size_t i) {
+  unsigned char c = s[i];
+  size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (need == 0 || i + need > s.size()) return 0;
+  for (size_t k = 1; k < need; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
+  return need;
+}
+
 // Replaces bytes that are not valid UTF-8 with U+FFFD, so every delta is valid JSON string text.
 std::string valid_utf8(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
-    unsigned char c = s[i];
-    size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    bool ok = need > 0 && i + need <= s.size();
-    for (size_t k = 1; ok && k < need; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok) {
-      out.append(s.substr(i, need));
-      i += need;
+    if (size_t n = utf8_char_at(s, i)) {
+      out.append(s.substr(i, n));
+      i += n;
     } else {
       out += "\xEF\xBF\xBD";
       ++i;
     }
   }
   return out;
+}
+
+// JSON mode's stand-in for text outside the JSON value: one space per character of valid_utf8(s).
+// Counting the characters valid_utf8 would give (each invalid byte one U+FFFD), not the lead bytes,
+// makes raw bytes and the same bytes replayed after a rejected JSON call (already made valid) pad
+// alike, so the padding does not depend on where the input was split.
+std::string json_mode_padding(std::string_view s) {
+  size_t chars = 0;
+  for (size_t i = 0; i < s.size(); ++chars) i += std::max<size_t>(utf8_char_at(s, i), 1);
+  return std::string(chars, ' ');
 }
 
 }  // namespace
@@ -294,10 +312,7 @@ void OutputParser::emit(std::string_view bytes, std::vector<ParserEvent>& events
         lead_ = false;
       }
       if (state_ == State::kContent && opt_.json_mode) {
-        std::string spaces;  // one space per character outside the JSON value
-        for (unsigned char c : bytes)
-          if ((c & 0xC0) != 0x80) spaces += ' ';
-        delta(K::kContent, spaces, events);
+        delta(K::kContent, json_mode_padding(bytes), events);
       } else {
         delta(state_ == State::kReasoning ? K::kReasoning : K::kContent, valid_utf8(bytes), events);
       }
@@ -306,13 +321,9 @@ void OutputParser::emit(std::string_view bytes, std::vector<ParserEvent>& events
     case State::kJson:
       delta(K::kContent, valid_utf8(bytes), events);
       break;
-    case State::kMatchedJson: {
-      std::string spaces;
-      for (unsigned char c : bytes)
-        if ((c & 0xC0) != 0x80) spaces += ' ';
-      delta(K::kContent, spaces, events);
+    case State::kMatchedJson:
+      delta(K::kContent, json_mode_padding(bytes), events);
       break;
-    }
     case State::kToolName:
       name_ += bytes;
       break;
