@@ -221,6 +221,12 @@ int64_t unix_ms() {
 void Engine::loop() {
   Impl& im = *impl_;
   const int V = model_.config().vocab_size;
+  // submit()'s view of the queue, made exact before a callback runs: a caller that sees its request
+  // end (an abort, say) and submits again must not find the old sequences still counted.
+  auto publish_waiting = [&] {
+    std::lock_guard<std::mutex> lk(mu_);
+    waiting_count_ = im.scheduler.num_waiting();
+  };
   auto emit_final = [&](int slot, FinishReason why, const std::string& error) {
     auto it = im.requests.find(slot);
     if (it == im.requests.end()) return;
@@ -240,6 +246,7 @@ void Engine::loop() {
     }
     out.finished = true;
     out.error = error;
+    publish_waiting();
     deliver(r.req, std::move(out));  // the request ends here whether or not its callback copes
     im.slot_of.erase(r.req.id);
     im.requests.erase(it);
@@ -483,6 +490,7 @@ void Engine::loop() {
   auto iterate = [&](std::deque<EngineRequest>& incoming, std::vector<std::string>& aborts) {
     for (auto& req : incoming) admit(std::move(req));
     incoming.clear();
+    publish_waiting();
 
     // After admitting: an abort may name a request that arrived in the same batch.
     for (const auto& id : aborts) {

@@ -17,8 +17,9 @@ namespace {
 enum class Flow { kNormal, kBreak, kContinue };
 
 // The interpreter recurses over the tree (at most kMaxTemplateNesting deep) and into macros; this
-// bounds the whole, so a macro that calls itself without end fails cleanly instead of overflowing.
-constexpr int kMaxRenderDepth = 1000;
+// bounds the whole, so a macro that calls itself without end fails cleanly instead of overflowing
+// (1000 levels overflowed an 8 MiB stack under ASan; chat templates recurse a few levels at most).
+constexpr int kMaxRenderDepth = 200;
 // Nodes and expressions one render may evaluate: a chat template over a long conversation takes
 // well under a million (measured: a 5M-step render takes ~4 s on a loaded core); loops nested to multiply
 // past this are refused instead of running on.
