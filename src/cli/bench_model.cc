@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "cli/bench_kv.h"
+#include "cli/bench_router.h"
 #include "cli/bench_serve.h"
 #include "cli/bench_grammar.h"
 #include "cli/bench_tokenizer.h"
@@ -591,7 +592,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "serve") return bench_serve(argc - 1, argv + 1);
   if (what == "grammar") return bench_grammar(argc - 1, argv + 1);
   if (what == "kv") return bench_kv(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv)");
+  if (what == "router") return bench_router(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router)");
 }
 
 }  // namespace beluga::cli

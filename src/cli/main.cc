@@ -20,10 +20,12 @@ struct Subcommand {
 constexpr Subcommand kCommands[] = {
     {"serve", beluga::cli::cmd_serve,
      "OpenAI / Anthropic compatible HTTP server (default: the built-in model)"},
+    {"router", beluga::cli::cmd_router,
+     "load balancer in front of `serve` replicas (cache-aware, least-load, round-robin)"},
     {"generate", beluga::cli::cmd_generate, "greedy/sampled generation from token ids"},
     {"logits", beluga::cli::cmd_logits, "write prefill logits for token ids to a safetensors file"},
     {"inspect", beluga::cli::cmd_inspect, "print a model's architecture, parameters and KV bytes per token"},
-    {"bench", beluga::cli::cmd_bench, "benchmarks: `bench model`, `bench tokenizer`, `bench serve`"},
+    {"bench", beluga::cli::cmd_bench, "benchmarks: `bench model`, `bench tokenizer`, `bench serve`, `bench router`"},
     {"tokenize", beluga::cli::cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", beluga::cli::cmd_detokenize, "token ids on stdin -> text"},
     {"render", beluga::cli::cmd_render, "API request -> prompt text and token ids"},

@@ -42,11 +42,37 @@ constexpr Usage kUsages[] = {
      "usage: beluga inspect [MODEL_DIR] [options]\n"
      "Prints a model's architecture, parameter count, dtypes and KV bytes per token as "
      "JSON.\n\n" MODEL_OPTIONS},
+    {"router",
+     "usage: beluga router --replica URL [--replica URL ...] [MODEL_DIR | --model DIR] [options]\n"
+     "Load balancer in front of `beluga serve` replicas: proxies every route they serve (SSE streamed\n"
+     "through), retries a request that has not started on another replica, ejects failing replicas.\n"
+     "Formula and knobs: docs/router.md.\n\n"
+     "  --replica URL             a replica, http://HOST:PORT (repeat for each; at most 64)\n"
+     "  --model DIR               tokenizer and chat format of the served model (no weights are read);\n"
+     "                            default: the built-in models/beluga-demo-coder\n"
+     "  --host H                  default 127.0.0.1\n"
+     "  --port P                  default 8080 (0: any free port)\n"
+     "  --policy cache-aware|round-robin|least-load   default cache-aware\n"
+     "  --balance-window N        cache-aware: in-flight requests above the least-loaded replica that\n"
+     "                            prefix affinity tolerates (default 8)\n"
+     "  --load-cost-tokens T      cache-aware: one request in flight costs T uncached prompt tokens\n"
+     "                            (default 128)\n"
+     "  --index-blocks N          prefix index capacity in blocks (default 1048576)\n"
+     "  --max-retries N           other replicas tried before a request fails (default 2)\n"
+     "  --connect-timeout-ms N    default 2000\n"
+     "  --upstream-timeout-s N    for a replica's response to begin and between reads (default 600)\n"
+     "  --health-interval-ms N    GET /health on every replica this often (default 1000)\n"
+     "  --health-timeout-ms N     default 1000\n"
+     "  --eject-after N           consecutive failures that eject a replica (default 3)\n"
+     "  --max-body-bytes N        default 16777216\n"
+     "  --io-threads N            default 2\n"
+     "  --tokenize-threads N      threads that render and tokenize prompts (default 1)\n"},
     {"bench",
-     "usage: beluga bench model|tokenizer|serve [options]\n"
+     "usage: beluga bench model|tokenizer|serve|router [options]\n"
      "  model       prefill and decode throughput of one model on this machine\n"
      "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
      "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
+     "  router      the router's added latency and SSE relay rate against a synthetic upstream\n"
      "`beluga bench <name> --help` lists each one's options.\n"},
     {"bench model",
      "usage: beluga bench model [MODEL_DIR] [options]\n"
@@ -88,6 +114,17 @@ constexpr Usage kUsages[] = {
      "  --vocab-size N            random ids are drawn from [100, N) (default 4000)\n"
      "  --seed N                  default 0\n"
      "  --slo ttft_ms=N,tpot_ms=N,e2el_ms=N   goodput: requests per second meeting these\n"
+     "  --out FILE                also write the results as JSON\n"},
+    {"bench router",
+     "usage: beluga bench router [options]\n"
+     "The router's added latency per request and its SSE relay rate, against a synthetic upstream in\n"
+     "this process (no model runs), for the round-robin and cache-aware policies.\n\n"
+     "  --requests N              sequential non-streamed requests timed per path (default 2000)\n"
+     "  --streams N               concurrent streaming clients (default 16)\n"
+     "  --rounds N                streams each client runs (default 4)\n"
+     "  --events N                SSE events per stream (default 2000)\n"
+     "  --io-threads N            the router's I/O threads (default 2)\n"
+     "  --model DIR               tokenizer for the cache-aware policy (default: the built-in model)\n"
      "  --out FILE                also write the results as JSON\n"},
     {"tokenize",
      "usage: beluga tokenize --tokenizer tokenizer.json [--allow-special] [--jsonl] < text\n"

@@ -1,0 +1,93 @@
+// `beluga router --replica URL [--replica URL ...] [--model DIR] [--policy ...]`: the load balancer in
+// front of `beluga serve` replicas (src/router). Reads the model directory's tokenizer and chat
+// format only (no weights), listens, probes the replicas and proxies until SIGINT/SIGTERM.
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/model_args.h"
+#include "model/batch.h"
+#include "router/router.h"
+#include "server/server.h"
+#include "util/error.h"
+
+namespace beluga::cli {
+
+int cmd_router(int argc, char** argv) {
+  // --replica repeats; Args keeps one value per option, so the replicas are taken out first.
+  std::vector<std::string> replicas;
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--replica") {
+      BELUGA_CHECK(i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0, "option --replica needs a value");
+      replicas.emplace_back(argv[++i]);
+    } else if (a.rfind("--replica=", 0) == 0) {
+      replicas.push_back(a.substr(10));
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  Args args(int(rest.size()), rest.data());
+  router::RouterConfig cfg;
+  cfg.replicas = replicas;
+  cfg.host = args.get_or("host", "127.0.0.1");
+  cfg.port = int(args.get_int("port", 8080));
+  BELUGA_CHECK(cfg.port >= 0 && cfg.port < 65536, "--port must be 0..65535");
+  const std::string policy = args.get_or("policy", "cache-aware");
+  const auto p = router::parse_policy(policy);
+  BELUGA_CHECK(p, "unknown --policy '", policy, "' (cache-aware, round-robin, least-load)");
+  cfg.policy = *p;
+  cfg.knobs.balance_window = int(args.get_int("balance-window", cfg.knobs.balance_window));
+  cfg.knobs.load_cost_tokens = args.get_double("load-cost-tokens", cfg.knobs.load_cost_tokens);
+  BELUGA_CHECK(cfg.knobs.balance_window >= 0 && cfg.knobs.load_cost_tokens >= 0,
+               "--balance-window and --load-cost-tokens must be >= 0");
+  cfg.knobs.block_size = kKvBlockSize;
+  const long index_blocks = args.get_int("index-blocks", long(cfg.index_blocks));
+  BELUGA_CHECK(index_blocks > 0, "--index-blocks must be positive");
+  cfg.index_blocks = size_t(index_blocks);
+  cfg.io_threads = int(args.get_int("io-threads", cfg.io_threads));
+  cfg.tokenize_threads = int(args.get_int("tokenize-threads", cfg.tokenize_threads));
+  cfg.max_retries = int(args.get_int("max-retries", cfg.max_retries));
+  cfg.connect_timeout_ms = int(args.get_int("connect-timeout-ms", cfg.connect_timeout_ms));
+  cfg.upstream_timeout_s = int(args.get_int("upstream-timeout-s", cfg.upstream_timeout_s));
+  cfg.health_interval_ms = int(args.get_int("health-interval-ms", cfg.health_interval_ms));
+  cfg.health_timeout_ms = int(args.get_int("health-timeout-ms", cfg.health_timeout_ms));
+  cfg.eject_after = int(args.get_int("eject-after", cfg.eject_after));
+  cfg.max_body_bytes = size_t(args.get_int("max-body-bytes", long(cfg.max_body_bytes)));
+  BELUGA_CHECK(cfg.io_threads > 0 && cfg.tokenize_threads > 0 && cfg.max_retries >= 0 &&
+                   cfg.connect_timeout_ms > 0 && cfg.upstream_timeout_s > 0 && cfg.health_interval_ms > 0 &&
+                   cfg.health_timeout_ms > 0 && cfg.eject_after > 0 && cfg.max_body_bytes > 0,
+               "--io-threads, --tokenize-threads, the timeouts, --health-interval-ms, --eject-after and "
+               "--max-body-bytes must be positive, --max-retries >= 0");
+  std::string model_dir = args.get_or("model", "");
+  const auto& pos = args.positional();
+  BELUGA_CHECK(pos.size() <= 1, "one model directory expected, got '", pos.size() > 1 ? pos[1] : "", "' too");
+  if (!pos.empty()) {
+    BELUGA_CHECK(model_dir.empty() || model_dir == pos[0], "the model is given twice: ", pos[0], " and --model ",
+                 model_dir);
+    model_dir = pos[0];
+  }
+  args.check_all_used();  // before anything is read: a bad command line fails at once
+  BELUGA_CHECK(!cfg.replicas.empty(), "at least one --replica URL is needed");
+  if (model_dir.empty()) model_dir = default_model_dir();
+  if (model_dir.size() > 12 && model_dir.ends_with("/config.json")) model_dir.resize(model_dir.size() - 12);
+
+  server::Server::block_signals();
+  auto model = std::make_unique<router::PromptModel>(router::PromptModel::from_dir(model_dir));
+  router::Router r(cfg, std::move(model));
+  r.listen();
+  r.start();
+  std::fprintf(stderr, "beluga router: routing to %zu replica(s) (policy %s, tokenizer %s) on http://%s:%d\n",
+               cfg.replicas.size(), router::policy_name(cfg.policy), model_dir.c_str(), cfg.host.c_str(), r.port());
+  r.wait_for_signal();
+  std::fprintf(stderr, "beluga router: shutting down\n");
+  r.stop();
+  return 0;
+}
+
+}  // namespace beluga::cli

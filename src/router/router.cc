@@ -1,0 +1,156 @@
+#include "router/router.h"
+
+#include <csignal>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "router/health_checker.h"
+#include "router/proxy_session.h"
+#include "router/router_context.h"
+#include "util/error.h"
+
+namespace beluga::router {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+void RouterContext::on_ejected(Replica& r, const std::string& why) {
+  index.forget(r.id());
+  r.drop_idle();
+  if (cfg.log_replica_changes)
+    std::fprintf(stderr, "beluga router: replica %s ejected (%s)\n", r.address().url.c_str(), why.c_str());
+}
+
+void RouterContext::on_rejoined(Replica& r) {
+  if (cfg.log_replica_changes)
+    std::fprintf(stderr, "beluga router: replica %s is back (half-open)\n", r.address().url.c_str());
+}
+
+// Destroyed bottom up: the tokenize pool and the io_context (whose pending handlers own sessions
+// that touch the context) go before the context.
+struct Router::State {
+  explicit State(RouterConfig cfg, std::unique_ptr<PromptModel> model)
+      : ctx(std::move(cfg), std::move(model)), tokenize_pool(size_t(std::max(1, ctx.cfg.tokenize_threads))) {}
+  RouterContext ctx;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  net::thread_pool tokenize_pool;
+  HealthChecker health{ioc, ctx};
+  std::vector<std::thread> threads;
+};
+
+namespace {
+
+void do_accept(Router::State* st) {
+  st->acceptor.async_accept(net::make_strand(st->ioc), [st](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !st->acceptor.is_open()) return;
+    if (ec) {
+      // Out of descriptors or the like: pause instead of spinning on the error.
+      std::fprintf(stderr, "beluga router: accept failed: %s\n", ec.message().c_str());
+      auto t = std::make_shared<net::steady_timer>(st->ioc, std::chrono::milliseconds(100));
+      t->async_wait([st, t](boost::system::error_code) { do_accept(st); });
+      return;
+    }
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    start_proxy_session(std::move(socket), st->ctx);
+    do_accept(st);
+  });
+}
+
+}  // namespace
+
+Router::Router(RouterConfig cfg, std::unique_ptr<PromptModel> model)
+    : st_(std::make_unique<State>(std::move(cfg), std::move(model))) {
+  RouterContext& ctx = st_->ctx;
+  BELUGA_CHECK(!ctx.cfg.replicas.empty(), "at least one --replica URL is needed");
+  BELUGA_CHECK(ctx.cfg.replicas.size() <= size_t(kMaxReplicas), "at most ", kMaxReplicas, " replicas");
+  ctx.tokenize_pool = &st_->tokenize_pool;
+  tcp::resolver resolver(st_->ioc);
+  for (const auto& url : ctx.cfg.replicas) {
+    ReplicaAddress a = parse_replica_url(url);
+    boost::system::error_code ec;
+    auto results = resolver.resolve(a.host, a.port, ec);
+    BELUGA_CHECK(!ec && !results.empty(), "--replica ", url, ": cannot resolve ", a.host, ": ", ec.message());
+    std::vector<tcp::endpoint> eps;
+    for (const auto& e : results) eps.push_back(e.endpoint());
+    for (const auto& r : ctx.replicas)
+      BELUGA_CHECK(r->address().url != a.url, "--replica ", url, " is given twice");
+    ctx.endpoints.push_back(std::move(eps));
+    ctx.replicas.push_back(std::make_unique<Replica>(int(ctx.replicas.size()), std::move(a), ctx.cfg.eject_after));
+  }
+}
+
+Router::~Router() {
+  stop();
+}
+
+void Router::listen() {
+  const RouterConfig& cfg = st_->ctx.cfg;
+  boost::system::error_code ec;
+  auto addr = net::ip::make_address(cfg.host, ec);
+  if (ec) {
+    tcp::resolver resolver(st_->ioc);
+    auto results = resolver.resolve(cfg.host, std::to_string(cfg.port), ec);
+    BELUGA_CHECK(!ec && !results.empty(), "cannot resolve --host ", cfg.host, ": ", ec.message());
+    addr = results.begin()->endpoint().address();
+  }
+  tcp::endpoint ep(addr, static_cast<unsigned short>(cfg.port));
+  st_->acceptor.open(ep.protocol(), ec);
+  BELUGA_CHECK(!ec, "cannot open a socket: ", ec.message());
+  st_->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  st_->acceptor.bind(ep, ec);
+  BELUGA_CHECK(!ec, "cannot listen on ", cfg.host, ":", cfg.port, ": ", ec.message());
+  st_->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  BELUGA_CHECK(!ec, "cannot listen on ", cfg.host, ":", cfg.port, ": ", ec.message());
+  do_accept(st_.get());
+}
+
+int Router::port() const {
+  boost::system::error_code ec;
+  auto ep = st_->acceptor.local_endpoint(ec);
+  return ec ? -1 : ep.port();
+}
+
+void Router::start() {
+  st_->health.start();
+  const int n = std::max(1, st_->ctx.cfg.io_threads);
+  for (int i = 0; i < n; ++i)
+    st_->threads.emplace_back([st = st_.get()] {
+      for (;;) {
+        try {
+          st->ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "beluga router: I/O thread error: %s\n", e.what());
+        }
+      }
+    });
+}
+
+void Router::wait_for_signal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
+
+void Router::stop() {
+  st_->health.stop();
+  net::post(st_->ioc, [st = st_.get()] {
+    boost::system::error_code ec;
+    st->acceptor.close(ec);
+  });
+  st_->ioc.stop();
+  for (auto& t : st_->threads)
+    if (t.joinable()) t.join();
+  st_->threads.clear();
+  st_->tokenize_pool.stop();
+  st_->tokenize_pool.join();
+}
+
+}  // namespace beluga::router
