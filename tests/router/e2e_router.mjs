@@ -135,10 +135,10 @@ async function suite(label, routerBase, directBase) {
   check(del === true, what('responses: delete through the router'), String(del));
 
   // Anthropic Messages.
-  const m = await anthropic.messages.create({ model: MODEL, max_tokens: 12, messages: [{ role: 'user', content: USER }] });
+  const m = await anthropic.messages.create({ model: MODEL, max_tokens: 12, temperature: 0, messages: [{ role: 'user', content: USER }] });
   check(m.type === 'message' && m.content[0].type === 'text' && m.content[0].text.length > 0, what('messages: text'), m.content);
   let mtext = '', stopReason = null;
-  const ms = anthropic.messages.stream({ model: MODEL, max_tokens: 12, messages: [{ role: 'user', content: USER }] });
+  const ms = anthropic.messages.stream({ model: MODEL, max_tokens: 12, temperature: 0, messages: [{ role: 'user', content: USER }] });
   for await (const ev of ms) {
     if (ev.type === 'content_block_delta' && ev.delta.type === 'text_delta') mtext += ev.delta.text;
     if (ev.type === 'message_delta') stopReason = ev.delta.stop_reason;

@@ -208,7 +208,9 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   };
   std::vector<std::thread> ts;
   for (int i = 0; i < 4; ++i) ts.emplace_back(worker);
-  ASSERT_TRUE(wait_for([&] { return done >= 6; }, 60));
+  // Killed while it serves: requests in flight on it at that moment must be retried elsewhere.
+  ASSERT_TRUE(wait_for([&] { return done >= 4 && replica_sample(rp, "beluga_router_replica_in_flight", a->url()) > 0; },
+                       60));
   a->kill_now();
   for (auto& t : ts) t.join();
   EXPECT_EQ(ok, total) << (failures.empty() ? "" : failures[0]);
@@ -218,6 +220,7 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
               "event, router retries %.0f\n",
               ok.load(), total, streams_ok.load(), streams_error_event.load(),
               sample(http_get(rp, "/metrics").body, "beluga_router_retries_total"));
+  EXPECT_GE(sample(http_get(rp, "/metrics").body, "beluga_router_retries_total"), 1);
   EXPECT_TRUE(wait_for([&] { return replica_sample(rp, "beluga_router_replica_breaker_state", a->url()) == 1; }, 10));
   EXPECT_GE(replica_sample(rp, "beluga_router_replica_failures_total", a->url()), 1);
 
@@ -239,6 +242,36 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   }
   EXPECT_GE(served_by(late_port), 1) << "the replica that started late got no request";
   EXPECT_GE(served_by(a_port), 1) << "the restarted replica got no request";
+
+  // A stream whose replica dies after it began: the client gets what was streamed, then the error
+  // event and [DONE], in a well-formed chunked response.
+  {
+    std::vector<std::pair<std::string, ChildProcess*>> live = {{b->url(), b.get()}, {late_url, late.get()},
+                                                                {a2->url(), a2.get()}};
+    beluga::server::testing::HttpReply streamed;
+    std::thread client([&] {
+      Json body{{"model", "beluga-demo-coder"}, {"stream", true}, {"max_tokens", 1500}, {"ignore_eos", true},
+                {"messages", Json::array({{{"role", "user"}, {"content", "Write a long Python module."}}})}};
+      streamed = http_request(rp, http::verb::post, "/v1/chat/completions", body.dump(), {}, std::chrono::seconds(60));
+    });
+    ChildProcess* serving = nullptr;
+    wait_for(
+        [&] {
+          for (auto& [u, p] : live)
+            if (replica_sample(rp, "beluga_router_replica_in_flight", u) > 0) serving = p;
+          return serving != nullptr;
+        },
+        20);
+    ASSERT_NE(serving, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // some tokens have gone out
+    serving->kill_now();
+    client.join();
+    EXPECT_EQ(streamed.status, 200);
+    EXPECT_NE(streamed.body.find("\"delta\":{\"content\""), std::string::npos) << streamed.body.substr(0, 300);
+    const size_t err = streamed.body.find("data: {\"error\"");
+    EXPECT_NE(err, std::string::npos) << streamed.body.substr(streamed.body.size() > 400 ? streamed.body.size() - 400 : 0);
+    EXPECT_NE(streamed.body.find("data: [DONE]", err == std::string::npos ? 0 : err), std::string::npos);
+  }
 
   // Every replica down: the router answers 503 in the API's shape, and its /health says so.
   b->kill_now();

@@ -188,12 +188,12 @@ TEST(RouterPromptTokens, EqualTheServersForEveryApi) {
   } cases[] = {
       {GenerationRoute::kChat, server::ServerApi::kChat,
        R"({"model":"beluga-demo-coder","n":2,"traffic_class":"agent","messages":[{"role":"system","content":"You write Python."},{"role":"user","content":"def add(a, b):"}]})"},
-      {GenerationRoute::kCompletions, server::ServerApi::kCompletions, R"({"prompt":"import os\nimport sys\n"})"},
-      {GenerationRoute::kCompletions, server::ServerApi::kCompletions, R"({"prompt":[5,6,7,8]})"},
+      {GenerationRoute::kCompletions, server::ServerApi::kCompletions, R"({"model":"beluga-demo-coder","prompt":"import os\nimport sys\n"})"},
+      {GenerationRoute::kCompletions, server::ServerApi::kCompletions, R"({"model":"beluga-demo-coder","prompt":[5,6,7,8]})"},
       {GenerationRoute::kResponses, server::ServerApi::kResponses,
-       R"({"instructions":"Be brief.","input":"Sort a list in Python."})"},
+       R"({"model":"beluga-demo-coder","instructions":"Be brief.","input":"Sort a list in Python."})"},
       {GenerationRoute::kMessages, server::ServerApi::kMessages,
-       R"({"max_tokens":8,"system":"S","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})"},
+       R"({"model":"beluga-demo-coder","max_tokens":8,"system":"S","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})"},
   };
   for (const auto& c : cases) {
     const auto key = pm.key(c.route, c.body);
