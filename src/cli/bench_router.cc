@@ -96,7 +96,9 @@ class SyntheticUpstream {
       if (ec) return;
       std::string out;
       if (req.target() == "/health") {
-        out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n{\"status\":\"ok\"}";
+        out =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            "15\r\n\r\n{\"status\":\"ok\"}";
         net::write(s, net::buffer(out), ec);
       } else if (req.body().find("\"stream\":true") == std::string::npos) {
         out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
@@ -105,7 +107,8 @@ class SyntheticUpstream {
       } else {
         out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
         net::write(s, net::buffer(out), ec);
-        for (int i = 0; i < events_ && !ec; ++i) net::write(s, net::buffer(event_chunk_), ec);  // one write each
+        for (int i = 0; i < events_ && !ec; ++i)
+          net::write(s, net::buffer(event_chunk_), ec);  // one write each
         if (!ec) net::write(s, net::buffer(chunk("data: [DONE]\n\n") + "0\r\n\r\n"), ec);
       }
       if (ec) return;
@@ -140,7 +143,8 @@ class Client {
     http::write(socket_, req);
     http::response<http::string_body> res;
     http::read(socket_, buf_, res);
-    BELUGA_CHECK(res.result_int() == 200, "bench router: the request got ", res.result_int(), ": ", res.body());
+    BELUGA_CHECK(res.result_int() == 200, "bench router: the request got ", res.result_int(), ": ",
+                 res.body());
     int events = 0;
     for (size_t p = res.body().find("data: "); p != std::string::npos; p = res.body().find("data: ", p + 6))
       ++events;
@@ -176,7 +180,8 @@ Latency measure_latency(unsigned short port, int requests, const std::string& bo
   return {percentile(ms, 0.5), percentile(ms, 0.99)};
 }
 
-double measure_events_per_s(unsigned short port, int streams, int rounds, int events, const std::string& body) {
+double measure_events_per_s(unsigned short port, int streams, int rounds, int events,
+                            const std::string& body) {
   std::atomic<long> total{0};
   std::atomic<bool> failed{false};
   const auto t0 = Clock::now();
@@ -217,7 +222,8 @@ int bench_router(int argc, char** argv) {
 
   // A chat request of a few hundred prompt tokens (what the cache-aware policy renders and hashes).
   std::string text;
-  for (int i = 0; i < 40; ++i) text += "def f" + std::to_string(i) + "(x): return x * " + std::to_string(i) + "\n";
+  for (int i = 0; i < 40; ++i)
+    text += "def f" + std::to_string(i) + "(x): return x * " + std::to_string(i) + "\n";
   const std::string messages = nlohmann::json::array({{{"role", "user"}, {"content", text}}}).dump();
   const std::string plain = R"({"model":"m","max_tokens":1,"messages":)" + messages + "}";
   const std::string streamed = R"({"model":"m","stream":true,"messages":)" + messages + "}";
@@ -226,18 +232,21 @@ int bench_router(int argc, char** argv) {
   const Latency direct = measure_latency(upstream.port(), requests, plain);
   const double direct_eps = measure_events_per_s(upstream.port(), streams, rounds, events, streamed);
 
-  nlohmann::ordered_json report{{"requests", requests},
-                                {"events_per_stream", events},
-                                {"streams", streams},
-                                {"rounds", rounds},
-                                {"io_threads", io_threads},
-                                {"direct", {{"p50_ms", direct.p50_ms}, {"p99_ms", direct.p99_ms}, {"events_per_s", direct_eps}}},
-                                {"router", nlohmann::ordered_json::array()}};
-  std::printf("bench router: %d sequential requests, %d streams x %d rounds x %d events, router io threads %d\n\n",
-              requests, streams, rounds, events, io_threads);
+  nlohmann::ordered_json report{
+      {"requests", requests},
+      {"events_per_stream", events},
+      {"streams", streams},
+      {"rounds", rounds},
+      {"io_threads", io_threads},
+      {"direct", {{"p50_ms", direct.p50_ms}, {"p99_ms", direct.p99_ms}, {"events_per_s", direct_eps}}},
+      {"router", nlohmann::ordered_json::array()}};
+  std::printf(
+      "bench router: %d sequential requests, %d streams x %d rounds x %d events, router io threads %d\n\n",
+      requests, streams, rounds, events, io_threads);
   std::printf("%-14s %10s %10s %12s %12s %14s\n", "path", "p50 ms", "p99 ms", "added p50", "added p99",
               "SSE events/s");
-  std::printf("%-14s %10.3f %10.3f %12s %12s %14.0f\n", "direct", direct.p50_ms, direct.p99_ms, "-", "-", direct_eps);
+  std::printf("%-14s %10.3f %10.3f %12s %12s %14.0f\n", "direct", direct.p50_ms, direct.p99_ms, "-", "-",
+              direct_eps);
   for (router::Policy policy : {router::Policy::kRoundRobin, router::Policy::kCacheAware}) {
     router::RouterConfig cfg;
     cfg.port = 0;
@@ -253,8 +262,8 @@ int bench_router(int argc, char** argv) {
     const double eps = measure_events_per_s(port, streams, rounds, events, streamed);
     r.stop();
     const double add50 = via.p50_ms - direct.p50_ms, add99 = via.p99_ms - direct.p99_ms;
-    std::printf("%-14s %10.3f %10.3f %12.3f %12.3f %14.0f\n", router::policy_name(policy), via.p50_ms, via.p99_ms,
-                add50, add99, eps);
+    std::printf("%-14s %10.3f %10.3f %12.3f %12.3f %14.0f\n", router::policy_name(policy), via.p50_ms,
+                via.p99_ms, add50, add99, eps);
     report["router"].push_back({{"policy", router::policy_name(policy)},
                                 {"p50_ms", via.p50_ms},
                                 {"p99_ms", via.p99_ms},

@@ -68,8 +68,8 @@ int cmd_router(int argc, char** argv) {
   const auto& pos = args.positional();
   BELUGA_CHECK(pos.size() <= 1, "one model directory expected, got '", pos.size() > 1 ? pos[1] : "", "' too");
   if (!pos.empty()) {
-    BELUGA_CHECK(model_dir.empty() || model_dir == pos[0], "the model is given twice: ", pos[0], " and --model ",
-                 model_dir);
+    BELUGA_CHECK(model_dir.empty() || model_dir == pos[0], "the model is given twice: ", pos[0],
+                 " and --model ", model_dir);
     model_dir = pos[0];
   }
   args.check_all_used();  // before anything is read: a bad command line fails at once
@@ -83,7 +83,8 @@ int cmd_router(int argc, char** argv) {
   r.listen();
   r.start();
   std::fprintf(stderr, "beluga router: routing to %zu replica(s) (policy %s, tokenizer %s) on http://%s:%d\n",
-               cfg.replicas.size(), router::policy_name(cfg.policy), model_dir.c_str(), cfg.host.c_str(), r.port());
+               cfg.replicas.size(), router::policy_name(cfg.policy), model_dir.c_str(), cfg.host.c_str(),
+               r.port());
   r.wait_for_signal();
   std::fprintf(stderr, "beluga router: shutting down\n");
   r.stop();

@@ -37,7 +37,8 @@ std::string stream_error_events(std::string_view path, const std::string& messag
       break;
   }
   return "data: " +
-         dump({{"error", {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 502}}}}) +
+         dump({{"error",
+                {{"message", message}, {"type", "internal_error"}, {"param", nullptr}, {"code", 502}}}}) +
          "\n\ndata: [DONE]\n\n";
 }
 

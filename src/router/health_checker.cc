@@ -31,18 +31,19 @@ struct HealthChecker::Probe : std::enable_shared_from_this<HealthChecker::Probe>
   }
 
   void write() {
-    net::async_write(*stream, net::buffer(request), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->done(false, "write: " + ec.message());
-      self->buffer.clear();
-      self->response.emplace();
-      self->response->body_limit(65536);
-      http::async_read(*self->stream, self->buffer, *self->response,
-                       [self](beast::error_code ec, size_t) {
-                         if (ec) return self->done(false, "read: " + ec.message());
-                         const unsigned status = self->response->get().result_int();
-                         self->done(status == 200, "GET /health answered " + std::to_string(status));
-                       });
-    });
+    net::async_write(
+        *stream, net::buffer(request), [self = shared_from_this()](beast::error_code ec, size_t) {
+          if (ec) return self->done(false, "write: " + ec.message());
+          self->buffer.clear();
+          self->response.emplace();
+          self->response->body_limit(65536);
+          http::async_read(*self->stream, self->buffer, *self->response,
+                           [self](beast::error_code ec, size_t) {
+                             if (ec) return self->done(false, "read: " + ec.message());
+                             const unsigned status = self->response->get().result_int();
+                             self->done(status == 200, "GET /health answered " + std::to_string(status));
+                           });
+        });
   }
 
   void done(bool ok, const std::string& why) {

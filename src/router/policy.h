@@ -24,9 +24,9 @@ std::optional<Policy> parse_policy(std::string_view name);  // cache-aware, roun
 const char* policy_name(Policy p);
 
 struct CostKnobs {
-  int balance_window = 8;          // in-flight requests above the least-loaded that affinity tolerates
-  double load_cost_tokens = 128;   // what one request in flight costs, in uncached prompt tokens
-  int block_size = kKvBlockSize;   // tokens per prefix-cache block (the engine's)
+  int balance_window = 8;         // in-flight requests above the least-loaded that affinity tolerates
+  double load_cost_tokens = 128;  // what one request in flight costs, in uncached prompt tokens
+  int block_size = kKvBlockSize;  // tokens per prefix-cache block (the engine's)
 };
 
 struct Candidate {

@@ -27,8 +27,8 @@ PromptModel PromptModel::from_dir(const std::string& dir) {
     if (cfg.is_object() && cfg.contains("bos_token_id") && cfg["bos_token_id"].is_number_integer())
       bos = cfg["bos_token_id"].get<int>();
   }
-  return PromptModel(tok::Tokenizer::from_file(dir + "/tokenizer.json"), recipe::ChatEncoder::from_model_dir(dir),
-                     bos);
+  return PromptModel(tok::Tokenizer::from_file(dir + "/tokenizer.json"),
+                     recipe::ChatEncoder::from_model_dir(dir), bos);
 }
 
 PromptModel::Key PromptModel::key(GenerationRoute route, std::string_view body) const {

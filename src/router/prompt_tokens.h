@@ -31,7 +31,8 @@ class PromptModel {
   Key key(GenerationRoute route, std::string_view body) const;
 
  private:
-  PromptModel(tok::Tokenizer t, recipe::ChatEncoder e, int bos) : tokenizer_(std::move(t)), encoder_(std::move(e)), bos_(bos) {}
+  PromptModel(tok::Tokenizer t, recipe::ChatEncoder e, int bos)
+      : tokenizer_(std::move(t)), encoder_(std::move(e)), bos_(bos) {}
   tok::Tokenizer tokenizer_;
   recipe::ChatEncoder encoder_;
   int bos_ = -1;

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
-#include <span>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,8 +40,9 @@ bool iequals(std::string_view a, std::string_view b) {
 // Headers that describe one hop, not the message: never forwarded either way (RFC 9110 §7.6.1), plus
 // the framing ones each side sets for itself.
 bool hop_by_hop(std::string_view name) {
-  for (std::string_view h : {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
-                             "upgrade", "host", "content-length", "expect", "proxy-authorization"})
+  for (std::string_view h :
+       {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+        "host", "content-length", "expect", "proxy-authorization"})
     if (iequals(name, h)) return true;
   return false;
 }
@@ -51,8 +52,8 @@ bool stale_connection_error(const beast::error_code& ec) {
          ec == net::error::broken_pipe;
 }
 
-constexpr size_t kPiece = 64 * 1024;        // bytes relayed per read
-constexpr size_t kResponseIdScan = 8192;    // bytes of a Responses reply searched for its id
+constexpr size_t kPiece = 64 * 1024;      // bytes relayed per read
+constexpr size_t kResponseIdScan = 8192;  // bytes of a Responses reply searched for its id
 constexpr std::string_view kCrlf = "\r\n";
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
 
@@ -78,9 +79,10 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     // Between requests of a keep-alive connection the idle timeout applies; a new connection's
     // first request has the header timeout.
     client_.expires_after(std::chrono::seconds(served_ > 0 && cbuf_.size() == 0 ? ctx_.cfg.idle_timeout_s
-                                                                               : ctx_.cfg.header_timeout_s));
-    http::async_read_header(client_, cbuf_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+                                                                                : ctx_.cfg.header_timeout_s));
+    http::async_read_header(
+        client_, cbuf_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
@@ -116,7 +118,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
                                   std::to_string(ctx_.cfg.max_body_bytes) + " bytes"));
     }
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
-        ec == beast::error::timeout || ec == net::error::operation_aborted || ec == http::error::partial_message)
+        ec == beast::error::timeout || ec == net::error::operation_aborted ||
+        ec == http::error::partial_message)
       return do_close();
     reply(400, "application/json", error_body("", 400, "malformed HTTP request: " + ec.message()));
   }
@@ -189,7 +192,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     prompt_tokens_ = int(key.tokens.size());
     // The replica's prefix-cache keys: the same chain, salted with the tenant's API key.
     if (ctx_.cfg.policy == Policy::kCacheAware)
-      hashes_ = block_hashes(key.tokens, presented_key(), key.tokens.size() / size_t(ctx_.cfg.knobs.block_size));
+      hashes_ =
+          block_hashes(key.tokens, presented_key(), key.tokens.size() / size_t(ctx_.cfg.knobs.block_size));
     attempt();
   }
 
@@ -213,7 +217,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     const uint64_t ticket = ctx_.ticket.fetch_add(1, std::memory_order_relaxed);
     if (!route_) {  // not a generation: the least loaded (round-robin under that policy)
       const Policy p = ctx_.cfg.policy == Policy::kRoundRobin ? Policy::kRoundRobin : Policy::kLeastLoad;
-      return ctx_.replicas[size_t(candidates_[choose(p, candidates_, 0, ctx_.cfg.knobs, ticket).index].replica)]
+      return ctx_
+          .replicas[size_t(candidates_[choose(p, candidates_, 0, ctx_.cfg.knobs, ticket).index].replica)]
           .get();
     }
     if (!hashes_.empty()) {
@@ -232,8 +237,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
       if (attempts_ == 0) {
         ctx_.metrics.unroutable();
         return reply(503, "application/json",
-                     error_body(path_, 503, "no replica is available (all " + std::to_string(ctx_.replicas.size()) +
-                                                " are ejected); retry later"));
+                     error_body(path_, 503,
+                                "no replica is available (all " + std::to_string(ctx_.replicas.size()) +
+                                    " are ejected); retry later"));
       }
       const int status = last_timeout_ ? 504 : 502;
       return reply(status, "application/json",
@@ -246,7 +252,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     r->counters().requests.fetch_add(1, std::memory_order_relaxed);
     if (route_ && ctx_.cfg.policy == Policy::kCacheAware && prompt_tokens_ > 0) {
       r->counters().prompt_tokens.fetch_add(uint64_t(prompt_tokens_), std::memory_order_relaxed);
-      r->counters().hit_tokens.fetch_add(uint64_t(matched_ * ctx_.cfg.knobs.block_size), std::memory_order_relaxed);
+      r->counters().hit_tokens.fetch_add(uint64_t(matched_ * ctx_.cfg.knobs.block_size),
+                                         std::memory_order_relaxed);
       ctx_.index.record(hashes_, r->id());
     }
     connect();
@@ -325,8 +332,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     rp_->body_limit(std::numeric_limits<std::uint64_t>::max());
     rp_->header_limit(64 * 1024);
     up_->expires_after(std::chrono::seconds(ctx_.cfg.upstream_timeout_s));
-    http::async_read_header(*up_, ubuf_, *rp_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_upstream_header(ec); });
+    http::async_read_header(*up_, ubuf_, *rp_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_upstream_header(ec);
+    });
   }
 
   // A failure talking to the replica before the client got anything.
@@ -372,7 +380,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     sse_ = false;
     for (const auto& f : res) {
       if (hop_by_hop(sv(f.name_string()))) continue;
-      if (f.name() == http::field::content_type && sv(f.value()).starts_with("text/event-stream")) sse_ = true;
+      if (f.name() == http::field::content_type && sv(f.value()).starts_with("text/event-stream"))
+        sse_ = true;
       head_ += sv(f.name_string());
       head_ += ": ";
       head_ += sv(f.value());
@@ -411,12 +420,14 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void on_piece(beast::error_code ec) {
     if (ec == http::error::need_buffer) ec = {};
     if (client_gone_) return abandon();
-    const size_t got = piece_.size() - rp_->get().body().size;
+    size_t got = piece_.size() - rp_->get().body().size;
     if (ec) {
-      if (head_pending_ && got == 0) return attempt_failed("reading the response: " + ec.message(),
-                                                           ec == beast::error::timeout);
-      return stream_broken(ec.message(), got);
+      // Nothing has reached the client yet (the head waits for the first body bytes): retryable.
+      if (head_pending_)
+        return attempt_failed("reading the response: " + ec.message(), ec == beast::error::timeout);
+      return stream_broken(ec.message());
     }
+    got += parse_buffered(got);
     if (got == 0 && !rp_->is_done()) return relay_body();
     if (scan_id_) {
       scan_.append(piece_.data(), std::min(got, kResponseIdScan - std::min(kResponseIdScan, scan_.size())));
@@ -429,6 +440,26 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
       }
     }
     write_piece(got, rp_->is_done());
+  }
+
+  // More of the body may already sit in ubuf_ (a replica streaming faster than one event per read):
+  // it is parsed into the rest of piece_ now, so that one write carries all of it. Returns the body
+  // bytes added after piece_[0..have).
+  size_t parse_buffered(size_t have) {
+    size_t added = 0;
+    while (!rp_->is_done() && ubuf_.size() > 0 && have + added < piece_.size()) {
+      auto& body = rp_->get().body();
+      const size_t room = piece_.size() - have - added;
+      body.data = piece_.data() + have + added;
+      body.size = room;
+      beast::error_code ec;
+      const size_t used = rp_->put(ubuf_.data(), ec);
+      ubuf_.consume(used);
+      added += room - body.size;
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec || used == 0) break;  // need_more: the next read brings the rest; an error: it reports again
+    }
+    return added;
   }
 
   // Sends the head (if still pending), `n` bytes of piece_ and, when `last`, the end of the body.
@@ -457,7 +488,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   }
 
   // The replica broke a response off after the client got part of it.
-  void stream_broken(const std::string& why, size_t got) {
+  void stream_broken(const std::string& why) {
     Replica* r = replica_;
     r->counters().stream_errors.fetch_add(1, std::memory_order_relaxed);
     r->counters().failures.fetch_add(1, std::memory_order_relaxed);
@@ -472,7 +503,6 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
       const int len = std::snprintf(hex, sizeof(hex), "%zx\r\n", tail_.size());
       tail_ = std::string(hex, size_t(len)) + tail_ + "\r\n" + std::string(kLastChunk);
     }
-    (void)got;
     net::async_write(client_, net::buffer(tail_),
                      [self = shared_from_this()](beast::error_code, size_t) { self->do_close(); });
   }
@@ -529,9 +559,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void arm_watch() {
     if (watching_ || closed_) return;
     watching_ = true;
-    client_.socket().async_read_some(cbuf_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
-      self->on_watch(ec, n);
-    });
+    client_.socket().async_read_some(
+        cbuf_.prepare(4096),
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
   void on_watch(beast::error_code ec, size_t n) {

@@ -23,12 +23,12 @@ struct ReplicaAddress {
 ReplicaAddress parse_replica_url(std::string_view url);
 
 struct ReplicaCounters {
-  std::atomic<uint64_t> requests{0};        // attempts sent to it
-  std::atomic<uint64_t> failures{0};        // attempts that got no usable response
-  std::atomic<uint64_t> retries{0};         // attempts that failed here and were retried elsewhere
-  std::atomic<uint64_t> prompt_tokens{0};   // prompt tokens routed to it (cache-aware policy)
-  std::atomic<uint64_t> hit_tokens{0};      // of those, the estimated cached prefix
-  std::atomic<uint64_t> stream_errors{0};   // streams it broke off after they began
+  std::atomic<uint64_t> requests{0};       // attempts sent to it
+  std::atomic<uint64_t> failures{0};       // attempts that got no usable response
+  std::atomic<uint64_t> retries{0};        // attempts that failed here and were retried elsewhere
+  std::atomic<uint64_t> prompt_tokens{0};  // prompt tokens routed to it (cache-aware policy)
+  std::atomic<uint64_t> hit_tokens{0};     // of those, the estimated cached prefix
+  std::atomic<uint64_t> stream_errors{0};  // streams it broke off after they began
 };
 
 class Replica {

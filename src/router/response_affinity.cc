@@ -34,7 +34,8 @@ std::string find_response_id(std::string_view text) {
   if (at == std::string_view::npos) return {};
   const size_t begin = at + 6;  // at the `resp_`
   size_t end = begin;
-  while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '_')) ++end;
+  while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '_'))
+    ++end;
   if (end == text.size()) return {};  // cut off: not sure it is whole
   return std::string(text.substr(begin, end - begin));
 }

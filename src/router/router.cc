@@ -43,20 +43,21 @@ struct Router::State {
 namespace {
 
 void do_accept(Router::State* st) {
-  st->acceptor.async_accept(net::make_strand(st->ioc), [st](boost::system::error_code ec, tcp::socket socket) {
-    if (ec == net::error::operation_aborted || !st->acceptor.is_open()) return;
-    if (ec) {
-      // Out of descriptors or the like: pause instead of spinning on the error.
-      std::fprintf(stderr, "beluga router: accept failed: %s\n", ec.message().c_str());
-      auto t = std::make_shared<net::steady_timer>(st->ioc, std::chrono::milliseconds(100));
-      t->async_wait([st, t](boost::system::error_code) { do_accept(st); });
-      return;
-    }
-    boost::system::error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);
-    start_proxy_session(std::move(socket), st->ctx);
-    do_accept(st);
-  });
+  st->acceptor.async_accept(
+      net::make_strand(st->ioc), [st](boost::system::error_code ec, tcp::socket socket) {
+        if (ec == net::error::operation_aborted || !st->acceptor.is_open()) return;
+        if (ec) {
+          // Out of descriptors or the like: pause instead of spinning on the error.
+          std::fprintf(stderr, "beluga router: accept failed: %s\n", ec.message().c_str());
+          auto t = std::make_shared<net::steady_timer>(st->ioc, std::chrono::milliseconds(100));
+          t->async_wait([st, t](boost::system::error_code) { do_accept(st); });
+          return;
+        }
+        boost::system::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
+        start_proxy_session(std::move(socket), st->ctx);
+        do_accept(st);
+      });
 }
 
 }  // namespace
@@ -78,7 +79,8 @@ Router::Router(RouterConfig cfg, std::unique_ptr<PromptModel> model)
     for (const auto& r : ctx.replicas)
       BELUGA_CHECK(r->address().url != a.url, "--replica ", url, " is given twice");
     ctx.endpoints.push_back(std::move(eps));
-    ctx.replicas.push_back(std::make_unique<Replica>(int(ctx.replicas.size()), std::move(a), ctx.cfg.eject_after));
+    ctx.replicas.push_back(
+        std::make_unique<Replica>(int(ctx.replicas.size()), std::move(a), ctx.cfg.eject_after));
   }
 }
 

@@ -12,7 +12,7 @@ namespace beluga::router {
 
 struct RouterConfig {
   std::string host = "127.0.0.1";
-  int port = 8080;  // 0: any free port (Router::port())
+  int port = 8080;                    // 0: any free port (Router::port())
   std::vector<std::string> replicas;  // http://HOST:PORT each (at most 64)
   Policy policy = Policy::kCacheAware;
   CostKnobs knobs;

@@ -37,7 +37,8 @@ std::string RouterMetrics::render(const std::vector<std::unique_ptr<Replica>>& r
   sample(out, "beluga_router_retries_total", "", double(retries_.load()));
   family(out, "beluga_router_unroutable_total", "counter", "Requests answered 503: no replica available.");
   sample(out, "beluga_router_unroutable_total", "", double(unroutable_.load()));
-  family(out, "beluga_router_prefix_index_blocks", "gauge", "Blocks in the router's approximate prefix index.");
+  family(out, "beluga_router_prefix_index_blocks", "gauge",
+         "Blocks in the router's approximate prefix index.");
   sample(out, "beluga_router_prefix_index_blocks", "", double(index_blocks));
 
   family(out, "beluga_router_decisions_total", "counter", "Routing decisions, by policy and kind.");
@@ -63,9 +64,11 @@ std::string RouterMetrics::render(const std::vector<std::unique_ptr<Replica>>& r
        [](const Replica& r) { return double(r.in_flight.load()); }},
       {"beluga_router_replica_failures_total", "counter", "Attempts that got no usable response.",
        [](const Replica& r) { return double(r.counters().failures.load()); }},
-      {"beluga_router_replica_retries_total", "counter", "Attempts that failed there and were retried elsewhere.",
+      {"beluga_router_replica_retries_total", "counter",
+       "Attempts that failed there and were retried elsewhere.",
        [](const Replica& r) { return double(r.counters().retries.load()); }},
-      {"beluga_router_replica_breaker_state", "gauge", "Circuit breaker: 0 closed, 1 open (ejected), 2 half-open.",
+      {"beluga_router_replica_breaker_state", "gauge",
+       "Circuit breaker: 0 closed, 1 open (ejected), 2 half-open.",
        [](const Replica& r) { return double(int(r.breaker().state())); }},
       {"beluga_router_replica_ejections_total", "counter", "Times the breaker opened.",
        [](const Replica& r) { return double(r.breaker().ejections()); }},

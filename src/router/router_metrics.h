@@ -18,7 +18,9 @@ namespace beluga::router {
 
 class RouterMetrics {
  public:
-  void decision(Policy p, Decision d) { decisions_[size_t(p)][size_t(d)].fetch_add(1, std::memory_order_relaxed); }
+  void decision(Policy p, Decision d) {
+    decisions_[size_t(p)][size_t(d)].fetch_add(1, std::memory_order_relaxed);
+  }
   void request() { requests_.fetch_add(1, std::memory_order_relaxed); }
   void retry() { retries_.fetch_add(1, std::memory_order_relaxed); }
   void unroutable() { unroutable_.fetch_add(1, std::memory_order_relaxed); }

@@ -136,8 +136,9 @@ inline std::string demo_model() {
 
 // `beluga serve` on the demo model; `port` 0: any free one.
 inline std::unique_ptr<ChildProcess> start_replica(int port = 0, std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {BELUGA_BINARY, "serve",         "--model", demo_model(), "--port",
-                                   std::to_string(port), "--threads", "1", "--kv-cache-mb", "64", "--no-access-log"};
+  std::vector<std::string> args = {BELUGA_BINARY,        "serve",     "--model", demo_model(),    "--port",
+                                   std::to_string(port), "--threads", "1",       "--kv-cache-mb", "64",
+                                   "--no-access-log"};
   args.insert(args.end(), extra.begin(), extra.end());
   return std::make_unique<ChildProcess>(args, "beluga serve: serving ");
 }

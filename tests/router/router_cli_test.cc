@@ -32,8 +32,8 @@ TEST(RouterCli, HelpListsTheOptions) {
     const CmdResult r = run(std::string("router ") + flag);
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(r.out.rfind("usage: beluga router", 0), 0u) << r.out;
-    for (const char* opt : {"--replica", "--policy", "--balance-window", "--load-cost-tokens", "--eject-after",
-                            "--health-interval-ms", "--max-retries"})
+    for (const char* opt : {"--replica", "--policy", "--balance-window", "--load-cost-tokens",
+                            "--eject-after", "--health-interval-ms", "--max-retries"})
       EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
   }
   const CmdResult b = run("bench router --help");

@@ -52,10 +52,10 @@ bool wait_for(const std::function<bool()>& cond, double seconds) {
   return cond();
 }
 
-beluga::server::testing::HttpReply chat(int port, const std::string& key, const Json& messages, int max_tokens,
-                                        bool stream = false) {
-  Json body{{"model", "beluga-demo-coder"}, {"messages", messages}, {"max_tokens", max_tokens},
-            {"temperature", 0}};
+beluga::server::testing::HttpReply chat(int port, const std::string& key, const Json& messages,
+                                        int max_tokens, bool stream = false) {
+  Json body{
+      {"model", "beluga-demo-coder"}, {"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}};
   if (stream) body["stream"] = true;
   return http_request(port, http::verb::post, "/v1/chat/completions", body.dump(),
                       {{"Authorization", "Bearer " + key}}, std::chrono::seconds(60));
@@ -65,7 +65,8 @@ beluga::server::testing::HttpReply chat(int port, const std::string& key, const 
 std::string tenant_prompt(int tenant, int blocks) {
   std::string s = "You are the coding assistant of team " + std::to_string(tenant) + ". House rules:\n";
   for (int i = 0; s.size() < size_t(blocks) * 64 * 3; ++i)
-    s += "rule " + std::to_string(i) + ": name things t" + std::to_string(tenant) + "_" + std::to_string(i) + ".\n";
+    s += "rule " + std::to_string(i) + ": name things t" + std::to_string(tenant) + "_" + std::to_string(i) +
+         ".\n";
   return s;
 }
 
@@ -87,10 +88,11 @@ HitRate run_workload(int router_port, const std::string& tag, int tenants, int r
   auto worker = [&] {
     for (size_t i; (i = next++) < work.size();) {
       const auto [t, r] = work[i];
-      Json messages = Json::array({{{"role", "system"}, {"content", tenant_prompt(t, 4)}},
-                                   {{"role", "user"}, {"content", "Question " + std::to_string(r) +
-                                                                      ": write a function number " +
-                                                                      std::to_string(r * 7 + t) + "."}}});
+      Json messages =
+          Json::array({{{"role", "system"}, {"content", tenant_prompt(t, 4)}},
+                       {{"role", "user"},
+                        {"content", "Question " + std::to_string(r) + ": write a function number " +
+                                        std::to_string(r * 7 + t) + "."}}});
       auto rep = chat(router_port, tag + "-tenant-" + std::to_string(t), messages, 1);
       const Json j = rep.json();
       std::lock_guard lock(mu);
@@ -128,10 +130,11 @@ TEST(RouterE2E, CacheAwareHitRateAtLeastOneAndAHalfTimesRoundRobin) {
   const int tenants = 7, rounds = 5;
   const HitRate rr = run_workload(round_robin->port(), "rr", tenants, rounds);
   const HitRate ca = run_workload(cache_aware->port(), "ca", tenants, rounds);
-  std::printf("[figures] prefix hit rate over %d requests on 4 replicas: cache-aware %.3f (%ld/%ld tokens), "
-              "round-robin %.3f (%ld/%ld tokens), ratio %.2f\n",
-              tenants * rounds, ca.rate(), ca.cached, ca.prompt, rr.rate(), rr.cached, rr.prompt,
-              rr.rate() > 0 ? ca.rate() / rr.rate() : 0.0);
+  std::printf(
+      "[figures] prefix hit rate over %d requests on 4 replicas: cache-aware %.3f (%ld/%ld tokens), "
+      "round-robin %.3f (%ld/%ld tokens), ratio %.2f\n",
+      tenants * rounds, ca.rate(), ca.cached, ca.prompt, rr.rate(), rr.cached, rr.prompt,
+      rr.rate() > 0 ? ca.rate() / rr.rate() : 0.0);
   EXPECT_EQ(ca.ok, tenants * rounds);
   EXPECT_EQ(rr.ok, tenants * rounds);
   EXPECT_GT(ca.rate(), 0.0);
@@ -141,7 +144,8 @@ TEST(RouterE2E, CacheAwareHitRateAtLeastOneAndAHalfTimesRoundRobin) {
   const std::string m = http_get(cache_aware->port(), "/metrics").body;
   EXPECT_GT(sample(m, "beluga_router_decisions_total{policy=\"cache-aware\",decision=\"affinity\"}"), 0) << m;
   double est = 0;
-  for (const auto& u : urls) est += sample(m, "beluga_router_replica_routed_hit_tokens_total{replica=\"" + u + "\"}");
+  for (const auto& u : urls)
+    est += sample(m, "beluga_router_replica_routed_hit_tokens_total{replica=\"" + u + "\"}");
   EXPECT_GT(est, 0.5 * double(ca.cached)) << m;
   const std::string rm = http_get(round_robin->port(), "/metrics").body;
   EXPECT_GT(sample(rm, "beluga_router_decisions_total{policy=\"round-robin\",decision=\"round_robin\"}"), 0);
@@ -170,7 +174,8 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   const int rp = router->port();
   EXPECT_EQ(http_get(rp, "/health").status, 200);
   // The absent replica is ejected by its failing health checks.
-  EXPECT_TRUE(wait_for([&] { return replica_sample(rp, "beluga_router_replica_breaker_state", late_url) == 1; }, 10))
+  EXPECT_TRUE(
+      wait_for([&] { return replica_sample(rp, "beluga_router_replica_breaker_state", late_url) == 1; }, 10))
       << http_get(rp, "/metrics").body;
 
   // Non-streamed requests (nothing reaches the client before the whole answer) and streams, from
@@ -182,8 +187,9 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   auto worker = [&] {
     for (int i; (i = next++) < total + streams;) {
       const bool stream = i >= total;
-      Json messages = Json::array({{{"role", "user"}, {"content", "Write a Python function number " +
-                                                                      std::to_string(i) + " that sorts a list."}}});
+      Json messages = Json::array(
+          {{{"role", "user"},
+            {"content", "Write a Python function number " + std::to_string(i) + " that sorts a list."}}});
       auto rep = chat(rp, "fault-tenant", messages, 24, stream);
       ++done;
       if (!stream) {
@@ -209,19 +215,22 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   std::vector<std::thread> ts;
   for (int i = 0; i < 4; ++i) ts.emplace_back(worker);
   // Killed while it serves: requests in flight on it at that moment must be retried elsewhere.
-  ASSERT_TRUE(wait_for([&] { return done >= 4 && replica_sample(rp, "beluga_router_replica_in_flight", a->url()) > 0; },
-                       60));
+  ASSERT_TRUE(wait_for(
+      [&] { return done >= 4 && replica_sample(rp, "beluga_router_replica_in_flight", a->url()) > 0; }, 60));
   a->kill_now();
   for (auto& t : ts) t.join();
   EXPECT_EQ(ok, total) << (failures.empty() ? "" : failures[0]);
   EXPECT_EQ(streams_ok + streams_error_event, streams) << (failures.empty() ? "" : failures[0]);
-  EXPECT_TRUE(failures.empty()) << failures.size() << " failures, first: " << (failures.empty() ? "" : failures[0]);
-  std::printf("[figures] killed replica: %d/%d plain requests ok, %d streams complete, %d ended with an error "
-              "event, router retries %.0f\n",
-              ok.load(), total, streams_ok.load(), streams_error_event.load(),
-              sample(http_get(rp, "/metrics").body, "beluga_router_retries_total"));
+  EXPECT_TRUE(failures.empty()) << failures.size()
+                                << " failures, first: " << (failures.empty() ? "" : failures[0]);
+  std::printf(
+      "[figures] killed replica: %d/%d plain requests ok, %d streams complete, %d ended with an error "
+      "event, router retries %.0f\n",
+      ok.load(), total, streams_ok.load(), streams_error_event.load(),
+      sample(http_get(rp, "/metrics").body, "beluga_router_retries_total"));
   EXPECT_GE(sample(http_get(rp, "/metrics").body, "beluga_router_retries_total"), 1);
-  EXPECT_TRUE(wait_for([&] { return replica_sample(rp, "beluga_router_replica_breaker_state", a->url()) == 1; }, 10));
+  EXPECT_TRUE(
+      wait_for([&] { return replica_sample(rp, "beluga_router_replica_breaker_state", a->url()) == 1; }, 10));
   EXPECT_GE(replica_sample(rp, "beluga_router_replica_failures_total", a->url()), 1);
 
   // The late replica starts, A comes back on its port: both receive traffic once probed healthy.
@@ -246,13 +255,17 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   // A stream whose replica dies after it began: the client gets what was streamed, then the error
   // event and [DONE], in a well-formed chunked response.
   {
-    std::vector<std::pair<std::string, ChildProcess*>> live = {{b->url(), b.get()}, {late_url, late.get()},
-                                                                {a2->url(), a2.get()}};
+    std::vector<std::pair<std::string, ChildProcess*>> live = {
+        {b->url(), b.get()}, {late_url, late.get()}, {a2->url(), a2.get()}};
     beluga::server::testing::HttpReply streamed;
     std::thread client([&] {
-      Json body{{"model", "beluga-demo-coder"}, {"stream", true}, {"max_tokens", 1500}, {"ignore_eos", true},
+      Json body{{"model", "beluga-demo-coder"},
+                {"stream", true},
+                {"max_tokens", 1500},
+                {"ignore_eos", true},
                 {"messages", Json::array({{{"role", "user"}, {"content", "Write a long Python module."}}})}};
-      streamed = http_request(rp, http::verb::post, "/v1/chat/completions", body.dump(), {}, std::chrono::seconds(60));
+      streamed = http_request(rp, http::verb::post, "/v1/chat/completions", body.dump(), {},
+                              std::chrono::seconds(60));
     });
     ChildProcess* serving = nullptr;
     wait_for(
@@ -267,9 +280,11 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
     serving->kill_now();
     client.join();
     EXPECT_EQ(streamed.status, 200);
-    EXPECT_NE(streamed.body.find("\"delta\":{\"content\""), std::string::npos) << streamed.body.substr(0, 300);
+    EXPECT_NE(streamed.body.find("\"delta\":{\"content\""), std::string::npos)
+        << streamed.body.substr(0, 300);
     const size_t err = streamed.body.find("data: {\"error\"");
-    EXPECT_NE(err, std::string::npos) << streamed.body.substr(streamed.body.size() > 400 ? streamed.body.size() - 400 : 0);
+    EXPECT_NE(err, std::string::npos)
+        << streamed.body.substr(streamed.body.size() > 400 ? streamed.body.size() - 400 : 0);
     EXPECT_NE(streamed.body.find("data: [DONE]", err == std::string::npos ? 0 : err), std::string::npos);
   }
 

@@ -149,9 +149,10 @@ TEST(RouterReplica, Urls) {
 
 TEST(RouterResponses, IdsAreFoundAndRemembered) {
   EXPECT_EQ(find_response_id(R"({"id":"resp_abc123","object":"response"})"), "resp_abc123");
-  EXPECT_EQ(find_response_id("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":"
-                             "\"resp_X9\",\"object\""),
-            "resp_X9");
+  EXPECT_EQ(
+      find_response_id("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":"
+                       "\"resp_X9\",\"object\""),
+      "resp_X9");
   EXPECT_EQ(find_response_id(R"({"id":"resp_cut)"), "");  // may continue in the next piece
   ResponseAffinity a(2);
   a.put("resp_1", 0);
@@ -188,8 +189,10 @@ TEST(RouterPromptTokens, EqualTheServersForEveryApi) {
   } cases[] = {
       {GenerationRoute::kChat, server::ServerApi::kChat,
        R"({"model":"beluga-demo-coder","n":2,"traffic_class":"agent","messages":[{"role":"system","content":"You write Python."},{"role":"user","content":"def add(a, b):"}]})"},
-      {GenerationRoute::kCompletions, server::ServerApi::kCompletions, R"({"model":"beluga-demo-coder","prompt":"import os\nimport sys\n"})"},
-      {GenerationRoute::kCompletions, server::ServerApi::kCompletions, R"({"model":"beluga-demo-coder","prompt":[5,6,7,8]})"},
+      {GenerationRoute::kCompletions, server::ServerApi::kCompletions,
+       R"({"model":"beluga-demo-coder","prompt":"import os\nimport sys\n"})"},
+      {GenerationRoute::kCompletions, server::ServerApi::kCompletions,
+       R"({"model":"beluga-demo-coder","prompt":[5,6,7,8]})"},
       {GenerationRoute::kResponses, server::ServerApi::kResponses,
        R"({"model":"beluga-demo-coder","instructions":"Be brief.","input":"Sort a list in Python."})"},
       {GenerationRoute::kMessages, server::ServerApi::kMessages,
