@@ -331,6 +331,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     rp_.emplace();
     rp_->body_limit(std::numeric_limits<std::uint64_t>::max());
     rp_->header_limit(64 * 1024);
+    if (req_.method() == http::verb::head) rp_->skip(true);  // its Content-Length announces no body here
     up_->expires_after(std::chrono::seconds(ctx_.cfg.upstream_timeout_s));
     http::async_read_header(*up_, ubuf_, *rp_, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_upstream_header(ec);
