@@ -52,7 +52,7 @@ bool stale_connection_error(const beast::error_code& ec) {
          ec == net::error::broken_pipe;
 }
 
-constexpr size_t kPiece = 64 * 1024;      // bytes relayed per read
+constexpr size_t kPiece = 32 * 1024;      // bytes relayed per read
 constexpr size_t kResponseIdScan = 8192;  // bytes of a Responses reply searched for its id
 constexpr std::string_view kCrlf = "\r\n";
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
@@ -60,7 +60,7 @@ constexpr std::string_view kLastChunk = "0\r\n\r\n";
 class ProxySession : public std::enable_shared_from_this<ProxySession> {
  public:
   ProxySession(tcp::socket&& socket, RouterContext& ctx)
-      : ctx_(ctx), client_(std::move(socket)), exec_(client_.get_executor()), piece_(kPiece) {}
+      : ctx_(ctx), client_(std::move(socket)), exec_(client_.get_executor()) {}
 
   ~ProxySession() { end_attempt(); }
 
@@ -401,6 +401,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     }
     head_ += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     head_pending_ = true;
+    if (piece_.empty()) piece_.resize(kPiece);  // not before: an idle connection holds no relay buffer
     scan_.clear();
     scan_id_ = path_ == "/v1/responses" && status == 200;
     // The head goes out with the first body bytes: until then, the request can still be retried.
