@@ -7,6 +7,8 @@
 //    and the router ejects it;
 //  - a replica that was down when the router started, and the killed one restarted, receive traffic
 //    once their health checks pass;
+//  - a client that leaves mid-stream makes the replica abort its request (its in-flight count and
+//    the router's go back to 0; the replica counts a client disconnect);
 //  - the router's own /health, /metrics and a 503 when no replica is available.
 #include <gtest/gtest.h>
 
@@ -17,6 +19,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
 
@@ -297,6 +303,53 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   EXPECT_EQ(rep.status, 503) << rep.body;
   EXPECT_TRUE(rep.json().contains("error")) << rep.body;
   EXPECT_EQ(router->terminate(), 0) << router->log();
+}
+
+TEST(RouterE2E, ClientLeavingMidStreamAbortsTheReplicasRequest) {
+  auto replica = start_replica();
+  ASSERT_GT(replica->port(), 0) << replica->log();
+  auto router = start_router({replica->url()});
+  ASSERT_GT(router->port(), 0) << router->log();
+  const std::string body =
+      Json{{"model", "beluga-demo-coder"},
+           {"stream", true},
+           {"max_tokens", 1500},
+           {"ignore_eos", true},
+           {"messages", Json::array({{{"role", "user"}, {"content", "Write a long module."}}})}}
+          .dump();
+  const std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(router->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("\"content\":\"") == std::string::npos) {  // a token has been streamed
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buf, size_t(n));
+  }
+  EXPECT_EQ(beluga::server::testing::metric_value(http_get(replica->port(), "/metrics").body,
+                                                  "beluga_requests_in_flight"),
+            1);
+  close(fd);
+  EXPECT_TRUE(wait_for(
+      [&] {
+        const std::string m = http_get(replica->port(), "/metrics").body;
+        return beluga::server::testing::metric_value(m, "beluga_requests_in_flight") == 0 &&
+               beluga::server::testing::metric_value(m, "beluga_client_disconnects_total") >= 1;
+      },
+      10))
+      << http_get(replica->port(), "/metrics").body;
+  EXPECT_EQ(replica_sample(router->port(), "beluga_router_replica_in_flight", replica->url()), 0);
 }
 
 }  // namespace
