@@ -210,9 +210,12 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info, co
   b.spec.prompt_logprobs = sp.prompt_logprobs;
   if (sp.prompt_logprobs >= 0) b.spec.prompt_ids = {ids};
   const auto& msgs = pr.conversation.messages;
-  b.logits_processor = structured_output_processor(
-      pr.constraint, info.grammars.get(),
-      ConstraintContext{rapi, &sp, &b.spec.parser, !msgs.empty() && msgs.back().prefix});
+  const ConstraintContext cc{rapi, &sp, &b.spec.parser, !msgs.empty() && msgs.back().prefix};
+  b.logits_processor = tool_call_processor(pr.conversation, *info.tokenizer, info.grammars.get(), cc);
+  if (b.logits_processor && pr.constraint.active())
+    f.fail(pr.constraint.param, "cannot be combined with a tool_choice that forces a tool call");
+  if (!b.logits_processor)
+    b.logits_processor = structured_output_processor(pr.constraint, info.grammars.get(), cc);
   b.prompts.push_back(std::move(ids));
   b.stream = pr.stream;
 

@@ -3,7 +3,9 @@
 #include "grammar/choice.h"
 #include "grammar/grammar_processor.h"
 #include "grammar/json_schema.h"
+#include "grammar/marked_vocab.h"
 #include "grammar/refused.h"
+#include "server/tool_call_grammar.h"
 
 namespace beluga::server {
 
@@ -24,6 +26,28 @@ namespace {
 const Json& any_object_schema() {
   static const Json s = Json{{"type", "object"}};
   return s;
+}
+
+// The cached grammar under `key`; the compiler's refusals as 400s on `param`.
+std::shared_ptr<const grammar::CompiledGrammar> compile_or_refuse(GrammarCache& cache, const std::string& key,
+                                                                  const GrammarCache::Compile& compile,
+                                                                  const ConstraintContext& ctx,
+                                                                  const std::string& param) {
+  try {
+    return cache.get(key, compile);
+  } catch (const grammar::Refused& r) {
+    if (r.keyword() == "compile-time")
+      refuse(ctx, param,
+             "compiling the grammar exceeded the time limit (" +
+                 std::to_string(cache.options().timeout.count()) + " ms): simplify the schema",
+             "grammar_compile_timeout");
+    if (r.keyword() == "grammar-size")
+      refuse(ctx, param, std::string(r.what()) + ": simplify the schema", "grammar_too_large");
+    refuse(ctx, param, "the schema keyword '" + r.keyword() + "' cannot be enforced: " + r.what(),
+           "unsupported_schema");
+  } catch (const Error& e) {
+    refuse(ctx, param, std::string("not a valid JSON Schema: ") + e.what(), "invalid_schema");
+  }
 }
 
 }  // namespace
@@ -76,23 +100,23 @@ LogitsProcessorFactory structured_output_processor(const OutputConstraint& c, Gr
     return grammar::compile_until(g, vocab, deadline, grammar::CompileLimits{});
   };
   const std::string& schema_param = c.schema_param.empty() ? c.param : c.schema_param;
-  std::shared_ptr<const grammar::CompiledGrammar> g;
-  try {
-    g = cache->get(constraint_key(c), compile);
-  } catch (const grammar::Refused& r) {
-    if (r.keyword() == "compile-time")
-      refuse(ctx, schema_param,
-             "compiling the grammar exceeded the time limit (" +
-                 std::to_string(cache->options().timeout.count()) + " ms): simplify the schema",
-             "grammar_compile_timeout");
-    if (r.keyword() == "grammar-size")
-      refuse(ctx, schema_param, std::string(r.what()) + ": simplify the schema", "grammar_too_large");
-    refuse(ctx, schema_param, "the schema keyword '" + r.keyword() + "' cannot be enforced: " + r.what(),
-           "unsupported_schema");
-  } catch (const Error& e) {
-    refuse(ctx, schema_param, std::string("not a valid JSON Schema: ") + e.what(), "invalid_schema");
-  }
-  return grammar::processor_factory(std::move(g));
+  return grammar::processor_factory(compile_or_refuse(*cache, constraint_key(c), compile, ctx, schema_param));
+}
+
+LogitsProcessorFactory tool_call_processor(const recipe::Conversation& conv, const tok::Tokenizer& tokenizer,
+                                           GrammarCache* cache, const ConstraintContext& ctx) {
+  if (!cache || !ctx.parser || ctx.parser->start_in_reasoning || ctx.continues_prefix) return {};
+  const recipe::ToolSyntax syntax = ctx.parser->tools;
+  if (!tool_call_enforced(conv, syntax)) return {};
+  if (ctx.sampling && (ctx.sampling->ignore_eos || ctx.sampling->min_tokens > 0))
+    refuse(ctx, "tool_choice", "a forced tool call cannot be combined with ignore_eos or min_tokens");
+  GrammarCache::Compile compile = [&](GrammarCache::Deadline deadline) {
+    ToolCallGrammar t = tool_call_grammar(conv, syntax, tokenizer, deadline);
+    return grammar::compile_until(t.grammar, grammar::marked_vocab(*cache->vocab(), t.markers), deadline,
+                                  grammar::CompileLimits{});
+  };
+  return grammar::processor_factory(
+      compile_or_refuse(*cache, tool_call_key(conv, syntax), compile, ctx, "tools"));
 }
 
 }  // namespace beluga::server

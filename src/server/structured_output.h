@@ -14,6 +14,7 @@
 #include "recipe/output_constraint.h"
 #include "recipe/output_parser.h"
 #include "server/grammar_cache.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beluga::server {
 
@@ -30,5 +31,13 @@ struct ConstraintContext {
 // Null when `c` asks for nothing. `cache` null: structured outputs are unavailable (a 400).
 LogitsProcessorFactory structured_output_processor(const recipe::OutputConstraint& c, GrammarCache* cache,
                                                    const ConstraintContext& ctx);
+
+// tool_choice "required" / a named function in a markup server/tool_call_grammar.h covers: the
+// reply constrained to tool calls whose arguments fit the tools' schemas. Null (enforced by the
+// prompt alone, as before) when nothing is forced, the syntax is not covered, the reply opens in
+// reasoning or continues a prefix, or `cache` is null. A tool schema that cannot be enforced is a 400
+// with param `tools`.
+LogitsProcessorFactory tool_call_processor(const recipe::Conversation& conv, const tok::Tokenizer& tokenizer,
+                                           GrammarCache* cache, const ConstraintContext& ctx);
 
 }  // namespace beluga::server
