@@ -23,6 +23,7 @@
 #include "kvstore/metrics_text.h"
 #include "recipe/chat_format.h"
 #include "server/grammar_cache.h"
+#include "server/grammar_metrics.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -198,10 +199,10 @@ int cmd_serve(int argc, char** argv) {
       std::make_shared<const grammar::TokenVocab>(tokenizer, m.cfg.eos_token_ids), gopt);
   generation_defaults(m.dir, info);
   info.traffic_classes = kv.retention.classes();
-  if (kv.store)
-    info.extra_metrics = [&kv, &engine, name = info.served_name] {
-      return kv::render_metrics(*kv.store, engine->stats(), name);
-    };
+  info.extra_metrics = [&kv, &engine, grammars = info.grammars, name = info.served_name] {
+    return (kv.store ? kv::render_metrics(*kv.store, engine->stats(), name) : std::string()) +
+           server::render_grammar_metrics(*grammars, name);
+  };
   server.set_engine(handle.get(), info);
   std::fprintf(
       stderr,

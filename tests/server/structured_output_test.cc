@@ -12,6 +12,7 @@
 #include "grammar/choice.h"
 #include "grammar/compiled.h"
 #include "recipe/chat_format.h"
+#include "server/grammar_metrics.h"
 #include "server/request_builder.h"
 #include "tokenizer/tokenizer.h"
 
@@ -304,6 +305,15 @@ TEST_F(StructuredOutput, SchemaCompilesOncePerCanonicalText) {
   s = info_.grammars->stats();
   EXPECT_EQ(s.misses, 3u);
   EXPECT_EQ(s.refused, 1u);
+}
+
+TEST_F(StructuredOutput, CacheCountersReachMetrics) {
+  build(ServerApi::kChat, chat({{"structured_outputs", {{"choice", {"a"}}}}}));
+  build(ServerApi::kChat, chat({{"structured_outputs", {{"choice", {"a"}}}}}));
+  const std::string m = render_grammar_metrics(*info_.grammars, "demo");
+  EXPECT_NE(m.find("beluga_grammar_cache_misses_total{model_name=\"demo\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("beluga_grammar_cache_hits_total{model_name=\"demo\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("beluga_grammar_cache_entries{model_name=\"demo\"} 1\n"), std::string::npos) << m;
 }
 
 TEST_F(StructuredOutput, LeastRecentlyUsedGrammarIsEvicted) {
