@@ -19,8 +19,11 @@
 #include "cli/kv_args.h"
 #include "cli/model_args.h"
 #include "engine/engine.h"
+#include "grammar/vocab.h"
 #include "kvstore/metrics_text.h"
 #include "recipe/chat_format.h"
+#include "server/grammar_cache.h"
+#include "server/grammar_metrics.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -42,7 +45,7 @@ constexpr const char* kUsage =
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
     "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n"
-    "                    [--no-access-log]\n";
+    "                    [--no-access-log] [--grammar-compile-timeout-ms 10000] [--grammar-cache-size 256]\n";
 
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -144,6 +147,14 @@ int cmd_serve(int argc, char** argv) {
   const int max_seqs_per_request = int(args.get_int("max-seqs-per-request", ecfg.max_num_seqs));
   BELUGA_CHECK(max_seqs_per_request > 0, "--max-seqs-per-request must be positive");
   inject_step_failures(ecfg);
+  // Structured outputs: each compile's time limit (a 400 past it) and how many compiled grammars stay.
+  server::GrammarCacheOptions gopt;
+  const long compile_ms = args.get_int("grammar-compile-timeout-ms", long(gopt.timeout.count()));
+  const long cache_size = args.get_int("grammar-cache-size", long(gopt.capacity));
+  BELUGA_CHECK(compile_ms > 0 && cache_size >= 0,
+               "--grammar-compile-timeout-ms must be positive, --grammar-cache-size non-negative");
+  gopt.timeout = std::chrono::milliseconds(compile_ms);
+  gopt.capacity = size_t(cache_size);
   const ModelArgs model_args = parse_model_args(args);
   // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
   // a dummy-weight benchmark of a config that ships no tokenizer.
@@ -183,12 +194,15 @@ int cmd_serve(int argc, char** argv) {
   info.max_model_len = engine->max_model_len();
   info.bos_token_id = m.cfg.bos_token_id;
   info.max_seqs_per_request = max_seqs_per_request;
+  // The grammar's end-of-sequence ids are the engine's stop ids (the model's EOS).
+  info.grammars = std::make_shared<server::GrammarCache>(
+      std::make_shared<const grammar::TokenVocab>(tokenizer, m.cfg.eos_token_ids), gopt);
   generation_defaults(m.dir, info);
   info.traffic_classes = kv.retention.classes();
-  if (kv.store)
-    info.extra_metrics = [&kv, &engine, name = info.served_name] {
-      return kv::render_metrics(*kv.store, engine->stats(), name);
-    };
+  info.extra_metrics = [&kv, &engine, grammars = info.grammars, name = info.served_name] {
+    return (kv.store ? kv::render_metrics(*kv.store, engine->stats(), name) : std::string()) +
+           server::render_grammar_metrics(*grammars, name);
+  };
   server.set_engine(handle.get(), info);
   std::fprintf(
       stderr,

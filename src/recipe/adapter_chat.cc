@@ -148,14 +148,13 @@ ParsedRequest parse_chat_request(const Json& body, const ParseOptions& opt) {
   }
   if (Fields::has(body, "reasoning_effort"))
     conv.effort = f.effort(body["reasoning_effort"], "reasoning_effort");
-  if (Fields::has(body, "response_format")) {
-    const Json& rf = f.object(body["response_format"], "response_format");
-    std::string type = f.string(f.required(rf, "type", "response_format"), "response_format.type");
-    if (type == "json_object")
-      conv.json_mode = true;
-    else if (type != "text")
-      f.fail("response_format.type", "'" + type + "' is not supported (use 'text' or 'json_object')");
-  }
+  if (Fields::has(body, "response_format"))
+    r.constraint = openai_response_format(f, body["response_format"], "response_format");
+  if (Fields::has(body, "structured_outputs"))  // vLLM's field
+    merge_constraint(f, r.constraint,
+                     vllm_structured_outputs(f, body["structured_outputs"], "structured_outputs"));
+  conv.json_mode = r.constraint.kind == OutputConstraint::Kind::kJsonObject ||
+                   r.constraint.kind == OutputConstraint::Kind::kJsonSchema;
   if (Fields::has(body, "stop")) r.stop = f.stop(body["stop"], "stop", 16);
   if (Fields::has(body, "max_completion_tokens"))
     r.max_tokens = f.integer(body["max_completion_tokens"], "max_completion_tokens", 1, INT64_MAX);

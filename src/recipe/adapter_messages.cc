@@ -167,7 +167,12 @@ ParsedRequest parse_messages_request(const Json& body, const ParseOptions& opt) 
   if (Fields::has(body, "output_config")) {
     const Json& oc = f.object(body["output_config"], "output_config");
     if (Fields::has(oc, "effort")) conv.effort = f.effort(oc["effort"], "output_config.effort");
+    if (Fields::has(oc, "format"))
+      r.constraint = anthropic_output_format(f, oc["format"], "output_config.format");
   }
+  if (Fields::has(body, "output_format"))  // the structured-outputs beta's spelling
+    merge_constraint(f, r.constraint, anthropic_output_format(f, body["output_format"], "output_format"));
+  conv.json_mode = r.constraint.active();
   if (Fields::has(body, "stop_sequences"))
     r.stop = f.stop(f.array(body["stop_sequences"], "stop_sequences"), "stop_sequences", 64);
   if (Fields::has(body, "temperature"))

@@ -186,15 +186,13 @@ ParsedRequest parse_responses_request(const Json& body, const ParseOptions& opt)
   }
   if (Fields::has(body, "text")) {
     const Json& text = f.object(body["text"], "text");
-    if (Fields::has(text, "format")) {
-      const Json& fmt = f.object(text["format"], "text.format");
-      std::string type = f.string(f.required(fmt, "type", "text.format"), "text.format.type");
-      if (type == "json_object")
-        conv.json_mode = true;
-      else if (type != "text")
-        f.fail("text.format.type", "'" + type + "' is not supported (use 'text' or 'json_object')");
-    }
+    if (Fields::has(text, "format")) r.constraint = responses_text_format(f, text["format"], "text.format");
   }
+  if (Fields::has(body, "structured_outputs"))  // vLLM's field
+    merge_constraint(f, r.constraint,
+                     vllm_structured_outputs(f, body["structured_outputs"], "structured_outputs"));
+  conv.json_mode = r.constraint.kind == OutputConstraint::Kind::kJsonObject ||
+                   r.constraint.kind == OutputConstraint::Kind::kJsonSchema;
   if (Fields::has(body, "max_output_tokens"))
     r.max_tokens = f.integer(body["max_output_tokens"], "max_output_tokens", 1, INT64_MAX);
   if (Fields::has(body, "temperature"))

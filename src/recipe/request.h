@@ -13,6 +13,7 @@
 
 #include "recipe/api_error.h"
 #include "recipe/conversation.h"
+#include "recipe/output_constraint.h"
 
 namespace beluga::recipe {
 
@@ -37,6 +38,8 @@ struct ParsedRequest {
   // Responses: `store` (OpenAI's default: true) and the `previous_response_id` continued (or empty).
   bool store = true;
   std::string previous_response_id;
+  // Structured output the request asks for (none: free text); compiled and enforced by the server.
+  OutputConstraint constraint;
 };
 
 struct ParseOptions {

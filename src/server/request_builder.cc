@@ -6,6 +6,7 @@
 #include "recipe/json_fields.h"
 #include "recipe/request.h"
 #include "server/sse.h"
+#include "server/structured_output.h"
 #include "tokenizer/utf8.h"
 
 namespace beluga::server {
@@ -208,6 +209,13 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info, co
   b.spec.logprobs = sp.logprobs;
   b.spec.prompt_logprobs = sp.prompt_logprobs;
   if (sp.prompt_logprobs >= 0) b.spec.prompt_ids = {ids};
+  const auto& msgs = pr.conversation.messages;
+  const ConstraintContext cc{rapi, &sp, &b.spec.parser, !msgs.empty() && msgs.back().prefix};
+  b.logits_processor = tool_call_processor(pr.conversation, *info.tokenizer, info.grammars.get(), cc);
+  if (b.logits_processor && pr.constraint.active())
+    f.fail(pr.constraint.param, "cannot be combined with a tool_choice that forces a tool call");
+  if (!b.logits_processor)
+    b.logits_processor = structured_output_processor(pr.constraint, info.grammars.get(), cc);
   b.prompts.push_back(std::move(ids));
   b.stream = pr.stream;
 
@@ -337,6 +345,15 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
   b.ctx.prompt_logprobs = b.spec.prompt_logprobs >= 0;
   sp.prompt_logprobs = std::max(b.spec.prompt_logprobs, echo ? sp.logprobs : -1);
   if (sp.prompt_logprobs >= 0) b.spec.prompt_ids = b.prompts;
+  // Structured output, as vLLM's completions take it: `response_format` or `structured_outputs`.
+  recipe::OutputConstraint constraint;
+  if (Fields::has(body, "response_format"))
+    constraint = recipe::openai_response_format(f, body["response_format"], "response_format");
+  if (Fields::has(body, "structured_outputs"))
+    recipe::merge_constraint(
+        f, constraint, recipe::vllm_structured_outputs(f, body["structured_outputs"], "structured_outputs"));
+  b.logits_processor = structured_output_processor(
+      constraint, info.grammars.get(), ConstraintContext{recipe::Api::kChat, &sp, nullptr, false});
   b.ctx.id = random_id("cmpl-");
   b.ctx.model = info.served_name;
   b.ctx.created = unix_seconds();

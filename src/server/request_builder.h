@@ -13,6 +13,7 @@
 #include "recipe/api_error.h"
 #include "recipe/chat_format.h"
 #include "server/api_format.h"
+#include "server/grammar_cache.h"
 #include "server/job.h"
 #include "server/response_store.h"
 #include "tokenizer/tokenizer.h"
@@ -36,6 +37,9 @@ struct ModelInfo {
   // The KV retention classes a request may name (body `traffic_class`, header `x-traffic-class`;
   // default chat); another is a 400, KV tiers on or off.
   std::vector<std::string> traffic_classes = {"agent", "chat"};
+  // Compiled structured-output grammars of this model's vocabulary (null: structured outputs are
+  // refused with a 400).
+  std::shared_ptr<GrammarCache> grammars;
   // Extra /metrics text (the KV tiers'), appended when set.
   std::function<std::string()> extra_metrics;
 };
@@ -52,6 +56,8 @@ struct BuiltRequest {
   std::shared_ptr<const StoredResponse> previous;
   nlohmann::ordered_json input;
   std::string traffic_class;  // as the body gave it; empty: none
+  // Structured output: one processor per sequence (null: unconstrained). Compiled while building.
+  LogitsProcessorFactory logits_processor;
 };
 
 // Where a Responses request's `previous_response_id` is looked up: the server's store (null: none,

@@ -528,6 +528,7 @@ class Session : public std::enable_shared_from_this<Session> {
       er.sampling = b.sampling;
       er.cache_salt = salt;
       er.traffic_class = traffic_class;
+      er.logits_processor = b.logits_processor;
       er.on_output = [self = shared_from_this(), exec = exec_, gen = gen_, sub = int(k)](RequestOutput&& o) {
         net::post(exec, [self, gen, sub, o = std::move(o)]() mutable {
           self->on_engine_output(gen, sub, std::move(o));

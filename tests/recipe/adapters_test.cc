@@ -71,6 +71,10 @@ TEST(ChatAdapter, ValidationErrors) {
   expect_openai_shape(
       chat_error(
           R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}})"),
+      "response_format.json_schema");  // json_schema needs its object
+                                       // (tests/server/structured_output_test.cc)
+  expect_openai_shape(
+      chat_error(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}})"),
       "response_format.type");
   expect_openai_shape(
       chat_error(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",

@@ -1,6 +1,7 @@
 // Runs the end-to-end SDK test (tests/tools/e2e_server.mjs: the official `openai` and
 // `@anthropic-ai/sdk` clients against `beluga serve` with the demo model). Skipped when node or the
-// npm packages are missing (`cd tests/tools && npm ci`).
+// npm packages are missing (`cd tests/tools && npm ci`). Also the structured-outputs test
+// (tests/tools/e2e_structured.mjs, replies validated by `ajv`).
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -22,6 +23,20 @@ TEST(E2E, OfficialSdkClientsAgainstBelugaServe) {
       !exists(root + "/tests/tools/node_modules/@anthropic-ai/sdk"))
     GTEST_SKIP() << "npm packages missing: cd tests/tools && npm ci";
   const std::string cmd = "node " + root + "/tests/tools/e2e_server.mjs " + BELUGA_BINARY;
+  int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc)) << cmd;
+  EXPECT_EQ(WEXITSTATUS(rc), 0) << cmd;
+}
+
+// tests/tools/e2e_structured.mjs: structured outputs through the same SDKs, replies checked by ajv.
+TEST(E2E, StructuredOutputsValidatedByAjv) {
+  const std::string root = BELUGA_SOURCE_DIR;
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (!exists(root + "/tests/tools/node_modules/openai") ||
+      !exists(root + "/tests/tools/node_modules/@anthropic-ai/sdk") ||
+      !exists(root + "/tests/tools/node_modules/ajv"))
+    GTEST_SKIP() << "npm packages missing: cd tests/tools && npm ci";
+  const std::string cmd = "node " + root + "/tests/tools/e2e_structured.mjs " + BELUGA_BINARY;
   int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc)) << cmd;
   EXPECT_EQ(WEXITSTATUS(rc), 0) << cmd;
