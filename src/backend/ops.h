@@ -44,8 +44,9 @@ struct AttnMeta {
   const int32_t* slot_mapping = nullptr;
   const int32_t* positions = nullptr;  // [num_tokens]
   int block_size = 64;
-  // Host-side copies for backends that schedule on the host (sizes are small).
-  std::vector<int32_t> h_query_start, h_context_len;
+  // Host-side copies for backends that schedule on the host (sizes are small); h_block_table is
+  // filled by Model::forward's eager path only (DeepSeek-V4 addresses its hybrid cache from it).
+  std::vector<int32_t> h_query_start, h_context_len, h_block_table;
 };
 
 // Precomputed rotary tables: cos/sin [max_positions, rotary_dim/2] F32 on the device.
@@ -244,20 +245,25 @@ class Ops {
   // its own last d channels (ape[i][d:]); window 0 has only its own.
   virtual void compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, const Tensor& ape, int rate,
                              bool overlap);
-  // Lightning indexer: score[t, w] = sum_h (weights[t, h] * w_scale) * relu(q[t, h] . keys[w]) * q_scale
-  // over entries w < (t + 1) / rate (complete before t); ids [T, k] I32 = the top-k entries in no
-  // particular order, -1 past the number of entries t may see. q [T, H, d], keys [W, d], weights
-  // [T, H]. Ties are broken as the reference (torch.topk on the CPU) breaks them: the scores of all W
-  // entries in index order, unseen ones at -inf, std::nth_element at k-1 on the value alone; so, as
-  // there, a tied query's pick may depend on W.
+  // Lightning indexer: row t is at position p = first_pos + t; score[t, w] = sum_h (weights[t, h] *
+  // w_scale) * relu(q[t, h] . keys[w]) * q_scale over entries w < (p + 1) / rate (complete by p);
+  // ids [T, k] I32 = the top-k entries in no particular order, -1 past the number of entries t may
+  // see. q [T, H, d], keys [W, d] (entry w of the sequence), weights [T, H]. Ties are broken as the
+  // reference (torch.topk on the CPU) breaks them: the scores of all W entries in index order, unseen
+  // ones at -inf, std::nth_element at k-1 on the value alone; so, as there, a tied query's pick may
+  // depend on W (incremental decode passes the entries complete at the chunk's end, as a full forward
+  // over the same tokens does).
   virtual void indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
-                            float q_scale, float w_scale);
-  // Shared-KV attention with per-head sinks. Query t (q [T, H, D]) sees kv rows (t - window, t] of
-  // kv [T, D] and compressed entries comp [W, D]: all w < (t + 1) / rate when comp_ids is empty, else
-  // the ids >= 0 in comp_ids [T, k]. The softmax has one more logit per head, sinks[h], that adds
-  // no value. out [T, H, D] = sum p * row (K = V).
+                            float q_scale, float w_scale, int first_pos);
+  // Shared-KV attention with per-head sinks. Query t (q [T, H, D]) is at position p = first_pos + t;
+  // kv row j (kv [N, D]) holds position kv_first + j. Query t sees the kv rows of positions
+  // (p - window, p] (they must be in kv) and compressed entries comp [W, D] (entry w of the
+  // sequence): all w < (p + 1) / rate when comp_ids is empty, else the ids >= 0 in comp_ids [T, k].
+  // The softmax has one more logit per head, sinks[h], that adds no value. out [T, H, D] = sum p *
+  // row (K = V).
   virtual void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
-                              const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale);
+                              const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale,
+                              int first_pos, int kv_first);
   // DeepSeek-V4 routing from logits [T, E]: s = score(logits) (sqrtsoftplus, sigmoid or softmax);
   // ids [T, k] = hash_table[tokens[t]] when hash_table (I32 [vocab, k]) is given, else the top-k of
   // s + bias (bias may be empty); weights = s[ids] / (sum + 1e-20) * scale.
@@ -282,11 +288,11 @@ inline void Ops::hc_expand(Tensor, const Tensor&, const Tensor&, const Tensor&, 
 inline void Ops::compress_pool(Tensor, const Tensor&, const Tensor&, const Tensor&, int, bool) {
   unsupported_on_backend("compress_pool");
 }
-inline void Ops::indexer_topk(Tensor, const Tensor&, const Tensor&, const Tensor&, int, float, float) {
+inline void Ops::indexer_topk(Tensor, const Tensor&, const Tensor&, const Tensor&, int, float, float, int) {
   unsupported_on_backend("indexer_topk");
 }
 inline void Ops::sink_attention(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                const Tensor&, int, int, float) {
+                                const Tensor&, int, int, float, int, int) {
   unsupported_on_backend("sink_attention");
 }
 inline void Ops::moe_route_v4(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&,

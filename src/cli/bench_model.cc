@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/bench_grammar.h"
 #include "cli/bench_kv.h"
 #include "cli/bench_router.h"
 #include "cli/bench_serve.h"
-#include "cli/bench_grammar.h"
 #include "cli/bench_tokenizer.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
@@ -90,7 +90,19 @@ ModelCost model_cost(const ModelConfig& c) {
   m.head_params = double(c.vocab_size) * D;
   for (int l = 0; l < c.num_layers; ++l) {
     double attn;
-    if (c.is_mla()) {
+    if (c.arch == Arch::kDeepseekV4) {
+      // q low rank, the one K = V head, grouped output projection, compressors and the indexer, and
+      // the two hyper-connection mixes (DeepSeek-V4's layer, deepseek_v4_attention.h).
+      const V4Config& v = c.v4;
+      const double H = c.num_heads, hd = c.head_dim, id = v.index_head_dim, n = v.hc_mult;
+      attn = D * c.q_lora_rank + c.q_lora_rank * H * hd + D * hd + H * hd * v.o_lora_rank +
+             double(v.o_groups) * v.o_lora_rank * D + 2.0 * (2 + n) * n * n * D;
+      if (v.attention[size_t(l)] == V4Attention::kCompressedSparse)
+        attn +=
+            2.0 * D * 2 * hd + 2.0 * D * 2 * id + c.q_lora_rank * v.index_n_heads * id + D * v.index_n_heads;
+      else if (v.attention[size_t(l)] == V4Attention::kHeavilyCompressed)
+        attn += 2.0 * D * hd;
+    } else if (c.is_mla()) {
       const double H = c.num_heads, qd = c.qk_head_dim();
       attn = (c.q_lora_rank > 0 ? D * c.q_lora_rank + c.q_lora_rank * H * qd : D * H * qd) +
              D * (c.kv_lora_rank + c.qk_rope_head_dim) +
@@ -108,6 +120,23 @@ ModelCost model_cost(const ModelConfig& c) {
     }
   }
   return m;
+}
+
+// Cache bytes one decode step of one sequence at context `ctx` reads: every token's entry, or for
+// DeepSeek-V4 per layer the sliding window's K = V rows and the complete compressed entries (F32).
+double kv_read_per_seq(const ModelConfig& c, double ctx, double kv_bytes_per_token) {
+  if (c.arch != Arch::kDeepseekV4) return ctx * kv_bytes_per_token;
+  const V4Config& v = c.v4;
+  double values = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    values += std::min(ctx, double(v.sliding_window)) * c.head_dim;
+    const int rate = v.compress_rate[size_t(l)];
+    if (rate > 0)
+      values +=
+          std::floor(ctx / rate) *
+          (c.head_dim + (v.attention[size_t(l)] == V4Attention::kCompressedSparse ? v.index_head_dim : 0));
+  }
+  return values * 4.0;
 }
 
 // The --device cuda sweep's options, read before the model loads.
@@ -210,10 +239,10 @@ int bench_model(int argc, char** argv) {
   const double E = c.n_routed_experts, k = c.num_experts_per_tok;
   const double experts_touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, B)) : 0;
   const double avg_ctx = P + G / 2.0;
-  const double decode_bytes =
-      bytes_per_param *
-          (cost.dense_params + cost.head_params + cost.moe_layers * experts_touched * cost.expert_params) +
-      double(B) * avg_ctx * double(m.model->kv_bytes_per_token()) + B * c.hidden_size * 2.0;
+  const double decode_bytes = bytes_per_param * (cost.dense_params + cost.head_params +
+                                                 cost.moe_layers * experts_touched * cost.expert_params) +
+                              double(B) * kv_read_per_seq(c, avg_ctx, double(m.model->kv_bytes_per_token())) +
+                              B * c.hidden_size * 2.0;
   const double decode_floor = decode_bytes / bw;
   // FLOPs of prefill: 2 per active weight per token, plus attention (QK and PV over the causal half).
   const double active = cost.dense_params + cost.head_params + cost.moe_layers * k * cost.expert_params;

@@ -183,7 +183,9 @@ int cmd_serve(int argc, char** argv) {
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");
   BELUGA_CHECK(int(tokenizer.vocab_size()) <= m.cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
                tokenizer.vocab_size(), " tokens, more than the model's vocabulary of ", m.cfg.vocab_size);
-  const recipe::ChatEncoder encoder = recipe::ChatEncoder::from_model_dir(tok_dir, format);
+  // The chat format follows the served model's config (a DeepSeek-V4 checkpoint gets the V4 format
+  // even with --tokenizer from elsewhere).
+  const recipe::ChatEncoder encoder = recipe::ChatEncoder::from_model_dir(tok_dir, format, m.cfg.model_type);
 
   auto engine = std::make_unique<Engine>(*m.model, ecfg);
   auto handle = server::wrap_engine(*engine);

@@ -53,6 +53,13 @@ Tensor FingerprintingSource::find(const std::string& name, const std::vector<int
   return t;
 }
 
+Tensor FingerprintingSource::get_ids(const std::string& name, const std::vector<int64_t>& shape,
+                                     int64_t bound) {
+  Tensor t = inner_.get_ids(name, shape, bound);
+  record(name, t);
+  return t;
+}
+
 BlockHash FingerprintingSource::digest() const {
   return digest_of(st_->st);
 }

@@ -21,6 +21,7 @@ class FingerprintingSource : public WeightSource {
   ~FingerprintingSource() override;
   Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
   Tensor find(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
+  Tensor get_ids(const std::string& name, const std::vector<int64_t>& shape, int64_t bound) override;
   size_t total_bytes() const override { return inner_.total_bytes(); }
   BlockHash digest() const;  // of the tensors handed out so far
 

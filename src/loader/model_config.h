@@ -99,10 +99,10 @@ struct ModelConfig {
   }
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Values cached per token per layer: MLA latent + rope key, or K and V of every KV head.
-  // DeepSeek-V4 (first slice, recompute): the token id of each position, from which every step
-  // recomputes its sequences' whole prefix (see deepseek_v4.cc).
+  // DeepSeek-V4: the sliding window's K = V row; its compressed layers keep more per token and per
+  // compressed entry (Model::kv_layout in deepseek_v4.cc).
   int kv_entry_dim() const {
-    if (arch == Arch::kDeepseekV4) return 1;
+    if (arch == Arch::kDeepseekV4) return head_dim;
     return is_mla() ? kv_lora_rank + qk_rope_head_dim : 2 * num_kv_heads * head_dim;
   }
   double attention_scale() const;  // includes the yarn mscale² for MLA

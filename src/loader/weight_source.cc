@@ -1,5 +1,6 @@
 #include "loader/weight_source.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -131,6 +132,29 @@ Tensor DummyWeights::get(const std::string& name, const std::vector<int64_t>& sh
       reinterpret_cast<uint16_t*>(buf.get())[i] = f32_to_bf16(v);
   }
   Tensor t = Tensor::make(buf.get(), dt, shape.data(), int(shape.size()));
+  bytes_ += t.nbytes();
+  buffers_.push_back(std::move(buf));
+  return t;
+}
+
+Tensor DummyWeights::get_ids(const std::string& name, const std::vector<int64_t>& shape, int64_t bound) {
+  BELUGA_CHECK(shape.size() == 2 && bound >= shape[1], name,
+               ": a dummy id table needs [rows, k] with k <= ", bound);
+  const int64_t rows = shape[0], k = shape[1];
+  auto buf = std::make_unique<unsigned char[]>(size_t(rows * k) * sizeof(int32_t));
+  auto* ids = reinterpret_cast<int32_t*>(buf.get());
+  uint64_t h = seed_;
+  for (char c : name) h = mix64(h ^ uint64_t(uint8_t(c)));
+  // Pseudo-random ids; one already in the row moves to the next free id.
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t* row = ids + r * k;
+    for (int64_t i = 0; i < k; ++i) {
+      int64_t e = int64_t(mix64(h + uint64_t(r * k + i)) % uint64_t(bound));
+      while (std::find(row, row + i, int32_t(e)) != row + i) e = (e + 1) % bound;
+      row[i] = int32_t(e);
+    }
+  }
+  Tensor t = Tensor::make(buf.get(), DType::kI32, shape.data(), int(shape.size()));
   bytes_ += t.nbytes();
   buffers_.push_back(std::move(buf));
   return t;

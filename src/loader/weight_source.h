@@ -24,6 +24,12 @@ class WeightSource {
   virtual Tensor find(const std::string& name, const std::vector<int64_t>& shape,
                       DType dtype_hint = DType::kBF16) = 0;
   virtual size_t total_bytes() const = 0;
+  // An integer table (I32 or I64 as stored) whose values the caller expects in [0, bound), as
+  // DeepSeek-V4's token -> experts table; the caller checks the values. A dummy source makes each
+  // row's values distinct and spread over [0, bound) (hash routing needs distinct experts).
+  virtual Tensor get_ids(const std::string& name, const std::vector<int64_t>& shape, int64_t /*bound*/) {
+    return get(name, shape, DType::kI64);
+  }
 };
 
 class Checkpoint : public WeightSource {
@@ -46,6 +52,7 @@ class DummyWeights : public WeightSource {
   explicit DummyWeights(uint64_t seed = 0) : seed_(seed) {}
   Tensor get(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
   Tensor find(const std::string& name, const std::vector<int64_t>& shape, DType dtype_hint) override;
+  Tensor get_ids(const std::string& name, const std::vector<int64_t>& shape, int64_t bound) override;
   size_t total_bytes() const override { return bytes_; }
 
  private:

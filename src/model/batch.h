@@ -22,7 +22,8 @@ struct Batch {
   std::vector<int> logit_rows;  // rows of `tokens` whose next-token logits the caller wants
 };
 
-// The paged cache of one model: per layer [num_blocks, kKvBlockSize, entry_dim] on the device.
+// The paged cache of one model: per layer [num_blocks, kKvBlockSize, entry_dim] on the device
+// (Model::kv_layout: some architectures keep more than one tensor per layer).
 struct KvCache {
   std::vector<Tensor> layers;
   int num_blocks = 0;

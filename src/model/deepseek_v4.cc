@@ -3,13 +3,15 @@
 // attention and feed-forward block, collapsed by the hyper head before the final norm), and MoE
 // feed-forward layers routed by a frozen token -> experts table (hash layers) or sqrtsoftplus top-k.
 //
-// First slice, no incremental state: the paged cache holds each position's token id, and every step
-// recomputes each sequence's whole prefix (cached tokens + new ones) to produce the new rows. Exact,
-// and O(prefix) per step. The hybrid cache that replaces it keeps, per layer: token-indexed pages of
-// the roped K=V row (only the last sliding_window are read) and of the compressor's (and indexer's)
-// kv/gate projections (only the last 2*rate are read: the open window and, for CSA, the one before
-// it), and entry-indexed pages (one entry per `rate` tokens) of the pooled K=V and indexer keys; all
-// addressed through the sequence's block table, so a cached prefix restores by block reuse.
+// The hybrid KV cache (deepseek_v4_attention.h says what each layer keeps) is paged like every other
+// model's: Model::kv_layout gives each layer a token tensor (64 rows per block: the K = V row and the
+// compressors' raw projections) and, on compressed layers, an entry tensor (one row per `rate`
+// tokens, in the block of the window's last token). A step writes its rows' state, pools the
+// windows it completes, and reads only the last sliding_window rows and the complete entries, so a
+// decode step costs O(window + context / rate) per layer, not a forward over the prefix. Every block
+// is a function of the tokens up to its end and is never written once full: the block manager's
+// prefix cache and the KV connector's tiers share and restore blocks as for MLA (a hit restores the
+// window, the entries and the open window's projections alike), at any block boundary.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -96,6 +98,13 @@ class DeepseekV4Model final : public Model {
       }
       layers_.push_back(std::move(L));
     }
+    for (int l = 0; l < c.num_layers; ++l) {
+      const V4CacheWidths w = v4_cache_widths(c, l);
+      token_tensor_.push_back(int(layout_.size()));
+      layout_.push_back({kKvBlockSize, w.token});
+      entry_tensor_.push_back(w.entry == 0 ? -1 : int(layout_.size()));
+      if (w.entry > 0) layout_.push_back({w.entries_per_block, w.entry});
+    }
     head_hc_ = load_hc(src, "model.hc_head.hc_", n, 1);
     final_norm_ = load_vector(src, "model.norm.weight", D);
     lm_head_ = load_linear(src, "head", c.vocab_size, D);  // MTP layers (mtp.*) are not loaded
@@ -136,7 +145,7 @@ class DeepseekV4Model final : public Model {
   }
 
   Tensor load_hash_table(WeightSource& src, const std::string& name, int64_t vocab, int64_t k) {
-    Tensor host = src.get(name, {vocab, k}, DType::kI64);
+    Tensor host = src.get_ids(name, {vocab, k}, cfg_.n_routed_experts);
     std::vector<int32_t> ids(size_t(vocab * k));
     for (size_t i = 0; i < ids.size(); ++i) {
       const int64_t e = host.dtype == DType::kI64   ? host.ptr<const int64_t>()[i]
@@ -187,12 +196,10 @@ class DeepseekV4Model final : public Model {
     return {layers_[size_t(l)].attn_norm, layers_[size_t(l)].ffn_norm};
   }
 
-  Tensor attention(int l, const NormedInput& in, const AttnMeta&, const Tensor& pos, Tensor,
-                   const ForwardOptions&, int) override {
-    ops_.normalize(in);
-    Tensor out = ops_.scratch(ops_.act_dtype(), {in.out.shape[0], cfg_.hidden_size});
-    v4_attention(ops_, cfg_, layers_[size_t(l)].attn, ropes_, in.out, pos, ones_, out);
-    return out;
+  // V4's step runs its layers itself (hyper-connections, two cache tensors per compressed layer).
+  Tensor attention(int, const NormedInput&, const AttnMeta&, const Tensor&, Tensor, const ForwardOptions&,
+                   int) override {
+    fail("deepseek_v4: attention runs from the model's own step (step_body), not the shared layer loop");
   }
 
   // Needs seq_tokens_, the token ids of the rows being run (hash routing).
@@ -231,21 +238,30 @@ class DeepseekV4Model final : public Model {
     ops_.hc_expand(next, streams, post, comb, y);
   }
 
-  // The final-normed hidden states [T, D] of one sequence's tokens (I32 [T], positions 0..T-1).
-  Tensor run_sequence(const Tensor& tokens, const Tensor& pos) {
-    const int64_t T = tokens.numel(), n = cfg_.v4.hc_mult, D = cfg_.hidden_size;
+  // Embedding, the hyper-connected layers over the hybrid cache, the hyper head and the final norm,
+  // then the logits of `rows`.
+  Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
+                   KvCache& kv, const ForwardOptions& opt, int) override {
+    BELUGA_CHECK(!opt.hidden_capture, "deepseek_v4: hidden-state capture is not supported yet");
+    const int64_t T = meta.num_tokens, n = cfg_.v4.hc_mult, D = cfg_.hidden_size;
     const DType act = ops_.act_dtype();
     Tensor emb = ops_.scratch(act, {T, D});
-    ops_.embedding(emb, embed_, tokens);
+    ops_.embedding(emb, embed_, ids);
     Tensor streams[2] = {ops_.scratch(act, {T, n * D}), ops_.scratch(act, {T, n * D})};
     for (int64_t k = 0; k < n; ++k) ops_.copy(streams[0].cols(k * D, (k + 1) * D), emb);
-    seq_tokens_ = tokens;
+    seq_tokens_ = ids;
     int cur = 0;
     for (int l = 0; l < cfg_.num_layers; ++l) {
       const Layer& L = layers_[size_t(l)];
+      const V4LayerCache cache{
+          kv.layers[size_t(token_tensor_[size_t(l)])],
+          entry_tensor_[size_t(l)] < 0 ? Tensor{} : kv.layers[size_t(entry_tensor_[size_t(l)])]};
       const Ops::ScratchMark mark = ops_.scratch_mark();
       hc_block(L.hc_attn, L.attn_norm, streams[cur], streams[cur ^ 1], [&](const NormedInput& in) {
-        return attention(l, in, AttnMeta{}, pos, Tensor{}, ForwardOptions{}, int(T));
+        ops_.normalize(in);
+        Tensor out = ops_.scratch(act, {T, D});
+        v4_attention(ops_, cfg_, L.attn, ropes_, in.out, pos, ones_, meta, cache, out);
+        return out;
       });
       cur ^= 1;
       hc_block(L.hc_ffn, L.ffn_norm, streams[cur], streams[cur ^ 1], [&](const NormedInput& in) {
@@ -257,81 +273,37 @@ class DeepseekV4Model final : public Model {
       ops_.scratch_release(mark);
     }
     seq_tokens_ = {};
-    // The hyper head: pre weights only, then the final norm.
-    Tensor flat = ops_.scratch(DType::kF32, {T, n * D});
-    ops_.rmsnorm(flat, streams[cur], ones_.rows(0, n * D), float(cfg_.rms_norm_eps));
-    Tensor mix = ops_.scratch(DType::kF32, {T, n});
-    ops_.linear(mix, flat, head_hc_.fn);
-    Tensor pre = ops_.scratch(DType::kF32, {T, n});
-    ops_.hc_weights(pre, {}, {}, mix, head_hc_.base, head_hc_.scale, 1, float(cfg_.v4.hc_eps));
-    Tensor collapsed = ops_.scratch(act, {T, D});
-    ops_.hc_collapse(collapsed, streams[cur], pre);
-    Tensor out = ops_.scratch(act, {T, D});
-    ops_.rmsnorm(out, collapsed, final_norm_, float(cfg_.rms_norm_eps));
-    return out;
-  }
-
-  // Every sequence's new tokens go to the cache (as token ids); each sequence's whole prefix is then
-  // recomputed from the cache and its new rows kept.
-  Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor&, const Tensor& rows, KvCache& kv,
-                   const ForwardOptions& opt, int) override {
-    BELUGA_CHECK(!opt.hidden_capture, "deepseek_v4: hidden-state capture is not supported yet");
-    const int64_t T = meta.num_tokens, D = cfg_.hidden_size;
-    std::vector<int32_t> new_ids(static_cast<size_t>(T));
-    ops_.copy_to_host(ids, new_ids.data());
-    std::vector<float> as_f(new_ids.begin(), new_ids.end());  // exact: ids < 2^24
-    Tensor entries = ops_.scratch(DType::kF32, {T, 1});
-    ops_.copy_from_host(entries, as_f.data());
-    ops_.cache_write(kv.layers[0], entries, meta);
-    int64_t C = 0;
-    for (int s = 0; s < meta.num_seqs; ++s)
-      C += meta.h_context_len[size_t(s)] + meta.h_query_start[size_t(s) + 1] - meta.h_query_start[size_t(s)];
-    Tensor ctx = ops_.scratch(DType::kF32, {C, 1});
-    ops_.gather_context(ctx, kv.layers[0], meta);
-    std::vector<float> ctx_ids(static_cast<size_t>(C));
-    ops_.copy_to_host(ctx, ctx_ids.data());
-
-    // Only sequences with a wanted row run (a prefill chunk that needs no logits only stores its ids).
-    std::vector<int32_t> wanted(static_cast<size_t>(rows.empty() ? 0 : rows.numel()));
-    if (!wanted.empty()) ops_.copy_to_host(rows, wanted.data());
-    Tensor h = ops_.scratch(ops_.act_dtype(), {T, D});
-    int64_t off = 0;
-    for (int s = 0; s < meta.num_seqs; ++s) {
-      const int ctx_len = meta.h_context_len[size_t(s)], q0 = meta.h_query_start[size_t(s)],
-                qn = meta.h_query_start[size_t(s) + 1] - q0, len = ctx_len + qn;
-      if (std::none_of(wanted.begin(), wanted.end(), [&](int32_t r) { return r >= q0 && r < q0 + qn; })) {
-        off += len;
-        continue;
-      }
-      std::vector<int32_t> toks(static_cast<size_t>(len)), at(static_cast<size_t>(len));
-      for (int i = 0; i < len; ++i) {
-        toks[size_t(i)] = int32_t(ctx_ids[size_t(off + i)]);
-        at[size_t(i)] = i;
-      }
-      off += len;
-      const Ops::ScratchMark mark = ops_.scratch_mark();
-      Tensor tk = ops_.scratch(DType::kI32, {len}), pos = ops_.scratch(DType::kI32, {len});
-      ops_.copy_from_host(tk, toks.data());
-      ops_.copy_from_host(pos, at.data());
-      Tensor hs = run_sequence(tk, pos);
-      ops_.copy(h.rows(q0, q0 + qn), hs.rows(ctx_len, len));
-      ops_.scratch_release(mark);
-    }
-    if (rows.empty()) return {};
+    if (rows.empty()) return {};  // a prefill chunk that needs no logits only fills the cache
     const int64_t R = rows.numel();
-    Tensor sel = ops_.scratch(ops_.act_dtype(), {R, D});
-    ops_.gather_rows(sel, h, rows);
+    Tensor last = ops_.scratch(act, {R, n * D});
+    ops_.gather_rows(last, streams[cur], rows);
+    // The hyper head: pre weights only, then the final norm.
+    Tensor flat = ops_.scratch(DType::kF32, {R, n * D});
+    ops_.rmsnorm(flat, last, ones_.rows(0, n * D), float(cfg_.rms_norm_eps));
+    Tensor mix = ops_.scratch(DType::kF32, {R, n});
+    ops_.linear(mix, flat, head_hc_.fn);
+    Tensor pre = ops_.scratch(DType::kF32, {R, n});
+    ops_.hc_weights(pre, {}, {}, mix, head_hc_.base, head_hc_.scale, 1, float(cfg_.v4.hc_eps));
+    Tensor collapsed = ops_.scratch(act, {R, D});
+    ops_.hc_collapse(collapsed, last, pre);
+    Tensor h = ops_.scratch(act, {R, D});
+    ops_.rmsnorm(h, collapsed, final_norm_, float(cfg_.rms_norm_eps));
     Tensor lg = ops_.scratch(DType::kF32, {R, cfg_.vocab_size});
-    ops_.linear(lg, sel, lm_head_);
+    ops_.linear(lg, h, lm_head_);
     return lg;
   }
+
+  std::vector<KvTensorShape> kv_layout() const override { return layout_; }
 
   std::vector<Layer> layers_;
   HyperConnection head_hc_;
   V4Ropes ropes_;
   Tensor ones_;
   RouterScoring scoring_ = RouterScoring::kSqrtSoftplus;
-  Tensor seq_tokens_;  // during run_sequence: the tokens of the rows being run
+  Tensor seq_tokens_;  // during step_body: the step's token ids (hash routing)
+  // The cache's tensors, and per layer the index of its token tensor and entry tensor (-1: none).
+  std::vector<KvTensorShape> layout_;
+  std::vector<int> token_tensor_, entry_tensor_;
 };
 
 }  // namespace

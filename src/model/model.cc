@@ -61,17 +61,24 @@ Tensor Model::load_vector(WeightSource& src, const std::string& name, int64_t n)
   return ops_.upload(t);
 }
 
+std::vector<Model::KvTensorShape> Model::kv_layout() const {
+  return std::vector<KvTensorShape>(size_t(cfg_.num_layers), {kKvBlockSize, cfg_.kv_entry_dim()});
+}
+
 KvCache Model::make_kv_cache(int num_blocks) const {
   KvCache kv;
   kv.num_blocks = num_blocks;
-  for (int l = 0; l < cfg_.num_layers; ++l)
-    kv.layers.push_back(
-        ops_.alloc_persistent(ops_.act_dtype(), {num_blocks, kKvBlockSize, cfg_.kv_entry_dim()}));
+  for (const KvTensorShape& t : kv_layout())
+    kv.layers.push_back(ops_.alloc_persistent(ops_.act_dtype(), {num_blocks, t.rows_per_block, t.width}));
   return kv;
 }
 
 size_t Model::kv_bytes_per_token() const {
-  return size_t(cfg_.num_layers) * size_t(cfg_.kv_entry_dim()) * dtype_size(ops_.act_dtype());
+  int64_t per_block = 0;
+  for (const KvTensorShape& t : kv_layout()) per_block += t.rows_per_block * t.width;
+  BELUGA_CHECK(per_block % kKvBlockSize == 0, "KV layout of ", per_block, " values per block is not a whole ",
+               "number per token");
+  return size_t(per_block / kKvBlockSize) * dtype_size(ops_.act_dtype());
 }
 
 void Model::capture(const ForwardOptions& opt, const Tensor& h) {
@@ -124,7 +131,7 @@ Model::~Model() = default;
 StepPlan Model::plan_step(const Batch& b, const KvCache& kv) const {
   const int T = int(b.tokens.size()), S = int(b.seqs.size());
   BELUGA_CHECK(T > 0, "empty batch");
-  BELUGA_CHECK(int(kv.layers.size()) == cfg_.num_layers, "KV cache has the wrong number of layers");
+  BELUGA_CHECK(kv.layers.size() == kv_layout().size(), "KV cache has the wrong number of tensors");
   StepPlan p;
   p.num_seqs = S;
   for (const auto& s : b.seqs) p.max_blocks = std::max(p.max_blocks, int(s.block_table.size()));
@@ -217,6 +224,7 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
   meta.context_len = upload_i32(p.context_len).ptr<const int32_t>();
   meta.block_table = upload_i32(p.block_table).ptr<const int32_t>();
   meta.max_blocks = p.max_blocks;
+  meta.h_block_table = p.block_table;
   meta.slot_mapping = upload_i32(p.slots).ptr<const int32_t>();
   meta.positions = pos.ptr<const int32_t>();
   // A prefill chunk that needs no logits only writes its KV.

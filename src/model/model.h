@@ -33,7 +33,15 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   Ops& ops() const { return ops_; }
 
-  // A zeroed paged cache with `num_blocks` blocks of kKvBlockSize tokens per layer.
+  // The paged cache's tensors (KvCache::layers, in order): each [num_blocks, rows_per_block,
+  // width], block b of every tensor holding the state of tokens [64 b, 64 b + 64) of a sequence.
+  // Default: one tensor per layer of kKvBlockSize rows of kv_entry_dim(); DeepSeek-V4 adds its
+  // compressed entries.
+  struct KvTensorShape {
+    int64_t rows_per_block, width;
+  };
+  virtual std::vector<KvTensorShape> kv_layout() const;
+  // A zeroed paged cache with `num_blocks` blocks (kv_layout()).
   KvCache make_kv_cache(int num_blocks) const;
   size_t kv_bytes_per_token() const;  // across all layers, in the backend's cache dtype
   int64_t num_parameters() const { return n_params_; }

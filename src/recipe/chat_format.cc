@@ -65,7 +65,8 @@ ChatEncoder::ChatEncoder(ChatFormat format, std::shared_ptr<const ChatTemplate> 
   if (format_ == ChatFormat::kTemplate) syntax_ = template_output_syntax(*template_);
 }
 
-ChatEncoder ChatEncoder::from_model_dir(const std::string& dir, std::optional<ChatFormat> format) {
+ChatEncoder ChatEncoder::from_model_dir(const std::string& dir, std::optional<ChatFormat> format,
+                                        const std::string& model_type) {
   nlohmann::json tcfg = nlohmann::json::object(), cfg = nlohmann::json::object();
   if (file_exists(dir + "/tokenizer_config.json"))
     tcfg = nlohmann::json::parse(read_file(dir + "/tokenizer_config.json"));
@@ -95,7 +96,10 @@ ChatEncoder ChatEncoder::from_model_dir(const std::string& dir, std::optional<Ch
     for (const auto& [id, a] : tcfg["added_tokens_decoder"].items()) tokens.added.push_back(token_text(a));
   }
   bool has_system = std::find(tokens.added.begin(), tokens.added.end(), "<｜System｜>") != tokens.added.end();
-  ChatFormat f = format ? *format : detect_chat_format(tmpl, cfg.value("model_type", ""), has_system);
+  ChatFormat f = format
+                     ? *format
+                     : detect_chat_format(tmpl, model_type.empty() ? cfg.value("model_type", "") : model_type,
+                                          has_system);
   std::shared_ptr<const ChatTemplate> ct;
   if (f == ChatFormat::kTemplate) {
     BELUGA_CHECK(!tmpl.empty(), "model ", dir, " has no chat_template; pass --chat-format");

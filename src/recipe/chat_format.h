@@ -27,8 +27,10 @@ ChatFormat detect_chat_format(std::string_view chat_template, std::string_view m
 class ChatEncoder {
  public:
   // Reads DIR/tokenizer_config.json (chat_template, bos/eos), DIR/config.json (model_type) and
-  // DIR/tokenizer.json (added tokens). `format` overrides the detection.
-  static ChatEncoder from_model_dir(const std::string& dir, std::optional<ChatFormat> format = std::nullopt);
+  // DIR/tokenizer.json (added tokens). `format` overrides the detection. `model_type`, when not
+  // empty, is the served model's (its tokenizer may come from another directory) and replaces DIR's.
+  static ChatEncoder from_model_dir(const std::string& dir, std::optional<ChatFormat> format = std::nullopt,
+                                    const std::string& model_type = {});
   // A DeepSeek format, or a template (format kTemplate) with its tokens.
   explicit ChatEncoder(ChatFormat format, std::shared_ptr<const ChatTemplate> tmpl = nullptr);
 

@@ -129,7 +129,7 @@ std::vector<int32_t> indexer(std::vector<float> q, std::vector<float> keys, int 
   std::vector<float> w(size_t(T), 1.0f);
   std::vector<int32_t> ids(size_t(T * k));
   ops.indexer_topk(i32(ids, {T, k}), Tensor::make(q.data(), DType::kF32, {T, 1, 1}), f32(keys, {W, 1}),
-                   f32(w, {T, 1}), rate, 1.0f, 1.0f);
+                   f32(w, {T, 1}), rate, 1.0f, 1.0f, 0);
   return ids;
 }
 
@@ -180,22 +180,59 @@ TEST(V4SinkAttention, WindowCompressedEntriesAndSink) {
     return acc;
   };
   // Window 2, no compressed entries: row t sees rows t-1, t.
-  ops.sink_attention(ot, qt, f32(kv, {4, 1}), {}, {}, f32(sinks, {1}), 2, 0, 1.0f);
+  ops.sink_attention(ot, qt, f32(kv, {4, 1}), {}, {}, f32(sinks, {1}), 2, 0, 1.0f, 0, 0);
   EXPECT_NEAR(out[0], softmax_mean({1}, 0.5), 1e-6);
   EXPECT_NEAR(out[3], softmax_mean({3, 4}, 0.5), 1e-6);
   // HCA, rate 2: entry w is visible from row 2w + 1 on.
   std::vector<float> comp = {-1, 0.25f};
-  ops.sink_attention(ot, qt, f32(kv, {4, 1}), f32(comp, {2, 1}), {}, f32(sinks, {1}), 1, 2, 1.0f);
+  ops.sink_attention(ot, qt, f32(kv, {4, 1}), f32(comp, {2, 1}), {}, f32(sinks, {1}), 1, 2, 1.0f, 0, 0);
   EXPECT_NEAR(out[0], softmax_mean({1}, 0.5), 1e-6);
   EXPECT_NEAR(out[1], softmax_mean({2, -1}, 0.5), 1e-6);
   EXPECT_NEAR(out[3], softmax_mean({4, -1, 0.25}, 0.5), 1e-6);
   // CSA: only the selected entries (-1: none).
   std::vector<int32_t> sel = {-1, -1, 0, -1, -1, -1, 1, -1};
   ops.sink_attention(ot, qt, f32(kv, {4, 1}), f32(comp, {2, 1}), i32(sel, {4, 2}), f32(sinks, {1}), 1, 2,
-                     1.0f);
+                     1.0f, 0, 0);
   EXPECT_NEAR(out[1], softmax_mean({2, -1}, 0.5), 1e-6);
   EXPECT_NEAR(out[2], softmax_mean({3}, 0.5), 1e-6);
   EXPECT_NEAR(out[3], softmax_mean({4, 0.25}, 0.5), 1e-6);
+}
+
+// Incremental decode: queries at positions first_pos.. against the tail of kv that starts at
+// kv_first give exactly the rows of the full run (window 2, HCA rate 2).
+TEST(V4SinkAttention, QueriesAtAnOffsetEqualTheFullRunsRows) {
+  CpuOps ops({1});
+  std::vector<float> q = {1, 0.5f, -1, 2, 1, -0.5f}, kv = {1, 2, 3, 4, 5, 6}, comp = {-1, 0.25f, 2},
+                     sinks = {0.5f}, full(6), part(2);
+  ops.sink_attention(Tensor::make(full.data(), DType::kF32, {6, 1, 1}),
+                     Tensor::make(q.data(), DType::kF32, {6, 1, 1}), f32(kv, {6, 1}), f32(comp, {3, 1}), {},
+                     f32(sinks, {1}), 2, 2, 1.0f, 0, 0);
+  // Rows 4, 5 with kv rows 3..5 only.
+  ops.sink_attention(Tensor::make(part.data(), DType::kF32, {2, 1, 1}),
+                     Tensor::make(q.data() + 4, DType::kF32, {2, 1, 1}),
+                     Tensor::make(kv.data() + 3, DType::kF32, {3, 1}), f32(comp, {3, 1}), {}, f32(sinks, {1}),
+                     2, 2, 1.0f, 4, 3);
+  EXPECT_EQ(part[0], full[4]);
+  EXPECT_EQ(part[1], full[5]);
+  // A kv tail that misses a row of the first query's window is refused.
+  EXPECT_THROW(ops.sink_attention(Tensor::make(part.data(), DType::kF32, {2, 1, 1}),
+                                  Tensor::make(q.data() + 4, DType::kF32, {2, 1, 1}),
+                                  Tensor::make(kv.data() + 4, DType::kF32, {2, 1}), f32(comp, {3, 1}), {},
+                                  f32(sinks, {1}), 2, 2, 1.0f, 4, 4),
+               Error);
+}
+
+TEST(V4Indexer, RowsAtAnOffsetSeeTheEntriesCompleteByTheirPosition) {
+  // rate 2, entries {5, 1, 7}; rows at positions 4, 5: position 4 sees entries 0, 1; position 5 all
+  // three (top 2: entries 0 and 2).
+  CpuOps ops({1});
+  std::vector<float> q = {1, 1}, keys = {5, 1, 7}, w = {1, 1};
+  std::vector<int32_t> ids(4);
+  ops.indexer_topk(i32(ids, {2, 2}), Tensor::make(q.data(), DType::kF32, {2, 1, 1}), f32(keys, {3, 1}),
+                   f32(w, {2, 1}), 2, 1.0f, 1.0f, 4);
+  std::sort(ids.begin(), ids.begin() + 2);
+  std::sort(ids.begin() + 2, ids.end());
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1, 0, 2}));
 }
 
 double sqrtsoftplus(double z) {

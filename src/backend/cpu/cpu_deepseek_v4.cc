@@ -171,12 +171,12 @@ void CpuOps::compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, con
 }
 
 void CpuOps::indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
-                          float q_scale, float w_scale) {
+                          float q_scale, float w_scale, int first_pos) {
   cpu::OpProfile::Scope prof(profile_, "indexer_topk");
   const int64_t T = q.shape[0], H = q.shape[1], d = q.shape[2], W = keys.empty() ? 0 : keys.shape[0];
   const int64_t K = ids.shape[1];
   BELUGA_CHECK(ids.dtype == DType::kI32 && ids.shape[0] == T && weights.shape[0] == T &&
-                   weights.shape[1] == H && (W == 0 || keys.shape[1] == d) && rate > 0,
+                   weights.shape[1] == H && (W == 0 || keys.shape[1] == d) && rate > 0 && first_pos >= 0,
                "indexer_topk: shapes");
   // Ties (exact zeros after the ReLU are common) are broken as torch.topk's CPU kernel breaks them:
   // every entry in index order, the unseen ones at -inf, std::nth_element on the value alone.
@@ -184,7 +184,7 @@ void CpuOps::indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const
   std::vector<Entry> queue(static_cast<size_t>(W));
   const int64_t take = std::min(K, W);
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t visible = std::min<int64_t>(W, (t + 1) / rate);
+    const int64_t visible = std::min<int64_t>(W, (first_pos + t + 1) / rate);
     const float* wt = frow(weights, t);
     for (int64_t w = 0; w < W; ++w) {
       float s = -INFINITY;
@@ -210,12 +210,17 @@ void CpuOps::indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const
 }
 
 void CpuOps::sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
-                            const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale) {
+                            const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale,
+                            int first_pos, int kv_first) {
   cpu::OpProfile::Scope prof(profile_, "sink_attention");
   const int64_t T = q.shape[0], H = q.shape[1], D = q.shape[2], W = comp.empty() ? 0 : comp.shape[0];
   check_f32(sinks, "sink_attention", "sinks");
-  BELUGA_CHECK(kv.shape[0] >= T && kv.shape[1] == D && (W == 0 || comp.shape[1] == D) && sinks.numel() == H &&
-                   window > 0 && (W == 0 || rate > 0) && (comp_ids.empty() || comp_ids.dtype == DType::kI32),
+  const int64_t N = kv.shape[0];
+  // Every query's window must lie in kv: from the first query's window start to the last query.
+  BELUGA_CHECK(kv.shape[1] == D && (W == 0 || comp.shape[1] == D) && sinks.numel() == H && window > 0 &&
+                   (W == 0 || rate > 0) && (comp_ids.empty() || comp_ids.dtype == DType::kI32) &&
+                   kv_first >= 0 && kv_first <= std::max(0, first_pos - window + 1) &&
+                   kv_first + N >= first_pos + T,
                "sink_attention: shapes");
   const int64_t K = comp_ids.empty() ? 0 : comp_ids.shape[1];
 #pragma omp parallel num_threads(threads_)
@@ -225,9 +230,11 @@ void CpuOps::sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < T; ++t) {
       rows.clear();
-      for (int64_t j = std::max<int64_t>(0, t - window + 1); j <= t; ++j) rows.push_back(frow(kv, j));
+      const int64_t p = first_pos + t;
+      for (int64_t j = std::max<int64_t>(0, p - window + 1); j <= p; ++j)
+        rows.push_back(frow(kv, j - kv_first));
       if (W > 0) {
-        const int64_t visible = std::min<int64_t>(W, (t + 1) / rate);
+        const int64_t visible = std::min<int64_t>(W, (p + 1) / rate);
         if (comp_ids.empty()) {
           for (int64_t w = 0; w < visible; ++w) rows.push_back(frow(comp, w));
         } else {

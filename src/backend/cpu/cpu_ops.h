@@ -82,10 +82,10 @@ class CpuOps final : public Ops {
   void compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, const Tensor& ape, int rate,
                      bool overlap) override;
   void indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
-                    float q_scale, float w_scale) override;
+                    float q_scale, float w_scale, int first_pos) override;
   void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
-                      const Tensor& comp_ids, const Tensor& sinks, int window, int rate,
-                      float scale) override;
+                      const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale,
+                      int first_pos, int kv_first) override;
   void moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
                     const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
                     float scale) override;
