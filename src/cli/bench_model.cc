@@ -14,9 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "cli/bench_kv.h"
-#include "cli/bench_serve.h"
 #include "cli/bench_grammar.h"
+#include "cli/bench_kv.h"
+#include "cli/bench_sampler.h"
+#include "cli/bench_serve.h"
 #include "cli/bench_tokenizer.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
@@ -591,7 +592,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "serve") return bench_serve(argc - 1, argv + 1);
   if (what == "grammar") return bench_grammar(argc - 1, argv + 1);
   if (what == "kv") return bench_kv(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv)");
+  if (what == "sampler") return bench_sampler(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, sampler)");
 }
 
 }  // namespace beluga::cli

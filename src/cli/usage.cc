@@ -47,6 +47,7 @@ constexpr Usage kUsages[] = {
      "  model       prefill and decode throughput of one model on this machine\n"
      "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
      "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
+     "  sampler     the CPU sampler's cost per token\n"
      "`beluga bench <name> --help` lists each one's options.\n"},
     {"bench model",
      "usage: beluga bench model [MODEL_DIR] [options]\n"
@@ -61,6 +62,12 @@ constexpr Usage kUsages[] = {
      "  --prefill-lens LIST       default 512,2048,8192\n"
      "  --steps N                 timed steps per point (default 8)\n"
      "  --sample gpu|host         where decode steps sample (default gpu)\n\n" MODEL_OPTIONS},
+    {"bench sampler",
+     "usage: beluga bench sampler [options]\n"
+     "The CPU sampler's cost per token for each vocabulary size and a set of sampling parameters.\n\n"
+     "  --vocab LIST              vocabulary sizes (default 8192,131072)\n"
+     "  --iters N                 timed calls per point (default 200)\n"
+     "  --out FILE                also write the results as JSON\n"},
     {"bench tokenizer",
      "usage: beluga bench tokenizer --tokenizer tokenizer.json --input FILE [options]\n"
      "  --tokenizer FILE          tokenizer.json (required)\n"

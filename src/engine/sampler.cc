@@ -27,10 +27,16 @@ struct Descending {
   bool operator()(int a, int b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
 };
 
-// Puts the `k` first ids of idx[from, end) in order (by `by`) at idx[from, from + k): O(n + k log k).
+// Puts the `k` first ids of idx[from, end) in order (by `by`) at idx[from, from + k). A few (k up to
+// 256): a heap of k, one comparison for most ids; more: nth_element, then a sort of the front,
+// O(n + k log k).
 void select_sorted(std::vector<int>& idx, size_t from, size_t k, size_t end, Descending by) {
   const auto first = idx.begin() + ptrdiff_t(from), mid = first + ptrdiff_t(k),
              last = idx.begin() + ptrdiff_t(end);
+  if (k <= 256) {
+    std::partial_sort(first, mid, last, by);
+    return;
+  }
   if (mid < last) std::nth_element(first, mid, last, by);
   std::sort(first, mid, by);
 }
