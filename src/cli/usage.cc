@@ -79,7 +79,9 @@ constexpr Usage kUsages[] = {
      "  --out FILE                also write the results as JSON\n"},
     {"bench serve",
      "usage: beluga bench serve [options]\n"
-     "Load test of a running OpenAI-compatible server.\n\n"
+     "Load test of a running OpenAI-compatible server. ITL is per token: streams ask for\n"
+     "stream_options.continuous_usage_stats and a chunk that brings k tokens after a gap g counts k gaps\n"
+     "of g/k (per-event ITL is reported too).\n\n"
      "  --url URL                 default http://127.0.0.1:8000\n"
      "  --model NAME              the served model name (default: the server's first)\n"
      "  --api-key KEY\n"
