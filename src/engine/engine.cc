@@ -498,8 +498,6 @@ void Engine::loop() {
     }
   };
 
-  // One iteration after the inputs are taken: admit, abort, schedule N+1, apply N, launch N+1, emit
-  // N's outputs.
   // b. Step N+1's skeleton.
   auto schedule_next = [&] {
     TraceSpan span(tr, lane, "schedule");
@@ -539,6 +537,8 @@ void Engine::loop() {
     }
   };
 
+  // One iteration after the inputs are taken: admit, abort, schedule N+1, apply N, launch N+1, emit
+  // N's outputs (serial: schedule, launch and apply the same step, then emit it).
   auto iterate = [&](std::deque<EngineRequest>& incoming, std::vector<std::string>& aborts) {
     TraceSpan step(tr, lane, "step", im.stats.steps);
     TraceSpan admitting(tr, lane, "admit");
