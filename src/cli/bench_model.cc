@@ -17,6 +17,7 @@
 #include "cli/bench_grammar.h"
 #include "cli/bench_kv.h"
 #include "cli/bench_router.h"
+#include "cli/bench_sampler.h"
 #include "cli/bench_serve.h"
 #include "cli/bench_tokenizer.h"
 #include "cli/commands.h"
@@ -622,7 +623,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "grammar") return bench_grammar(argc - 1, argv + 1);
   if (what == "kv") return bench_kv(argc - 1, argv + 1);
   if (what == "router") return bench_router(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router)");
+  if (what == "sampler") return bench_sampler(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router, sampler)");
 }
 
 }  // namespace beluga::cli

@@ -3,6 +3,16 @@
 // throughput, TTFT, TPOT, ITL and end-to-end latency (mean, p50, p90, p99), prefix-cache hit rate
 // (from the usage the server returns) and goodput under --slo.
 //
+// ITL is per token. One SSE event may carry several tokens (tokens that decode to no text on their
+// own, a stop-string hold-back, speculative steps), so the gaps between events are not the gaps
+// between tokens. The requests ask for vLLM's stream_options.continuous_usage_stats: each chunk then
+// carries the choice's completion_tokens so far, counted by the server, and an event that brings k
+// new tokens after a gap g adds k inter-token latencies of g / k (SGLang's bench_serving does the
+// same); tokens that come with the first text count as gaps of 0. The gaps are spread, not invented:
+// per-token ITL sums to the same stream time as per-event ITL. A server that sends no per-chunk
+// usage is counted one token per text event, and the report says so ("itl_token_source": "events").
+// Per-event ITL is reported too ("itl_event").
+//
 // Datasets: random (token-id prompts to /v1/completions, exact lengths), shared-prefix (a few
 // long common prefixes + random suffixes), multi-turn (chat conversations to /v1/chat/completions,
 // each turn sent after the previous answer, carrying the history).
@@ -66,7 +76,9 @@ struct Result {
   bool ok = false;
   std::string error;
   double ttft = 0, e2e = 0;
-  std::vector<double> itl;  // gaps between content chunks
+  std::vector<double> itl_event;  // gaps between content chunks
+  std::vector<double> itl;        // per token (see the top of the file)
+  bool counted = false;           // the server counted the tokens of each chunk
   int prompt_tokens = 0, cached_tokens = 0, output_tokens = 0;
   std::string text;  // the assistant's answer (multi-turn history)
 };
@@ -98,6 +110,9 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
     char tmp[16384];
     auto last = t0;
     bool first = true;
+    // Per-token timing: the server's running count of the choice's tokens, and when it last grew.
+    int64_t count = 0, count_at_first = 0;
+    auto last_arrival = t0;
     while (!p.is_done()) {
       p.get().body().data = tmp;
       p.get().body().size = sizeof(tmp);
@@ -123,6 +138,11 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
         if (j.contains("error")) throw Error(j["error"].value("message", "server error"));
         const auto now = Clock::now();
         bool content = false;
+        int64_t chunk_count = -1;  // this chunk's completion_tokens so far (continuous usage)
+        const bool has_choices = j.contains("choices") && j["choices"].is_array() && !j["choices"].empty();
+        if (has_choices && j.contains("usage") && j["usage"].is_object() &&
+            j["usage"].contains("completion_tokens") && j["usage"]["completion_tokens"].is_number_integer())
+          chunk_count = j["usage"]["completion_tokens"].get<int64_t>();
         if (j.contains("choices"))
           for (const auto& c : j["choices"]) {
             std::string t;
@@ -134,13 +154,31 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
               r.text += t;
             }
           }
+        if (chunk_count >= 0) r.counted = true;
         if (content) {
-          if (first)
+          if (first) {
             r.ttft = std::chrono::duration<double>(now - t0).count();
-          else
-            r.itl.push_back(std::chrono::duration<double>(now - last).count());
+            count_at_first = std::max<int64_t>(1, chunk_count);
+            // The tokens that came with the first text beyond the first: no gap to measure.
+            for (int64_t k = 1; k < count_at_first; ++k) r.itl.push_back(0.0);
+            count = count_at_first;
+            last_arrival = now;
+          } else {
+            r.itl_event.push_back(std::chrono::duration<double>(now - last).count());
+            if (chunk_count < 0) {  // no count from the server: one token per text event
+              r.itl.push_back(std::chrono::duration<double>(now - last_arrival).count());
+              last_arrival = now;
+            }
+          }
           first = false;
           last = now;
+        }
+        if (!first && chunk_count > count) {  // k new tokens after a gap g: k gaps of g / k
+          const double g = std::chrono::duration<double>(now - last_arrival).count();
+          const int64_t k = chunk_count - count;
+          for (int64_t i = 0; i < k; ++i) r.itl.push_back(g / double(k));
+          count = chunk_count;
+          last_arrival = now;
         }
         if (j.contains("usage") && j["usage"].is_object()) {
           const Json& u = j["usage"];
@@ -282,7 +320,7 @@ int bench_serve(int argc, char** argv) {
                 {"temperature", 0},
                 {"ignore_eos", true},
                 {"stream", true},
-                {"stream_options", {{"include_usage", true}}}}
+                {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}}
         .dump();
   };
 
@@ -331,7 +369,7 @@ int bench_serve(int argc, char** argv) {
                   {"temperature", 0},
                   {"ignore_eos", true},
                   {"stream", true},
-                  {"stream_options", {{"include_usage", true}}}};
+                  {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
         Result res = send(url, "/v1/chat/completions", body.dump(), api_key);
         messages.push_back(Json{{"role", "assistant"}, {"content", res.text}});
         const bool ok = res.ok;
@@ -370,7 +408,8 @@ int bench_serve(int argc, char** argv) {
   // Aggregate.
   int ok = 0, good = 0;
   int64_t in_tok = 0, out_tok = 0, cached = 0;
-  std::vector<double> ttft, tpot, itl, e2e;
+  std::vector<double> ttft, tpot, itl, itl_event, e2e;
+  int counted = 0;  // requests whose tokens the server counted per chunk
   std::string first_error;
   for (const auto& r : results) {
     if (!r.ok) {
@@ -384,11 +423,15 @@ int bench_serve(int argc, char** argv) {
     ttft.push_back(r.ttft);
     e2e.push_back(r.e2e);
     for (double x : r.itl) itl.push_back(x);
+    for (double x : r.itl_event) itl_event.push_back(x);
+    counted += r.counted;
     const double tp = r.output_tokens > 1 ? (r.e2e - r.ttft) / double(r.output_tokens - 1) : 0.0;
     if (r.output_tokens > 1) tpot.push_back(tp);
     if (r.ttft <= slo_ttft && tp <= slo_tpot && r.e2e <= slo_e2e) ++good;
   }
-  const Stat s_ttft = stats(ttft), s_tpot = stats(tpot), s_itl = stats(itl), s_e2e = stats(e2e);
+  const Stat s_ttft = stats(ttft), s_tpot = stats(tpot), s_itl = stats(itl), s_itl_event = stats(itl_event),
+             s_e2e = stats(e2e);
+  const char* itl_source = counted == ok ? "server usage" : counted == 0 ? "events" : "mixed";
 
   std::printf("============ Serving Benchmark Result ============\n");
   std::printf("%-40s %s\n", "Dataset:", dataset.c_str());
@@ -409,17 +452,21 @@ int bench_serve(int argc, char** argv) {
   };
   row("TTFT", s_ttft);
   row("TPOT", s_tpot);
-  row("ITL", s_itl);
+  row("ITL/token", s_itl);
+  row("ITL/event", s_itl_event);
   row("E2E", s_e2e);
+  std::printf("%-40s %s (%zu gaps over %zu events)\n", "ITL tokens counted from:", itl_source, itl.size(),
+              itl_event.size());
   std::printf("==================================================\n");
   if (!first_error.empty()) std::fprintf(stderr, "bench serve: first error: %s\n", first_error.c_str());
 
   if (out_path) {
-    auto stat_json = [](const Stat& s) {
+    auto stat_json = [](const Stat& s, size_t n) {
       return Json{{"mean_ms", s.mean * 1e3},
                   {"p50_ms", s.p50 * 1e3},
                   {"p90_ms", s.p90 * 1e3},
-                  {"p99_ms", s.p99 * 1e3}};
+                  {"p99_ms", s.p99 * 1e3},
+                  {"n", n}};
     };
     Json j{{"url", url.host + ":" + url.port},
            {"model", model},
@@ -440,10 +487,12 @@ int bench_serve(int argc, char** argv) {
            {"prefix_cache_hit_rate", in_tok ? double(cached) / double(in_tok) : 0.0},
            {"goodput", slo_s.empty() ? Json(nullptr) : Json(good / duration)},
            {"slo", slo_s},
-           {"ttft", stat_json(s_ttft)},
-           {"tpot", stat_json(s_tpot)},
-           {"itl", stat_json(s_itl)},
-           {"e2el", stat_json(s_e2e)}};
+           {"ttft", stat_json(s_ttft, ttft.size())},
+           {"tpot", stat_json(s_tpot, tpot.size())},
+           {"itl", stat_json(s_itl, itl.size())},  // per token
+           {"itl_event", stat_json(s_itl_event, itl_event.size())},
+           {"itl_token_source", itl_source},
+           {"e2el", stat_json(s_e2e, e2e.size())}};
     std::ofstream f(*out_path);
     BELUGA_CHECK(f.good(), "cannot write ", *out_path);
     f << j.dump(2) << "\n";

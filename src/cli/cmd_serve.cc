@@ -45,7 +45,10 @@ constexpr const char* kUsage =
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
     "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n"
-    "                    [--no-access-log] [--grammar-compile-timeout-ms 10000] [--grammar-cache-size 256]\n";
+    "                    [--no-access-log] [--no-async-scheduling] [--grammar-compile-timeout-ms 10000]\n"
+    "                    [--grammar-cache-size 256]\n"
+    "Environment: BELUGA_TRACE=FILE writes a Chrome-trace JSON of the engine's host spans per step and the\n"
+    "model's forwards (chrome://tracing, ui.perfetto.dev) when the server stops.\n";
 
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -100,7 +103,8 @@ void inject_step_failures(EngineConfig& ecfg) {
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  Args args(argc, argv, {"no-enable-prefix-caching", "enforce-eager", "no-access-log", "help"});
+  Args args(argc, argv,
+            {"no-enable-prefix-caching", "enforce-eager", "no-access-log", "no-async-scheduling", "help"});
   if (args.has("help")) {
     std::fputs(kUsage, stdout);
     std::fputs(kKvUsage, stdout);
@@ -141,6 +145,8 @@ int cmd_serve(int argc, char** argv) {
   ecfg.num_kv_blocks = int(args.get_int("num-kv-blocks", 0));
   ecfg.kv_cache_bytes = size_t(args.get_int("kv-cache-mb", long(ecfg.kv_cache_bytes >> 20))) << 20;
   ecfg.enable_prefix_caching = !args.has("no-enable-prefix-caching");
+  ecfg.async_scheduling = !args.has("no-async-scheduling");  // the serial reference loop
+  if (const char* trace = std::getenv("BELUGA_TRACE"); trace && *trace) ecfg.trace_path = trace;
   BELUGA_CHECK(ecfg.max_num_seqs > 0 && ecfg.max_num_batched_tokens > 0 && ecfg.max_queue_len >= 0,
                "--max-num-seqs and --max-num-batched-tokens must be positive, --max-queue-len non-negative");
   // One request's fan-out (prompts x n), in sequences: by default one full batch.

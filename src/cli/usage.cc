@@ -73,6 +73,7 @@ constexpr Usage kUsages[] = {
      "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
      "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
      "  router      the router's added latency and SSE relay rate against a synthetic upstream\n"
+     "  sampler     the CPU sampler's cost per token\n"
      "`beluga bench <name> --help` lists each one's options.\n"},
     {"bench model",
      "usage: beluga bench model [MODEL_DIR] [options]\n"
@@ -87,6 +88,12 @@ constexpr Usage kUsages[] = {
      "  --prefill-lens LIST       default 512,2048,8192\n"
      "  --steps N                 timed steps per point (default 8)\n"
      "  --sample gpu|host         where decode steps sample (default gpu)\n\n" MODEL_OPTIONS},
+    {"bench sampler",
+     "usage: beluga bench sampler [options]\n"
+     "The CPU sampler's cost per token for each vocabulary size and a set of sampling parameters.\n\n"
+     "  --vocab LIST              vocabulary sizes (default 8192,131072)\n"
+     "  --iters N                 timed calls per point (default 200)\n"
+     "  --out FILE                also write the results as JSON\n"},
     {"bench tokenizer",
      "usage: beluga bench tokenizer --tokenizer tokenizer.json --input FILE [options]\n"
      "  --tokenizer FILE          tokenizer.json (required)\n"
@@ -98,7 +105,9 @@ constexpr Usage kUsages[] = {
      "  --out FILE                also write the results as JSON\n"},
     {"bench serve",
      "usage: beluga bench serve [options]\n"
-     "Load test of a running OpenAI-compatible server.\n\n"
+     "Load test of a running OpenAI-compatible server. ITL is per token: streams ask for\n"
+     "stream_options.continuous_usage_stats and a chunk that brings k tokens after a gap g counts k gaps\n"
+     "of g/k (per-event ITL is reported too).\n\n"
      "  --url URL                 default http://127.0.0.1:8000\n"
      "  --model NAME              the served model name (default: the server's first)\n"
      "  --api-key KEY\n"

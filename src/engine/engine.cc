@@ -12,6 +12,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "util/error.h"
+#include "util/trace.h"
 
 namespace beluga {
 
@@ -37,6 +38,7 @@ struct Engine::Impl {
     std::vector<std::unique_ptr<Seq>> seqs;
     std::vector<int> stop_ids;
     std::vector<std::unique_ptr<LogitsProcessor>> procs;  // per sequence, when constrained
+    std::vector<int> prompt_set;  // distinct prompt tokens, sorted (repetition penalty only)
     uint64_t seed = 0;
     int unfinished = 0;
     // Prompt logprobs (sampling.prompt_logprobs >= 0). Whichever sequence's prefill reaches a prompt
@@ -62,13 +64,17 @@ struct Engine::Impl {
         scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector),
         kv(m.make_kv_cache(num_blocks)),
         kv_connector(cfg.kv_connector),
-        runner(m, kv, cfg.step_hook) {}
+        trace(cfg.trace_path.empty() ? nullptr : std::make_unique<Tracer>(cfg.trace_path)),
+        trace_lane(trace ? trace->add_lane("engine loop") : 0),
+        runner(m, kv, cfg.step_hook, trace.get()) {}
 
   Model& model;
   BlockManager blocks;
   Scheduler scheduler;
   KvCache kv;
   KvConnector* kv_connector;
+  std::unique_ptr<Tracer> trace;  // null: tracing off. Before runner: written after its thread stops
+  int trace_lane;
   ModelRunner runner;                         // after kv: its thread uses kv, so it must stop first
   std::unordered_map<int, Request> requests;  // by slot
   std::unordered_map<std::string, int> slot_of;
@@ -221,6 +227,8 @@ int64_t unix_ms() {
 void Engine::loop() {
   Impl& im = *impl_;
   const int V = model_.config().vocab_size;
+  Tracer* const tr = im.trace.get();  // null: every TraceSpan below is a no-op
+  const int lane = im.trace_lane;
   // submit()'s view of the queue, made exact before a callback runs: a caller that sees its request
   // end (an abort, say) and submits again must not find the old sequences still counted.
   auto publish_waiting = [&] {
@@ -274,6 +282,7 @@ void Engine::loop() {
       if (s->finish != FinishReason::kNone) continue;
       SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
                         &rq.stop_ids,     rq.seed,        s->index};
+      ctx.prompt_set = &rq.prompt_set;
       LogitsProcessor* proc = rq.procs.empty() ? nullptr : rq.procs[size_t(s->index)].get();
       std::string proc_error;
       if (proc) {
@@ -378,6 +387,7 @@ void Engine::loop() {
     im.rows.clear();
     im.step_slots.clear();
     bool greedy = true;  // all rows greedy on raw logits: sample on the device
+    TraceSpan build(tr, lane, "build batch");
     for (size_t i = 0; i < im.chunks.size(); ++i) {
       const Chunk& c = im.chunks[i];
       const Seq* s = c.seq;
@@ -415,6 +425,8 @@ void Engine::loop() {
     }
     std::sort(im.step_slots.begin(), im.step_slots.end());
     im.step_slots.erase(std::unique(im.step_slots.begin(), im.step_slots.end()), im.step_slots.end());
+    build.end();
+    TraceSpan launch(tr, lane, "launch");
     im.published.clear();
     im.published_keys.clear();
     im.published_classes.clear();
@@ -445,6 +457,7 @@ void Engine::loop() {
       im.slot_of[rr.req.id] = slot;
       rr.seed = rr.req.sampling.seed ? *rr.req.sampling.seed : im.seed_source();
       rr.stop_ids = rr.req.sampling.stop_token_ids;
+      if (rr.req.sampling.repetition_penalty != 1.0f) rr.prompt_set = distinct_tokens(rr.req.prompt);
       if (!rr.req.sampling.ignore_eos)
         for (int e : model_.config().eos_token_ids) rr.stop_ids.push_back(e);
       if (rr.req.sampling.prompt_logprobs >= 0) {
@@ -485,9 +498,50 @@ void Engine::loop() {
     }
   };
 
+  // b. Step N+1's skeleton.
+  auto schedule_next = [&] {
+    TraceSpan span(tr, lane, "schedule");
+    Seq* stuck = nullptr;
+    im.scheduler.schedule(im.chunks, &stuck);
+    if (stuck) emit_final(stuck->request, FinishReason::kError, "the request does not fit in the KV cache");
+  };
+
+  // c. Step N's results (if a step is in flight).
+  auto finish_step = [&] {
+    if (!im.runner.in_flight()) return;
+    std::string error;
+    bool ok = true;
+    try {
+      TraceSpan span(tr, lane, "wait");
+      im.runner.wait();
+    } catch (const std::exception& e) {
+      ok = false;
+      error = e.what();
+    } catch (...) {
+      ok = false;
+      error = "the forward step failed";
+    }
+    if (im.kv_connector) im.kv_connector->step_done(ok);
+    im.stats.steps++;
+    if (ok) {
+      TraceSpan span(tr, lane, "sample");
+      apply_step();
+      // A sequence that finished at N may still have a chunk in N+1 (a stop token arrived); its
+      // blocks are already released. Seqs stay alive until step e, so c.seq is valid here.
+      std::erase_if(im.chunks, [](const Chunk& c) { return c.seq->finish != FinishReason::kNone; });
+      span.end();
+      if (cfg_.loop_hook) cfg_.loop_hook(im.stats.steps);
+    } else {
+      im.stats.steps_failed++;
+      fail_step(error);  // a failed step fails the requests in it; the engine keeps serving the others
+    }
+  };
+
   // One iteration after the inputs are taken: admit, abort, schedule N+1, apply N, launch N+1, emit
-  // N's outputs.
+  // N's outputs (serial: schedule, launch and apply the same step, then emit it).
   auto iterate = [&](std::deque<EngineRequest>& incoming, std::vector<std::string>& aborts) {
+    TraceSpan step(tr, lane, "step", im.stats.steps);
+    TraceSpan admitting(tr, lane, "admit");
     for (auto& req : incoming) admit(std::move(req));
     incoming.clear();
     publish_waiting();
@@ -498,43 +552,17 @@ void Engine::loop() {
       if (it != im.slot_of.end()) emit_final(it->second, FinishReason::kAbort, "");
     }
     aborts.clear();
+    admitting.end();
 
-    // b. Step N+1's skeleton.
-    Seq* stuck = nullptr;
-    im.scheduler.schedule(im.chunks, &stuck);
-    if (stuck) emit_final(stuck->request, FinishReason::kError, "the request does not fit in the KV cache");
-
-    // c. Step N's results.
-    if (im.runner.in_flight()) {
-      std::string error;
-      bool ok = true;
-      try {
-        im.runner.wait();
-      } catch (const std::exception& e) {
-        ok = false;
-        error = e.what();
-      } catch (...) {
-        ok = false;
-        error = "the forward step failed";
-      }
-      if (im.kv_connector) im.kv_connector->step_done(ok);
-      im.stats.steps++;
-      if (ok) {
-        apply_step();
-        // A sequence that finished at N may still have a chunk in N+1 (a stop token arrived); its
-        // blocks are already released. Seqs stay alive until step e, so c.seq is valid here.
-        std::erase_if(im.chunks, [](const Chunk& c) { return c.seq->finish != FinishReason::kNone; });
-        if (cfg_.loop_hook) cfg_.loop_hook(im.stats.steps);
-      } else {
-        im.stats.steps_failed++;
-        fail_step(error);  // a failed step fails the requests in it; the engine keeps serving the others
-      }
-    }
-
-    // d. Step N+1: build, launch, commit.
-    if (!im.chunks.empty()) launch_next();
+    // b, c, d: overlapped, N+1 is planned while N computes (with N's tokens pending); serial, nothing
+    // is in flight here and the step launched in d is finished at once.
+    schedule_next();
+    if (cfg_.async_scheduling) finish_step();
+    if (!im.chunks.empty()) launch_next();  // d. Step N+1: build, launch, commit.
+    if (!cfg_.async_scheduling) finish_step();
 
     // e. Step N's outputs, while N+1 runs. A callback that throws fails its own request only.
+    TraceSpan delivering(tr, lane, "deliver");
     for (auto& [slot, out] : im.outs) {
       auto it = im.requests.find(slot);
       if (it == im.requests.end()) continue;

@@ -34,6 +34,14 @@ struct EngineConfig {
   // The tiers below the device pool (src/kvstore), or none. Not owned; outlives the engine. Its
   // block_bytes() must be the model's KV bytes per block.
   KvConnector* kv_connector = nullptr;
+  // Overlap (the default): step N+1 is scheduled while step N computes, and N's outputs go out while
+  // N+1 computes. Off: the serial reference, each step scheduled, launched, waited for, sampled and
+  // delivered before the next one starts (the same tokens; for comparing and debugging).
+  bool async_scheduling = true;
+  // Non-empty: write a Chrome-trace JSON of the loop's host spans (per step: admit, schedule, wait,
+  // sample, build batch, launch, deliver) and the model runner's forwards to this file when the engine
+  // stops (src/util/trace.h; `beluga serve` takes it from BELUGA_TRACE). Empty: no tracing cost.
+  std::string trace_path;
   // Testing aid: called on the model thread before each step's forward with the step's number
   // (0, 1, ...); an exception it throws fails the step like a forward error.
   std::function<void(int64_t step)> step_hook;

@@ -6,8 +6,9 @@
 
 namespace beluga {
 
-ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook)
-    : model_(model), kv_(kv), hook_(std::move(hook)), vocab_(model.config().vocab_size) {
+ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace)
+    : model_(model), kv_(kv), hook_(std::move(hook)), trace_(trace), vocab_(model.config().vocab_size) {
+  if (trace_) trace_lane_ = trace_->add_lane("model runner");
   thread_ = std::thread([this] { run(); });
 }
 
@@ -71,6 +72,7 @@ void ModelRunner::run() {
     }
     std::exception_ptr err = bind_error;
     if (!err) {
+      TraceSpan span(trace_, trace_lane_, "forward", step_);
       try {
         if (hook_) hook_(step_);
         ForwardOptions opt;

@@ -12,6 +12,7 @@
 //     ops, so the model and `kv` must not be used from elsewhere while the runner lives.
 //   - A step's KV copies (KvStepCopies) run on the same thread, around its forward.
 //   - Destruction waits for a step in flight (its result is dropped) and joins the thread.
+//   - With a Tracer, each step is a "forward" span (KV copies included) on a lane of its own.
 #pragma once
 
 #include <condition_variable>
@@ -24,6 +25,7 @@
 
 #include "engine/kv_connector.h"
 #include "model/model.h"
+#include "util/trace.h"
 
 namespace beluga {
 
@@ -33,7 +35,8 @@ class ModelRunner {
   // an exception it throws fails that step like a forward error. A testing aid; empty by default.
   using StepHook = std::function<void(int64_t step)>;
 
-  ModelRunner(Model& model, KvCache& kv, StepHook hook = {});
+  // `trace` (may be null) must outlive the runner.
+  ModelRunner(Model& model, KvCache& kv, StepHook hook = {}, Tracer* trace = nullptr);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -60,6 +63,8 @@ class ModelRunner {
   Model& model_;
   KvCache& kv_;
   StepHook hook_;
+  Tracer* trace_;
+  int trace_lane_ = 0;
   const int vocab_;
   Batch batch_;                // the step in flight (owned by the thread between launch and done)
   KvStepCopies copies_;        // its KV connector copies

@@ -1,5 +1,9 @@
 // Sampler: turns one row of logits into the next token for one sequence, applying SamplingParams in
 // the documented order (request.h), and computes logprobs from the model's raw distribution.
+// Cost per token: O(vocab) passes plus sorting only the candidates a filter can keep (top_k, top_p
+// and min_p by partial selection, never a sort of the whole vocabulary); penalties from the
+// sequence's running counts (output_counts) and, for repetition, the request's distinct prompt
+// tokens (prompt_set), not a per-step sort of the prompt. Allocation-free once its buffers are sized.
 #pragma once
 
 #include <unordered_map>
@@ -18,7 +22,13 @@ struct SampleContext {
   uint64_t seed;                                      // per request
   int seq_index;
   const uint32_t* allowed = nullptr;  // structured output: bitmask of the tokens allowed (null: all)
+  // The prompt's distinct tokens, sorted (distinct_tokens()), kept by the caller for the request's
+  // life; null: the sampler dedups `prompt` itself each step (O(prompt), no sort).
+  const std::vector<int>* prompt_set = nullptr;
 };
+
+// A prompt's distinct tokens, sorted: SampleContext::prompt_set.
+std::vector<int> distinct_tokens(const std::vector<int>& prompt);
 
 struct SampleResult {
   int token;

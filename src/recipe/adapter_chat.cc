@@ -176,6 +176,8 @@ ParsedRequest parse_chat_request(const Json& body, const ParseOptions& opt) {
     const Json& so = f.object(body["stream_options"], "stream_options");
     if (Fields::has(so, "include_usage"))
       r.include_usage = f.boolean(so["include_usage"], "stream_options.include_usage");
+    if (Fields::has(so, "continuous_usage_stats"))
+      r.continuous_usage = f.boolean(so["continuous_usage_stats"], "stream_options.continuous_usage_stats");
   }
   return r;
 }

@@ -34,7 +34,8 @@ struct ParsedRequest {
   std::vector<std::string> stop;
   std::optional<int64_t> max_tokens;  // unset: the server's default
   bool stream = false;
-  bool include_usage = false;  // chat stream_options.include_usage
+  bool include_usage = false;     // chat stream_options.include_usage
+  bool continuous_usage = false;  // chat stream_options.continuous_usage_stats (vLLM)
   // Responses: `store` (OpenAI's default: true) and the `previous_response_id` continued (or empty).
   bool store = true;
   std::string previous_response_id;

@@ -146,7 +146,7 @@ class OpenAiFormatter : public ApiFormatter {
   OpenAiFormatter(FormatContext ctx, const char* object) : ctx_(std::move(ctx)), object_(object) {}
 
   void end(const std::vector<ChoiceText>&, const Usage& usage, std::string& out) override {
-    if (ctx_.include_usage) {
+    if (ctx_.include_usage) {  // the final usage chunk, continuous usage or not
       Json j = chunk(Json::array());
       j["usage"] = openai_usage(usage);
       out += sse_data(j);
@@ -161,27 +161,37 @@ class OpenAiFormatter : public ApiFormatter {
   }
 
  protected:
-  Json chunk(Json choices) const {
+  // `c`: the choice the chunk is about (its usage so far goes in with continuous usage).
+  Json chunk(Json choices, const ChoiceText* c = nullptr) const {
     Json j{{"id", ctx_.id},
            {"object", object_},
            {"created", ctx_.created},
            {"model", ctx_.model},
            {"system_fingerprint", nullptr},
            {"choices", std::move(choices)}};
-    if (ctx_.include_usage) j["usage"] = nullptr;
+    if (ctx_.include_usage) {
+      if (ctx_.continuous_usage && c)
+        j["usage"] = Json{{"prompt_tokens", prompt_tokens_},
+                          {"completion_tokens", c->tokens},
+                          {"total_tokens", prompt_tokens_ + c->tokens}};
+      else
+        j["usage"] = nullptr;
+    }
     return j;
   }
 
   FormatContext ctx_;
   const char* object_;
   SentCursor sent_;
+  int64_t prompt_tokens_ = 0;  // from begin(): the engine's count when the stream opened
 };
 
 class ChatFormatter final : public OpenAiFormatter {
  public:
   explicit ChatFormatter(FormatContext ctx) : OpenAiFormatter(std::move(ctx), "chat.completion.chunk") {}
 
-  void begin(const Usage&, std::string& out) override {
+  void begin(const Usage& usage, std::string& out) override {
+    prompt_tokens_ = usage.prompt_tokens;
     for (int i = 0; i < ctx_.n; ++i)
       out += sse_data(chunk(Json::array({Json{{"index", i},
                                               {"delta", {{"role", "assistant"}, {"content", ""}}},
@@ -216,14 +226,16 @@ class ChatFormatter final : public OpenAiFormatter {
     out += sse_data(chunk(Json::array({Json{{"index", c.index},
                                             {"delta", std::move(d)},
                                             {"logprobs", logprobs(c)},
-                                            {"finish_reason", nullptr}}})));
+                                            {"finish_reason", nullptr}}}),
+                          &c));
   }
 
   void finish(const ChoiceText& c, std::string& out) override {
     out += sse_data(chunk(Json::array({Json{{"index", c.index},
                                             {"delta", Json::object()},
                                             {"logprobs", logprobs(c, /*only_if_new=*/true)},
-                                            {"finish_reason", c.finish}}})));
+                                            {"finish_reason", c.finish}}}),
+                          &c));
   }
 
   Json response(const std::vector<ChoiceText>& choices, const Usage& usage) const override {
@@ -277,17 +289,21 @@ class CompletionsFormatter final : public OpenAiFormatter {
  public:
   explicit CompletionsFormatter(FormatContext ctx) : OpenAiFormatter(std::move(ctx), "text_completion") {}
 
-  void begin(const Usage&, std::string&) override {}
+  void begin(const Usage& usage, std::string&) override { prompt_tokens_ = usage.prompt_tokens; }
 
   void delta(const ChoiceText& c, const Ev& ev, std::string& out) override {
     if (ev.kind != Ev::Kind::kContent || ev.text.empty()) return;
-    out += sse_data(chunk(Json::array({Json{
-        {"index", c.index}, {"text", ev.text}, {"logprobs", logprobs(c)}, {"finish_reason", nullptr}}})));
+    out += sse_data(chunk(
+        Json::array({Json{
+            {"index", c.index}, {"text", ev.text}, {"logprobs", logprobs(c)}, {"finish_reason", nullptr}}}),
+        &c));
   }
 
   void finish(const ChoiceText& c, std::string& out) override {
-    out += sse_data(chunk(Json::array(
-        {Json{{"index", c.index}, {"text", ""}, {"logprobs", logprobs(c)}, {"finish_reason", c.finish}}})));
+    out += sse_data(chunk(
+        Json::array(
+            {Json{{"index", c.index}, {"text", ""}, {"logprobs", logprobs(c)}, {"finish_reason", c.finish}}}),
+        &c));
   }
 
   Json response(const std::vector<ChoiceText>& choices, const Usage& usage) const override {

@@ -84,6 +84,10 @@ struct FormatContext {
   int logprobs = -1;             // chat / completions: -1 no logprobs; else k top alternatives
   bool prompt_logprobs = false;  // chat / completions (not streamed): vLLM's prompt_logprobs field
   nlohmann::ordered_json request = nlohmann::ordered_json::object();  // the request body (echoed fields)
+  // With include_usage (vLLM's stream_options.continuous_usage_stats): every chunk of a choice's text
+  // also carries usage, completion_tokens being the tokens that choice has generated so far, so a
+  // client can tell how many tokens each chunk delivered.
+  bool continuous_usage = false;
 };
 
 class ApiFormatter {

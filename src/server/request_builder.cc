@@ -223,6 +223,7 @@ BuiltRequest build_chat_like(ServerApi api, Json body, const ModelInfo& info, co
   b.ctx.created = unix_seconds();
   b.ctx.n = n;
   b.ctx.include_usage = pr.include_usage;
+  b.ctx.continuous_usage = pr.continuous_usage;
   if (api == ServerApi::kChat) b.ctx.logprobs = sp.logprobs;
   b.ctx.prompt_logprobs = sp.prompt_logprobs >= 0;
   switch (api) {
@@ -330,6 +331,9 @@ BuiltRequest build_completions(Json body, const ModelInfo& info) {
     const Json& so = f.object(body["stream_options"], "stream_options");
     if (Fields::has(so, "include_usage"))
       b.ctx.include_usage = f.boolean(so["include_usage"], "stream_options.include_usage");
+    if (Fields::has(so, "continuous_usage_stats"))
+      b.ctx.continuous_usage =
+          f.boolean(so["continuous_usage_stats"], "stream_options.continuous_usage_stats");
   }
   b.spec.api = api;
   b.spec.n = n;

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Summarises a BELUGA_TRACE file (Chrome-trace JSON written by the engine): host time per loop
+iteration split by span, the model runner's forward time, and how much of the host work ran while a
+forward was in flight (hidden behind it).
+
+usage: scripts/trace_summary.py TRACE.json [--skip-first N]
+"""
+import bisect
+import json
+import sys
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    skip = 0
+    if "--skip-first" in args:
+        i = args.index("--skip-first")
+        skip = int(args[i + 1])
+        del args[i:i + 2]
+    with open(args[0]) as f:
+        trace = json.load(f)
+    lanes = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    loop = [t for t, n in lanes.items() if n == "engine loop"]
+    runner = [t for t, n in lanes.items() if n == "model runner"]
+    if not loop or not runner:
+        print("no engine loop / model runner lanes in this trace", file=sys.stderr)
+        return 1
+    iters = sorted((e for e in spans if e["tid"] == loop[0] and e["name"] == "step"), key=lambda e: e["ts"])
+    iters = iters[skip:]
+    phases = [e for e in spans if e["tid"] == loop[0] and e["name"] != "step"]
+    fwd = sorted((e for e in spans if e["tid"] == runner[0]), key=lambda e: e["ts"])
+    if not iters:
+        print("no steps", file=sys.stderr)
+        return 1
+    t0, t1 = iters[0]["ts"], iters[-1]["ts"] + iters[-1]["dur"]
+    phases = [e for e in phases if t0 <= e["ts"] <= t1]
+    fwd = [e for e in fwd if t0 <= e["ts"] <= t1]
+    fstart = [e["ts"] for e in fwd]
+
+    def hidden(e):  # microseconds of span e that overlap some forward
+        a, b = e["ts"], e["ts"] + e["dur"]
+        i = max(0, bisect.bisect_right(fstart, a) - 1)
+        h = 0.0
+        while i < len(fwd) and fwd[i]["ts"] < b:
+            fa, fb = fwd[i]["ts"], fwd[i]["ts"] + fwd[i]["dur"]
+            h += max(0.0, min(b, fb) - max(a, fa))
+            i += 1
+        return h
+
+    n = len(iters)
+    by = {}
+    for e in phases:
+        s = by.setdefault(e["name"], [0, 0.0, 0.0])
+        s[0] += 1
+        s[1] += e["dur"]
+        s[2] += hidden(e)
+    order = ["admit", "schedule", "wait", "sample", "build batch", "launch", "deliver"]
+    print(f"{n} loop iterations, {len(fwd)} forwards, {(t1 - t0) / 1e3:.1f} ms")
+    print(f"{'span':<12} {'count':>7} {'us/iter':>9} {'share':>7} {'hidden':>7}")
+    total = sum(e["dur"] for e in iters)
+    host = 0.0
+    host_hidden = 0.0
+    for name in order + sorted(set(by) - set(order)):
+        if name not in by:
+            continue
+        c, d, h = by[name]
+        print(f"{name:<12} {c:>7} {d / n:>9.1f} {100 * d / total:>6.1f}% {100 * h / d if d else 0:>6.1f}%")
+        if name != "wait":
+            host += d
+            host_hidden += h
+    fw = sum(e["dur"] for e in fwd)
+    print(f"{'step (all)':<12} {n:>7} {total / n:>9.1f}")
+    print(f"{'forward':<12} {len(fwd):>7} {fw / max(1, len(fwd)):>9.1f}   (runner thread)")
+    print(f"host work (every span but wait): {host / n:.1f} us/iter, {100 * host_hidden / host if host else 0:.1f}% "
+          f"of it while a forward ran")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
