@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/bench_grammar.h"
 #include "cli/bench_kv.h"
 #include "cli/bench_serve.h"
-#include "cli/bench_grammar.h"
 #include "cli/bench_tokenizer.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
@@ -140,7 +140,7 @@ int bench_model_cuda(const CudaSweepOptions& o, LoadedModel& m);
 #endif
 
 int bench_model(int argc, char** argv) {
-  Args a(argc, argv, {"enforce-eager"});
+  Args a = Args::for_command(argc, argv, "bench model");
   const ModelArgs ma = parse_model_args(a);
   if (ma.device == "cuda") {
     const CudaSweepOptions o = parse_cuda_sweep_options(a);
