@@ -4,6 +4,11 @@
 // server_responses_test.cc.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <set>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -43,6 +48,66 @@ TEST_F(ServerTest, HealthModelsMetricsAndUnknownRoutes) {
   EXPECT_EQ(nf.status, 404);
   EXPECT_TRUE(nf.json()["error"].is_object());
   EXPECT_EQ(http_request(port_, http::verb::get, "/v1/chat/completions").status, 405);
+}
+
+// vLLM's metric names (what vLLM's Grafana dashboards query) carry the same values as Beluga's own,
+// labelled model_name, after real traffic: token counters, the latency histograms (bucket, sum and
+// count lines), and the engine gauges.
+TEST_F(ServerTest, VllmMetricNamesMirrorBelugasOwn) {
+  start();
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(http_post(port_, "/v1/chat/completions", chat("hi")).status, 200);
+  ASSERT_EQ(http_post(port_, "/v1/chat/completions", chat("hi", Json{{"stream", true}})).status, 200);
+  const std::string page = http_request(port_, http::verb::get, "/metrics").body;
+  using testing::metric_value;
+  const std::pair<const char*, const char*> same[] = {
+      {"vllm:prompt_tokens_total", "beluga_prompt_tokens_total"},
+      {"vllm:generation_tokens_total", "beluga_generation_tokens_total"},
+      {"vllm:time_to_first_token_seconds_count", "beluga_time_to_first_token_seconds_count"},
+      {"vllm:time_to_first_token_seconds_sum", "beluga_time_to_first_token_seconds_sum"},
+      {"vllm:time_per_output_token_seconds_count", "beluga_time_per_output_token_seconds_count"},
+      {"vllm:e2e_request_latency_seconds_count", "beluga_e2e_request_latency_seconds_count"},
+      {"vllm:num_requests_running", "beluga_num_requests_running"},
+      {"vllm:num_requests_waiting", "beluga_num_requests_waiting"},
+      {"vllm:kv_cache_usage_perc", "beluga_kv_cache_usage_perc"},
+      {"vllm:gpu_cache_usage_perc", "beluga_kv_cache_usage_perc"},
+      {"vllm:prefix_cache_queries_total", "beluga_prefix_cache_queries_total"},
+      {"vllm:prefix_cache_hits_total", "beluga_prefix_cache_hits_total"},
+      {"vllm:num_preemptions_total", "beluga_num_preemptions_total"},
+  };
+  for (const auto& [vllm, own] : same) {
+    EXPECT_GE(metric_value(page, own), 0) << own << " missing\n" << page;
+    EXPECT_EQ(metric_value(page, vllm), metric_value(page, own)) << vllm;
+    EXPECT_NE(page.find(std::string(vllm) + "{model_name=\"demo\"}"), std::string::npos) << vllm;
+  }
+  EXPECT_GT(metric_value(page, "vllm:prompt_tokens_total"), 0);
+  EXPECT_EQ(metric_value(page, "vllm:e2e_request_latency_seconds_count"), 3);
+  EXPECT_NE(page.find("vllm:e2e_request_latency_seconds_bucket{model_name=\"demo\",le=\"+Inf\"} 3\n"),
+            std::string::npos);
+  for (const char* h : {"vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds",
+                        "vllm:e2e_request_latency_seconds"})
+    EXPECT_NE(page.find(std::string("# TYPE ") + h + " histogram\n"), std::string::npos) << h;
+}
+
+// docs/grafana-dashboard.json queries only metrics this server's /metrics page declares (each
+// `vllm:` name it uses, a histogram's _bucket / _sum / _count by its family).
+TEST_F(ServerTest, GrafanaDashboardQueriesOnlyServedMetrics) {
+  start();
+  const std::string page = http_request(port_, http::verb::get, "/metrics").body;
+  std::ifstream in(std::string(BELUGA_SOURCE_DIR) + "/docs/grafana-dashboard.json");
+  ASSERT_TRUE(in) << "docs/grafana-dashboard.json";
+  const std::string dash((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(Json::parse(dash, nullptr, false).is_object());
+  const std::regex name_re("vllm:[a-z0-9_]+");
+  std::set<std::string> used;
+  for (auto it = std::sregex_iterator(dash.begin(), dash.end(), name_re); it != std::sregex_iterator(); ++it)
+    used.insert(it->str());
+  EXPECT_GE(used.size(), 8u);
+  for (std::string name : used) {
+    for (const char* suffix : {"_bucket", "_sum", "_count"})
+      if (name.ends_with(suffix) && page.find("# TYPE " + name + " ") == std::string::npos)
+        name.resize(name.size() - std::string_view(suffix).size());
+    EXPECT_NE(page.find("# TYPE " + name + " "), std::string::npos) << name << " is not on /metrics";
+  }
 }
 
 TEST_F(ServerTest, ChatNonStreamed) {
