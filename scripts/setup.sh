@@ -14,19 +14,5 @@ PACKAGES=(
 # Node.js (for the npm test tools) may come from Debian or from NodeSource; only install when absent.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "setup: all Debian packages present"
-fi
+source "$(dirname "$0")/apt-packages.sh"
+apt_install setup "${PACKAGES[@]}"

@@ -40,12 +40,25 @@ Args::Args(int argc, char** argv, const std::set<std::string>& flags) {
   }
 }
 
+Args Args::for_command(int argc, char** argv, std::string_view command) {
+  const CommandUsage& usage = usage_of(command);
+  Args a(argc, argv, usage.switches());
+  if (usage.has_table()) a.table_ = usage.options();
+  return a;
+}
+
+void Args::check_declared(const std::string& key) const {
+  BELUGA_CHECK(!table_ || key == "help" || table_->count(key), "internal error: the command reads --", key,
+               ", which its option table (src/cli/usage.cc) lacks");
+}
+
 const std::vector<std::string>& Args::positional() const {
   positional_used_ = true;
   return positional_;
 }
 
 std::optional<std::string> Args::get(const std::string& key) const {
+  check_declared(key);
   used_.insert(key);
   BELUGA_CHECK(!missing_value_.count(key), "option --", key, " needs a value");
   auto it = values_.find(key);
@@ -83,6 +96,7 @@ double Args::get_double(const std::string& key, double def) const {
 }
 
 bool Args::has(const std::string& key) const {
+  check_declared(key);
   used_.insert(key);
   return values_.count(key) > 0 || missing_value_.count(key) > 0;
 }

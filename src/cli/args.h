@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/flag_table.h"
+
 namespace beluga::cli {
 
 class Args {
@@ -18,6 +20,10 @@ class Args {
   // `flags` names the options that take no value (`--jsonl`); every other `--x` takes one (the next
   // argument, which must not itself be an option).
   Args(int argc, char** argv, const std::set<std::string>& flags = {});
+  // The arguments of `command`, parsed by its option table (flag_table.h): the table's switches take
+  // no value, and reading an option outside the table is a bug (it throws), so the command accepts
+  // exactly what its --help lists.
+  static Args for_command(int argc, char** argv, std::string_view command);
 
   std::optional<std::string> get(const std::string& key) const;
   std::string get_or(const std::string& key, const std::string& def) const;
@@ -32,6 +38,9 @@ class Args {
   void check_all_used() const;
 
  private:
+  void check_declared(const std::string& key) const;
+
+  std::optional<std::set<std::string>> table_;  // the options the command declares, when it has a table
   std::map<std::string, std::string> values_;
   std::set<std::string> missing_value_;  // `--x` last or before another option, not a flag
   std::vector<std::string> positional_;

@@ -171,7 +171,7 @@ int bench_model_cuda(const CudaSweepOptions& o, LoadedModel& m);
 #endif
 
 int bench_model(int argc, char** argv) {
-  Args a(argc, argv, {"enforce-eager"});
+  Args a = Args::for_command(argc, argv, "bench model");
   const ModelArgs ma = parse_model_args(a);
   if (ma.device == "cuda") {
     const CudaSweepOptions o = parse_cuda_sweep_options(a);

@@ -241,7 +241,7 @@ std::string words(std::mt19937_64& rng, int n) {
 }  // namespace
 
 int bench_serve(int argc, char** argv) {
-  Args args(argc, argv);
+  Args args = Args::for_command(argc, argv, "bench serve");
   const Url url = parse_url(args.get_or("url", "http://127.0.0.1:8000"));
   const std::string dataset = args.get_or("dataset", "random");
   const int num_prompts = int(args.get_int("num-prompts", 100));

@@ -116,7 +116,7 @@ Result run_hf(const std::string& script, const std::string& tokenizer, const std
 }  // namespace
 
 int bench_tokenizer(int argc, char** argv) {
-  Args args(argc, argv, {"no-hf"});
+  Args args = Args::for_command(argc, argv, "bench tokenizer");
   std::string tok_path = args.require("tokenizer");
   std::string input_path = args.require("input");
   auto out_path = args.get("out");

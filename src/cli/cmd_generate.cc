@@ -23,7 +23,7 @@ MlaMode parse_mla_mode(const Args& a) {
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
-  Args a(argc, argv, {"enforce-eager"});
+  Args a = Args::for_command(argc, argv, "generate");
   GenerateParams p;
   std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
   p.max_tokens = int(a.get_int("max-tokens", 16));
@@ -49,7 +49,7 @@ int cmd_generate(int argc, char** argv) {
 }
 
 int cmd_logits(int argc, char** argv) {
-  Args a(argc, argv, {"enforce-eager"});
+  Args a = Args::for_command(argc, argv, "logits");
   std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
   const std::string out = a.require("out");
   const MlaMode mode = parse_mla_mode(a);
@@ -62,7 +62,7 @@ int cmd_logits(int argc, char** argv) {
 }
 
 int cmd_inspect(int argc, char** argv) {
-  Args a(argc, argv, {"enforce-eager"});
+  Args a = Args::for_command(argc, argv, "inspect");
   LoadedModel m = load_model_from_args(a);
   const ModelConfig& c = m.cfg;
   nlohmann::json j;

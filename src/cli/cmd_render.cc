@@ -18,7 +18,7 @@
 namespace beluga::cli {
 
 int cmd_render(int argc, char** argv) {
-  Args args(argc, argv);
+  Args args = Args::for_command(argc, argv, "render");
   const std::string model = args.require("model");
   const std::string request_path = args.require("request");
   const std::string api_name = args.get_or("api", "chat");

@@ -16,6 +16,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flag_table.h"
 #include "cli/kv_args.h"
 #include "cli/model_args.h"
 #include "engine/engine.h"
@@ -32,23 +33,6 @@
 namespace beluga::cli {
 
 namespace {
-
-constexpr const char* kUsage =
-    "usage: beluga serve [MODEL_DIR | --model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name "
-    "NAME]\n"
-    "                    [--api-key KEY] [--max-num-seqs 64] [--max-num-batched-tokens 2048]\n"
-    "                    [--max-model-len N] [--max-queue-len 256] [--max-body-bytes 16777216]\n"
-    "                    [--max-stored-responses 1024] [--max-seqs-per-request N (default: --max-num-seqs)]\n"
-    "                    [--max-connections 1024] [--header-timeout-s 15] [--body-timeout-s 60]\n"
-    "                    [--build-threads 2] [--build-queue 64] [--shutdown-grace-s 30]\n"
-    "                    [--kv-cache-mb 1024] [--num-kv-blocks N] [--no-enable-prefix-caching]\n"
-    "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
-    "float32|bfloat16]\n"
-    "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n"
-    "                    [--no-access-log] [--no-async-scheduling] [--grammar-compile-timeout-ms 10000]\n"
-    "                    [--grammar-cache-size 256]\n"
-    "Environment: BELUGA_TRACE=FILE writes a Chrome-trace JSON of the engine's host spans per step and the\n"
-    "model's forwards (chrome://tracing, ui.perfetto.dev) when the server stops.\n";
 
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -103,11 +87,9 @@ void inject_step_failures(EngineConfig& ecfg) {
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  Args args(argc, argv,
-            {"no-enable-prefix-caching", "enforce-eager", "no-access-log", "no-async-scheduling", "help"});
+  Args args = Args::for_command(argc, argv, "serve");
   if (args.has("help")) {
-    std::fputs(kUsage, stdout);
-    std::fputs(kKvUsage, stdout);
+    std::fputs(usage_text(usage_of("serve")).c_str(), stdout);
     return 0;
   }
   server::Server::block_signals();

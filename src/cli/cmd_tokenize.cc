@@ -32,7 +32,7 @@ void append_ids(std::string& out, const std::vector<int>& ids) {
 }  // namespace
 
 int cmd_tokenize(int argc, char** argv) {
-  Args args(argc, argv, {"allow-special", "jsonl"});
+  Args args = Args::for_command(argc, argv, "tokenize");
   const std::string tok_path = args.require("tokenizer");
   bool allow_special = args.has("allow-special");
   bool jsonl = args.has("jsonl");
@@ -72,7 +72,7 @@ int cmd_tokenize(int argc, char** argv) {
 }
 
 int cmd_detokenize(int argc, char** argv) {
-  Args args(argc, argv, {"skip-special"});
+  Args args = Args::for_command(argc, argv, "detokenize");
   const std::string tok_path = args.require("tokenizer");
   bool skip_special = args.has("skip-special");
   args.check_all_used();

@@ -14,10 +14,6 @@
 
 namespace beluga::cli {
 
-inline constexpr const char* kKvUsage =
-    "                    [--kv-host-gb G] [--kv-disk-dir DIR] [--kv-disk-gb G] [--kv-retention "
-    "chat=7d,agent=3d]\n";
-
 // What the flags ask for: read and checked before anything loads.
 struct KvFlags {
   kv::Retention retention;

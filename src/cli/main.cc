@@ -30,8 +30,10 @@ constexpr Subcommand kCommands[] = {
     {"tokenize", beluga::cli::cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", beluga::cli::cmd_detokenize, "token ids on stdin -> text"},
     {"render", beluga::cli::cmd_render, "API request -> prompt text and token ids"},
-    {"grammar", beluga::cli::cmd_grammar, "structured outputs: `grammar check` a schema against candidate outputs"},
+    {"grammar", beluga::cli::cmd_grammar,
+     "structured outputs: `grammar check` a schema against candidate outputs"},
     {"kv", beluga::cli::cmd_kv, "the KV file tier: `kv stats`, `kv gc` (retention by class)"},
+    {"help", beluga::cli::cmd_help, "`help COMMAND`: its options; `help --markdown`: docs/configuration.md"},
 };
 
 void usage(FILE* to) {
@@ -46,10 +48,10 @@ bool print_help(const std::string& cmd, int argc, char** argv) {
   if (cmd == "serve" || !beluga::cli::wants_help(argc, argv)) return false;
   std::string name = cmd;
   if (cmd == "bench" && argc > 0 && argv[0][0] != '-') name += std::string(" ") + argv[0];
-  const char* text = beluga::cli::command_usage(name);
+  auto text = beluga::cli::command_usage(name);
   if (!text) text = beluga::cli::command_usage(cmd);
   if (!text) return false;
-  std::fputs(text, stdout);
+  std::fputs(text->c_str(), stdout);
   return true;
 }
 

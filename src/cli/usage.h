@@ -1,14 +1,15 @@
 // The usage text `beluga <command> --help` prints (options and what they do), per command:
-// "generate", "bench", "bench model", ... `beluga serve --help` prints cmd_serve.cc's own text.
-// Written by hand until the options of every command come from one table (then --help, argument
-// checking and docs/configuration.md are generated from it).
+// "generate", "bench", "bench model", ..., rendered from the command's option table (flag_table.h,
+// the tables are in usage.cc).
 #pragma once
 
+#include <optional>
+#include <string>
 #include <string_view>
 
 namespace beluga::cli {
 
-// Null when `command` has no usage text here.
-const char* command_usage(std::string_view command);
+// Nothing when `command` has no usage here.
+std::optional<std::string> command_usage(std::string_view command);
 
 }  // namespace beluga::cli

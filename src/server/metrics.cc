@@ -16,6 +16,13 @@ void metric(std::string& out, const std::string& name, const char* type, const c
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
+// One sample with its HELP and TYPE lines; `labels` is `{k="v",...}` or empty.
+void sample(std::string& out, const std::string& name, const char* type, const char* help,
+            const std::string& labels, double v) {
+  metric(out, name, type, help);
+  out += name + labels + " " + num(v) + "\n";
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> bounds)
@@ -29,16 +36,18 @@ void Histogram::observe(double v) {
   ++count_;
 }
 
-void Histogram::render(const std::string& name, std::string& out) const {
+void Histogram::render(const std::string& name, std::string& out, const std::string& labels) const {
+  const std::string first = labels.empty() ? "{" : "{" + labels + ",";
+  const std::string only = labels.empty() ? "" : "{" + labels + "}";
   uint64_t cum = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cum += counts_[i];
-    out += name + "_bucket{le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+    out += name + "_bucket" + first + "le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
   }
   cum += counts_.back();
-  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
-  out += name + "_sum " + num(sum_) + "\n";
-  out += name + "_count " + std::to_string(count_) + "\n";
+  out += name + "_bucket" + first + "le=\"+Inf\"} " + std::to_string(cum) + "\n";
+  out += name + "_sum" + only + " " + num(sum_) + "\n";
+  out += name + "_count" + only + " " + std::to_string(count_) + "\n";
 }
 
 Metrics::Metrics()
@@ -144,8 +153,7 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
   e2e_.render("beluga_e2e_request_latency_seconds", out);
   if (st) {
     auto gauge = [&](const char* name, const char* type, const char* help, double v) {
-      metric(out, name, type, help);
-      out += std::string(name) + lbl + " " + num(v) + "\n";
+      sample(out, name, type, help, lbl, v);
     };
     gauge("beluga_num_requests_running", "gauge", "Requests in the engine's running batch.", st->running);
     gauge("beluga_num_requests_waiting", "gauge", "Requests waiting in the engine queue.", st->waiting);
@@ -171,7 +179,43 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
           double(st->preemptions));
     gauge("beluga_engine_steps_total", "counter", "Engine steps.", double(st->steps));
   }
+  render_vllm(st, model, out);
   return out;
+}
+
+// vLLM's names for what Beluga measures the same way (vllm/v1/metrics/loggers.py), so vLLM's
+// dashboards and alerts read this page as they read vLLM's; its own names are above.
+void Metrics::render_vllm(const EngineStats* st, const std::string& model, std::string& out) const {
+  const std::string label = "model_name=\"" + model + "\"";
+  const std::string lbl = "{" + label + "}";
+  auto gauge = [&](const char* name, const char* type, const char* help, double v) {
+    sample(out, name, type, help, lbl, v);
+  };
+  gauge("vllm:prompt_tokens_total", "counter",
+        "Prompt tokens of finished requests (beluga_prompt_tokens_total).", double(prompt_tokens_));
+  gauge("vllm:generation_tokens_total", "counter",
+        "Generated tokens of finished requests (beluga_generation_tokens_total).",
+        double(completion_tokens_));
+  metric(out, "vllm:time_to_first_token_seconds", "histogram", "Time to first token.");
+  ttft_.render("vllm:time_to_first_token_seconds", out, label);
+  metric(out, "vllm:time_per_output_token_seconds", "histogram",
+         "Mean time per output token after the first, per request.");
+  tpot_.render("vllm:time_per_output_token_seconds", out, label);
+  metric(out, "vllm:e2e_request_latency_seconds", "histogram", "End-to-end request latency.");
+  e2e_.render("vllm:e2e_request_latency_seconds", out, label);
+  if (!st) return;
+  const double usage = st->kv_blocks_total > 0 ? double(st->kv_blocks_used) / st->kv_blocks_total : 0.0;
+  gauge("vllm:num_requests_running", "gauge", "Requests in the engine's running batch.", st->running);
+  gauge("vllm:num_requests_waiting", "gauge", "Requests waiting in the engine queue.", st->waiting);
+  gauge("vllm:kv_cache_usage_perc", "gauge", "Fraction of KV cache blocks in use (1 = full).", usage);
+  gauge("vllm:gpu_cache_usage_perc", "gauge", "Fraction of KV cache blocks in use (vLLM's older name).",
+        usage);
+  gauge("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+        double(st->prefix_cache_queries));
+  gauge("vllm:prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
+        double(st->prefix_cache_hits));
+  gauge("vllm:num_preemptions_total", "counter", "Requests preempted for lack of KV blocks.",
+        double(st->preemptions));
 }
 
 }  // namespace beluga::server

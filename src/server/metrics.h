@@ -1,6 +1,9 @@
 // Server metrics in the Prometheus text format: request counts by API and status, token counts,
 // TTFT / TPOT / end-to-end latency histograms, client disconnects, plus the engine's gauges (KV
 // blocks, prefix-cache hit rate, running and waiting requests). Thread-safe.
+// Where Beluga measures the same quantity as vLLM, the page also carries it under vLLM's name
+// (`vllm:num_requests_running`, `vllm:time_to_first_token_seconds`, ...; labelled model_name), so
+// dashboards and alerts written for vLLM work unchanged (docs/grafana-dashboard.json).
 #pragma once
 
 #include <array>
@@ -18,8 +21,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
   void observe(double v);
-  // Appends `name_bucket{le=…}`, `name_sum`, `name_count` lines.
-  void render(const std::string& name, std::string& out) const;
+  // Appends `name_bucket{le=…}`, `name_sum`, `name_count` lines; `labels` (`k="v",…`, or empty)
+  // go on every line.
+  void render(const std::string& name, std::string& out, const std::string& labels = "") const;
 
  private:
   std::vector<double> bounds_;
@@ -45,6 +49,9 @@ class Metrics {
   std::string render(const EngineStats* stats, const std::string& model) const;
 
  private:
+  // The vLLM-named samples; called with mu_ held.
+  void render_vllm(const EngineStats* stats, const std::string& model, std::string& out) const;
+
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;

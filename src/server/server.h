@@ -80,7 +80,7 @@ class Server {
 
   Metrics& metrics();
 
-  struct State;  // internal (server.cc)
+  struct State;  // internal (server_state.h)
 
  private:
   std::shared_ptr<State> st_;

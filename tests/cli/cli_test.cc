@@ -9,28 +9,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "../common/command.h"
 #include "loader/safetensors.h"
 
 namespace beluga {
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string out;
-};
-
-CmdResult run(const std::string& args) {
-  const std::string cmd = std::string(BELUGA_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CmdResult r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using testing::CmdResult;
+using testing::run_beluga;
 
 const std::string kFixtures = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
 
@@ -45,8 +31,8 @@ std::string ids_of(const TensorInfo& t) {
 
 TEST(Cli, GenerateGreedyMatchesTransformers) {
   SafetensorsFile ref(kFixtures + "qwen3-tiny/reference.safetensors");
-  CmdResult r = run("generate --model " + kFixtures + "qwen3-tiny --prompt-ids " +
-                    ids_of(ref.get("prompt_1")) + " --max-tokens 24 --temperature 0 --format json");
+  CmdResult r = run_beluga("generate --model " + kFixtures + "qwen3-tiny --prompt-ids " +
+                           ids_of(ref.get("prompt_1")) + " --max-tokens 24 --temperature 0 --format json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   const TensorInfo& g = ref.get("greedy_1");
@@ -89,8 +75,8 @@ TEST(Cli, DeepseekV4DummyWeightsRun) {
 TEST(Cli, LogitsFileMatchesTransformers) {
   SafetensorsFile ref(kFixtures + "dsv2-lite-tiny/reference.safetensors");
   const std::string out = ::testing::TempDir() + "/cli_logits.safetensors";
-  CmdResult r = run("logits --model " + kFixtures + "dsv2-lite-tiny --prompt-ids " +
-                    ids_of(ref.get("prompt_1")) + " --out " + out);
+  CmdResult r = run_beluga("logits --model " + kFixtures + "dsv2-lite-tiny --prompt-ids " +
+                           ids_of(ref.get("prompt_1")) + " --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   SafetensorsFile f(out);
   const TensorInfo& ours = f.get("logits");
@@ -111,7 +97,7 @@ TEST(Cli, LogitsFileMatchesTransformers) {
 }
 
 TEST(Cli, InspectReportsArchitectureAndKvBytes) {
-  CmdResult r = run("inspect --model " + kFixtures + "dsv3-tiny-fp8");
+  CmdResult r = run_beluga("inspect --model " + kFixtures + "dsv3-tiny-fp8");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["architecture"], "deepseek_v3");
@@ -122,16 +108,16 @@ TEST(Cli, InspectReportsArchitectureAndKvBytes) {
 }
 
 TEST(Cli, DummyWeightsFromConfigAlone) {
-  CmdResult r = run("generate --model " + kFixtures +
-                    "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
-                    "--max-tokens 4");
+  CmdResult r = run_beluga("generate --model " + kFixtures +
+                           "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
+                           "--max-tokens 4");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["output_tokens"].size(), 4u);
   // Deterministic: the same command gives the same tokens.
-  EXPECT_EQ(run("generate --model " + kFixtures +
-                "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
-                "--max-tokens 4")
+  EXPECT_EQ(run_beluga("generate --model " + kFixtures +
+                       "dsv2-lite-tiny/config.json --load-format dummy --prompt-ids 1,2,3 "
+                       "--max-tokens 4")
                 .out,
             r.out);
 }
@@ -148,7 +134,7 @@ TEST(Cli, BadInputIsAClearError) {
       {"frobnicate", "unknown command"},
   };
   for (const auto& c : cases) {
-    CmdResult r = run(c.args);
+    CmdResult r = run_beluga(c.args);
     EXPECT_NE(r.code, 0) << c.args;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << " -> " << r.out;
   }

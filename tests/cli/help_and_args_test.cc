@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/command.h"
 #include "server/version.h"
 
 extern char** environ;
@@ -25,32 +26,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CmdResult {
-  int code;
-  std::string out;  // stdout and stderr
-};
-
-CmdResult run(const std::string& args, bool stdout_only = false) {
-  const std::string cmd = std::string(BELUGA_BINARY) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  FILE* p = popen(cmd.c_str(), "r");
-  CmdResult r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using testing::CmdResult;
+using testing::run_beluga;
 
 const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
 const std::string kFixtures = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
 
 TEST(CliArgs, Version) {
-  CmdResult r = run("--version", /*stdout_only=*/true);
+  CmdResult r = run_beluga("--version", /*stdout_only=*/true);
   EXPECT_EQ(r.code, 0);
   EXPECT_EQ(r.out, std::string("beluga ") + kVersion + "\n");
-  EXPECT_EQ(run("-V", true).out, r.out);
+  EXPECT_EQ(run_beluga("-V", true).out, r.out);
 }
 
 TEST(CliArgs, EverySubcommandAnswersHelp) {
@@ -71,7 +57,7 @@ TEST(CliArgs, EverySubcommandAnswersHelp) {
   };
   for (const auto& c : cases) {
     for (const char* flag : {"--help", "-h"}) {
-      CmdResult r = run(c.command + " " + flag, /*stdout_only=*/true);
+      CmdResult r = run_beluga(c.command + " " + flag, /*stdout_only=*/true);
       EXPECT_EQ(r.code, 0) << c.command << " " << flag << ": " << r.out;
       EXPECT_EQ(r.out.rfind("usage: beluga " + c.command, 0), 0u)
           << c.command << " " << flag << ": " << r.out;
@@ -79,8 +65,8 @@ TEST(CliArgs, EverySubcommandAnswersHelp) {
     }
   }
   // Help wins over anything else on the line, even a model that does not exist.
-  EXPECT_EQ(run("bench model --model /nonexistent --help").code, 0);
-  CmdResult top = run("--help", true);
+  EXPECT_EQ(run_beluga("bench model --model /nonexistent --help").code, 0);
+  CmdResult top = run_beluga("--help", true);
   EXPECT_EQ(top.code, 0);
   for (const char* c : {"serve", "generate", "bench", "render", "tokenize"})
     EXPECT_NE(top.out.find(c), std::string::npos) << c;
@@ -115,14 +101,14 @@ TEST(CliArgs, BadOptionsFailBeforeAnythingLoads) {
       {"render --model /nonexistent --request /nonexistent --bogus 1", "unknown option --bogus"},
   };
   for (const auto& c : cases) {
-    CmdResult r = run(c.args);
+    CmdResult r = run_beluga(c.args);
     EXPECT_NE(r.code, 0) << c.args;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << " -> " << r.out;
     EXPECT_EQ(r.out.find("no config.json"), std::string::npos) << c.args << " -> " << r.out;
     EXPECT_EQ(r.out.find("listening"), std::string::npos) << c.args << " -> " << r.out;
   }
   // The control: with a good command line the same directory is reached (and reported).
-  CmdResult reached = run("serve" + none + " --port 0 --no-access-log");
+  CmdResult reached = run_beluga("serve" + none + " --port 0 --no-access-log");
   EXPECT_NE(reached.code, 0);
   EXPECT_NE(reached.out.find("no config.json at /nonexistent-model-dir/config.json"), std::string::npos)
       << reached.out;
@@ -130,19 +116,19 @@ TEST(CliArgs, BadOptionsFailBeforeAnythingLoads) {
 
 TEST(CliArgs, PositionalModelDirectory) {
   const std::string q = kFixtures + "qwen3-tiny";
-  CmdResult pos = run("generate " + q + " --prompt-ids 1,2,3 --max-tokens 4", true);
-  CmdResult flag = run("generate --model " + q + " --prompt-ids 1,2,3 --max-tokens 4", true);
+  CmdResult pos = run_beluga("generate " + q + " --prompt-ids 1,2,3 --max-tokens 4", true);
+  CmdResult flag = run_beluga("generate --model " + q + " --prompt-ids 1,2,3 --max-tokens 4", true);
   ASSERT_EQ(pos.code, 0) << pos.out;
   EXPECT_EQ(pos.out, flag.out);
   // The same directory both ways is fine; two different ones are an error, as are two positionals.
-  EXPECT_EQ(run("inspect " + q + " --model " + q).code, 0);
-  CmdResult both = run("inspect " + q + " --model " + kFixtures + "dsv3-tiny");
+  EXPECT_EQ(run_beluga("inspect " + q + " --model " + q).code, 0);
+  CmdResult both = run_beluga("inspect " + q + " --model " + kFixtures + "dsv3-tiny");
   EXPECT_NE(both.code, 0);
   EXPECT_NE(both.out.find("given twice and differently"), std::string::npos) << both.out;
-  CmdResult two = run("inspect " + q + " " + kFixtures + "dsv3-tiny");
+  CmdResult two = run_beluga("inspect " + q + " " + kFixtures + "dsv3-tiny");
   EXPECT_NE(two.code, 0);
   EXPECT_NE(two.out.find("one model directory expected"), std::string::npos) << two.out;
-  CmdResult inspected = run("inspect " + kFixtures + "dsv3-tiny", true);
+  CmdResult inspected = run_beluga("inspect " + kFixtures + "dsv3-tiny", true);
   ASSERT_EQ(inspected.code, 0);
   EXPECT_NE(inspected.out.find("\"architecture\": \"deepseek_v3\""), std::string::npos) << inspected.out;
 }

@@ -156,11 +156,7 @@ TEST_F(EngineTest, AbortsWhileInFlight) {
       EXPECT_EQ(got, refs[size_t(i)]) << id(i);
     }
   }
-  EXPECT_EQ(c.late, 0);
-  EXPECT_EQ(wait_idle(engine).kv_blocks_used, 0);
-  ASSERT_EQ(engine.submit(greedy("after", prompt(90, 4), 12, c)), SubmitStatus::kOk);
-  ASSERT_TRUE(c.wait(25));
-  EXPECT_EQ(c.tokens["after"][0], reference(prompt(90, 4), 12));
+  expect_clean_and_serving(engine, c, prompt(90, 4), 12);
 }
 
 // A cache of 8 blocks for requests that need far more: sequences are preempted, often while their
@@ -301,30 +297,24 @@ TEST_F(EngineTest, FailedStepUnderLoadKeepsServing) {
     if (step == 6) throw std::runtime_error("step 6 failed");
   };
   Engine engine(*model_, ec);
-  std::vector<std::vector<int>> prompts;
-  for (int i = 0; i < 12; ++i) prompts.push_back(prompt(10 + 23 * i, 500 + i));
-  for (int i = 0; i < 12; ++i)
-    ASSERT_EQ(engine.submit(greedy(str("f", i), prompts[size_t(i)], 10, c)), SubmitStatus::kOk);
+  const auto ps = make_prompts(12, 10, 23, 500);
+  ASSERT_TRUE(submit_each(engine, "f", ps, 10, c));
   ASSERT_TRUE(c.wait(12));
   int failed = 0;
   for (int i = 0; i < 12; ++i) {
     const std::string id = str("f", i);
-    const auto want = reference(prompts[size_t(i)], 10);
+    const auto want = reference(ps[size_t(i)], 10);
     if (c.finish[id][0] == FinishReason::kError) {
       ++failed;
       EXPECT_EQ(c.error[id], "step 6 failed");
-      EXPECT_EQ(c.tokens[id][0], head(want, c.tokens[id][0].size())) << id;
+      expect_failed_with_prefix(c, id, want);
     } else {
       EXPECT_EQ(c.tokens[id][0], want) << id;
     }
   }
   EXPECT_GT(failed, 0);
   EXPECT_LT(failed, 12);
-  EXPECT_EQ(c.late, 0);
-  EXPECT_EQ(wait_idle(engine).kv_blocks_used, 0);
-  ASSERT_EQ(engine.submit(greedy("after", prompts[0], 10, c)), SubmitStatus::kOk);
-  ASSERT_TRUE(c.wait(13));
-  EXPECT_EQ(c.tokens["after"][0], reference(prompts[0], 10));
+  expect_clean_and_serving(engine, c, ps[0], 10);
 }
 
 // n=4 seeded samples that stop at different steps (many stop tokens): each sequence of the request

@@ -167,6 +167,48 @@ class EngineTest : public ::testing::Test {
   static std::vector<int> head(const std::vector<int>& v, size_t n) {
     return {v.begin(), v.begin() + std::min(n, v.size())};
   }
+  // `count` prompts: prompt i has length `len0 + len_step * i` and seed `seed0 + i`.
+  std::vector<std::vector<int>> make_prompts(int count, int len0, int len_step, int seed0) const {
+    std::vector<std::vector<int>> out;
+    for (int i = 0; i < count; ++i) out.push_back(prompt(len0 + len_step * i, seed0 + i));
+    return out;
+  }
+  // Submits prompts[i] greedily as request `prefix` + i; false (naming it) when one is refused.
+  ::testing::AssertionResult submit_each(Engine& engine, const std::string& prefix,
+                                         const std::vector<std::vector<int>>& ps, int max_tokens,
+                                         Collector& c) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const std::string id = str(prefix, i);
+      if (engine.submit(greedy(id, ps[i], max_tokens, c)) != SubmitStatus::kOk)
+        return ::testing::AssertionFailure() << id << " was refused";
+    }
+    return ::testing::AssertionSuccess();
+  }
+  // A request a failure cut short: it finished with an error, after a strict prefix of the reference
+  // run `want` (what it produced before the failure is still right).
+  static void expect_failed_with_prefix(Collector& c, const std::string& id, const std::vector<int>& want) {
+    EXPECT_EQ(c.finish[id][0], FinishReason::kError) << id;
+    EXPECT_EQ(c.tokens[id][0], head(want, c.tokens[id][0].size())) << id;
+    EXPECT_LT(c.tokens[id][0].size(), want.size()) << id;
+  }
+  // After failures: no output came late, every KV block is free again, and a new request ("after":
+  // prompt `p`, `max_tokens`) is served exactly as a reference run. Returns the idle engine's stats
+  // from before that request.
+  EngineStats expect_clean_and_serving(Engine& engine, Collector& c, const std::vector<int>& p,
+                                       int max_tokens) {
+    EXPECT_EQ(c.late, 0);
+    const EngineStats st = wait_idle(engine);
+    EXPECT_EQ(st.kv_blocks_used, 0);
+    size_t done = 0;
+    {
+      std::lock_guard<std::mutex> lk(c.mu);
+      done = c.done.size();
+    }
+    EXPECT_EQ(engine.submit(greedy("after", p, max_tokens, c)), SubmitStatus::kOk);
+    EXPECT_TRUE(c.wait(done + 1));
+    EXPECT_EQ(c.tokens["after"][0], reference(p, max_tokens));
+    return st;
+  }
 
   ModelConfig cfg_;
   std::unique_ptr<Checkpoint> ckpt_;

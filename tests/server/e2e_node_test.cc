@@ -4,28 +4,16 @@
 // (tests/tools/e2e_structured.mjs, replies validated by `ajv`).
 #include <gtest/gtest.h>
 
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <cstdlib>
-#include <string>
+#include "../common/command.h"
 
 namespace {
 
-bool exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-
 TEST(E2E, OfficialSdkClientsAgainstBelugaServe) {
-  const std::string root = BELUGA_SOURCE_DIR;
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
-  if (!exists(root + "/tests/tools/node_modules/openai") ||
-      !exists(root + "/tests/tools/node_modules/@anthropic-ai/sdk"))
-    GTEST_SKIP() << "npm packages missing: cd tests/tools && npm ci";
-  const std::string cmd = "node " + root + "/tests/tools/e2e_server.mjs " + BELUGA_BINARY;
-  int rc = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(rc)) << cmd;
-  EXPECT_EQ(WEXITSTATUS(rc), 0) << cmd;
+  const std::string skip =
+      beluga::testing::node_skip_reason({"openai", "@anthropic-ai/sdk"}, "cd tests/tools && npm ci");
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  EXPECT_EQ(beluga::testing::run_node_script("e2e_server.mjs"), 0)
+      << "tests/tools/e2e_server.mjs failed (its output is above)";
 }
 
 // tests/tools/e2e_structured.mjs: structured outputs through the same SDKs, replies checked by ajv.

@@ -1,5 +1,5 @@
 // A Server on a free port in front of a FakeEngine, with the demo model's tokenizer and chat
-// encoder, for tests of the server's own behaviour (limits, health, drain).
+// encoder, for tests of the server's behaviour (routes, APIs, limits, health, drain).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <cerrno>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "fake_engine.h"
@@ -33,24 +34,45 @@ class FakeServerTest : public ::testing::Test {
     delete tokenizer_;
     delete encoder_;
   }
+  // How the server is launched (launch()).
+  struct Launch {
+    int max_seqs_per_request = 128;
+    int max_model_len = 512;
+    std::chrono::milliseconds step{1};  // the fake engine's time per token
+    bool ready = true;  // false: no engine is set, as while the model loads (call make_ready())
+  };
   // `text`: what every sequence generates (one token per `step`).
   void start(ServerConfig cfg = {}, int max_seqs_per_request = 128, std::string text = "Hello world.",
              std::chrono::milliseconds step = std::chrono::milliseconds(1)) {
+    set_text(std::move(text));
+    launch(cfg, Launch{max_seqs_per_request, 512, step, true});
+  }
+  void launch(ServerConfig cfg, Launch l) {
     engine_ = std::make_unique<FakeEngine>(
-        [text](const EngineRequest&) { return tokenizer_->encode(text, false); }, step);
+        [this](const EngineRequest&) {
+          std::lock_guard lock(text_mu_);
+          return tokenizer_->encode(text_, /*allow_special=*/true);
+        },
+        l.step);
     cfg.port = 0;
     server_ = std::make_unique<Server>(cfg);
     server_->listen();
     server_->start();
-    ModelInfo info;
-    info.served_name = "demo";
-    info.tokenizer = tokenizer_;
-    info.encoder = encoder_;
-    info.max_model_len = 512;
-    info.bos_token_id = 0;
-    info.max_seqs_per_request = max_seqs_per_request;
-    server_->set_engine(engine_.get(), info);
+    info_ = ModelInfo{};
+    info_.served_name = "demo";
+    info_.tokenizer = tokenizer_;
+    info_.encoder = encoder_;
+    info_.max_model_len = l.max_model_len;
+    info_.bos_token_id = 0;
+    info_.max_seqs_per_request = l.max_seqs_per_request;
+    if (l.ready) make_ready();
     port_ = server_->port();
+  }
+  void make_ready() { server_->set_engine(engine_.get(), info_); }
+  // What every sequence generates from now on (control tokens' spellings are those tokens).
+  void set_text(std::string t) {
+    std::lock_guard lock(text_mu_);
+    text_ = std::move(t);
   }
   void TearDown() override {
     if (server_) server_->stop();
@@ -85,6 +107,9 @@ class FakeServerTest : public ::testing::Test {
 
   inline static tok::Tokenizer* tokenizer_ = nullptr;
   inline static recipe::ChatEncoder* encoder_ = nullptr;
+  std::mutex text_mu_;
+  std::string text_;
+  ModelInfo info_;
   std::unique_ptr<FakeEngine> engine_;
   std::unique_ptr<Server> server_;
   int port_ = 0;

@@ -1,5 +1,5 @@
-// Small blocking HTTP/1.1 helpers for server tests: one request per connection, raw sockets for
-// tests that misbehave on purpose (slow headers, partial bodies, early disconnects).
+// Small blocking HTTP/1.1 helpers for server tests: one request per connection (with a deadline),
+// SSE frame parsing, Prometheus gauge lookup.
 #pragma once
 
 #include <chrono>
@@ -17,6 +17,7 @@ namespace beluga::server::testing {
 struct HttpReply {
   int status = 0;  // 0: no response (connection closed or timed out)
   std::string body;
+  std::string content_type;
   nlohmann::json json() const { return nlohmann::json::parse(body, nullptr, false); }
 };
 
@@ -55,6 +56,7 @@ inline HttpReply http_request(int port, boost::beast::http::verb verb, const std
   if (ec) return r;
   r.status = int(p.get().result_int());
   r.body = p.get().body();
+  r.content_type = std::string(p.get()[http::field::content_type]);
   return r;
 }
 
@@ -65,6 +67,34 @@ inline HttpReply http_get(int port, const std::string& target,
 inline HttpReply http_post(int port, const std::string& target, const nlohmann::json& body,
                            const std::vector<std::pair<std::string, std::string>>& headers = {}) {
   return http_request(port, boost::beast::http::verb::post, target, body.dump(), headers);
+}
+
+// SSE frames of a streamed body: each one's event name (empty: none) and data payload.
+struct SseEvent {
+  std::string event;
+  std::string data;
+};
+inline std::vector<SseEvent> parse_sse(const std::string& body) {
+  std::vector<SseEvent> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    std::string frame = body.substr(pos, end - pos);
+    pos = end + 2;
+    SseEvent e;
+    size_t lp = 0;
+    while (lp < frame.size()) {
+      size_t le = frame.find('\n', lp);
+      if (le == std::string::npos) le = frame.size();
+      std::string line = frame.substr(lp, le - lp);
+      if (line.rfind("event: ", 0) == 0) e.event = line.substr(7);
+      if (line.rfind("data: ", 0) == 0) e.data = line.substr(6);
+      lp = le + 1;
+    }
+    out.push_back(e);
+  }
+  return out;
 }
 
 // A gauge's value in a Prometheus text page (the first sample of that name), or -1.

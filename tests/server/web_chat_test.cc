@@ -4,28 +4,19 @@
 // (scripts/setup-test-tools.sh installs them).
 #include <gtest/gtest.h>
 
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <cstdlib>
-#include <string>
+#include <filesystem>
+
+#include "../common/command.h"
 
 namespace {
 
-bool exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-
 TEST(WebChat, HeadlessChromiumAgainstBelugaServe) {
-  const std::string root = BELUGA_SOURCE_DIR;
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
-  if (!exists("/usr/bin/chromium")) GTEST_SKIP() << "chromium is missing: bash scripts/setup-test-tools.sh";
-  if (!exists(root + "/tests/tools/node_modules/puppeteer-core"))
-    GTEST_SKIP() << "npm packages missing: bash scripts/setup-test-tools.sh";
-  const std::string cmd = "node " + root + "/tests/tools/web_chat.mjs " + BELUGA_BINARY;
-  int rc = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(rc)) << cmd;
-  EXPECT_EQ(WEXITSTATUS(rc), 0) << cmd;
+  const std::string install = "bash scripts/setup-test-tools.sh";
+  std::string skip = beluga::testing::node_skip_reason({"puppeteer-core"}, install);
+  if (skip.empty() && !std::filesystem::exists("/usr/bin/chromium")) skip = "chromium is missing: " + install;
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  EXPECT_EQ(beluga::testing::run_node_script("web_chat.mjs"), 0)
+      << "tests/tools/web_chat.mjs failed (its output is above)";
 }
 
 }  // namespace

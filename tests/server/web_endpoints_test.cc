@@ -4,94 +4,28 @@
 // them behind --api-key; the web page's files at / with their content types; the access log.
 #include <gtest/gtest.h>
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <nlohmann/json.hpp>
-
-#include "fake_engine.h"
-#include "recipe/chat_format.h"
+#include "fake_server.h"
+#include "http_client.h"
 #include "server/access_log.h"
 #include "server/server.h"
 #include "server/version.h"
-#include "tokenizer/tokenizer.h"
 
 namespace beluga::server {
 namespace {
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
+namespace http = boost::beast::http;
+using testing::http_post;
+using testing::http_request;
 using Json = nlohmann::json;
+using Reply = testing::HttpReply;
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
-const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
-
-struct Reply {
-  int status = 0;
-  std::string body, content_type;
-  Json json() const { return Json::parse(body, nullptr, false); }
-};
-
-Reply request(int port, http::verb verb, const std::string& target, const std::string& body = "",
-              const Headers& headers = {}) {
-  net::io_context ioc;
-  tcp::socket sock(ioc);
-  sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)));
-  http::request<http::string_body> req(verb, target, 11);
-  req.set(http::field::host, "127.0.0.1");
-  req.set(http::field::content_type, "application/json");
-  for (const auto& [k, v] : headers) req.set(k, v);
-  req.body() = body;
-  req.prepare_payload();
-  http::write(sock, req);
-  beast::flat_buffer buf;
-  http::response_parser<http::string_body> p;
-  beast::error_code ec;
-  http::read(sock, buf, p, ec);
-  Reply r;
-  if (ec) return r;
-  r.status = int(p.get().result_int());
-  r.body = p.get().body();
-  r.content_type = std::string(p.get()[http::field::content_type]);
-  return r;
-}
-Reply post(int port, const std::string& target, const Json& body, const Headers& h = {}) {
-  return request(port, http::verb::post, target, body.dump(), h);
-}
-
-class EndpointsTest : public ::testing::Test {
+class EndpointsTest : public testing::FakeServerTest {
  protected:
-  static void SetUpTestSuite() {
-    tokenizer_ = new tok::Tokenizer(tok::Tokenizer::from_file(kModelDir + "/tokenizer.json"));
-    encoder_ = new recipe::ChatEncoder(recipe::ChatEncoder::from_model_dir(kModelDir));
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete encoder_;
-  }
   void start(ServerConfig cfg = {}, bool ready = true) {
     cfg.access_log = access_log_;
-    engine_ = std::make_unique<testing::FakeEngine>(
-        [](const EngineRequest&) { return tokenizer_->encode("ok", /*allow_special=*/false); });
-    cfg.port = 0;
-    server_ = std::make_unique<Server>(cfg);
-    server_->listen();
-    server_->start();
-    ModelInfo info;
-    info.served_name = "demo";
-    info.tokenizer = tokenizer_;
-    info.encoder = encoder_;
-    info.max_model_len = 512;
-    info.bos_token_id = 0;
-    if (ready) server_->set_engine(engine_.get(), info);
-    port_ = server_->port();
-  }
-  void TearDown() override {
-    if (server_) server_->stop();
-    engine_.reset();
-    server_.reset();
+    set_text("ok");
+    launch(cfg, Launch{.ready = ready});
   }
   // The prompt ids the engine received for the last generation request.
   std::vector<int> last_prompt() const {
@@ -99,15 +33,8 @@ class EndpointsTest : public ::testing::Test {
     return p.empty() ? std::vector<int>{} : p.back();
   }
 
-  static tok::Tokenizer* tokenizer_;
-  static recipe::ChatEncoder* encoder_;
   bool access_log_ = false;  // the access log tests turn it on
-  std::unique_ptr<testing::FakeEngine> engine_;
-  std::unique_ptr<Server> server_;
-  int port_ = 0;
 };
-tok::Tokenizer* EndpointsTest::tokenizer_ = nullptr;
-recipe::ChatEncoder* EndpointsTest::encoder_ = nullptr;
 
 const Json kTools = Json::array(
     {Json{{"type", "function"},
@@ -126,11 +53,11 @@ TEST_F(EndpointsTest, TokenizeMessagesEqualsWhatAChatRequestSubmits) {
   for (const bool with_tools : {false, true}) {
     Json body{{"model", "demo"}, {"messages", messages}};
     if (with_tools) body["tools"] = kTools;
-    Reply t = post(port_, "/tokenize", body);
+    Reply t = http_post(port_, "/tokenize", body);
     ASSERT_EQ(t.status, 200) << t.body;
     Json gen = body;
     gen["max_tokens"] = 2;
-    ASSERT_EQ(post(port_, "/v1/chat/completions", gen).status, 200);
+    ASSERT_EQ(http_post(port_, "/v1/chat/completions", gen).status, 200);
     const auto ids = t.json()["tokens"].get<std::vector<int>>();
     EXPECT_EQ(ids, last_prompt()) << "tools: " << with_tools;
     EXPECT_EQ(t.json()["count"], ids.size());
@@ -144,22 +71,22 @@ TEST_F(EndpointsTest, TokenizeMessagesEqualsWhatAChatRequestSubmits) {
 TEST_F(EndpointsTest, TokenizePromptEqualsWhatACompletionSubmits) {
   start();
   const std::string text = "def f(x):\n    return x  # <｜User｜>";
-  Reply t = post(port_, "/tokenize", Json{{"prompt", text}});
+  Reply t = http_post(port_, "/tokenize", Json{{"prompt", text}});
   ASSERT_EQ(t.status, 200) << t.body;
-  ASSERT_EQ(post(port_, "/v1/completions", Json{{"prompt", text}, {"max_tokens", 2}}).status, 200);
+  ASSERT_EQ(http_post(port_, "/v1/completions", Json{{"prompt", text}, {"max_tokens", 2}}).status, 200);
   const auto ids = t.json()["tokens"].get<std::vector<int>>();
   EXPECT_EQ(ids, last_prompt());
   std::vector<int> expect{0};  // BOS, then the text with special-token matching off
   for (int id : tokenizer_->encode(text, /*allow_special=*/false)) expect.push_back(id);
   EXPECT_EQ(ids, expect);
   // add_special_tokens: false leaves the BOS out.
-  Reply t2 = post(port_, "/tokenize", Json{{"prompt", text}, {"add_special_tokens", false}});
+  Reply t2 = http_post(port_, "/tokenize", Json{{"prompt", text}, {"add_special_tokens", false}});
   ASSERT_EQ(t2.status, 200);
   EXPECT_EQ(t2.json()["tokens"].get<std::vector<int>>(), std::vector<int>(expect.begin() + 1, expect.end()));
   // A prompt longer than the context is still counted (the client compares count and max_model_len).
   std::string longer;
   for (int i = 0; i < 300; ++i) longer += "alpha beta ";
-  Reply t3 = post(port_, "/tokenize", Json{{"prompt", longer}});
+  Reply t3 = http_post(port_, "/tokenize", Json{{"prompt", longer}});
   ASSERT_EQ(t3.status, 200) << t3.body;
   EXPECT_GT(t3.json()["count"].get<int>(), 512);
 }
@@ -167,21 +94,21 @@ TEST_F(EndpointsTest, TokenizePromptEqualsWhatACompletionSubmits) {
 TEST_F(EndpointsTest, DetokenizeInvertsTokenizeAndChecksIds) {
   start();
   const std::string text = "print('héllo') <｜User｜>";
-  Reply t = post(port_, "/tokenize", Json{{"prompt", text}, {"add_special_tokens", false}});
+  Reply t = http_post(port_, "/tokenize", Json{{"prompt", text}, {"add_special_tokens", false}});
   ASSERT_EQ(t.status, 200);
-  Reply d = post(port_, "/detokenize", Json{{"tokens", t.json()["tokens"]}, {"model", "demo"}});
+  Reply d = http_post(port_, "/detokenize", Json{{"tokens", t.json()["tokens"]}, {"model", "demo"}});
   ASSERT_EQ(d.status, 200) << d.body;
   EXPECT_EQ(d.json()["prompt"], text);
   const int vocab = int(tokenizer_->vocab_size());
   for (const Json& bad : {Json{{"tokens", {1, vocab}}}, Json{{"tokens", {-1}}}, Json{{"tokens", {"a"}}},
                           Json{{"tokens", 5}}, Json::object()}) {
-    Reply r = post(port_, "/detokenize", bad);
+    Reply r = http_post(port_, "/detokenize", bad);
     EXPECT_EQ(r.status, 400) << bad.dump();
     EXPECT_TRUE(r.json()["error"]["message"].is_string()) << r.body;
   }
-  Reply oob = post(port_, "/detokenize", Json{{"tokens", {1, vocab}}});
+  Reply oob = http_post(port_, "/detokenize", Json{{"tokens", {1, vocab}}});
   EXPECT_EQ(oob.json()["error"]["param"], "tokens[1]") << oob.body;
-  EXPECT_EQ(post(port_, "/detokenize", Json{{"tokens", {1}}, {"model", "other"}}).status, 404);
+  EXPECT_EQ(http_post(port_, "/detokenize", Json{{"tokens", {1}}, {"model", "other"}}).status, 404);
 }
 
 TEST_F(EndpointsTest, CountTokensEqualsTheMessagesPrompt) {
@@ -196,46 +123,46 @@ TEST_F(EndpointsTest, CountTokensEqualsTheMessagesPrompt) {
                      {"type", "text"}, {"text", "Be brief."}, {"cache_control", {{"type", "ephemeral"}}}}})},
       {"tools", anthropic_tools},
       {"messages", Json::array({Json{{"role", "user"}, {"content", "Weather in Paris?"}}})}};
-  Reply c = post(port_, "/v1/messages/count_tokens", body);
+  Reply c = http_post(port_, "/v1/messages/count_tokens", body);
   ASSERT_EQ(c.status, 200) << c.body;
   EXPECT_EQ(c.json().size(), 1u);
   Json gen = body;
   gen["max_tokens"] = 2;
-  ASSERT_EQ(post(port_, "/v1/messages", gen).status, 200);
+  ASSERT_EQ(http_post(port_, "/v1/messages", gen).status, 200);
   EXPECT_EQ(c.json()["input_tokens"], last_prompt().size());
   // Errors in Anthropic's shape.
-  Reply bad = post(port_, "/v1/messages/count_tokens", Json{{"messages", "nope"}});
+  Reply bad = http_post(port_, "/v1/messages/count_tokens", Json{{"messages", "nope"}});
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(bad.json()["type"], "error") << bad.body;
-  Reply notjson = request(port_, http::verb::post, "/v1/messages/count_tokens", "{");
+  Reply notjson = http_request(port_, http::verb::post, "/v1/messages/count_tokens", "{");
   EXPECT_EQ(notjson.status, 400);
   EXPECT_EQ(notjson.json()["type"], "error");
 }
 
 TEST_F(EndpointsTest, VersionAndErrors) {
   start();
-  Reply v = request(port_, http::verb::get, "/version");
+  Reply v = http_request(port_, http::verb::get, "/version");
   ASSERT_EQ(v.status, 200);
   EXPECT_EQ(v.json(), (Json{{"version", kVersion}}));
-  EXPECT_EQ(request(port_, http::verb::post, "/version").status, 405);
-  EXPECT_EQ(request(port_, http::verb::get, "/tokenize").status, 405);
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}, {"messages", Json::array()}}).status, 400);
-  EXPECT_EQ(post(port_, "/tokenize", Json::object()).status, 400);
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", 3}}).status, 400);
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}, {"model", "other"}}).status, 404);
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}, {"return_token_strs", true}}).status, 400);
-  EXPECT_EQ(request(port_, http::verb::post, "/tokenize", "[1]").status, 400);
-  EXPECT_EQ(request(port_, http::verb::post, "/tokenize", "{\"prompt\": \"\xff\"}").status, 400);
-  Reply bad_msgs = post(port_, "/tokenize", Json{{"messages", Json::array({Json{{"role", "nobody"}}})}});
+  EXPECT_EQ(http_request(port_, http::verb::post, "/version").status, 405);
+  EXPECT_EQ(http_request(port_, http::verb::get, "/tokenize").status, 405);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}, {"messages", Json::array()}}).status, 400);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json::object()).status, 400);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", 3}}).status, 400);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}, {"model", "other"}}).status, 404);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}, {"return_token_strs", true}}).status, 400);
+  EXPECT_EQ(http_request(port_, http::verb::post, "/tokenize", "[1]").status, 400);
+  EXPECT_EQ(http_request(port_, http::verb::post, "/tokenize", "{\"prompt\": \"\xff\"}").status, 400);
+  Reply bad_msgs = http_post(port_, "/tokenize", Json{{"messages", Json::array({Json{{"role", "nobody"}}})}});
   EXPECT_EQ(bad_msgs.status, 400);
   EXPECT_TRUE(bad_msgs.json()["error"]["message"].is_string()) << bad_msgs.body;
 }
 
 TEST_F(EndpointsTest, WhileLoadingOnlyVersionAnswers) {
   start({}, /*ready=*/false);
-  EXPECT_EQ(request(port_, http::verb::get, "/version").status, 200);
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 503);
-  EXPECT_EQ(post(port_, "/v1/messages/count_tokens", Json::object()).status, 503);
+  EXPECT_EQ(http_request(port_, http::verb::get, "/version").status, 200);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 503);
+  EXPECT_EQ(http_post(port_, "/v1/messages/count_tokens", Json::object()).status, 503);
 }
 
 TEST_F(EndpointsTest, AllBehindTheApiKey) {
@@ -244,25 +171,25 @@ TEST_F(EndpointsTest, AllBehindTheApiKey) {
   start(cfg);
   const Headers auth{{"authorization", "Bearer sekret"}};
   const Json msgs{{"model", "demo"}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}};
-  EXPECT_EQ(request(port_, http::verb::get, "/version").status, 401);
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 401);
-  EXPECT_EQ(post(port_, "/detokenize", Json{{"tokens", {1}}}, {{"authorization", "Bearer nope"}}).status,
+  EXPECT_EQ(http_request(port_, http::verb::get, "/version").status, 401);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 401);
+  EXPECT_EQ(http_post(port_, "/detokenize", Json{{"tokens", {1}}}, {{"authorization", "Bearer nope"}}).status,
             401);
-  Reply c = post(port_, "/v1/messages/count_tokens", msgs);
+  Reply c = http_post(port_, "/v1/messages/count_tokens", msgs);
   EXPECT_EQ(c.status, 401);
   EXPECT_EQ(c.json()["error"]["type"], "authentication_error");
-  EXPECT_EQ(request(port_, http::verb::get, "/version", "", auth).status, 200);
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}}, auth).status, 200);
-  EXPECT_EQ(post(port_, "/detokenize", Json{{"tokens", {1}}}, auth).status, 200);
-  EXPECT_EQ(post(port_, "/v1/messages/count_tokens", msgs, {{"x-api-key", "sekret"}}).status, 200);
+  EXPECT_EQ(http_request(port_, http::verb::get, "/version", "", auth).status, 200);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}, auth).status, 200);
+  EXPECT_EQ(http_post(port_, "/detokenize", Json{{"tokens", {1}}}, auth).status, 200);
+  EXPECT_EQ(http_post(port_, "/v1/messages/count_tokens", msgs, {{"x-api-key", "sekret"}}).status, 200);
   // The web page itself is public (it asks for the key); what it calls is not.
-  Reply page = request(port_, http::verb::get, "/");
+  Reply page = http_request(port_, http::verb::get, "/");
   EXPECT_EQ(page.status, 200);
   EXPECT_EQ(page.content_type, "text/html; charset=utf-8");
   EXPECT_NE(page.body.find("<script src=\"app.js\">"), std::string::npos);
-  EXPECT_EQ(request(port_, http::verb::get, "/app.js").content_type, "text/javascript; charset=utf-8");
-  EXPECT_EQ(request(port_, http::verb::post, "/").status, 405);
-  EXPECT_EQ(request(port_, http::verb::get, "/nope").status, 404);
+  EXPECT_EQ(http_request(port_, http::verb::get, "/app.js").content_type, "text/javascript; charset=utf-8");
+  EXPECT_EQ(http_request(port_, http::verb::post, "/").status, 405);
+  EXPECT_EQ(http_request(port_, http::verb::get, "/nope").status, 404);
 }
 
 TEST(AccessLog, LineFormat) {
@@ -291,14 +218,16 @@ TEST_F(EndpointsTest, AccessLogLinePerRequest) {
   start();
   ::testing::internal::CaptureStderr();
   const Json msgs = Json::array({Json{{"role", "user"}, {"content", "Hi"}}});
-  ASSERT_EQ(post(port_, "/v1/chat/completions", Json{{"messages", msgs}, {"max_tokens", 4}}).status, 200);
+  ASSERT_EQ(http_post(port_, "/v1/chat/completions", Json{{"messages", msgs}, {"max_tokens", 4}}).status,
+            200);
   const size_t prompt = last_prompt().size();
   const size_t completion = tokenizer_->encode("ok", false).size();
-  ASSERT_EQ(post(port_, "/v1/chat/completions", Json{{"messages", msgs}, {"max_tokens", 4}, {"stream", true}})
-                .status,
-            200);
-  EXPECT_EQ(request(port_, http::verb::get, "/nope?api_key=secret").status, 404);
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 200);
+  ASSERT_EQ(
+      http_post(port_, "/v1/chat/completions", Json{{"messages", msgs}, {"max_tokens", 4}, {"stream", true}})
+          .status,
+      200);
+  EXPECT_EQ(http_request(port_, http::verb::get, "/nope?api_key=secret").status, 404);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 200);
   const std::string log = ::testing::internal::GetCapturedStderr();
   const std::string gen =
       "access: 127.0.0.1 \"POST /v1/chat/completions\" 200 prompt_tokens=" + std::to_string(prompt) +
@@ -317,8 +246,8 @@ TEST_F(EndpointsTest, AccessLogLinePerRequest) {
 TEST_F(EndpointsTest, AccessLogOff) {
   start();  // access_log_ false, as `beluga serve --no-access-log`
   ::testing::internal::CaptureStderr();
-  EXPECT_EQ(post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 200);
-  EXPECT_EQ(request(port_, http::verb::get, "/nope").status, 404);
+  EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 200);
+  EXPECT_EQ(http_request(port_, http::verb::get, "/nope").status, 404);
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("access:"), std::string::npos);
 }
 
