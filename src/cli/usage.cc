@@ -7,7 +7,7 @@ namespace {
 #define MODEL_OPTIONS                                                                         \
   "model options:\n"                                                                          \
   "  MODEL_DIR | --model DIR   model directory (or its config.json); default: the built-in\n" \
-  "                            models/beluga-demo-coder\n"                                    \
+  "                            models/beluga-demo-coder-mtp\n"                                \
   "  --load-format auto|safetensors|dummy   dummy: random weights from config.json\n"         \
   "  --threads N               CPU threads (default: all cores)\n"                            \
   "  --dtype float32|bfloat16  activation rounding for BF16 GEMMs (default float32)\n"        \

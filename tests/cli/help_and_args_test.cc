@@ -43,7 +43,7 @@ CmdResult run(const std::string& args, bool stdout_only = false) {
   return r;
 }
 
-const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 const std::string kFixtures = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
 
 TEST(CliArgs, Version) {

@@ -23,7 +23,7 @@ namespace http = beast::http;
 using tcp = net::ip::tcp;
 using Json = nlohmann::json;
 
-const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 const std::string kToolText =
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": "
     "\"Paris\"}\n```"

@@ -26,7 +26,7 @@ using tcp = net::ip::tcp;
 using Json = nlohmann::json;
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
-const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 
 struct Reply {
   int status = 0;
