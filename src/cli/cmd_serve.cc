@@ -19,6 +19,7 @@
 #include "cli/kv_args.h"
 #include "cli/model_args.h"
 #include "engine/engine.h"
+#include "engine/spec_config.h"
 #include "kvstore/metrics_text.h"
 #include "recipe/chat_format.h"
 #include "server/server.h"
@@ -42,7 +43,8 @@ constexpr const char* kUsage =
     "                    [--tokenizer DIR] [--chat-format NAME] [--io-threads 2] [--threads N] [--dtype "
     "float32|bfloat16]\n"
     "                    [--load-format auto|dummy] [--device cpu|cuda] [--enforce-eager]\n"
-    "                    [--no-access-log]\n";
+    "                    [--no-access-log]\n"
+    "                    [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}']\n";
 
 std::string basename_of(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -138,6 +140,8 @@ int cmd_serve(int argc, char** argv) {
   ecfg.num_kv_blocks = int(args.get_int("num-kv-blocks", 0));
   ecfg.kv_cache_bytes = size_t(args.get_int("kv-cache-mb", long(ecfg.kv_cache_bytes >> 20))) << 20;
   ecfg.enable_prefix_caching = !args.has("no-enable-prefix-caching");
+  if (args.has("speculative-config"))
+    ecfg.speculative = parse_spec_config(args.get_or("speculative-config", ""));
   BELUGA_CHECK(ecfg.max_num_seqs > 0 && ecfg.max_num_batched_tokens > 0 && ecfg.max_queue_len >= 0,
                "--max-num-seqs and --max-num-batched-tokens must be positive, --max-queue-len non-negative");
   // One request's fan-out (prompts x n), in sequences: by default one full batch.
@@ -166,6 +170,9 @@ int cmd_serve(int argc, char** argv) {
                server.port());
 
   LoadedModel m = load_model_dir(model_args);
+  BELUGA_CHECK(
+      !ecfg.speculative.enabled() || m.model->has_mtp(), "--speculative-config: method \"mtp\" needs ",
+      "a model with an MTP module (num_nextn_predict_layers > 0 and its weights); ", m.dir, " has none");
   const std::string tok_dir = tokenizer_dir ? *tokenizer_dir : m.dir;
   const KvOptions kv = open_kv_tiers(kv_flags, m);  // its store outlives the engine
   ecfg.kv_connector = kv.store.get();

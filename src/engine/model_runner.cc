@@ -2,12 +2,13 @@
 
 #include <utility>
 
+#include "engine/spec_decode.h"
 #include "util/error.h"
 
 namespace beluga {
 
-ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook)
-    : model_(model), kv_(kv), hook_(std::move(hook)), vocab_(model.config().vocab_size) {
+ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, SpecDecoder* spec)
+    : model_(model), kv_(kv), hook_(std::move(hook)), spec_(spec), vocab_(model.config().vocab_size) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -77,7 +78,10 @@ void ModelRunner::run() {
         if (greedy_) opt.greedy_tokens = greedy_tokens_.data();
         Ops& ops = model_.ops();
         for (const KvCopy& c : copies_.loads) ops.kv_block_from_host(kv_.layers, c.block, c.host);
-        model_.forward(batch_, kv_, logits_.data(), opt);
+        if (spec_)
+          spec_->run_step(batch_, kv_, logits_.data(), opt);
+        else
+          model_.forward(batch_, kv_, logits_.data(), opt);
         for (const KvCopy& c : copies_.saves) ops.kv_block_to_host(kv_.layers, c.block, c.host);
         if (!copies_.empty()) ops.synchronize();
       } catch (...) {

@@ -27,13 +27,16 @@
 
 namespace beluga {
 
+class SpecDecoder;
+
 class ModelRunner {
  public:
   // Called on the runner's thread before each step's forward with the step's number (0, 1, ...);
   // an exception it throws fails that step like a forward error. A testing aid; empty by default.
   using StepHook = std::function<void(int64_t step)>;
 
-  ModelRunner(Model& model, KvCache& kv, StepHook hook = {});
+  // With `spec`, each step runs through SpecDecoder::run_step (forward, verification, MTP proposals).
+  ModelRunner(Model& model, KvCache& kv, StepHook hook = {}, SpecDecoder* spec = nullptr);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -60,6 +63,7 @@ class ModelRunner {
   Model& model_;
   KvCache& kv_;
   StepHook hook_;
+  SpecDecoder* spec_;
   const int vocab_;
   Batch batch_;                // the step in flight (owned by the thread between launch and done)
   KvStepCopies copies_;        // its KV connector copies
