@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Speculative decoding on the CPU: the built-in demo model served without speculation and with MTP
 # K=1, 2, each loaded by `beluga bench serve` (greedy, ignore_eos) at the given concurrencies.
-# usage: bench/spec_cpu.sh [BELUGA=build/beluga] [CONCURRENCIES="1 4"] [PROMPTS_PER_SLOT=4] [OUTPUT_LEN=64]
+# usage: [BELUGA=build/beluga] [CONCURRENCIES="1 4"] [PROMPTS_PER_SLOT=4] [OUTPUT_LEN=64] [THREADS=1] \
+#        [SPECS="none 1 2"] bench/spec_cpu.sh
 set -euo pipefail
 BELUGA=${BELUGA:-build/beluga}
 CONCURRENCIES=${CONCURRENCIES:-"1 4"}
 PROMPTS_PER_SLOT=${PROMPTS_PER_SLOT:-4}
 OUTPUT_LEN=${OUTPUT_LEN:-64}
+THREADS=${THREADS:-1}
+SPECS=${SPECS:-"none 1 2"}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for spec in none 1 2; do
+for spec in $SPECS; do
   extra=()
   [ "$spec" != none ] && extra=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$spec}")
-  "$BELUGA" serve --port 0 --kv-cache-mb 256 "${extra[@]}" >"$log" 2>&1 &
+  "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb 256 "${extra[@]}" >"$log" 2>&1 &
   pid=$!
   port=
   for _ in $(seq 600); do

@@ -564,8 +564,8 @@ void Engine::loop() {
         fail_step(error);  // a failed step fails the requests in it; the engine keeps serving the others
       }
     };
-    // Speculating, step N+1's chunks depend on how many drafts step N accepted: no overlap.
-    if (im.spec) {
+    // When step N speculates, step N+1's chunks depend on how many drafts it accepts: no overlap.
+    if (im.spec && im.spec->speculating()) {
       finish_step();
       schedule_next();
     } else {

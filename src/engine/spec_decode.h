@@ -9,7 +9,8 @@
 //
 // Threads: plan_chunk() and after_apply() run on the engine thread between steps, run_step() on the
 // model runner's thread during one (ModelRunner calls it instead of Model::forward). The engine runs
-// steps one after another while speculating (the next step's chunks depend on what this one accepted).
+// steps one after another while a step speculates (the next step's chunks depend on what it accepts);
+// steps without speculating sequences overlap as usual.
 //
 // KV rollback: the scheduler commits a verify chunk as one token; after_apply() commits the accepted
 // drafts' positions (publishing full blocks to the prefix index only then), so rejected positions are
@@ -17,6 +18,7 @@
 // `lookahead()` slots past their length for the draft and MTP-chain positions (Scheduler).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -58,6 +60,11 @@ class SpecDecoder {
   // aborted), stores the next drafts in each Seq, counts the statistics.
   void after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler);
   const SpecStats& stats() const { return stats_; }
+  // Whether the step last planned has a sequence whose results feed the next step's plan (it samples
+  // and is eligible): the engine then applies it before scheduling the next one.
+  bool speculating() const {
+    return std::any_of(plan_.begin(), plan_.end(), [](const Plan& p) { return p.mtp && p.sample_row >= 0; });
+  }
 
  private:
   struct Plan {
