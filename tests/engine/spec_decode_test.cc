@@ -208,6 +208,25 @@ TEST_F(SpecDecodeTest, SampledRequestsAreUnaffected) {
   EXPECT_EQ(run(config(2), reqs).tokens, run(config(0), reqs).tokens);
 }
 
+// "synthetic_acceptance" (benchmarks): P = 0 rejects every draft (the output stays the model's), P = 1
+// accepts every one.
+TEST_F(SpecDecodeTest, SyntheticAcceptanceFixesTheRate) {
+  auto reqs = [&](Collector& c) { return std::vector<EngineRequest>{greedy("s", prompt(16, 6), 30, c)}; };
+  const Outcome base = run(config(0), reqs);
+  for (double p : {0.0, 1.0}) {
+    EngineConfig ec = config(2);
+    ec.speculative.synthetic_acceptance = p;
+    EngineStats st;
+    const Outcome o = run(ec, reqs, &st);
+    ASSERT_GT(st.spec_draft_tokens, 0);
+    EXPECT_EQ(st.spec_accepted_tokens, p == 0 ? 0 : st.spec_draft_tokens) << p;
+    EXPECT_EQ(o.tokens.at("s").at(0).size(), 30u);
+    if (p == 0) {
+      EXPECT_EQ(o.tokens, base.tokens);
+    }
+  }
+}
+
 TEST(SpecConfigTest, ParsesVllmSpellingAndRefusesBadInput) {
   SpecConfig c = parse_spec_config(R"({"method":"deepseek_mtp","num_speculative_tokens":3})");
   EXPECT_EQ(c.method, SpecConfig::Method::kMtp);
