@@ -25,9 +25,9 @@ tail -6 "$OUT/bench_eager.txt"
 
 # Greedy on the demo model: the GPU (graphs) must give the CPU's tokens for the same prompt ids.
 IDS="859,4017,313,344,1682,7055,2388,345,278,413,4306,385,293,6087,822,429,375,2135,6729,1183"  # import json / def read_json(path): """Load a JSON file ..."""
-"$BELUGA" generate --model models/beluga-demo-coder --prompt-ids $IDS --max-tokens 48 --temperature 0 \
+"$BELUGA" generate --model models/beluga-demo-coder-mtp --prompt-ids $IDS --max-tokens 48 --temperature 0 \
   --device cuda > "$OUT/gen_cuda.txt" 2> "$OUT/gen_cuda.err"
-"$BELUGA" generate --model models/beluga-demo-coder --prompt-ids $IDS --max-tokens 48 --temperature 0 \
+"$BELUGA" generate --model models/beluga-demo-coder-mtp --prompt-ids $IDS --max-tokens 48 --temperature 0 \
   > "$OUT/gen_cpu.txt" 2> "$OUT/gen_cpu.err"
 if [[ -s "$OUT/gen_cpu.txt" ]] && cmp -s "$OUT/gen_cuda.txt" "$OUT/gen_cpu.txt"; then
   echo "generate: cuda == cpu" | tee "$OUT/gen_cmp.txt"

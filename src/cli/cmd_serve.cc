@@ -21,6 +21,7 @@
 #include "cli/model_args.h"
 #include "engine/engine.h"
 #include "grammar/vocab.h"
+#include "engine/spec_config.h"
 #include "kvstore/metrics_text.h"
 #include "recipe/chat_format.h"
 #include "server/grammar_cache.h"
@@ -129,6 +130,8 @@ int cmd_serve(int argc, char** argv) {
   ecfg.enable_prefix_caching = !args.has("no-enable-prefix-caching");
   ecfg.async_scheduling = !args.has("no-async-scheduling");  // the serial reference loop
   if (const char* trace = std::getenv("BELUGA_TRACE"); trace && *trace) ecfg.trace_path = trace;
+  if (args.has("speculative-config"))
+    ecfg.speculative = parse_spec_config(args.get_or("speculative-config", ""));
   BELUGA_CHECK(ecfg.max_num_seqs > 0 && ecfg.max_num_batched_tokens > 0 && ecfg.max_queue_len >= 0,
                "--max-num-seqs and --max-num-batched-tokens must be positive, --max-queue-len non-negative");
   // One request's fan-out (prompts x n), in sequences: by default one full batch.
@@ -165,6 +168,9 @@ int cmd_serve(int argc, char** argv) {
                server.port());
 
   LoadedModel m = load_model_dir(model_args);
+  BELUGA_CHECK(
+      !ecfg.speculative.enabled() || m.model->has_mtp(), "--speculative-config: method \"mtp\" needs ",
+      "a model with an MTP module (num_nextn_predict_layers > 0 and its weights); ", m.dir, " has none");
   const std::string tok_dir = tokenizer_dir ? *tokenizer_dir : m.dir;
   const KvOptions kv = open_kv_tiers(kv_flags, m);  // its store outlives the engine
   ecfg.kv_connector = kv.store.get();

@@ -19,11 +19,11 @@ std::string default_model_dir() {
   std::string exe = n > 0 ? std::string(buf, size_t(n)) : std::string("./beluga");
   std::string dir = exe.substr(0, exe.rfind('/'));
   for (const char* rel :
-       {"/../models/beluga-demo-coder", "/models/beluga-demo-coder", "/../../models/beluga-demo-coder"}) {
+       {"/../models/beluga-demo-coder-mtp", "/models/beluga-demo-coder-mtp", "/../../models/beluga-demo-coder-mtp"}) {
     if (file_exists(dir + rel + "/config.json")) return dir + rel;
   }
   fail("the built-in model was not found next to ", exe,
-       " (expected ../models/beluga-demo-coder); pass --model DIR");
+       " (expected ../models/beluga-demo-coder-mtp); pass --model DIR");
 }
 
 ModelArgs parse_model_args(const Args& args) {

@@ -26,7 +26,7 @@ struct LoadedModel {
   BlockHash weights_digest;  // the tensors the model loaded (kvstore/fingerprint.h)
 };
 
-// The built-in demo model, next to the binary's source tree (models/beluga-demo-coder).
+// The built-in demo model, next to the binary's source tree (models/beluga-demo-coder-mtp).
 std::string default_model_dir();
 
 // The shared model options, read and checked (nothing is loaded): the model directory as the one

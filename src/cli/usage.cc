@@ -10,7 +10,7 @@ namespace {
 FlagGroup model_options() {
   return {"model options",
           {{"model", "DIR",
-            "model directory (or its config.json); default: the built-in models/beluga-demo-coder", true},
+            "model directory (or its config.json); default: the built-in models/beluga-demo-coder-mtp", true},
            {"load-format", "auto|safetensors|dummy", "dummy: random weights from config.json"},
            {"threads", "N", "CPU threads (default: all cores)"},
            {"dtype", "float32|bfloat16", "activation rounding for BF16 GEMMs (default float32)"},
@@ -55,6 +55,9 @@ const std::vector<CommandUsage>& command_usages() {
               {"kv-cache-mb", "MB", "device KV cache size (default 1024)"},
               {"num-kv-blocks", "N", "KV cache blocks of 64 tokens (default: from --kv-cache-mb)"},
               {"no-enable-prefix-caching", "", "no prefix cache"},
+              {"speculative-config", "JSON",
+               "speculative decoding, as vLLM spells it: {\"method\":\"mtp\",\"num_speculative_tokens\":K} "
+               "(docs/speculative-decoding.md); off unless given"},
               {"no-async-scheduling", "",
                "run each step serially (schedule, launch, wait, apply); the reference for the overlapped "
                "loop"}}},
@@ -116,7 +119,7 @@ const std::vector<CommandUsage>& command_usages() {
            "Formula and knobs: docs/router.md.\n\n"
            "  --replica URL             a replica, http://HOST:PORT (repeat for each; at most 64)\n"
            "  --model DIR               tokenizer and chat format of the served model (no weights are read);\n"
-           "                            default: the built-in models/beluga-demo-coder\n"
+           "                            default: the built-in models/beluga-demo-coder-mtp\n"
            "  --host H                  default 127.0.0.1\n"
            "  --port P                  default 8080 (0: any free port)\n"
            "  --policy cache-aware|round-robin|least-load   default cache-aware\n"

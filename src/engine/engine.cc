@@ -11,6 +11,7 @@
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec_decode.h"
 #include "util/error.h"
 #include "util/trace.h"
 
@@ -56,19 +57,29 @@ struct Engine::Impl {
   struct Row {
     int slot, index;
     int prompt_pos;  // -1: samples the sequence's next token; else scores prompt token prompt_pos + 1
+    int draft = 0;   // speculative: the row after the draft-th draft token of batch sequence `bseq`
+    int bseq = -1;
   };
 
   Impl(Model& m, const EngineConfig& cfg, int num_blocks)
       : model(m),
+        spec(cfg.speculative.enabled()
+                 ? std::make_unique<SpecDecoder>(
+                       m, cfg.speculative, num_blocks,
+                       cfg.max_num_batched_tokens +
+                           cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1))
+                 : nullptr),
         blocks(num_blocks, cfg.enable_prefix_caching),
-        scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector),
+        scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector,
+                  spec ? spec->lookahead() : 0),
         kv(m.make_kv_cache(num_blocks)),
         kv_connector(cfg.kv_connector),
         trace(cfg.trace_path.empty() ? nullptr : std::make_unique<Tracer>(cfg.trace_path)),
         trace_lane(trace ? trace->add_lane("engine loop") : 0),
-        runner(m, kv, cfg.step_hook, trace.get()) {}
+        runner(m, kv, cfg.step_hook, trace.get(), spec.get()) {}
 
   Model& model;
+  std::unique_ptr<SpecDecoder> spec;  // speculative decoding, or null
   BlockManager blocks;
   Scheduler scheduler;
   KvCache kv;
@@ -121,6 +132,9 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
     BELUGA_CHECK(cfg.kv_connector->block_bytes() == model.kv_bytes_per_token() * kKvBlockSize,
                  "the KV connector's blocks are ", cfg.kv_connector->block_bytes(), " bytes, the model's ",
                  model.kv_bytes_per_token() * kKvBlockSize);
+  if (cfg.speculative.enabled())
+    BELUGA_CHECK(!cfg.kv_connector,
+                 "speculative decoding does not work with KV offloading (--kv-offload) yet");
   impl_ = std::make_unique<Impl>(model, cfg, num_blocks);
   impl_->stats.kv_blocks_total = num_blocks;
   thread_ = std::thread([this] { loop(); });
@@ -264,6 +278,8 @@ void Engine::loop() {
   // Step N's results: sample each row as a synchronous engine would, append the token or finish.
   auto apply_step = [&] {
     for (size_t r = 0; r < im.rows.size(); ++r) {
+      if (im.rows[r].draft > 0 && im.rows[r].draft > im.spec->accepted(im.rows[r].bseq))
+        continue;  // rejected
       auto it = im.requests.find(im.rows[r].slot);
       if (it == im.requests.end()) continue;  // aborted while the step ran
       Impl::Request& rq = it->second;
@@ -414,12 +430,17 @@ void Engine::loop() {
           greedy = false;  // these rows need the logits themselves
         }
       }
+      const bool raw_argmax =
+          rq.procs.empty() && samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts,
+                                                  s->num_output(), &rq.stop_ids, rq.seed, s->index});
       if (c.sample) {
         b.logit_rows.push_back(int(b.tokens.size()) - 1);
         im.rows.push_back({s->request, s->index, -1});
-        greedy = greedy && rq.procs.empty() &&
-                 samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
-                                     &rq.stop_ids, rq.seed, s->index});
+        greedy = greedy && raw_argmax;
+      }
+      if (im.spec) {  // this sequence's drafts, verified as extra rows
+        const int k = im.spec->plan_chunk(int(i), *c.seq, c, raw_argmax, int(b.logit_rows.size()) - 1, b);
+        for (int j = 1; j <= k; ++j) im.rows.push_back({s->request, s->index, -1, j, int(i)});
       }
       im.step_slots.push_back(s->request);
     }
@@ -444,6 +465,9 @@ void Engine::loop() {
     if (im.kv_connector) im.kv_connector->step_launched();
     for (const Chunk& c : im.chunks)
       if (c.sample) c.seq->pending = 1;
+    // Speculating, the next schedule runs after this step's results: its chunks (whose Seqs an abort
+    // may free meanwhile) are the SpecDecoder's business until then.
+    if (im.spec) im.chunks.clear();
   };
 
   // A new request enters the engine. If anything here throws, the request fails on its own (its
@@ -526,6 +550,13 @@ void Engine::loop() {
     if (ok) {
       TraceSpan span(tr, lane, "sample");
       apply_step();
+      if (im.spec)
+        im.spec->after_apply(
+            [&](int slot, int index) -> Seq* {
+              auto it = im.requests.find(slot);
+              return it == im.requests.end() ? nullptr : it->second.seqs[size_t(index)].get();
+            },
+            im.scheduler);
       // A sequence that finished at N may still have a chunk in N+1 (a stop token arrived); its
       // blocks are already released. Seqs stay alive until step e, so c.seq is valid here.
       std::erase_if(im.chunks, [](const Chunk& c) { return c.seq->finish != FinishReason::kNone; });
@@ -555,7 +586,9 @@ void Engine::loop() {
     admitting.end();
 
     // b, c, d: overlapped, N+1 is planned while N computes (with N's tokens pending); serial, nothing
-    // is in flight here and the step launched in d is finished at once.
+    // is in flight here and the step launched in d is finished at once. When step N speculates, step
+    // N+1's chunks depend on how many drafts it accepts: N is finished first (no overlap).
+    if (im.spec && im.spec->speculating()) finish_step();
     schedule_next();
     if (cfg_.async_scheduling) finish_step();
     if (!im.chunks.empty()) launch_next();  // d. Step N+1: build, launch, commit.
@@ -657,6 +690,13 @@ void Engine::loop() {
       im.stats.prefix_cache_hits = im.scheduler.cache_hits();
       im.stats.prefix_cache_hits_below = im.scheduler.cache_hits_below();
       im.stats.last_step_unix_ms = unix_ms();
+      if (im.spec) {
+        const SpecStats& ss = im.spec->stats();
+        im.stats.spec_drafts = ss.drafts;
+        im.stats.spec_draft_tokens = ss.draft_tokens;
+        im.stats.spec_accepted_tokens = ss.accepted_tokens;
+        im.stats.spec_accepted_per_position = ss.accepted_per_position;
+      }
       published_stats_ = im.stats;
     }
   }

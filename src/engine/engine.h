@@ -19,6 +19,7 @@
 
 #include "engine/kv_connector.h"
 #include "engine/request.h"
+#include "engine/spec_config.h"
 #include "model/model.h"
 
 namespace beluga {
@@ -31,6 +32,9 @@ struct EngineConfig {
   int max_model_len = 0;    // 0: the model's max positions
   int max_queue_len = 256;  // waiting sequences (each request counts n); beyond it submit() says kQueueFull
   bool enable_prefix_caching = true;
+  // Speculative decoding (spec_decode.h); off unless enabled(). Needs a model with an MTP module and
+  // no kv_connector (yet). While on, steps do not overlap: each one plans from the last one's accepts.
+  SpecConfig speculative;
   // The tiers below the device pool (src/kvstore), or none. Not owned; outlives the engine. Its
   // block_bytes() must be the model's KV bytes per block.
   KvConnector* kv_connector = nullptr;
@@ -71,6 +75,11 @@ struct EngineStats {
   int waiting = 0;
   int kv_blocks_total = 0;
   int kv_blocks_used = 0;  // referenced by live sequences (cached-but-free blocks are not counted)
+  // Speculative decoding (all zero when off), as vLLM's spec_decode metrics.
+  int64_t spec_drafts = 0;                          // sequence-steps that verified at least one draft token
+  int64_t spec_draft_tokens = 0;                    // draft tokens verified
+  int64_t spec_accepted_tokens = 0;                 // of which accepted
+  std::vector<int64_t> spec_accepted_per_position;  // [num_speculative_tokens]
 };
 
 class Engine {

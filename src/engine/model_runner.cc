@@ -2,12 +2,14 @@
 
 #include <utility>
 
+#include "engine/spec_decode.h"
 #include "util/error.h"
 
 namespace beluga {
 
-ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace)
-    : model_(model), kv_(kv), hook_(std::move(hook)), trace_(trace), vocab_(model.config().vocab_size) {
+ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace, SpecDecoder* spec)
+    : model_(model), kv_(kv), hook_(std::move(hook)), trace_(trace), spec_(spec),
+      vocab_(model.config().vocab_size) {
   if (trace_) trace_lane_ = trace_->add_lane("model runner");
   thread_ = std::thread([this] { run(); });
 }
@@ -79,7 +81,10 @@ void ModelRunner::run() {
         if (greedy_) opt.greedy_tokens = greedy_tokens_.data();
         Ops& ops = model_.ops();
         for (const KvCopy& c : copies_.loads) ops.kv_block_from_host(kv_.layers, c.block, c.host);
-        model_.forward(batch_, kv_, logits_.data(), opt);
+        if (spec_)
+          spec_->run_step(batch_, kv_, logits_.data(), opt);
+        else
+          model_.forward(batch_, kv_, logits_.data(), opt);
         for (const KvCopy& c : copies_.saves) ops.kv_block_to_host(kv_.layers, c.block, c.host);
         if (!copies_.empty()) ops.synchronize();
       } catch (...) {

@@ -29,14 +29,18 @@
 
 namespace beluga {
 
+class SpecDecoder;
+
 class ModelRunner {
  public:
   // Called on the runner's thread before each step's forward with the step's number (0, 1, ...);
   // an exception it throws fails that step like a forward error. A testing aid; empty by default.
   using StepHook = std::function<void(int64_t step)>;
 
-  // `trace` (may be null) must outlive the runner.
-  ModelRunner(Model& model, KvCache& kv, StepHook hook = {}, Tracer* trace = nullptr);
+  // `trace` (may be null) must outlive the runner. With `spec`, each step runs through
+  // SpecDecoder::run_step (forward, verification, MTP proposals).
+  ModelRunner(Model& model, KvCache& kv, StepHook hook = {}, Tracer* trace = nullptr,
+              SpecDecoder* spec = nullptr);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -65,6 +69,7 @@ class ModelRunner {
   StepHook hook_;
   Tracer* trace_;
   int trace_lane_ = 0;
+  SpecDecoder* spec_;
   const int vocab_;
   Batch batch_;                // the step in flight (owned by the thread between launch and done)
   KvStepCopies copies_;        // its KV connector copies

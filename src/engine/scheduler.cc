@@ -7,13 +7,26 @@
 
 namespace beluga {
 
-Scheduler::Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens, KvConnector* kv)
-    : bm_(blocks), max_seqs_(max_num_seqs), max_tokens_(max_num_batched_tokens), kv_(kv) {
+Scheduler::Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens, KvConnector* kv,
+                     int lookahead)
+    : bm_(blocks),
+      max_seqs_(max_num_seqs),
+      max_tokens_(max_num_batched_tokens),
+      lookahead_(lookahead),
+      kv_(kv) {
   BELUGA_CHECK(max_seqs_ > 0 && max_tokens_ > 0, "max_num_seqs and max_num_batched_tokens must be positive");
 }
 
 void Scheduler::add(Seq* s) {
   waiting_.push_back(s);
+}
+
+bool Scheduler::grow(Seq* s, int tokens) {
+  if (lookahead_ > 0) {
+    const int extra = tokens + lookahead_;
+    tokens = std::max(tokens, s->max_length > 0 ? std::min(extra, s->max_length) : extra);
+  }
+  return bm_.grow(s->blocks, tokens);
 }
 
 void Scheduler::remove(Seq* s) {
@@ -91,11 +104,11 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
     if (s->max_length > 0 && s->length() >= s->max_length) continue;  // its pending token ends it
     const int n = std::min(s->length() - s->num_computed, budget);
     if (n <= 0) continue;
-    bool fits = bm_.grow(s->blocks, s->num_computed + n);
+    bool fits = grow(s, s->num_computed + n);
     while (!fits && running_.back() != s) {  // the youngest makes room; it has not been scheduled yet
       preempt(running_.back());
       preempted = true;
-      fits = bm_.grow(s->blocks, s->num_computed + n);
+      fits = grow(s, s->num_computed + n);
     }
     if (!fits) {
       preempt(s);
@@ -103,7 +116,7 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
       break;
     }
     chunks.push_back({s, s->num_computed, n, s->num_computed + n == s->length()});
-    budget -= n;
+    budget -= n + int(s->draft.size());
   }
   // New work only when nothing had to give way this step.
   while (!preempted && !waiting_.empty() && budget > 0 &&
@@ -127,7 +140,7 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
       if (start_load(s, hashes)) continue;  // it waits in the loading list; the next one's turn
     }
     const int n = std::min(int(s->tokens.size()) - s->num_computed, budget);
-    if (!bm_.grow(s->blocks, s->num_computed + n)) {
+    if (!grow(s, s->num_computed + n)) {
       // Nothing will ever free more blocks.
       if (running_.empty() && chunks.empty() && loading_.empty()) *stuck = s;
       bm_.release(s->blocks);

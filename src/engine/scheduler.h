@@ -46,6 +46,7 @@ struct Seq {
   std::vector<int> blocks;
   std::vector<BlockHash> hashes;  // keys of the leading full blocks already published
   std::unordered_map<int, int> output_counts;
+  std::vector<int> draft;  // speculative decoding: tokens proposed to follow `tokens`, verified next step
   FinishReason finish = FinishReason::kNone;
   int num_output() const { return int(tokens.size()) - num_prompt; }
   int length() const { return int(tokens.size()) + pending; }  // what the scheduler plans with
@@ -59,7 +60,10 @@ struct Chunk {
 
 class Scheduler {
  public:
-  Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens, KvConnector* kv = nullptr);
+  // `lookahead`: KV slots each sequence reserves past its length (speculative decoding writes the
+  // draft tokens and the MTP chain there), capped at its max_length. Its drafts count in the budget.
+  Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens, KvConnector* kv = nullptr,
+            int lookahead = 0);
 
   void add(Seq* s);     // to the back of the waiting queue
   void remove(Seq* s);  // finished or aborted: releases its blocks
@@ -91,12 +95,13 @@ class Scheduler {
  private:
   void preempt(Seq* s);
   void finish_loads();
+  bool grow(Seq* s, int tokens);  // the table for `tokens` plus the lookahead
   // For a waiting sequence that just took its device prefix: starts loading what continues below;
   // true when it went to the loading list.
   bool start_load(Seq* s, const std::vector<BlockHash>& hashes);
 
   BlockManager& bm_;
-  int max_seqs_, max_tokens_;
+  int max_seqs_, max_tokens_, lookahead_;
   std::vector<Seq*> running_;  // admission order
   std::deque<Seq*> waiting_;
   KvConnector* kv_;

@@ -50,7 +50,13 @@ class DeepseekModel final : public Model {
                   v = c.v_head_dim, r = c.kv_lora_rank;
     embed_ = ops.upload(src.get("model.embed_tokens.weight", {c.vocab_size, D}));
     n_params_ += int64_t(c.vocab_size) * D;
-    for (int l = 0; l < c.num_layers; ++l) {
+    // The MTP module's decoder layer follows the main layers (model.layers.{num_hidden_layers}).
+    const bool mtp =
+        c.num_nextn_predict_layers > 0 &&
+        !src.find("model.layers." + std::to_string(c.num_layers) + ".eh_proj.weight", {D, 2 * D}).empty();
+    int64_t main_params = 0;  // the MTP module's parameters are not the model's (as transformers counts)
+    for (int l = 0; l < c.num_layers + (mtp ? 1 : 0); ++l) {
+      if (l == c.num_layers) main_params = n_params_;
       const std::string p = "model.layers." + std::to_string(l) + ".";
       Layer L;
       L.input_norm = load_vector(src, p + "input_layernorm.weight", D);
@@ -95,8 +101,14 @@ class DeepseekModel final : public Model {
       }
       layers_.push_back(std::move(L));
     }
+    if (mtp) n_params_ = main_params;
     final_norm_ = load_vector(src, "model.norm.weight", D);
     lm_head_ = load_linear(src, "lm_head", c.vocab_size, D);
+    if (mtp) {
+      const int64_t n = n_params_;
+      load_mtp(src);
+      n_params_ = n;
+    }
 
     max_positions_ = max_positions;
     std::vector<float> cs, sn;

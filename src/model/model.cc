@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "model/mtp.h"
 #include "model/rope.h"
 #include "model/stacked_weight.h"
 #include "util/error.h"
@@ -128,10 +129,11 @@ Tensor Model::run_layers(Tensor hidden, const AttnMeta& meta, const Tensor& pos,
 
 Model::~Model() = default;
 
-StepPlan Model::plan_step(const Batch& b, const KvCache& kv) const {
+StepPlan Model::plan_step(const Batch& b, const KvCache& kv, int layers) const {
   const int T = int(b.tokens.size()), S = int(b.seqs.size());
   BELUGA_CHECK(T > 0, "empty batch");
-  BELUGA_CHECK(kv.layers.size() == kv_layout().size(), "KV cache has the wrong number of tensors");
+  BELUGA_CHECK(layers < 0 ? kv.layers.size() == kv_layout().size() : int(kv.layers.size()) == layers,
+               "KV cache has the wrong number of tensors");
   StepPlan p;
   p.num_seqs = S;
   for (const auto& s : b.seqs) p.max_blocks = std::max(p.max_blocks, int(s.block_table.size()));
@@ -175,12 +177,37 @@ StepPlan Model::plan_step(const Batch& b, const KvCache& kv) const {
   return p;
 }
 
+AttnMeta Model::upload_meta(const StepPlan& p, Tensor* ids, Tensor* pos) {
+  auto upload_i32 = [&](const std::vector<int32_t>& v) {
+    Tensor t = ops_.scratch(DType::kI32, {int64_t(v.size())});
+    ops_.copy_from_host(t, v.data());
+    return t;
+  };
+  AttnMeta meta;
+  meta.num_seqs = p.num_seqs;
+  meta.num_tokens = int(p.tokens.size());
+  meta.block_size = kKvBlockSize;
+  meta.h_query_start = p.query_start;
+  meta.h_context_len = p.context_len;
+  *ids = upload_i32(p.tokens);
+  *pos = upload_i32(p.positions);
+  meta.query_start = upload_i32(p.query_start).ptr<const int32_t>();
+  meta.context_len = upload_i32(p.context_len).ptr<const int32_t>();
+  meta.block_table = upload_i32(p.block_table).ptr<const int32_t>();
+  meta.max_blocks = p.max_blocks;
+  meta.h_block_table = p.block_table;
+  meta.slot_mapping = upload_i32(p.slots).ptr<const int32_t>();
+  meta.positions = pos->ptr<const int32_t>();
+  return meta;
+}
+
 Tensor Model::step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
                         KvCache& kv, const ForwardOptions& opt, int max_query_len) {
   Tensor hidden = ops_.scratch(ops_.act_dtype(), {meta.num_tokens, cfg_.hidden_size});
   ops_.embedding(hidden, embed_, ids);
   capture(opt, hidden);
   Tensor h = run_layers(hidden, meta, pos, kv, opt, max_query_len);
+  if (opt.final_hidden) ops_.copy(opt.final_hidden->rows(0, meta.num_tokens), h);
   if (rows.empty()) return {};
   const int64_t R = rows.numel();
   Tensor sel = ops_.scratch(ops_.act_dtype(), {R, cfg_.hidden_size});
@@ -193,7 +220,7 @@ Tensor Model::step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& p
 void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   ops_.reset_scratch();
   const StepPlan p = plan_step(b, kv);
-  const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture &&
+  const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture && !opt.final_hidden &&
                      opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p);
   if (graph) {
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
@@ -206,29 +233,14 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
     return;
   }
 
-  const int T = int(p.tokens.size()), S = p.num_seqs;
-  auto upload_i32 = [&](const std::vector<int32_t>& v) {
-    Tensor t = ops_.scratch(DType::kI32, {int64_t(v.size())});
-    ops_.copy_from_host(t, v.data());
-    return t;
-  };
-  AttnMeta meta;
-  meta.num_seqs = S;
-  meta.num_tokens = T;
-  meta.block_size = kKvBlockSize;
-  meta.h_query_start = p.query_start;
-  meta.h_context_len = p.context_len;
-  Tensor ids = upload_i32(p.tokens);
-  Tensor pos = upload_i32(p.positions);
-  meta.query_start = upload_i32(p.query_start).ptr<const int32_t>();
-  meta.context_len = upload_i32(p.context_len).ptr<const int32_t>();
-  meta.block_table = upload_i32(p.block_table).ptr<const int32_t>();
-  meta.max_blocks = p.max_blocks;
-  meta.h_block_table = p.block_table;
-  meta.slot_mapping = upload_i32(p.slots).ptr<const int32_t>();
-  meta.positions = pos.ptr<const int32_t>();
+  Tensor ids, pos;
+  const AttnMeta meta = upload_meta(p, &ids, &pos);
   // A prefill chunk that needs no logits only writes its KV.
-  const Tensor rows = p.logit_rows.empty() ? Tensor{} : upload_i32(p.logit_rows);
+  Tensor rows;
+  if (!p.logit_rows.empty()) {
+    rows = ops_.scratch(DType::kI32, {int64_t(p.logit_rows.size())});
+    ops_.copy_from_host(rows, p.logit_rows.data());
+  }
   Tensor lg = step_body(meta, ids, pos, rows, kv, opt, p.max_query_len);
   if (!lg.empty()) read_logits(ops_, lg, logits, opt.greedy_tokens);
 }

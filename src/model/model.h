@@ -25,7 +25,12 @@ struct ForwardOptions {
   // When set: greedy sampling on the device. Each logit row's argmax (ties: the lowest id) goes here
   // and `logits` is not written, so the step copies R ids instead of R x vocab floats.
   int32_t* greedy_tokens = nullptr;
+  // When set: the final-normed hidden state of every token row is copied here (a persistent device
+  // tensor of at least [tokens, hidden] in the backend's activation dtype): the MTP module's input.
+  Tensor* final_hidden = nullptr;
 };
+
+struct MtpWeights;
 
 class Model {
  public:
@@ -55,6 +60,16 @@ class Model {
   void set_enforce_eager(bool on) { enforce_eager_ = on; }
   int num_graphs() const { return graphs_ ? graphs_->num_graphs() : 0; }
 
+  // The MTP module (mtp.h), when the checkpoint has one (num_nextn_predict_layers > 0).
+  bool has_mtp() const { return mtp_ != nullptr; }
+  KvCache make_mtp_kv_cache(int num_blocks) const;  // one layer, same blocks as the main cache
+  // One MTP step over `batch`: row t is (batch.tokens[t] = x_{i+1}, hidden row t = h_i) at position
+  // i = context_len + j of its sequence, i.e. a sequence's MTP positions are its main positions.
+  // Writes MTP KV into `kv`, the logits (or argmaxes, opt.greedy_tokens) of batch.logit_rows like
+  // forward(), and, with opt.final_hidden, its own normed output per row (the next chained row's h).
+  void mtp_forward(const Batch& batch, const Tensor& hidden, KvCache& kv, float* logits,
+                   const ForwardOptions& opt = {});
+
  protected:
   Model(const ModelConfig& cfg, Ops& ops);
   // What each architecture supplies for decoder layer l (pre-norm residual blocks):
@@ -76,7 +91,12 @@ class Model {
                       const std::vector<int64_t>& outs, int64_t in);
   Tensor load_vector(WeightSource& src, const std::string& name, int64_t n);
   void capture(const ForwardOptions& opt, const Tensor& h);
-  StepPlan plan_step(const Batch& b, const KvCache& kv) const;  // validates the batch
+  StepPlan plan_step(const Batch& b, const KvCache& kv, int layers = -1) const;  // validates the batch
+  // The step's metadata uploaded to the device (into scratch); ids and positions too.
+  AttnMeta upload_meta(const StepPlan& p, Tensor* ids, Tensor* pos);
+  // Loads the MTP module's own weights (mtp.cc); its decoder layer is the architecture's layer
+  // cfg_.num_layers, loaded by the architecture.
+  void load_mtp(WeightSource& src);
   // Embedding, layers, then the F32 logits [rows, vocab] of the given rows (none: empty `rows`).
   // Virtual for architectures whose step is not a stack of pre-norm residual layers (DeepSeek-V4).
   virtual Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
@@ -95,6 +115,7 @@ class Model {
   int max_positions_ = 0;
   bool enforce_eager_ = false;
   std::unique_ptr<DecodeGraphs> graphs_;  // made on the first step that qualifies
+  std::unique_ptr<MtpWeights> mtp_;
 };
 
 // Builds the model for `cfg` from `src` (a checkpoint or dummy weights) on `ops`.

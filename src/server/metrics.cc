@@ -178,6 +178,22 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
     gauge("beluga_num_preemptions_total", "counter", "Requests preempted for lack of KV blocks.",
           double(st->preemptions));
     gauge("beluga_engine_steps_total", "counter", "Engine steps.", double(st->steps));
+    if (!st->spec_accepted_per_position.empty()) {  // speculative decoding is on
+      gauge("beluga_spec_decode_num_drafts_total", "counter",
+            "Sequence-steps that verified at least one draft token.", double(st->spec_drafts));
+      gauge("beluga_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.",
+            double(st->spec_draft_tokens));
+      gauge("beluga_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+            double(st->spec_accepted_tokens));
+      metric(out, "beluga_spec_decode_accepted_per_position_total", "counter",
+             "Draft tokens accepted at each draft position (0 = the first).");
+      for (size_t k = 0; k < st->spec_accepted_per_position.size(); ++k) {
+        std::string l = lbl.empty() ? "{" : lbl.substr(0, lbl.size() - 1) + ",";
+        l += "position=\"" + std::to_string(k) + "\"}";
+        out += "beluga_spec_decode_accepted_per_position_total" + l + " " +
+               num(double(st->spec_accepted_per_position[k])) + "\n";
+      }
+    }
   }
   render_vllm(st, model, out);
   return out;

@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 using testing::CmdResult;
 using testing::run_beluga;
 
-const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 const std::string kFixtures = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
 
 TEST(CliArgs, Version) {

@@ -16,7 +16,7 @@
 
 namespace beluga::fuzz {
 
-inline const std::string kDemoModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+inline const std::string kDemoModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 
 struct DemoModel {
   tok::Tokenizer tokenizer;

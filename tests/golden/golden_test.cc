@@ -387,10 +387,10 @@ TEST_P(V4Fixture, BatchedAndChunkedSequencesMatchSingle) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, V4Fixture, ::testing::Values("dsv4-tiny-hca16", "dsv4-tiny"));
 
-// The built-in demo model: three shards and an index; its own reference holds the last rows of logits
+// The built-in demo model: four shards and an index; its own reference holds the last rows of logits
 // and a greedy continuation for two chat prompts.
 TEST(DemoModel, ShardedCheckpointMatchesReference) {
-  Loaded l = load(std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder");
+  Loaded l = load(std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp");
   check_logits(l, MlaMode::kAuto);
   check_greedy(l);
 }

@@ -40,7 +40,7 @@ int run(const std::string& cmd, std::string* out) {
 
 std::string check_cmd(const std::string& schema_args, const std::string& instances) {
   return std::string(BELUGA_BINARY) + " grammar check --tokenizer " + BELUGA_SOURCE_DIR +
-         "/models/beluga-demo-coder " + schema_args + " --instances " + instances;
+         "/models/beluga-demo-coder-mtp " + schema_args + " --instances " + instances;
 }
 
 TEST(GrammarCli, PrintsAcceptedAndCompletePerInstance) {

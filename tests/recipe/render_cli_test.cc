@@ -23,7 +23,7 @@ CliRun run_render(const std::string& args, const std::string& request) {
   ::close(fd);
   write_file(name, request);
   std::string cmd = std::string(BELUGA_BINARY) + " render --model " +
-                    test::source_path("models/beluga-demo-coder") + " --request " + name + " " + args +
+                    test::source_path("models/beluga-demo-coder-mtp") + " --request " + name + " " + args +
                     " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
@@ -44,7 +44,7 @@ TEST(RenderCli, PrintsPromptAndIds) {
   auto j = nlohmann::json::parse(r.out);
   const std::string prompt = "<｜begin▁of▁sentence｜>Sys<｜User｜>Hi <｜User｜><｜Assistant｜>";
   EXPECT_EQ(j.at("prompt"), prompt);
-  auto tok = tok::Tokenizer::from_file(test::source_path("models/beluga-demo-coder/tokenizer.json"));
+  auto tok = tok::Tokenizer::from_file(test::source_path("models/beluga-demo-coder-mtp/tokenizer.json"));
   std::vector<int> expected{tok.token_id("<｜begin▁of▁sentence｜>")};
   for (int id : tok.encode("Sys", false)) expected.push_back(id);
   expected.push_back(tok.token_id("<｜User｜>"));

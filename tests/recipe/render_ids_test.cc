@@ -1,5 +1,5 @@
 // End to end with the real tokenizer: the demo model's directory picks the DeepSeek-V3 format and
-// the prompt ids equal those Hugging Face transformers produced (models/beluga-demo-coder/
+// the prompt ids equal those Hugging Face transformers produced (models/beluga-demo-coder-mtp/
 // reference.safetensors, prompt_0 and prompt_1 of its README).
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 namespace beluga::recipe {
 namespace {
 
-const std::string kModel = test::source_path("models/beluga-demo-coder");
+const std::string kModel = test::source_path("models/beluga-demo-coder-mtp");
 
 std::vector<int> reference_ids(const std::string& name) {
   const std::string file = read_file(kModel + "/reference.safetensors");

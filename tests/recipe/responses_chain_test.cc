@@ -13,7 +13,7 @@ namespace {
 
 using J = nlohmann::ordered_json;
 
-const std::string kModel = test::source_path("models/beluga-demo-coder");
+const std::string kModel = test::source_path("models/beluga-demo-coder-mtp");
 
 const J kTools = J::parse(R"([{"type": "function", "name": "get_weather",
   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}])");

@@ -21,7 +21,7 @@ const OpenAI = openaiMod.OpenAI ?? openaiMod.default;
 const Anthropic = anthropicMod.Anthropic ?? anthropicMod.default;
 
 const BIN = path.resolve(process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga'));
-const MODEL = 'beluga-demo-coder';
+const MODEL = 'beluga-demo-coder-mtp';
 const KEY = 'router-e2e-secret';
 const T0 = Date.now();
 process.env.OMP_WAIT_POLICY ??= 'PASSIVE';

@@ -131,7 +131,7 @@ class ChildProcess {
 };
 
 inline std::string demo_model() {
-  return std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+  return std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 }
 
 // `beluga serve` on the demo model; `port` 0: any free one.

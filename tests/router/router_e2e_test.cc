@@ -61,7 +61,7 @@ bool wait_for(const std::function<bool()>& cond, double seconds) {
 beluga::server::testing::HttpReply chat(int port, const std::string& key, const Json& messages,
                                         int max_tokens, bool stream = false) {
   Json body{
-      {"model", "beluga-demo-coder"}, {"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}};
+      {"model", "beluga-demo-coder-mtp"}, {"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}};
   if (stream) body["stream"] = true;
   return http_request(port, http::verb::post, "/v1/chat/completions", body.dump(),
                       {{"Authorization", "Bearer " + key}}, std::chrono::seconds(60));
@@ -265,7 +265,7 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
         {b->url(), b.get()}, {late_url, late.get()}, {a2->url(), a2.get()}};
     beluga::server::testing::HttpReply streamed;
     std::thread client([&] {
-      Json body{{"model", "beluga-demo-coder"},
+      Json body{{"model", "beluga-demo-coder-mtp"},
                 {"stream", true},
                 {"max_tokens", 1500},
                 {"ignore_eos", true},
@@ -311,7 +311,7 @@ TEST(RouterE2E, ClientLeavingMidStreamAbortsTheReplicasRequest) {
   auto router = start_router({replica->url()});
   ASSERT_GT(router->port(), 0) << router->log();
   const std::string body =
-      Json{{"model", "beluga-demo-coder"},
+      Json{{"model", "beluga-demo-coder-mtp"},
            {"stream", true},
            {"max_tokens", 1500},
            {"ignore_eos", true},

@@ -23,7 +23,7 @@
 namespace beluga::router {
 namespace {
 
-const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 
 TEST(RouterPolicy, RoundRobinRotates) {
   std::vector<Candidate> c = {{0, 5, 0}, {1, 0, 3}, {2, 1, 0}};
@@ -178,7 +178,7 @@ TEST(RouterPromptTokens, EqualTheServersForEveryApi) {
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(kDemo + "/tokenizer.json");
   const recipe::ChatEncoder encoder = recipe::ChatEncoder::from_model_dir(kDemo);
   server::ModelInfo info;
-  info.served_name = "beluga-demo-coder";
+  info.served_name = "beluga-demo-coder-mtp";
   info.tokenizer = &tokenizer;
   info.encoder = &encoder;
   info.bos_token_id = 0;
@@ -188,15 +188,15 @@ TEST(RouterPromptTokens, EqualTheServersForEveryApi) {
     std::string body;
   } cases[] = {
       {GenerationRoute::kChat, server::ServerApi::kChat,
-       R"({"model":"beluga-demo-coder","n":2,"traffic_class":"agent","messages":[{"role":"system","content":"You write Python."},{"role":"user","content":"def add(a, b):"}]})"},
+       R"({"model":"beluga-demo-coder-mtp","n":2,"traffic_class":"agent","messages":[{"role":"system","content":"You write Python."},{"role":"user","content":"def add(a, b):"}]})"},
       {GenerationRoute::kCompletions, server::ServerApi::kCompletions,
-       R"({"model":"beluga-demo-coder","prompt":"import os\nimport sys\n"})"},
+       R"({"model":"beluga-demo-coder-mtp","prompt":"import os\nimport sys\n"})"},
       {GenerationRoute::kCompletions, server::ServerApi::kCompletions,
-       R"({"model":"beluga-demo-coder","prompt":[5,6,7,8]})"},
+       R"({"model":"beluga-demo-coder-mtp","prompt":[5,6,7,8]})"},
       {GenerationRoute::kResponses, server::ServerApi::kResponses,
-       R"({"model":"beluga-demo-coder","instructions":"Be brief.","input":"Sort a list in Python."})"},
+       R"({"model":"beluga-demo-coder-mtp","instructions":"Be brief.","input":"Sort a list in Python."})"},
       {GenerationRoute::kMessages, server::ServerApi::kMessages,
-       R"({"model":"beluga-demo-coder","max_tokens":8,"system":"S","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})"},
+       R"({"model":"beluga-demo-coder-mtp","max_tokens":8,"system":"S","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})"},
   };
   for (const auto& c : cases) {
     const auto key = pm.key(c.route, c.body);

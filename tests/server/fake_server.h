@@ -22,7 +22,7 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Json = nlohmann::json;
 
-inline const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+inline const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 
 class FakeServerTest : public ::testing::Test {
  protected:

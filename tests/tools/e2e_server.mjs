@@ -18,7 +18,7 @@ import Anthropic from '@anthropic-ai/sdk';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '../..');
 const BIN = path.resolve(process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga'));
-const MODEL = 'beluga-demo-coder';
+const MODEL = 'beluga-demo-coder-mtp';
 const KEY = 'e2e-secret';
 const T0 = Date.now();
 // The CPU backend's OpenMP threads spin while waiting by default; on a small machine shared with
@@ -470,10 +470,10 @@ async function testGreedyParity(openai) {
   // The reference: generate + detokenize, one process at a time (the server is idle by now; CPU
   // thread pools running side by side on a small machine slow each other down badly).
   const ref = await mapLimit(prompts, 1, async (p) => {
-    const gen = JSON.parse(await runBinary(['generate', '--model', 'models/beluga-demo-coder', '--prompt-ids', p.join(','),
+    const gen = JSON.parse(await runBinary(['generate', '--model', 'models/beluga-demo-coder-mtp', '--prompt-ids', p.join(','),
       '--max-tokens', String(MAXT), '--temperature', '0', '--format', 'json']));
     check(gen.output_tokens.length === MAXT, 'parity: generate gives 16 tokens', gen.output_tokens);
-    return runBinary(['detokenize', '--tokenizer', 'models/beluga-demo-coder/tokenizer.json'], JSON.stringify(gen.output_tokens));
+    return runBinary(['detokenize', '--tokenizer', 'models/beluga-demo-coder-mtp/tokenizer.json'], JSON.stringify(gen.output_tokens));
   });
   log('  parity: generate + detokenize');
   let bad = 0;
@@ -498,7 +498,7 @@ async function testErrors(base, openai, anthropic) {
   const openaiShape = (j) => j && j.error && typeof j.error.message === 'string' && typeof j.error.type === 'string';
   const anthropicShape = (j) => j && j.type === 'error' && j.error && typeof j.error.type === 'string' && typeof j.error.message === 'string';
   const cases = [
-    ['/v1/chat/completions', '{"model": "beluga-demo-coder", "messages": [', 400, openaiShape, 'malformed JSON (chat)'],
+    ['/v1/chat/completions', '{"model": "beluga-demo-coder-mtp", "messages": [', 400, openaiShape, 'malformed JSON (chat)'],
     ['/v1/messages', '{"model": ', 400, anthropicShape, 'malformed JSON (messages)'],
     ['/v1/responses', '[1,2', 400, openaiShape, 'malformed JSON (responses)'],
     ['/v1/chat/completions', JSON.stringify({ model: MODEL, messages: 'hello' }), 400, openaiShape, 'wrong type (messages)'],
@@ -517,7 +517,7 @@ async function testErrors(base, openai, anthropic) {
     check(r.status === status && shape(r.json), `${what} -> ${status}`, { status: r.status, body: r.text.slice(0, 300) });
   }
   // Invalid UTF-8 in the body.
-  const bad = Buffer.concat([Buffer.from('{"model":"beluga-demo-coder","messages":[{"role":"user","content":"a'), Buffer.from([0xff, 0xfe]), Buffer.from('"}]}')]);
+  const bad = Buffer.concat([Buffer.from('{"model":"beluga-demo-coder-mtp","messages":[{"role":"user","content":"a'), Buffer.from([0xff, 0xfe]), Buffer.from('"}]}')]);
   const u = await rawPost(base, '/v1/chat/completions', bad);
   check(u.status === 400 && openaiShape(u.json), 'invalid UTF-8 -> 400', u.text);
   // Oversize body (the server runs with --max-body-bytes 262144).

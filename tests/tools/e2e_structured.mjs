@@ -20,7 +20,7 @@ import Ajv from 'ajv';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '../..');
 const BIN = path.resolve(process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga'));
-const MODEL = 'beluga-demo-coder';
+const MODEL = 'beluga-demo-coder-mtp';
 const T0 = Date.now();
 process.env.OMP_WAIT_POLICY ??= 'PASSIVE';  // see e2e_server.mjs: no spinning on a shared machine
 

@@ -137,7 +137,7 @@ async function chatTests(browser) {
   const requests = [];
   const page = await newPage(browser, s.base, requests);
   try {
-    await page.waitForFunction(() => document.getElementById('model').textContent.includes('beluga-demo-coder'),
+    await page.waitForFunction(() => document.getElementById('model').textContent.includes('beluga-demo-coder-mtp'),
                                { timeout: 30000 });
     check(await page.$eval('title', (e) => e.textContent) === 'Beluga chat', 'the page has its title');
 
@@ -225,7 +225,7 @@ async function chatTests(browser) {
     check(JSON.stringify(b1.messages) === JSON.stringify([{ role: 'system', content: 'You write Python.' },
                                                           { role: 'user', content: q1 }]),
           'the system prompt and the question are sent (New chat dropped the earlier turns)', b1.messages);
-    check(b1.model === 'beluga-demo-coder', 'the page names the served model', b1.model);
+    check(b1.model === 'beluga-demo-coder-mtp', 'the page names the served model', b1.model);
     await waitIdle(page);
     const lengths = new Set((await page.evaluate(() => window.seenLengths)).filter((n) => n > 0));
     check(lengths.size >= 2, 'the answer appears while it streams (seen at several lengths)', [...lengths]);
@@ -325,7 +325,7 @@ async function apiKeyTests(browser) {
     await page.type('#key-input', KEY);
     await page.click('#key-remember');
     await page.click('#key-ok');
-    await page.waitForFunction(() => document.getElementById('model').textContent.includes('beluga-demo-coder'),
+    await page.waitForFunction(() => document.getElementById('model').textContent.includes('beluga-demo-coder-mtp'),
                                { timeout: 10000 });
     await setField(page, 'max_tokens', '24');
     const { headers } = await ask(page, 'Write a function add(a, b).');
@@ -340,7 +340,7 @@ async function apiKeyTests(browser) {
 
     // A remembered key survives a reload (no dialog).
     await page.reload({ waitUntil: 'load' });
-    await page.waitForFunction(() => document.getElementById('model').textContent.includes('beluga-demo-coder'),
+    await page.waitForFunction(() => document.getElementById('model').textContent.includes('beluga-demo-coder-mtp'),
                                { timeout: 10000 });
     check(!(await page.$eval('#key-dialog', (e) => e.open)), 'a remembered key is not asked for again');
     const st = await (await fetch(`${s.base}/v1/models`)).status;

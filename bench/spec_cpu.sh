@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Speculative decoding on the CPU: the built-in demo model served without speculation and with MTP
+# K=1, 2, each loaded by `beluga bench serve` (greedy, ignore_eos) at the given concurrencies.
+# usage: [BELUGA=build/beluga] [CONCURRENCIES="1 4"] [PROMPTS_PER_SLOT=4] [OUTPUT_LEN=64] [THREADS=1] \
+#        [SPECS="none 1 2"] bench/spec_cpu.sh
+set -euo pipefail
+BELUGA=${BELUGA:-build/beluga}
+CONCURRENCIES=${CONCURRENCIES:-"1 4"}
+PROMPTS_PER_SLOT=${PROMPTS_PER_SLOT:-4}
+OUTPUT_LEN=${OUTPUT_LEN:-64}
+THREADS=${THREADS:-1}
+SPECS=${SPECS:-"none 1 2"}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for spec in $SPECS; do
+  extra=()
+  [ "$spec" != none ] && extra=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$spec}")
+  "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb 256 "${extra[@]}" >"$log" 2>&1 &
+  pid=$!
+  port=
+  for _ in $(seq 600); do
+    port=$(sed -n 's/.*serving .* on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log")
+    [ -n "$port" ] && break
+    sleep 0.1
+  done
+  [ -n "$port" ] || { cat "$log"; kill "$pid"; exit 1; }
+  for c in $CONCURRENCIES; do
+    echo "== speculative K=$spec, concurrency $c"
+    "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts $((c * PROMPTS_PER_SLOT)) \
+      --max-concurrency "$c" --input-len 64 --output-len "$OUTPUT_LEN" --seed 1
+  done
+  if [ "$spec" != none ]; then
+    curl -s "http://127.0.0.1:$port/metrics" | grep '^beluga_spec_decode' || true
+  fi
+  kill "$pid"
+  wait "$pid" || true
+done

@@ -1,0 +1,48 @@
+#include "engine/spec_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+
+namespace beluga {
+
+SpecConfig parse_spec_config(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str("--speculative-config is not valid JSON: ", e.what()));
+  }
+  BELUGA_CHECK(j.is_object(), "--speculative-config must be a JSON object");
+  SpecConfig c;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "method") {
+      BELUGA_CHECK(v.is_string(), "--speculative-config: \"method\" must be a string");
+      const std::string m = v.get<std::string>();
+      if (m == "mtp" || m == "deepseek_mtp")
+        c.method = SpecConfig::Method::kMtp;
+      else if (m == "ngram")
+        throw Error(
+            "--speculative-config: method \"ngram\" (prompt lookup) is not supported yet; use \"mtp\"");
+      else
+        throw Error(
+            str("--speculative-config: unknown method \"", m, "\" (expected \"mtp\" or \"deepseek_mtp\")"));
+    } else if (key == "num_speculative_tokens") {
+      BELUGA_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 8,
+                   "--speculative-config: \"num_speculative_tokens\" must be an integer from 1 to 8");
+      c.num_speculative_tokens = v.get<int>();
+    } else if (key == "synthetic_acceptance") {
+      BELUGA_CHECK(v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 1,
+                   "--speculative-config: \"synthetic_acceptance\" must be a number in [0, 1]");
+      c.synthetic_acceptance = v.get<double>();
+    } else {
+      throw Error(str("--speculative-config: unknown key \"", key,
+                      "\" (known: method, num_speculative_tokens, synthetic_acceptance)"));
+    }
+  }
+  BELUGA_CHECK(c.method != SpecConfig::Method::kNone, "--speculative-config: \"method\" is required");
+  BELUGA_CHECK(c.num_speculative_tokens > 0, "--speculative-config: \"num_speculative_tokens\" is required");
+  return c;
+}
+
+}  // namespace beluga

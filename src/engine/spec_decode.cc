@@ -1,0 +1,191 @@
+#include "engine/spec_decode.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace beluga {
+
+SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows)
+    : model_(model), cfg_(cfg) {
+  BELUGA_CHECK(cfg.enabled(), "speculative decoding is not configured");
+  BELUGA_CHECK(model.has_mtp(), "--speculative-config: method \"mtp\" needs a model with an MTP module ",
+               "(num_nextn_predict_layers > 0 and its weights in the checkpoint); this model has none");
+  Ops& ops = model.ops();
+  const int64_t D = model.config().hidden_size;
+  mtp_kv_ = model.make_mtp_kv_cache(num_blocks);
+  hidden_ = ops.alloc_persistent(ops.act_dtype(), {max_rows, D});
+  mtp_in_ = ops.alloc_persistent(ops.act_dtype(), {max_rows, D});
+  mtp_out_ = ops.alloc_persistent(ops.act_dtype(), {max_rows, D});
+  stats_.accepted_per_position.assign(size_t(cfg.num_speculative_tokens), 0);
+}
+
+int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sample_row, Batch& b) {
+  if (i == 0) plan_.clear();
+  BELUGA_ASSERT(int(plan_.size()) == i);
+  Plan& p = plan_.emplace_back();
+  p.slot = s.request;
+  p.index = s.index;
+  p.mtp = eligible;
+  p.length = int(s.tokens.size());
+  p.max_length = s.max_length > 0 ? s.max_length : model_.max_positions();
+  int k = 0;
+  if (eligible && !c.sample) {
+    p.next_token = s.tokens[size_t(c.start + c.len)];
+  } else if (eligible) {
+    p.sample_row = sample_row;
+    // Drafts follow the token they were proposed after: only for the decode of the last token.
+    if (c.len == 1 && c.start + 1 == p.length)
+      k = std::min(int(s.draft.size()), std::max(0, p.max_length - p.length));
+    b.tokens.insert(b.tokens.end(), s.draft.begin(), s.draft.begin() + k);
+    const int last = b.logit_rows.back();
+    for (int j = 1; j <= k; ++j) b.logit_rows.push_back(last + j);
+    b.seqs[size_t(i)].query_len += k;
+  }
+  p.num_draft = k;
+  s.draft.clear();
+  return k;
+}
+
+int SpecDecoder::argmax(const float* logits, int row) const {
+  const int V = model_.config().vocab_size;
+  const float* x = logits + size_t(row) * size_t(V);
+  int best = 0;
+  for (int t = 1; t < V; ++t)
+    if (x[t] > x[best]) best = t;  // ties: the lowest id, as the sampler
+  return best;
+}
+
+void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
+  BELUGA_CHECK(int64_t(b.tokens.size()) <= hidden_.shape[0], "speculative step of ", b.tokens.size(),
+               " tokens exceeds its buffers");
+  ForwardOptions o = opt;
+  o.final_hidden = &hidden_;
+  model_.forward(b, kv, logits, o);
+
+  const int S = int(b.seqs.size()), K = cfg_.num_speculative_tokens;
+  BELUGA_ASSERT(int(plan_.size()) == S);
+  accepted_.assign(size_t(S), 0);
+  draft_len_.assign(size_t(S), 0);
+  drafts_.resize(size_t(S) * size_t(K));
+  mb_.tokens.clear();
+  mb_.seqs.clear();
+  mb_.logit_rows.clear();
+  gather_.clear();
+  seq_of_.clear();
+  last_pos_.clear();
+  std::bernoulli_distribution synthetic(std::max(0.0, cfg_.synthetic_acceptance));
+  // The MTP rows of each sequence: every position of its chunk whose next token is known now, i.e.
+  // the chunk's tokens and the accepted drafts, the last one followed by the target's bonus token.
+  int qs = 0;
+  for (int i = 0; i < S; ++i) {
+    const SeqChunk& sc = b.seqs[size_t(i)];
+    const Plan& p = plan_[size_t(i)];
+    const int row0 = qs;
+    qs += sc.query_len;
+    if (!p.mtp) continue;
+    const int k = p.num_draft, chunk_len = sc.query_len - k;
+    int a = 0, next = p.next_token;
+    if (p.sample_row >= 0) {
+      auto target = [&](int j) {
+        return opt.greedy_tokens ? int(opt.greedy_tokens[p.sample_row + j])
+                                 : argmax(logits, p.sample_row + j);
+      };
+      while (a < k && (cfg_.synthetic_acceptance >= 0 ? synthetic(rng_)
+                                                      : b.tokens[size_t(row0 + chunk_len + a)] == target(a)))
+        ++a;
+      next = target(a);
+    }
+    accepted_[size_t(i)] = a;
+    int rows = chunk_len + a;
+    if (next < 0) --rows;  // defensive: no known successor for the last position
+    if (rows <= 0) continue;
+    const int first = int(mb_.tokens.size());
+    for (int r = 0; r < rows; ++r) {
+      mb_.tokens.push_back(r + 1 < chunk_len + a ? b.tokens[size_t(row0 + r + 1)] : next);
+      gather_.push_back(row0 + r);
+    }
+    mb_.seqs.push_back({sc.context_len, rows, sc.block_table});
+    // Proposals: as many as fit before the sequence's maximum length after this step.
+    const int propose = p.sample_row >= 0 ? std::min(K, p.max_length - (p.length + a + 1)) : 0;
+    if (propose > 0 && next >= 0) {
+      mb_.logit_rows.push_back(first + rows - 1);
+      seq_of_.push_back(i);
+      last_pos_.push_back(sc.context_len + rows - 1);
+      draft_len_[size_t(i)] = propose;
+    }
+  }
+  if (mb_.tokens.empty()) return;
+
+  Ops& ops = model_.ops();
+  auto gather = [&](const Tensor& from, int n) {  // rows gather_[0..n) of `from` into mtp_in_
+    Tensor idx = ops.scratch(DType::kI32, {n});
+    ops.copy_from_host(idx, gather_.data());
+    ops.gather_rows(mtp_in_.rows(0, n), from, idx);
+  };
+  gather(hidden_, int(gather_.size()));
+  ForwardOptions mo;
+  mo.final_hidden = &mtp_out_;
+  ids_.resize(mb_.logit_rows.size());
+  mo.greedy_tokens = ids_.data();
+  model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
+  for (size_t t = 0; t < seq_of_.size(); ++t) drafts_[size_t(seq_of_[t]) * size_t(K)] = ids_[t];
+
+  // Chained drafts: the module applied to its own output, one row per sequence still proposing.
+  out_row_.assign(mb_.logit_rows.begin(), mb_.logit_rows.end());  // each proposer's row in mtp_out_
+  for (int j = 1; j < K; ++j) {
+    mb_.tokens.clear();
+    mb_.seqs.clear();
+    mb_.logit_rows.clear();
+    gather_.clear();
+    size_t n = 0;
+    for (size_t t = 0; t < seq_of_.size(); ++t) {
+      const int i = seq_of_[t];
+      if (draft_len_[size_t(i)] <= j) continue;
+      seq_of_[n] = i;
+      last_pos_[n] = last_pos_[t] + 1;
+      gather_.push_back(out_row_[t]);
+      mb_.tokens.push_back(drafts_[size_t(i) * size_t(K) + size_t(j - 1)]);
+      mb_.seqs.push_back({last_pos_[n], 1, b.seqs[size_t(i)].block_table});
+      mb_.logit_rows.push_back(int(n));
+      ++n;
+    }
+    seq_of_.resize(n);
+    last_pos_.resize(n);
+    if (n == 0) break;
+    gather(mtp_out_, int(n));
+    ids_.resize(n);
+    model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
+    out_row_.resize(n);
+    for (size_t t = 0; t < n; ++t) {
+      drafts_[size_t(seq_of_[t]) * size_t(K) + size_t(j)] = ids_[t];
+      out_row_[t] = int32_t(t);
+    }
+  }
+}
+
+void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler) {
+  const int K = cfg_.num_speculative_tokens;
+  commit_.clear();
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    const Plan& p = plan_[i];
+    if (!p.mtp || p.sample_row < 0) continue;
+    Seq* s = find(p.slot, p.index);
+    if (!s) continue;  // aborted while the step ran
+    const int a = accepted_[i];
+    if (p.num_draft > 0) {
+      stats_.drafts++;
+      stats_.draft_tokens += p.num_draft;
+      stats_.accepted_tokens += a;
+      for (int j = 0; j < a; ++j) stats_.accepted_per_position[size_t(j)]++;
+    }
+    if (s->finish != FinishReason::kNone) continue;  // its blocks are released already
+    BELUGA_ASSERT(int(s->tokens.size()) == p.length + a + 1);
+    if (a > 0) commit_.push_back({s, p.length, a, false});
+    s->draft.assign(drafts_.begin() + int64_t(i) * K, drafts_.begin() + int64_t(i) * K + draft_len_[i]);
+  }
+  // The accepted drafts' KV is valid now: count it computed and publish the blocks it fills.
+  if (!commit_.empty()) scheduler.commit(commit_);
+}
+
+}  // namespace beluga

@@ -1,0 +1,100 @@
+// SpecDecoder: speculative decoding with the model's MTP module as proposer (DESIGN.md §3, the
+// proposer/verifier seam). Each sequence that samples greedily from raw logits verifies the draft
+// tokens proposed for it in the previous step as extra query tokens of its decode chunk (one batched
+// forward, prefill-style rows), accepts the longest prefix equal to the target's argmaxes, and gets
+// the target's token after it as a bonus: 1 + accepted tokens per step, the same tokens as without
+// speculation. The MTP module then runs over the step's accepted positions (its KV lives in a cache of
+// its own that shares the main cache's block tables, so rolling back a sequence's length rolls back
+// both) and, chained on its own output, proposes the next step's drafts.
+//
+// Threads: plan_chunk() and after_apply() run on the engine thread between steps, run_step() on the
+// model runner's thread during one (ModelRunner calls it instead of Model::forward). The engine runs
+// steps one after another while a step speculates (the next step's chunks depend on what it accepts);
+// steps without speculating sequences overlap as usual.
+//
+// KV rollback: the scheduler commits a verify chunk as one token; after_apply() commits the accepted
+// drafts' positions (publishing full blocks to the prefix index only then), so rejected positions are
+// never counted, never published, and are overwritten by the next step. Sequences reserve
+// `lookahead()` slots past their length for the draft and MTP-chain positions (Scheduler).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "engine/spec_config.h"
+#include "model/model.h"
+
+namespace beluga {
+
+struct SpecStats {
+  int64_t drafts = 0;        // sequence-steps that verified at least one draft token
+  int64_t draft_tokens = 0;  // draft tokens verified
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_position;  // [K]: drafts accepted at position k (0-based)
+};
+
+class SpecDecoder {
+ public:
+  // `max_rows`: the most tokens one step can hold (the scheduler's budget plus every sequence's drafts).
+  SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows);
+
+  const SpecConfig& config() const { return cfg_; }
+  int lookahead() const { return 2 * cfg_.num_speculative_tokens; }
+
+  // Engine thread, building a step: called for batch sequence `i` (in order, i = 0 first) right after
+  // its chunk's tokens and sample row (logit row `sample_row`, -1 when the chunk does not sample) went
+  // into `b`. For an eligible sequence (greedy on raw logits) whose chunk is the decode of its last
+  // token, appends its drafts to the chunk's query and their logit rows; returns how many.
+  int plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sample_row, Batch& b);
+  // Runner thread: the step's forward, the verification and the MTP pass (proposals for the next step).
+  void run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt);
+  // Engine thread, after the step's rows were applied: drafts accepted by batch sequence i (its rows
+  // past 1 + accepted must be skipped).
+  int accepted(int i) const { return accepted_[size_t(i)]; }
+  // Engine thread, after the rows were applied: commits the accepted positions of the step's
+  // sequences that are still running (`find` maps a (request slot, index) to its Seq, or null once
+  // aborted), stores the next drafts in each Seq, counts the statistics.
+  void after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler);
+  const SpecStats& stats() const { return stats_; }
+  // Whether the step last planned has a sequence whose results feed the next step's plan (it samples
+  // and is eligible): the engine then applies it before scheduling the next one.
+  bool speculating() const {
+    return std::any_of(plan_.begin(), plan_.end(), [](const Plan& p) { return p.mtp && p.sample_row >= 0; });
+  }
+
+ private:
+  struct Plan {
+    int slot = 0, index = 0;
+    bool mtp = false;     // eligible: MTP rows for this sequence
+    int num_draft = 0;    // drafts appended to its query
+    int sample_row = -1;  // its first logit row (-1: not sampled)
+    int next_token = -1;  // not sampled: the token after the chunk
+    int length = 0;       // the sequence's tokens before this step
+    int max_length = 0;
+  };
+  int argmax(const float* logits, int row) const;
+
+  Model& model_;
+  SpecConfig cfg_;
+  KvCache mtp_kv_;
+  Tensor hidden_;           // the step's final hidden states, every row
+  Tensor mtp_in_;           // the MTP step's h rows
+  Tensor mtp_out_;          // its own normed output (chained into the next MTP step)
+  std::vector<Plan> plan_;  // per batch sequence of the step being built / in flight
+  // Runner-thread results, read by the engine after wait().
+  std::vector<int> accepted_;
+  std::vector<int> drafts_;  // [seq, K] flat: next drafts, draft_len_ of each valid
+  std::vector<int> draft_len_;
+  // Runner-thread scratch, reused every step.
+  Batch mb_;
+  std::vector<int32_t> gather_, ids_, seq_of_, last_pos_, out_row_;
+  std::vector<Chunk> commit_;  // engine thread
+  std::mt19937_64 rng_{0x5eed};
+  SpecStats stats_;
+};
+
+}  // namespace beluga

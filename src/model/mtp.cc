@@ -1,0 +1,79 @@
+#include "model/mtp.h"
+
+#include "model/model.h"
+#include "util/error.h"
+
+namespace beluga {
+
+void Model::load_mtp(WeightSource& src) {
+  const int64_t D = cfg_.hidden_size, V = cfg_.vocab_size;
+  auto w = std::make_unique<MtpWeights>();
+  w->layer = cfg_.num_layers;
+  const std::string p = "model.layers." + std::to_string(w->layer) + ".";
+  w->enorm = load_vector(src, p + "enorm.weight", D);
+  w->hnorm = load_vector(src, p + "hnorm.weight", D);
+  w->eh_proj = load_linear(src, p + "eh_proj", D, 2 * D);
+  w->head_norm = load_vector(src, p + "shared_head.norm.weight", D);
+  // DeepSeek-V3's checkpoints repeat the embedding and head here; smaller ones share the main model's.
+  if (Tensor e = src.find(p + "embed_tokens.weight", {V, D}); !e.empty()) w->embed = ops_.upload(e);
+  if (!src.find(p + "shared_head.head.weight", {V, D}).empty())
+    w->head = load_linear(src, p + "shared_head.head", V, D);
+  mtp_ = std::move(w);
+}
+
+KvCache Model::make_mtp_kv_cache(int num_blocks) const {
+  BELUGA_CHECK(mtp_, "the model has no MTP module");
+  KvCache kv;
+  kv.num_blocks = num_blocks;
+  kv.layers.push_back(
+      ops_.alloc_persistent(ops_.act_dtype(), {num_blocks, kKvBlockSize, cfg_.kv_entry_dim()}));
+  return kv;
+}
+
+void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float* logits,
+                        const ForwardOptions& opt) {
+  BELUGA_CHECK(mtp_, "the model has no MTP module");
+  const MtpWeights& m = *mtp_;
+  // The caller's hidden rows are persistent; scratch from here on is this step's.
+  ops_.reset_scratch();
+  const StepPlan p = plan_step(b, kv, 1);
+  const int64_t T = int64_t(p.tokens.size()), D = cfg_.hidden_size;
+  BELUGA_CHECK(hidden.ndim == 2 && hidden.shape[0] >= T && hidden.shape[1] == D,
+               "MTP hidden input has the wrong shape");
+  Tensor ids, pos;
+  const AttnMeta meta = upload_meta(p, &ids, &pos);
+  const DType act = ops_.act_dtype();
+  const float eps = float(cfg_.rms_norm_eps);
+
+  Tensor emb = ops_.scratch(act, {T, D});
+  ops_.embedding(emb, m.embed.empty() ? embed_ : m.embed, ids);
+  Tensor cat = ops_.scratch(act, {T, 2 * D});
+  ops_.rmsnorm(cat.cols(0, D), emb, m.enorm, eps);
+  ops_.rmsnorm(cat.cols(D, 2 * D), hidden.rows(0, T), m.hnorm, eps);
+  Tensor x = ops_.scratch(act, {T, D});
+  ops_.linear(x, cat, m.eh_proj);
+
+  // One pre-norm residual decoder layer, as in run_layers.
+  const LayerNorms n = layer_norms(m.layer);
+  Tensor xn = ops_.scratch(act, {T, D});
+  Tensor sum = ops_.scratch(act, {T, D});
+  Tensor attn = attention(m.layer, NormedInput{x, {}, n.input, xn, eps, {}}, meta, pos, kv.layers[0], opt,
+                          p.max_query_len);
+  Tensor ff = ops_.scratch(act, {T, D});
+  feed_forward(m.layer, NormedInput{x, attn, n.post, xn, eps, sum}, ff);
+  Tensor out = ops_.scratch(act, {T, D});
+  ops_.add_rmsnorm(sum, ff, out, m.head_norm, eps);
+  if (opt.final_hidden) ops_.copy(opt.final_hidden->rows(0, T), out);
+  if (p.logit_rows.empty()) return;
+
+  const int64_t R = int64_t(p.logit_rows.size());
+  Tensor rows = ops_.scratch(DType::kI32, {R});
+  ops_.copy_from_host(rows, p.logit_rows.data());
+  Tensor sel = ops_.scratch(act, {R, D});
+  ops_.gather_rows(sel, out, rows);
+  Tensor lg = ops_.scratch(DType::kF32, {R, cfg_.vocab_size});
+  ops_.linear(lg, sel, m.head.w.empty() ? lm_head_ : m.head);
+  read_logits(ops_, lg, logits, opt.greedy_tokens);
+}
+
+}  // namespace beluga
