@@ -74,7 +74,8 @@ Kw classify(const std::string& k, Draft d) {
                                                      "anyOf",
                                                      "oneOf",
                                                      "$ref",
-                                                     "format"};
+                                                     "format",
+                                                     "pattern"};
   static const std::set<std::string> ignored = {"$schema",
                                                 "$id",
                                                 "$defs",
@@ -95,7 +96,6 @@ Kw classify(const std::string& k, Draft d) {
                                                 "then",
                                                 "else"};
   static const std::set<std::string> refused = {"not",
-                                                "pattern",
                                                 "patternProperties",
                                                 "propertyNames",
                                                 "dependencies",

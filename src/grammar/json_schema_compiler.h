@@ -71,6 +71,7 @@ class SchemaCompiler {
   int lexeme(const std::string& name, int body);
   int gen_string(const Json& s, const std::string& path);
   int format_expr(const std::string& f);
+  int gen_pattern(const Json& s, const std::string& path, int min, int max);
   int digits(int n) { return g_.repeat(g_.bytes(ByteSet::range('0', '9')), n, n); }
   int two(const char* lo1, const char* hi1) {  // helper: [a-b][c-d]
     return g_.seq({g_.bytes(ByteSet::range(lo1[0], hi1[0])), g_.bytes(ByteSet::range(lo1[1], hi1[1]))});

@@ -2,6 +2,7 @@
 
 #include "grammar/json_schema_compiler.h"
 #include "grammar/json_string.h"
+#include "grammar/regex.h"
 #include "util/error.h"
 
 namespace beluga::grammar::detail {
@@ -40,6 +41,7 @@ int SchemaCompiler::gen_string(const Json& s, const std::string& path) {
   if (s.contains("minLength")) min = int(std::min<double>(s["minLength"].get<double>(), 1e6));
   if (s.contains("maxLength")) max = int(std::min<double>(s["maxLength"].get<double>(), 1e6));
   if (max >= 0 && max < min) return g_.nothing();
+  if (s.contains("pattern")) return gen_pattern(s, path, min, max);
   if (s.contains("format")) {
     BELUGA_CHECK(s["format"].is_string(), "format at ", path, " must be a string");
     std::string f = s["format"].get<std::string>();
@@ -98,6 +100,28 @@ int SchemaCompiler::format_expr(const std::string& f) {
     return g_.seq({local, lit("@"), domain});
   }
   return -1;
+}
+
+// `pattern` (unanchored, ECMA-262) through the regex front end, over the canonical spelling of the
+// string's characters; one rule per distinct pattern, so the automaton compiler makes it a DFA.
+int SchemaCompiler::gen_pattern(const Json& s, const std::string& path, int min, int max) {
+  BELUGA_CHECK(s["pattern"].is_string(), "pattern at ", path, " must be a string");
+  const std::string p = s["pattern"].get<std::string>();
+  if (min > 0 || max >= 0)
+    refuse("pattern", path, "pattern together with minLength/maxLength is not supported");
+  if (s.contains("format")) refuse("pattern", path, "pattern together with format is not supported");
+  const std::string name = "pattern:" + p;
+  auto it = lexemes_.find(name);
+  if (it != lexemes_.end()) return g_.seq({lit("\""), it->second});
+  int body;
+  try {
+    body = regex_expr(g_, p, RegexTarget::kJsonString, /*search=*/true, "pattern");
+  } catch (const Refused& r) {
+    throw Refused(r.keyword(), std::string(r.what()) + " (at " + path + ")");
+  } catch (const Error& e) {
+    fail(e.what(), " (at ", path, ")");
+  }
+  return g_.seq({lit("\""), lexeme(name, g_.seq({body, lit("\"")}))});
 }
 
 }  // namespace beluga::grammar::detail
