@@ -251,11 +251,14 @@ class TextGrammarParser {
 
   int item(int depth) {
     int e = primary(depth);
-    while (true) {
+    for (int ops = 0;; ++ops) {
       skip_inline_space();
       char c = peek();
       size_t pos = i_;
       if (eof()) break;
+      // Each operator nests the expression once more; a bound keeps the compiler's recursion shallow.
+      if (ops == opt_.max_depth && std::string_view("*+?{~").find(c) != std::string_view::npos)
+        unsupported(pos, str("more than ", opt_.max_depth, " repetition operators on one item"));
       if (c == '*' || c == '+' || c == '?') {
         ++i_;
         e = g_.repeat(e, c == '+' ? 1 : 0, c == '?' ? 1 : -1);

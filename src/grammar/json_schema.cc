@@ -18,7 +18,12 @@ std::optional<Draft> parse_draft(std::string_view s) {
 }
 
 Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
-  return detail::SchemaCompiler(schema, options).run();
+  try {
+    return detail::SchemaCompiler(schema, options).run();
+  } catch (const nlohmann::json::exception& e) {
+    // A keyword whose value has the wrong JSON type (e.g. "minLength": "3").
+    fail("not a valid schema: ", e.what());
+  }
 }
 
 namespace detail {
