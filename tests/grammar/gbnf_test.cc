@@ -206,7 +206,7 @@ TEST(Gbnf, MaskMatchesTokenByTokenFeeding) {
   std::vector<std::string> v = {"<s>", "</s>"};
   for (const char* s : {"[", "]", ",", "a", "b", "ab", "[a", "a,", "],", "[]", "[[", "]]", ",[", "b]", "x"})
     v.push_back(s);
-  auto vocab = std::make_shared<TokenVocab>(v, std::vector<int>{0}, std::vector<int>{1});
+  auto vocab = std::make_shared<TokenVocab>(v, std::vector<int>{0, 1}, std::vector<int>{1});
   auto g = compile(
       from_gbnf("root ::= list\nlist ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= [ab]+ | list\n"), vocab);
   std::vector<uint32_t> mask(vocab->mask_words());

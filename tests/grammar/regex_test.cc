@@ -274,7 +274,7 @@ TEST(Regex, MaskMatchesTokenByTokenFeeding) {
   for (const char* s :
        {"a", "b", "-", "1", "12", "ab", "b-", "-1", "a-", "2", "x", "\xc3", "\xa9", "\xc3\xa9", "aa"})
     v.push_back(s);
-  auto vocab = std::make_shared<TokenVocab>(v, std::vector<int>{0}, std::vector<int>{1});
+  auto vocab = std::make_shared<TokenVocab>(v, std::vector<int>{0, 1}, std::vector<int>{1});
   auto g = compile(from_regex("(a|b)+-[0-9]{1,3}(\xc3\xa9)?"), vocab);
   std::vector<uint32_t> mask(vocab->mask_words());
   for (std::string out : {"ab-12\xc3\xa9", "a-1", "bbab-121"}) {
