@@ -46,34 +46,55 @@ int bench_grammar(int argc, char** argv) {
   Args args(argc, argv);
   std::string tpath = args.require("tokenizer");
   if (fs::is_directory(tpath)) tpath += "/tokenizer.json";
-  std::string dir = args.require("schemas");
+  auto schema_dir = args.get("schemas");
+  auto grammar_dir = args.get("grammars");
   auto out_path = args.get("out");
   int repeat = int(args.get_int("repeat", 3));
   grammar::JsonSchemaOptions opt;
   opt.max_whitespace = int(args.get_int("max-whitespace", 0));
   args.check_all_used();
   BELUGA_CHECK(repeat >= 1, "--repeat must be at least 1");
+  BELUGA_CHECK(schema_dir || grammar_dir, "give --schemas DIR and/or --grammars DIR");
 
   auto tokenizer = tok::Tokenizer::from_file(tpath);
   auto vocab = std::make_shared<grammar::TokenVocab>(tokenizer, std::vector<int>{});
+  // Schemas (*.json) and grammar texts (*.regex: the pattern, *.gbnf, *.lark), each with its instances.
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
-  std::sort(files.begin(), files.end());
-  BELUGA_CHECK(!files.empty(), "no *.json schemas in ", dir);
+  auto scan = [&](const std::string& dir, std::vector<std::string> exts) {
+    size_t before = files.size();
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.is_regular_file() && std::count(exts.begin(), exts.end(), e.path().extension().string()))
+        files.push_back(e.path());
+    BELUGA_CHECK(files.size() > before, "nothing to benchmark in ", dir);
+    std::sort(files.begin() + long(before), files.end());
+  };
+  if (schema_dir) scan(*schema_dir, {".json"});
+  if (grammar_dir) scan(*grammar_dir, {".regex", ".gbnf", ".lark"});
 
   std::vector<double> compile_ms, mask_us;
   nlohmann::json per_schema = nlohmann::json::array();
   std::vector<uint32_t> mask(vocab->mask_words());
   int refused = 0, incomplete = 0;
   for (const auto& f : files) {
-    auto schema = nlohmann::ordered_json::parse(read_file(f.string()));
+    const std::string ext = f.extension().string();
+    const bool is_schema = ext == ".json";
+    std::string text = read_file(f.string());
+    if (ext == ".regex")
+      while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    nlohmann::ordered_json schema;
+    if (is_schema) schema = nlohmann::ordered_json::parse(text);
     std::shared_ptr<const grammar::CompiledGrammar> g;
     std::vector<double> times;
+    const auto limit = std::chrono::milliseconds(60'000);
     try {
       for (int r = 0; r < repeat; ++r) {
         auto t0 = Clock::now();
-        g = grammar::compile_json_schema(schema, vocab, opt, std::chrono::milliseconds(60'000));
+        if (is_schema)
+          g = grammar::compile_json_schema(schema, vocab, opt, limit);
+        else if (ext == ".regex")
+          g = grammar::compile_regex(text, vocab, limit);
+        else
+          g = grammar::compile_gbnf(text, vocab, limit);
         times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       }
     } catch (const grammar::Refused& e) {
@@ -92,9 +113,11 @@ int bench_grammar(int argc, char** argv) {
     while (std::getline(in, line)) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       ++n_inst;
-      std::string text = nlohmann::ordered_json::parse(line).dump();
+      // A schema's instance is a JSON value (written compactly); a grammar's is the output text.
+      auto value = nlohmann::ordered_json::parse(line);
+      std::string output = is_schema ? value.dump() : value.get<std::string>();
       grammar::Matcher m(g);
-      std::vector<int> ids = tokenizer.encode(text, false);
+      std::vector<int> ids = tokenizer.encode(output, false);
       bool ok = true;
       for (size_t i = 0; i <= ids.size(); ++i) {
         auto t0 = Clock::now();
@@ -111,7 +134,7 @@ int bench_grammar(int argc, char** argv) {
     mask_us.insert(mask_us.end(), local.begin(), local.end());
     std::printf("%-28s compile %8.2f ms  nodes %6zu  instances %d  mask p50 %7.1f us  max %8.1f us\n",
                 f.filename().c_str(), c, g->automaton.nodes.size(), n_inst, pct(local, 50), pct(local, 100));
-    per_schema.push_back({{"schema", f.filename().string()},
+    per_schema.push_back({{is_schema ? "schema" : "grammar", f.filename().string()},
                           {"compile_ms", c},
                           {"automaton_nodes", g->automaton.nodes.size()},
                           {"mask_us", summary(local)}});

@@ -1,6 +1,8 @@
 // `beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | --gbnf FILE)
 //                       [--draft 4|6|7|2020-12] [--max-whitespace N] [--compile-timeout-ms MS]
 //                       --instances FILE.jsonl`
+// --schema: a JSON Schema file; --regex: the pattern itself (the whole output must match it);
+// --gbnf: a grammar file in llama.cpp's GBNF or the Lark subset (grammar/gbnf.h).
 // Reads one JSON string per line (a candidate output text), feeds its tokens through the matcher and
 // prints {"accepted": bool, "complete": bool} per line (grammar/check.h says what they mean).
 // Exit 0 when the grammar compiled, 2 when it is refused (the reason on stderr), 1 on other errors.
@@ -49,17 +51,21 @@ int grammar_check(int argc, char** argv) {
 
   std::shared_ptr<const grammar::CompiledGrammar> g;
   try {
-    if (regex || gbnf)
-      throw grammar::Refused(regex ? "regex" : "gbnf", std::string(regex ? "--regex" : "--gbnf") +
-                                                           ": this front end is not implemented yet");
-    nlohmann::ordered_json schema;
-    try {
-      schema = nlohmann::ordered_json::parse(read_file(*schema_file));
-    } catch (const nlohmann::json::exception& e) {
-      fail(*schema_file, ": not JSON: ", e.what());
-    }
     auto vocab = std::make_shared<grammar::TokenVocab>(tokenizer, std::vector<int>{});
-    g = grammar::compile_json_schema(schema, vocab, opt, std::chrono::milliseconds(timeout_ms));
+    auto timeout = std::chrono::milliseconds(timeout_ms);
+    if (regex) {
+      g = grammar::compile_regex(*regex, vocab, timeout);
+    } else if (gbnf) {
+      g = grammar::compile_gbnf(read_file(*gbnf), vocab, timeout);
+    } else {
+      nlohmann::ordered_json schema;
+      try {
+        schema = nlohmann::ordered_json::parse(read_file(*schema_file));
+      } catch (const nlohmann::json::exception& e) {
+        fail(*schema_file, ": not JSON: ", e.what());
+      }
+      g = grammar::compile_json_schema(schema, vocab, opt, timeout);
+    }
   } catch (const grammar::Refused& r) {
     std::fprintf(stderr, "beluga grammar check: refused (%s): %s\n", r.keyword().c_str(), r.what());
     return 2;
@@ -89,9 +95,14 @@ int grammar_check(int argc, char** argv) {
 }  // namespace
 
 int cmd_grammar(int argc, char** argv) {
-  BELUGA_CHECK(argc >= 1,
-               "usage: beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | "
-               "--gbnf FILE) [--draft 4|6|7|2020-12] --instances FILE.jsonl");
+  BELUGA_CHECK(
+      argc >= 1,
+      "usage: beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | "
+      "--gbnf FILE) [--draft 4|6|7|2020-12] [--max-whitespace N] [--compile-timeout-ms MS] "
+      "--instances FILE.jsonl\n"
+      "  --schema FILE  a JSON Schema (drafts 4, 6, 7, 2020-12)\n"
+      "  --regex RE     an ECMAScript regex the whole output must match\n"
+      "  --gbnf FILE    a grammar in llama.cpp's GBNF (root ::= ...) or the Lark subset (start: ...)");
   std::string what = argv[0];
   if (what == "check") return grammar_check(argc - 1, argv + 1);
   fail("unknown grammar command '", what, "' (check)");

@@ -157,6 +157,8 @@ class Builder {
     std::vector<int32_t> target(256);
     for (size_t q = 0; q < states.size(); ++q) {
       if (states.size() > cap) return;  // too many states: keep the NFA
+      if ((q & 63) == 63 && std::chrono::steady_clock::now() > limits_.deadline)
+        throw Refused("compile-time", "compiling the grammar exceeded the compile time limit");
       TmpNode t{rule_, {}, {}};
       std::vector<std::vector<int32_t>> next(256);
       for (int32_t x : states[q]) {

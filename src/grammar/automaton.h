@@ -4,9 +4,11 @@
 //
 // compile() prunes alternatives that can derive no string (so every live matcher thread can still
 // complete: a non-empty thread set means the input so far is a prefix of some sentence), and refuses
-// left recursion (a rule reaching itself without consuming a byte) and grammars over the node limit.
+// left recursion (a rule reaching itself without consuming a byte) and grammars over the node limit
+// or the deadline.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +39,8 @@ struct Automaton {
 
 struct CompileLimits {
   size_t max_nodes = 2'000'000;
+  // Determinizing a rule is bounded in states, but can still take long: over this, Refused.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 Automaton compile_automaton(const Grammar& g, const CompileLimits& limits = {});

@@ -2,7 +2,9 @@
 
 #include <vector>
 
+#include "grammar/gbnf.h"
 #include "grammar/matcher.h"
+#include "grammar/regex.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -33,6 +35,20 @@ std::shared_ptr<const CompiledGrammar> compile_json_schema(const nlohmann::order
   options.deadline = deadline;
   Grammar g = json_schema_grammar(schema, options);
   return compile_until(g, std::move(vocab), deadline, CompileLimits{});
+}
+
+std::shared_ptr<const CompiledGrammar> compile_regex(std::string_view pattern,
+                                                     std::shared_ptr<const TokenVocab> vocab,
+                                                     std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  return compile_until(from_regex(pattern), std::move(vocab), deadline, CompileLimits{});
+}
+
+std::shared_ptr<const CompiledGrammar> compile_gbnf(std::string_view text,
+                                                    std::shared_ptr<const TokenVocab> vocab,
+                                                    std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  return compile_until(from_ebnf(text), std::move(vocab), deadline, CompileLimits{});
 }
 
 }  // namespace beluga::grammar

@@ -32,4 +32,14 @@ std::shared_ptr<const CompiledGrammar> compile_json_schema(const nlohmann::order
                                                            JsonSchemaOptions options,
                                                            std::chrono::milliseconds timeout);
 
+// A regex (the whole output matches it, regex.h) -> compiled grammar within `timeout`.
+std::shared_ptr<const CompiledGrammar> compile_regex(std::string_view pattern,
+                                                     std::shared_ptr<const TokenVocab> vocab,
+                                                     std::chrono::milliseconds timeout);
+
+// GBNF or the Lark subset (gbnf.h's from_ebnf) -> compiled grammar within `timeout`.
+std::shared_ptr<const CompiledGrammar> compile_gbnf(std::string_view text,
+                                                    std::shared_ptr<const TokenVocab> vocab,
+                                                    std::chrono::milliseconds timeout);
+
 }  // namespace beluga::grammar

@@ -118,7 +118,9 @@ std::shared_ptr<const CompiledGrammar> compile_until(const Grammar& g,
                                                      const CompileLimits& limits) {
   auto t0 = std::chrono::steady_clock::now();
   auto cg = std::make_shared<CompiledGrammar>();
-  cg->automaton = compile_automaton(g, limits);
+  CompileLimits bounded = limits;
+  bounded.deadline = std::min(limits.deadline, deadline);
+  cg->automaton = compile_automaton(g, bounded);
   cg->vocab = std::move(vocab);
   const Automaton& a = cg->automaton;
   cg->mask_of_node.assign(a.nodes.size(), -1);

@@ -57,16 +57,43 @@ TEST(GrammarCli, PrintsAcceptedAndCompletePerInstance) {
 }
 
 TEST(GrammarCli, RefusalExitsTwoWithTheKeyword) {
-  std::string schema = write("p.json", R"({"type":"string","pattern":"^[a-z]+$"})");
+  std::string schema = write("p.json", R"({"type":"array","uniqueItems":true})");
   std::string inst = write("e.jsonl", "\"\\\"a\\\"\"\n");
   std::string out;
   EXPECT_EQ(run(check_cmd("--schema " + schema, inst), &out), 2);
-  EXPECT_NE(out.find("pattern"), std::string::npos) << out;
+  EXPECT_NE(out.find("uniqueItems"), std::string::npos) << out;
   EXPECT_EQ(run(check_cmd("--schema " + schema + " --draft 5", inst), &out), 1) << out;
   EXPECT_EQ(run(check_cmd("--schema " + dir() + "/missing.json", inst), &out), 1) << out;
   std::string bad = write("bad.jsonl", "not json\n");
   std::string ok = write("ok.json", R"({"type":"string"})");
   EXPECT_EQ(run(check_cmd("--schema " + ok, bad), &out), 1) << out;
+}
+
+TEST(GrammarCli, RegexAndGbnfFrontEnds) {
+  // The whole output must match the regex; accepted/complete as for a schema.
+  std::string inst = write("r.jsonl", "\"ab-12\"\n\"ab-\"\n\"ab-123\"\n\"9\"\n");
+  std::string out;
+  ASSERT_EQ(run(check_cmd("--regex '[a-z]+-[0-9]{2}'", inst), &out), 0) << out;
+  EXPECT_EQ(out,
+            "{\"accepted\": true, \"complete\": true}\n"
+            "{\"accepted\": true, \"complete\": false}\n"
+            "{\"accepted\": false, \"complete\": false}\n"
+            "{\"accepted\": false, \"complete\": false}\n");
+  std::string gbnf = write("list.gbnf", "root ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= [a-z]+\n");
+  std::string li = write("l.jsonl", "\"[ab,c]\"\n\"[ab,\"\n\"[ab,,c]\"\n");
+  ASSERT_EQ(run(check_cmd("--gbnf " + gbnf, li), &out), 0) << out;
+  EXPECT_EQ(out,
+            "{\"accepted\": true, \"complete\": true}\n"
+            "{\"accepted\": true, \"complete\": false}\n"
+            "{\"accepted\": false, \"complete\": false}\n");
+  // Unsupported constructs are refusals (exit 2, named); malformed grammars other errors (exit 1).
+  EXPECT_EQ(run(check_cmd("--regex '(a)\\1'", inst), &out), 2) << out;
+  EXPECT_NE(out.find("backreferences"), std::string::npos) << out;
+  EXPECT_EQ(run(check_cmd("--regex '(ab'", inst), &out), 1) << out;
+  EXPECT_NE(out.find("unterminated group"), std::string::npos) << out;
+  std::string bad = write("bad.gbnf", "root ::= item\nitem ::= \"a\" undefined-rule\n");
+  EXPECT_EQ(run(check_cmd("--gbnf " + bad, li), &out), 1) << out;
+  EXPECT_NE(out.find("line 2, column 14: undefined rule 'undefined-rule'"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -143,7 +143,8 @@ TEST(GrammarMatcher, RefusesWhatItCannotEnforce) {
     }
     return "";
   };
-  EXPECT_EQ(refused(R"({"type":"string","pattern":"^a"})"), "pattern");
+  EXPECT_EQ(refused(R"j({"type":"string","pattern":"^a(?=b)"})j"), "pattern");  // lookahead
+  EXPECT_EQ(refused(R"({"type":"string","pattern":"^a","maxLength":3})"), "pattern");
   EXPECT_EQ(refused(R"({"not":{"type":"string"}})"), "not");
   EXPECT_EQ(refused(R"({"oneOf":[{"type":"integer"},{"minimum":2}]})"), "oneOf");
   EXPECT_EQ(refused(R"({"anyOf":[{"$ref":"#"},{"type":"null"}]})"), "left-recursion");

@@ -1,0 +1,132 @@
+// The JSON Schema front end's compiler (json_schema.h is the public contract): one SchemaCompiler per
+// schema walks it and writes the grammar of its canonical instances. Internal to src/grammar; its
+// members are defined by concept: the walker and $ref resolution (json_schema.cc), strings and
+// formats (json_schema_strings.cc), numbers and numeric ranges (json_schema_numbers.cc), arrays and
+// objects (json_schema_containers.cc), enum/const values (json_schema_values.cc), and merging of
+// subschemas for allOf and oneOf exclusivity (json_schema_merge.cc).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
+#include "grammar/refused.h"
+
+namespace beluga::grammar::detail {
+
+using Json = nlohmann::ordered_json;
+
+// Keywords by what Beluga does with them.
+enum class Kw { kEnforced, kIgnored, kRefused, kOtherDraft };
+Kw classify(const std::string& k, Draft d);
+const char* draft_name(Draft d);
+bool is_assertion_free(const Json& s);
+inline std::string join_path(const std::string& p, const std::string& k) {
+  return p + "/" + k;
+}
+
+class SchemaCompiler {
+ public:
+  SchemaCompiler(const Json& root, const JsonSchemaOptions& o);
+  Grammar run();
+
+ private:
+  // ---- helpers -------------------------------------------------------------------------------------
+  void tick() {
+    if (g_.exprs.size() > opt_.max_exprs) throw Refused("grammar-size", "the schema's grammar is too large");
+    if ((++ticks_ & 255) == 0 && std::chrono::steady_clock::now() > opt_.deadline)
+      throw Refused("compile-time", "compiling the schema exceeded the compile time limit");
+  }
+  int ws() { return ws_ >= 0 ? ws_ : g_.empty(); }
+  int lit(std::string_view s) { return g_.literal(s); }
+  // A structural token followed by optional whitespace.
+  int tokws(std::string_view s) { return ws_ >= 0 ? g_.seq({lit(s), ws_}) : lit(s); }
+  int wstok(std::string_view s) { return ws_ >= 0 ? g_.seq({ws_, lit(s)}) : lit(s); }
+
+  [[noreturn]] void refuse(const std::string& kw, const std::string& path, const std::string& why) {
+    throw Refused(kw, kw + " at " + path + ": " + why);
+  }
+
+  // ---- the walker (json_schema.cc) -----------------------------------------------------------------
+  const Json& resolve(const std::string& ref, const std::string& path, std::string& ptr_out);
+  int gen(const Json& s, const std::string& path, int depth);
+  int gen_ref(const std::string& ref, const std::string& path, int depth);
+  std::set<std::string> types_of(const Json& s, const std::string& path);
+  int gen_types(const Json& s, const std::string& path, int depth);
+  int any_value();
+  int any_inline();
+
+  // ---- strings (json_schema_strings.cc) ------------------------------------------------------------
+  int string_rest();
+  int string_expr(int min, int max);
+  int lexeme(const std::string& name, int body);
+  int gen_string(const Json& s, const std::string& path);
+  int format_expr(const std::string& f);
+  int gen_pattern(const Json& s, const std::string& path, int min, int max);
+  int digits(int n) { return g_.repeat(g_.bytes(ByteSet::range('0', '9')), n, n); }
+  int two(const char* lo1, const char* hi1) {  // helper: [a-b][c-d]
+    return g_.seq({g_.bytes(ByteSet::range(lo1[0], hi1[0])), g_.bytes(ByteSet::range(lo1[1], hi1[1]))});
+  }
+
+  // ---- numbers (json_schema_numbers.cc) ------------------------------------------------------------
+  struct Bound {
+    std::optional<double> v;
+    bool excl = false;
+  };
+  int number_expr();
+  int digit_range(const std::string& a, const std::string& b);
+  int nonneg_range(int64_t lo, int64_t hi);
+  int int_range(std::optional<int64_t> lo, std::optional<int64_t> hi, bool zero_ok_negative = false);
+  Bound bound(const Json& s, bool lower, const std::string& path);
+  int gen_number(const Json& s, const std::string& path, bool integer);
+
+  // ---- arrays and objects (json_schema_containers.cc) ----------------------------------------------
+  struct ObjState {
+    size_t n = 0;
+    bool subset = true;
+    std::vector<bool> req;
+    std::vector<int> key, val;
+    int add = -1, colon = -1, comma = -1, close = -1;
+    std::map<uint32_t, int> t_rules;
+  };
+  int gen_array(const Json& s, const std::string& path, int depth);
+  int gen_object(const Json& s, const std::string& path, int depth);
+  bool can_close(const ObjState& st, uint32_t sigma);
+  int d_expr(ObjState& st, uint32_t sigma, const std::string& path);
+  int t_rule(ObjState& st, uint32_t sigma, const std::string& path);
+  size_t expr_size(int e, size_t cap);
+
+  // ---- enum / const (json_schema_values.cc) --------------------------------------------------------
+  int gen_enum(const Json& s, const std::string& path, int depth);
+  static bool json_equal(const Json& a, const Json& b);
+  int value_expr(const Json& v, const std::string& path);
+
+  // ---- merging (json_schema_merge.cc) --------------------------------------------------------------
+  Json deref(const Json& s, const std::string& path);
+  Json merge(const Json& a0, const Json& b0, const std::string& path);
+  void check_exclusive(const std::vector<Json>& branches, const std::string& path);
+
+  const Json& root_;
+  JsonSchemaOptions opt_;
+  Draft draft_;
+  bool has_ref_ = false;
+  Grammar g_;
+  int ws_ = -1;
+  int any_container_ = -1, any_inline_ = -1, char_ = -1, string_rest_ = -1;
+  std::set<std::string> in_progress_;
+  std::map<std::string, int> ref_rule_;
+  std::map<std::string, int> expansions_;
+  std::map<std::string, int> lexemes_;
+  size_t ticks_ = 0, merges_ = 0;
+};
+
+}  // namespace beluga::grammar::detail
