@@ -70,9 +70,10 @@ struct ChoiceText {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
-  int64_t cached_tokens_host = 0, cached_tokens_disk = 0;  // of which from the tiers below the device pool
   int64_t completion_tokens = 0;
   int64_t reasoning_tokens = 0;
+  int64_t cached_tokens_host = 0,
+          cached_tokens_disk = 0;  // of cached_tokens, from the tiers below the device
 };
 
 // What every formatter needs to know about its request.
