@@ -4,6 +4,7 @@
 // Row-major [rows, cols] tensors may have a row stride larger than cols (views into wider tensors).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <span>
@@ -90,6 +91,13 @@ struct NormedInput {
   Tensor residual_out;
 };
 
+// One KV block's copy between the device cache and a host image of it (every layer's slice of the
+// block, layer after layer): the engine's KvCopy (engine/kv_connector.h).
+struct KvBlockCopy {
+  int block = 0;
+  std::byte* host = nullptr;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -125,6 +133,11 @@ class Ops {
   // synchronize(). The defaults copy each layer's slice with copy_to_host / copy_from_host.
   virtual void kv_block_to_host(std::span<const Tensor> layers, int block, void* dst);
   virtual void kv_block_from_host(std::span<const Tensor> layers, int block, const void* src);
+  // A step's block copies at once (the same layout per block): a backend batches them (CUDA: one
+  // gather kernel and one DMA per run of adjacent host images, not one copy per layer and block).
+  // The defaults copy block after block with the calls above.
+  virtual void kv_blocks_to_host(std::span<const Tensor> layers, std::span<const KvBlockCopy> copies);
+  virtual void kv_blocks_from_host(std::span<const Tensor> layers, std::span<const KvBlockCopy> copies);
   // Host memory for the KV tiers below the device (any thread): page-locked where the device copies
   // faster from it (CUDA), plain 64-byte-aligned memory otherwise; nullptr when none is left.
   virtual void* host_alloc(size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
@@ -348,6 +361,14 @@ inline void Ops::kv_block_from_host(std::span<const Tensor> layers, int block, c
     copy_from_host(b, in);
     in += b.nbytes();
   }
+}
+
+inline void Ops::kv_blocks_to_host(std::span<const Tensor> layers, std::span<const KvBlockCopy> copies) {
+  for (const KvBlockCopy& c : copies) kv_block_to_host(layers, c.block, c.host);
+}
+
+inline void Ops::kv_blocks_from_host(std::span<const Tensor> layers, std::span<const KvBlockCopy> copies) {
+  for (const KvBlockCopy& c : copies) kv_block_from_host(layers, c.block, c.host);
 }
 
 inline void Ops::normalize(const NormedInput& in) {

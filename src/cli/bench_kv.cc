@@ -1,5 +1,6 @@
 // `beluga bench kv --model DIR --load-format dummy [--kv-disk-dir DIR] [--lengths 2048,16384]
-//   [--prefix-frac 0.9] [--blocks 256] [--json]`
+//   [--prefix-frac 0.9] [--blocks 256] [--json]`; with --agent-trace, the multi-turn agent trace of
+//   bench_kv_agent.h instead.
 //
 // 1. Bandwidth, each against the machine's own rate measured here: host tier store/load (the
 //    device <-> host block copies, Ops::kv_block_to_host/_from_host) against memcpy; file tier store
@@ -24,6 +25,7 @@
 #include <random>
 
 #include "cli/args.h"
+#include "cli/bench_kv_agent.h"
 #include "cli/model_args.h"
 #include "engine/engine.h"
 #include "kvstore/disk_tier.h"
@@ -207,7 +209,8 @@ double ttft(Engine& e, const std::vector<int>& prompt, int* cached) {
 }  // namespace
 
 int bench_kv(int argc, char** argv) {
-  Args args(argc, argv, {"json"});
+  Args args(argc, argv, {"json", "agent-trace"});
+  if (args.has("agent-trace")) return bench_kv_agent(args);
   const std::string disk_dir = args.get_or("kv-disk-dir", "");
   const std::vector<int> lengths = parse_int_list(args.get_or("lengths", "2048,16384"));
   const double frac = args.get_double("prefix-frac", 0.9);

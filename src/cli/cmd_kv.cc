@@ -1,7 +1,8 @@
 // `beluga kv stats --kv-disk-dir DIR [--json]`: what a KV directory holds (blocks, bytes, by class,
 // the oldest last use). `beluga kv gc --kv-disk-dir DIR [--kv-retention ...] [--now UNIX_SECONDS]
 // [--json]`: removes the blocks past their class's retention as of --now (default: now; retention
-// as `serve` takes it, same defaults). Counts are blocks.
+// as `serve` takes it, same defaults), and the temporary files of writers that are gone (a server
+// killed mid-write; judged by the real clock and the writer's pid, never by --now). Counts are blocks.
 #include <cstdio>
 #include <ctime>
 #include <map>
@@ -54,6 +55,7 @@ int kv_stats(const Args& args) {
         models[kv::key_hex(b.header.fingerprint)]++;
       },
       &invalid);
+  const kv::TempFiles temps = kv::scan_temp_files(dir, false);
   if (json) {
     nlohmann::ordered_json j;
     j["blocks"] = all.blocks;
@@ -61,6 +63,8 @@ int kv_stats(const Args& args) {
     j["oldest_last_used"] = all.blocks ? nlohmann::json(all.oldest) : nlohmann::json(nullptr);
     j["models"] = models.size();
     j["invalid_files"] = invalid;
+    j["partial_files"] = temps.total;
+    j["abandoned_partial_files"] = temps.abandoned;
     j["by_class"] = nlohmann::ordered_json::object();
     for (const auto& [cls, u] : by_class)
       j["by_class"][cls] = {{"blocks", u.blocks}, {"bytes", u.bytes}, {"oldest_last_used", u.oldest}};
@@ -73,7 +77,9 @@ int kv_stats(const Args& args) {
                 static_cast<long long>(u.bytes), iso_time(u.oldest).c_str());
   std::printf("%-16s %10lld %14lld  %s\n", "total", static_cast<long long>(all.blocks),
               static_cast<long long>(all.bytes), all.blocks ? iso_time(all.oldest).c_str() : "-");
-  std::printf("%zu model(s), %lld invalid file(s)\n", models.size(), static_cast<long long>(invalid));
+  std::printf("%zu model(s), %lld invalid file(s), %lld partial file(s) (%lld of writers gone)\n",
+              models.size(), static_cast<long long>(invalid), static_cast<long long>(temps.total),
+              static_cast<long long>(temps.abandoned));
   return 0;
 }
 
@@ -102,12 +108,14 @@ int kv_gc(const Args& args) {
     c.kept++;
     all.kept++;
   });
+  const kv::TempFiles temps = kv::scan_temp_files(dir, true);
   if (json) {
     nlohmann::ordered_json j;
     j["removed"] = all.removed;
     j["kept"] = all.kept;
     j["by_class"] = nlohmann::ordered_json::object();
     for (const auto& [cls, c] : by_class) j["by_class"][cls] = {{"removed", c.removed}, {"kept", c.kept}};
+    j["partial_files_removed"] = temps.removed;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%-16s %10s %10s %10s\n", "class", "retention", "removed", "kept");
@@ -116,7 +124,11 @@ int kv_gc(const Args& args) {
                   static_cast<long long>(c.removed), static_cast<long long>(c.kept));
     std::printf("%-16s %10s %10lld %10lld\n", "total", "", static_cast<long long>(all.removed),
                 static_cast<long long>(all.kept));
+    std::printf("%lld partial file(s) of writers gone removed\n", static_cast<long long>(temps.removed));
   }
+  if (temps.removed < temps.abandoned)
+    std::fprintf(stderr, "beluga kv gc: %lld partial file(s) could not be removed\n",
+                 static_cast<long long>(temps.abandoned - temps.removed));
   if (failed)
     std::fprintf(stderr, "beluga kv gc: %lld expired file(s) could not be removed\n",
                  static_cast<long long>(failed));

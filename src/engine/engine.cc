@@ -230,6 +230,13 @@ bool deliver(const EngineRequest& req, RequestOutput&& out) noexcept {
   return false;
 }
 
+// A request's prefix-cache accounting, as its first sequence found it at first admission.
+void set_cached(RequestOutput& out, const Seq& s) {
+  out.cached_tokens = s.num_cached;
+  out.cached_tokens_disk = s.num_cached_disk;
+  out.cached_tokens_host = s.num_cached_below - s.num_cached_disk;
+}
+
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -256,7 +263,7 @@ void Engine::loop() {
     RequestOutput out;
     out.request_id = r.req.id;
     out.prompt_tokens = int(r.req.prompt.size());
-    out.cached_tokens = r.seqs.empty() ? 0 : r.seqs[0]->num_cached;
+    if (!r.seqs.empty()) set_cached(out, *r.seqs[0]);
     for (auto& s : r.seqs) {
       if (s->finish != FinishReason::kNone) continue;
       s->finish = why;
@@ -602,7 +609,7 @@ void Engine::loop() {
       Impl::Request& rq = it->second;
       out.request_id = rq.req.id;
       out.prompt_tokens = int(rq.req.prompt.size());
-      out.cached_tokens = rq.seqs[0]->num_cached;
+      set_cached(out, *rq.seqs[0]);
       out.finished = rq.unfinished == 0;
       if (!deliver(rq.req, std::move(out)) && rq.unfinished > 0) {
         emit_final(slot, FinishReason::kError, "internal error: the request's output could not be delivered");

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
 #include "engine/block_manager.h"
 
 namespace beluga {
@@ -34,11 +35,9 @@ namespace beluga {
 enum class KvTier : uint8_t { kDevice, kHost, kDisk };
 const char* kv_tier_name(KvTier t);  // "device", "host", "disk"
 
-// One block's copy between a device block and host memory, done by the runner.
-struct KvCopy {
-  int block = 0;
-  std::byte* host = nullptr;
-};
+// One block's copy between a device block and host memory, done by the runner (a step's copies go
+// to the backend at once: Ops::kv_blocks_to_host / kv_blocks_from_host).
+using KvCopy = KvBlockCopy;
 
 // A step's copies: loads run before the forward, saves after it (a failed forward saves nothing).
 struct KvStepCopies {
@@ -66,9 +65,10 @@ class KvConnector {
   // Whether the load has finished fetching (never blocks).
   virtual bool load_ready(LoadId id) = 0;
   // For a ready load: appends the host -> device copies of its leading blocks that were found to
-  // `copies` and returns their number (0..n: a block that turned out missing or corrupt ends the run).
+  // `copies` and returns their number (0..n: a block that turned out missing or corrupt ends the run);
+  // the tier each came from is written to tiers[0..result) when `tiers` (room for n) is given.
   // The load is then over; its host memory stays valid until the step it is launched with is done.
-  virtual int finish_load(LoadId id, std::vector<KvCopy>& copies) = 0;
+  virtual int finish_load(LoadId id, std::vector<KvCopy>& copies, KvTier* tiers) = 0;
   // The request went away before finish_load (never after it).
   virtual void cancel_load(LoadId id) = 0;
 

@@ -80,12 +80,12 @@ void ModelRunner::run() {
         ForwardOptions opt;
         if (greedy_) opt.greedy_tokens = greedy_tokens_.data();
         Ops& ops = model_.ops();
-        for (const KvCopy& c : copies_.loads) ops.kv_block_from_host(kv_.layers, c.block, c.host);
+        if (!copies_.loads.empty()) ops.kv_blocks_from_host(kv_.layers, copies_.loads);
         if (spec_)
           spec_->run_step(batch_, kv_, logits_.data(), opt);
         else
           model_.forward(batch_, kv_, logits_.data(), opt);
-        for (const KvCopy& c : copies_.saves) ops.kv_block_to_host(kv_.layers, c.block, c.host);
+        if (!copies_.saves.empty()) ops.kv_blocks_to_host(kv_.layers, copies_.saves);
         if (!copies_.empty()) ops.synchronize();
       } catch (...) {
         err = std::current_exception();

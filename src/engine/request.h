@@ -64,6 +64,8 @@ struct RequestOutput {
   std::vector<SeqOutput> seqs;  // sequences with news in this step
   int prompt_tokens = 0;
   int cached_tokens = 0;  // prompt tokens served from the prefix cache (multiple of the block size)
+  // Of which loaded from below the device pool (KV connector): from host memory, from the file tier.
+  int cached_tokens_host = 0, cached_tokens_disk = 0;
   bool finished = false;  // every sequence has finished; no further output for this request
   // With sampling.prompt_logprobs >= 0: prompt tokens 1..P-1 in order (token 0 has none), delivered
   // once, in the output with the request's first sampled token (its first output, unless it failed).

@@ -74,13 +74,16 @@ void Scheduler::finish_loads() {
       loading_[i - ready] = s;
       continue;
     }
-    const int got = kv_->finish_load(s->kv_load, loads_);
+    load_tiers_.resize(std::max(load_tiers_.size(), s->blocks.size()));
+    const int got = kv_->finish_load(s->kv_load, loads_, load_tiers_.data());
     s->kv_load = -1;
     // Blocks past what was found stay in the table, to be computed.
     s->num_computed = (s->kv_load_first + got) * kKvBlockSize;
     if (!s->admitted_once) {
       s->num_cached = s->num_computed;
       s->num_cached_below = got * kKvBlockSize;
+      s->num_cached_disk =
+          int(std::count(load_tiers_.begin(), load_tiers_.begin() + got, KvTier::kDisk)) * kKvBlockSize;
     }
     waiting_.insert(waiting_.begin() + int64_t(ready), s);
     ++ready;
@@ -136,6 +139,7 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
       if (!s->admitted_once) {
         s->num_cached = s->num_computed;
         s->num_cached_below = 0;
+        s->num_cached_disk = 0;
       }
       if (start_load(s, hashes)) continue;  // it waits in the loading list; the next one's turn
     }

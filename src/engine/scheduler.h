@@ -40,6 +40,7 @@ struct Seq {
   int num_computed = 0;      // tokens whose KV is in the cache
   int num_cached = 0;        // prompt tokens found in the prefix cache at first admission (every tier)
   int num_cached_below = 0;  // of which loaded from below the device pool
+  int num_cached_disk = 0;   // of those, read from the file tier (the rest: host memory)
   bool admitted_once = false;
   int64_t kv_load = -1;   // the connector's load in progress (the sequence is in the loading list)
   int kv_load_first = 0;  // the first block it loads
@@ -105,9 +106,10 @@ class Scheduler {
   std::vector<Seq*> running_;  // admission order
   std::deque<Seq*> waiting_;
   KvConnector* kv_;
-  std::vector<Seq*> loading_;  // admission order
-  std::vector<KvCopy> loads_;  // finished loads' copies, for the next step
-  std::vector<KvTier> tiers_;  // scratch
+  std::vector<Seq*> loading_;       // admission order
+  std::vector<KvCopy> loads_;       // finished loads' copies, for the next step
+  std::vector<KvTier> load_tiers_;  // finish_load's tiers (kept: no allocation per load)
+  std::vector<KvTier> tiers_;       // scratch
   int64_t preemptions_ = 0, cache_queries_ = 0, cache_hits_ = 0, cache_hits_below_ = 0;
 };
 

@@ -5,10 +5,14 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <vector>
 
 namespace beluga::kv {
@@ -126,7 +130,40 @@ ssize_t read_at(int fd, void* data, size_t n, off_t off) {
 
 std::atomic<uint64_t> g_tmp_counter{0};  // unique temporary names within a process
 
+constexpr const char* kTempTag = ".tmp.";
+
+const std::string& host_name() {
+  static const std::string name = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return std::string("unknown");
+    return std::string(buf);
+  }();
+  return name;
+}
+
 }  // namespace
+
+bool is_block_temp_name(const std::string& name) {
+  return name.find(kTempTag) != std::string::npos;
+}
+
+bool block_temp_abandoned(const std::string& path) {
+  const std::string name = path.substr(path.rfind('/') + 1);
+  const size_t at = name.find(kTempTag);
+  if (at == std::string::npos) return false;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;  // gone already
+  if (int64_t(::time(nullptr)) - int64_t(st.st_mtime) > kAbandonedTempSeconds) return true;
+  // "<pid>.<n>.<host>": a writer of this host that no longer runs will never rename it.
+  const std::string rest = name.substr(at + std::string(kTempTag).size());
+  const size_t dot1 = rest.find('.');
+  const size_t dot2 = dot1 == std::string::npos ? dot1 : rest.find('.', dot1 + 1);
+  if (dot2 == std::string::npos || rest.substr(dot2 + 1) != host_name()) return false;
+  char* end = nullptr;
+  const long pid = std::strtol(rest.c_str(), &end, 10);
+  if (end != rest.c_str() + dot1 || pid <= 0) return false;
+  return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+}
 
 const char* block_file_status_name(BlockFileStatus s) {
   switch (s) {
@@ -165,7 +202,8 @@ bool key_from_hex(const std::string& s, BlockHash* k) {
 }
 
 BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader& h, const void* payload) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
+  const std::string tmp = path + kTempTag + std::to_string(::getpid()) + "." +
+                          std::to_string(g_tmp_counter++) + "." + host_name();
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0)
     return errno == ENOSPC || errno == EDQUOT ? BlockFileStatus::kNoSpace : BlockFileStatus::kIoError;

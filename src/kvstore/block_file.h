@@ -4,10 +4,10 @@
 //   (32 bytes, NUL-padded) | created, last used (unix seconds) | payload bytes | payload XXH3-64 |
 //   header XXH3-64 (over everything before it)
 //
-// A file is written to a temporary name in its directory and renamed over the final one, so a reader
-// sees a whole file or none; a file that is truncated, corrupt (either checksum) or of another model
-// or format is rejected. The file's mtime is its last use when that is later than the header's (a hit
-// touches the file instead of rewriting it).
+// A file is written to a temporary name in its directory ("<final>.tmp.<pid>.<n>.<host>") and renamed
+// over the final one, so a reader sees a whole file or none, even when the writer is killed mid-write; a file
+// that is truncated, corrupt (either checksum) or of another model or format is rejected. The file's mtime is
+// its last use when that is later than the header's (a hit touches the file instead of rewriting it).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +47,14 @@ BlockFileStatus update_block_class(const std::string& path, const BlockHash& fin
 // On any status but kOk, `dst` may hold garbage.
 BlockFileStatus read_block_file(const std::string& path, const BlockHash& fingerprint, const BlockHash& key,
                                 size_t payload_bytes, void* dst, BlockFileHeader* h);
+
+// Whether `name` (a file name, no directory) is a temporary file of write_block_file.
+bool is_block_temp_name(const std::string& name);
+// Whether the temporary file `path` was left by a writer that is gone: one of this host whose
+// process no longer exists, or any whose file is older than kAbandonedTempSeconds by the real clock
+// (a writer on another host sharing the directory, whose process cannot be asked about).
+inline constexpr int64_t kAbandonedTempSeconds = 600;
+bool block_temp_abandoned(const std::string& path);
 
 // The hex spelling of a key (32 digits), as file names use it.
 std::string key_hex(const BlockHash& k);

@@ -18,12 +18,6 @@ namespace beluga::kv {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr int64_t kStaleTempSeconds = 600;  // a temporary file this old belongs to a dead writer
-
-}  // namespace
-
 DiskTier::DiskTier(DiskConfig cfg) : cfg_(std::move(cfg)), pool_(cfg_.threads) {
   BELUGA_CHECK(!cfg_.dir.empty() && cfg_.block_bytes > 0, "the disk KV tier needs a directory");
   root_ = cfg_.dir + "/" + key_hex(cfg_.fingerprint);
@@ -83,13 +77,13 @@ void DiskTier::scan() {
       if (stop_) return;
       const std::string name = f->path().filename().string();
       const std::string path = f->path().string();
-      if (name.find(".tmp.") != std::string::npos) {
-        struct stat st {};
-        // Against the real clock, as the file's mtime is: the retention clock (cfg_.now, injected in
-        // tests) may be far from it, and a live writer's file must never look stale.
-        if (::stat(path.c_str(), &st) == 0 &&
-            int64_t(::time(nullptr)) - int64_t(st.st_mtime) > kStaleTempSeconds)
-          ::unlink(path.c_str());
+      if (is_block_temp_name(name)) {
+        // Judged by the real clock, as the file's mtime is (the retention clock, injected in tests,
+        // may be far from it), and by its writer's pid: a live writer's file must never go.
+        if (block_temp_abandoned(path) && ::unlink(path.c_str()) == 0) {
+          std::lock_guard<std::mutex> lk(mu_);
+          stats_.partial_removed++;
+        }
         continue;
       }
       BlockHash key;
@@ -248,6 +242,19 @@ void DiskTier::make_room(uint64_t incoming) {
   }
 }
 
+void DiskTier::shrink_to_free_space() {
+  // The file system holds less than the capacity promised (other files, a quota, a shared disk):
+  // what it can take is what the tier holds plus what is free now, so the next writes evict the
+  // least recently used blocks instead of failing for ever.
+  struct statvfs sv {};
+  if (::statvfs(root_.c_str(), &sv) != 0) return;
+  const uint64_t room = bytes_ + uint64_t(sv.f_bavail) * uint64_t(sv.f_frsize);
+  if (room < capacity_) {
+    capacity_ = room;
+    stats_.capacity_bytes = int64_t(capacity_);
+  }
+}
+
 void DiskTier::write(const BlockHash& key, const std::byte* src, const std::string& cls,
                      std::function<void()> done) {
   {
@@ -284,6 +291,11 @@ void DiskTier::write(const BlockHash& key, const std::byte* src, const std::stri
         stats_.bytes_written += int64_t(cfg_.block_bytes);
       } else {
         stats_.errors++;  // a full disk or an I/O error: the block is simply not saved
+        stats_.write_errors++;
+        if (s == BlockFileStatus::kNoSpace) {
+          stats_.no_space++;
+          shrink_to_free_space();
+        }
       }
     }
     done();

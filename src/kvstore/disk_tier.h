@@ -9,7 +9,9 @@
 // IoPool; a failed read (missing, truncated, corrupt, foreign: the file is removed) or write (full
 // disk, I/O error) is a miss or a dropped save, counted, never an error to the request.
 // Capacity: `capacity_bytes` (0: the store's size plus the file system's free space at start); beyond
-// it the least recently used files go.
+// it the least recently used files go. A write the file system refuses for lack of space (ENOSPC,
+// EDQUOT) lowers the capacity to what the tier holds plus the space free then, so later writes make
+// room by eviction; temporary files of writers killed mid-write are removed by the scan.
 #pragma once
 
 #include <atomic>
@@ -87,6 +89,7 @@ class DiskTier {
   void add(const BlockHash& key, uint64_t bytes, int64_t last_used, const std::string& cls);  // mu_ held
   void forget(const BlockHash& key);                                                          // mu_ held
   void make_room(uint64_t incoming);  // mu_ held: evicts LRU files
+  void shrink_to_free_space();        // mu_ held: after ENOSPC
   int64_t now() const { return cfg_.now ? cfg_.now() : int64_t(::time(nullptr)); }
 
   DiskConfig cfg_;

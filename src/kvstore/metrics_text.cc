@@ -55,22 +55,46 @@ std::string render_metrics(TieredStore& store, const EngineStats& engine, const 
          false, [](const TierStats& t) { return double(t.expirations); });
   metric("beluga_kv_tier_errors_total", "counter", "Failed reads or writes (each a miss or a dropped save).",
          false, [](const TierStats& t) { return double(t.errors); });
+  metric("beluga_kv_tier_write_errors_total", "counter", "Failed writes into the tier (each a dropped save).",
+         false, [](const TierStats& t) { return double(t.write_errors); });
+  metric("beluga_kv_tier_no_space_total", "counter", "Writes the file system refused for lack of space.",
+         false, [](const TierStats& t) { return double(t.no_space); });
+  metric("beluga_kv_tier_partial_files_removed_total", "counter",
+         "Temporary files of writers killed mid-write, removed.", false,
+         [](const TierStats& t) { return double(t.partial_removed); });
   metric("beluga_kv_tier_blocks", "gauge", "KV blocks the tier holds.", true,
          [](const TierStats& t) { return double(t.blocks); });
   metric("beluga_kv_tier_bytes", "gauge", "Bytes the tier holds.", false,
          [](const TierStats& t) { return double(t.bytes); });
   metric("beluga_kv_tier_capacity_bytes", "gauge", "The tier's capacity.", false,
          [](const TierStats& t) { return double(t.capacity_bytes); });
+  // Class names come from --kv-retention (letters, digits, '-', '_'): label values need no escaping;
+  // anything else is left out rather than risk a malformed exposition.
+  auto label_safe = [](const std::string& v) {
+    for (char c : v)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return false;
+    return !v.empty();
+  };
+  out +=
+      "# HELP beluga_kv_hit_tokens_total Prompt tokens served from each tier, by traffic class.\n"
+      "# TYPE beluga_kv_hit_tokens_total counter\n";
+  for (const auto& [cls, h] : st.hit_tokens) {
+    if (!label_safe(cls)) continue;
+    const std::pair<const char*, int64_t> rows[] = {{"device", h.device}, {"host", h.host}, {"disk", h.disk}};
+    for (const auto& [tier, v] : rows)
+      out += "beluga_kv_hit_tokens_total{" + m + ",tier=\"" + tier + "\",traffic_class=\"" + cls + "\"} " +
+             num(double(v)) + "\n";
+  }
+  out +=
+      "# HELP beluga_kv_tier_class_blocks KV blocks the tier holds, by retention class.\n"
+      "# TYPE beluga_kv_tier_class_blocks gauge\n";
+  for (const auto& [cls, n] : st.host_class_blocks)
+    if (label_safe(cls))
+      out += "beluga_kv_tier_class_blocks{" + m + ",tier=\"host\",class=\"" + cls + "\"} " + num(double(n)) +
+             "\n";
   if (store.disk()) {
     auto by_class = store.disk()->by_class();
-    std::erase_if(by_class, [](const auto& kv) {  // a label value must not need escaping
-      for (char c : kv.first)
-        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return true;
-      return false;
-    });
-    out +=
-        "# HELP beluga_kv_tier_class_blocks KV blocks the tier holds, by retention class.\n"
-        "# TYPE beluga_kv_tier_class_blocks gauge\n";
+    std::erase_if(by_class, [&](const auto& kv) { return !label_safe(kv.first); });
     for (const auto& [cls, u] : by_class)
       out += "beluga_kv_tier_class_blocks{" + m + ",tier=\"disk\",class=\"" + cls + "\"} " +
              num(double(u.blocks)) + "\n";

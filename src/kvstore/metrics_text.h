@@ -1,6 +1,7 @@
-// The KV tiers' /metrics lines (Prometheus text), labelled tier="device|host|disk" and, for what the
-// file tier holds, class: hits, misses, bytes read and written, load time, evictions, expirations,
-// errors, blocks and bytes held, capacity.
+// The KV tiers' /metrics lines (Prometheus text), labelled tier="device|host|disk": hits, misses,
+// bytes read and written, load time, evictions, expirations, errors (write errors, no space, partial
+// files of crashed writers removed), blocks and bytes held, capacity; prompt tokens served per tier
+// and traffic_class (beluga_kv_hit_tokens_total); blocks held per tier and retention class.
 #pragma once
 
 #include <string>

@@ -22,4 +22,12 @@ struct ScannedBlock {
 void scan_store(const std::string& dir, const std::function<void(const ScannedBlock&)>& visit,
                 int64_t* invalid = nullptr);
 
+// The temporary files under `dir` (writes in progress, or left by a writer killed mid-write):
+// `abandoned` of them belong to writers that are gone (block_temp_abandoned); with `remove`, those
+// are deleted. Throws when `dir` is not a directory.
+struct TempFiles {
+  int64_t total = 0, abandoned = 0, removed = 0;
+};
+TempFiles scan_temp_files(const std::string& dir, bool remove);
+
 }  // namespace beluga::kv

@@ -1,6 +1,7 @@
 #include "kvstore/tiered_store.h"
 
 #include "kvstore/fingerprint.h"
+#include "model/batch.h"
 #include "util/error.h"
 
 namespace beluga::kv {
@@ -15,7 +16,7 @@ size_t host_capacity(const StoreConfig& c) {
 }  // namespace
 
 TieredStore::TieredStore(StoreConfig cfg)
-    : cfg_(std::move(cfg)), host_(host_capacity(cfg_), cfg_.block_bytes, cfg_.host_alloc) {
+    : cfg_(std::move(cfg)), host_(host_capacity(cfg_), cfg_.block_bytes, cfg_.host_alloc, cfg_.retention) {
   host_stats_.capacity_bytes = int64_t(size_t(host_.capacity()) * cfg_.block_bytes);
   if (!cfg_.disk_dir.empty()) {
     DiskConfig dc;
@@ -41,15 +42,22 @@ void TieredStore::drain() {
   if (disk_) disk_->drain();
 }
 
+void TieredStore::count_reclaim(HostPool::Reclaimed why) {
+  if (why == HostPool::Reclaimed::kEvicted) host_stats_.evictions++;
+  host_stats_.expirations = host_.expirations();
+}
+
 int TieredStore::lookup(const BlockHash* keys, int n, KvTier* tiers) {
   int i = 0;
+  const int64_t t = now();
   for (; i < n; ++i) {
     const BlockHash k = tier_key(keys[i], cfg_.fingerprint);
     bool host = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      host = in_host(k);
+      host = host_.find(k, t) >= 0;
       if (!host) host_stats_.misses++;
+      host_stats_.expirations = host_.expirations();
     }
     KvTier t = KvTier::kHost;
     if (!host) {
@@ -66,6 +74,16 @@ const std::string* TieredStore::intern(const std::string& cls) {
 }
 
 void TieredStore::touch(const BlockHash* keys, int n, const std::string& cls) {
+  const int64_t t = now();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    hit_tokens_[cls].device += int64_t(n) * kKvBlockSize;
+    for (int i = 0; i < n; ++i) {  // their host copies are in use too
+      const int slot = host_.find(tier_key(keys[i], cfg_.fingerprint), t);
+      if (slot >= 0) host_.use(slot, cls, t);
+    }
+    host_stats_.expirations = host_.expirations();
+  }
   if (!disk_) return;
   for (int i = 0; i < n; ++i) disk_->touch(tier_key(keys[i], cfg_.fingerprint), cls);
 }
@@ -79,24 +97,27 @@ KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* bl
     std::byte* dst;
   };
   std::vector<Read> reads;
+  const int64_t t = now();
   {
     std::lock_guard<std::mutex> lk(mu_);
     Load& ld = loads_[id];
     ld.blocks.assign(blocks, blocks + n);
+    ld.cls = intern(cls);
     for (int i = 0; i < n; ++i) {
       const BlockHash k = tier_key(keys[i], cfg_.fingerprint);
       ld.keys.push_back(k);
       Part p;
-      p.slot = host_.find(k, true);
+      p.slot = host_.find(k, t);
       if (p.slot >= 0) {
+        host_.use(p.slot, cls, t);
         host_.pin(p.slot);
         p.state = 1;
         if (disk_) disk_->touch(k, cls);  // its file copy is in use too
       } else {
         if (!disk_) break;
-        bool evicted = false;
-        p.slot = host_.reserve(k, &evicted);  // the disk read lands here
-        if (evicted) host_stats_.evictions++;
+        HostPool::Reclaimed why{};
+        p.slot = host_.reserve(k, cls, t, &why);  // the disk read lands here
+        count_reclaim(why);
         if (p.slot < 0) break;  // every host slot is busy: the rest is computed
         p.from_disk = true;
         reads.push_back({ld.parts.size(), k, host_.data(p.slot)});
@@ -139,7 +160,7 @@ void TieredStore::release_parts(Load& ld, size_t from) {
   ld.parts.resize(std::min(ld.parts.size(), from));
 }
 
-int TieredStore::finish_load(LoadId id, std::vector<KvCopy>& copies) {
+int TieredStore::finish_load(LoadId id, std::vector<KvCopy>& copies, KvTier* tiers) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = loads_.find(id);
   BELUGA_ASSERT(it != loads_.end() && it->second.pending == 0);
@@ -151,14 +172,15 @@ int TieredStore::finish_load(LoadId id, std::vector<KvCopy>& copies) {
     Part& p = ld.parts[i];
     int slot = p.slot;
     if (p.from_disk) {
-      host_.publish(slot);  // now a host entry; pinned again below for the copy
-      slot = host_.find(ld.keys[i], false);
-      BELUGA_ASSERT(slot >= 0);
+      slot = host_.publish(slot);  // now a host entry; pinned again below for the copy
       host_.pin(slot);
+      hit_tokens_[*ld.cls].disk += kKvBlockSize;
     } else {
       host_stats_.hits++;
       host_stats_.bytes_read += int64_t(cfg_.block_bytes);
+      hit_tokens_[*ld.cls].host += kKvBlockSize;
     }
+    if (tiers) tiers[i] = p.from_disk ? KvTier::kDisk : KvTier::kHost;
     copies.push_back({ld.blocks[i], host_.data(slot)});
     building_.pins.push_back(slot);  // unpinned once the step that copies it is done
   }
@@ -180,14 +202,16 @@ void TieredStore::cancel_load(LoadId id) {
 
 std::byte* TieredStore::start_save(const BlockHash& key, const std::string& cls) {
   const BlockHash k = tier_key(key, cfg_.fingerprint);
+  const int64_t t = now();
   std::lock_guard<std::mutex> lk(mu_);
-  if (host_.find(k, true) >= 0) {  // below already (loaded from there, or saved before)
+  if (const int found = host_.find(k, t); found >= 0) {  // below already (loaded from there, or saved before)
+    host_.use(found, cls, t);
     if (disk_) disk_->touch(k, cls);
     return nullptr;
   }
-  bool evicted = false;
-  const int slot = host_.reserve(k, &evicted);
-  if (evicted) host_stats_.evictions++;
+  HostPool::Reclaimed why{};
+  const int slot = host_.reserve(k, cls, t, &why);
+  count_reclaim(why);
   if (slot < 0) return nullptr;  // every slot is being copied: this block is not saved
   building_.saves.push_back({slot, k, intern(cls)});
   return host_.data(slot);
@@ -201,15 +225,20 @@ void TieredStore::step_launched() {
 
 void TieredStore::step_done(bool ok) {
   std::vector<StepState::Save> to_disk;
+  const int64_t t = now();
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (ok && disk_) to_disk = in_flight_.saves;
     end_step(in_flight_, ok);
     // The disk copy is written from the host entry, pinned until it is on disk.
     for (auto& sv : to_disk) {
-      sv.slot = host_.find(sv.key, false);
+      sv.slot = host_.find(sv.key, t);
       if (sv.slot >= 0) host_.pin(sv.slot);
     }
+    host_.expire(t);  // retention holds without capacity pressure too (a few list fronts per step)
+    host_stats_.expirations = host_.expirations();
+    host_stats_.blocks = host_.size();
+    host_stats_.bytes = int64_t(size_t(host_.size()) * cfg_.block_bytes);
   }
   for (const auto& sv : to_disk) {
     if (sv.slot < 0) continue;
@@ -242,6 +271,8 @@ StoreStats TieredStore::stats() const {
   {
     std::lock_guard<std::mutex> lk(mu_);
     s.host = host_stats_;
+    s.hit_tokens = hit_tokens_;
+    s.host_class_blocks = host_.blocks_by_class();
   }
   if (disk_) s.disk = disk_->stats();
   return s;

@@ -20,6 +20,8 @@
 #pragma once
 
 #include <cstdint>
+#include <ctime>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,9 +37,17 @@
 
 namespace beluga::kv {
 
+// Prompt tokens served from each tier to one traffic class (device: from the engine's own pool, as
+// touch() reports it; a preempted sequence admitted again is served again).
+struct ClassHits {
+  int64_t device = 0, host = 0, disk = 0;
+};
+
 struct StoreStats {
   TierStats host;
   std::optional<TierStats> disk;
+  std::map<std::string, ClassHits> hit_tokens;       // by traffic class
+  std::map<std::string, int64_t> host_class_blocks;  // blocks the host tier holds, by retention class
 };
 
 struct StoreConfig {
@@ -48,7 +58,7 @@ struct StoreConfig {
   std::string disk_dir;   // empty: no file tier
   size_t disk_bytes = 0;  // 0: the file system's free space
   int disk_threads = 4;
-  Retention retention;           // of the file tier's blocks (the host tier is LRU within its capacity)
+  Retention retention;           // of both tiers' blocks, per traffic class
   std::function<int64_t()> now;  // unix seconds (tests inject a clock); default: the system clock
 };
 
@@ -63,7 +73,7 @@ class TieredStore final : public KvConnector {
   int lookup(const BlockHash* keys, int n, KvTier* tiers) override;
   LoadId start_load(const BlockHash* keys, const int* blocks, int n, const std::string& cls) override;
   bool load_ready(LoadId id) override;
-  int finish_load(LoadId id, std::vector<KvCopy>& copies) override;
+  int finish_load(LoadId id, std::vector<KvCopy>& copies, KvTier* tiers) override;
   void cancel_load(LoadId id) override;
   std::byte* start_save(const BlockHash& key, const std::string& cls) override;
   void touch(const BlockHash* keys, int n, const std::string& cls) override;
@@ -83,8 +93,9 @@ class TieredStore final : public KvConnector {
   struct Load {
     std::vector<int> blocks;  // device blocks
     std::vector<BlockHash> keys;
-    std::vector<Part> parts;  // leading blocks found below
-    int pending = 0;          // disk reads in flight
+    std::vector<Part> parts;           // leading blocks found below
+    const std::string* cls = nullptr;  // interned in classes_
+    int pending = 0;                   // disk reads in flight
     bool cancelled = false;
   };
   struct StepState {
@@ -99,7 +110,8 @@ class TieredStore final : public KvConnector {
   void end_step(StepState& st, bool ok);
   void release_parts(Load& ld, size_t from);  // mu_ held: ends parts [from, end) of a load
   void on_read(LoadId id, size_t part, bool ok);
-  bool in_host(const BlockHash& k) { return host_.find(k, false) >= 0; }
+  int64_t now() const { return cfg_.now ? cfg_.now() : int64_t(::time(nullptr)); }
+  void count_reclaim(HostPool::Reclaimed why);  // mu_ held
 
   StoreConfig cfg_;
   mutable std::mutex mu_;
@@ -108,6 +120,7 @@ class TieredStore final : public KvConnector {
   LoadId next_load_ = 0;
   StepState building_, in_flight_;
   TierStats host_stats_;
+  std::map<std::string, ClassHits> hit_tokens_;
   const std::string* intern(const std::string& cls);  // mu_ held
   std::set<std::string> classes_;                     // the classes seen (stable addresses for StepState)
   std::unique_ptr<DiskTier> disk_;  // last: destroyed first, its callbacks use the members above

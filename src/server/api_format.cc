@@ -10,6 +10,18 @@ namespace beluga::server {
 using Json = nlohmann::ordered_json;
 using Ev = recipe::ParserEvent;
 
+namespace {
+
+// Beluga's extension beside DeepSeek's prompt_cache_hit_tokens: where the cached tokens came from
+// (device: the engine's KV pool; host, disk: the tiers below it, docs/kv-cache.md).
+Json hits_by_tier(const Usage& u) {
+  return Json{{"device", u.cached_tokens - u.cached_tokens_host - u.cached_tokens_disk},
+              {"host", u.cached_tokens_host},
+              {"disk", u.cached_tokens_disk}};
+}
+
+}  // namespace
+
 Json openai_usage(const Usage& u) {
   return Json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
@@ -17,6 +29,7 @@ Json openai_usage(const Usage& u) {
               {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}},
               {"completion_tokens_details", {{"reasoning_tokens", u.reasoning_tokens}}},
               {"prompt_cache_hit_tokens", u.cached_tokens},
+              {"prompt_cache_hit_tokens_by_tier", hits_by_tier(u)},
               {"prompt_cache_miss_tokens", u.prompt_tokens - u.cached_tokens}};
 }
 
@@ -27,6 +40,7 @@ Json responses_usage(const Usage& u) {
               {"output_tokens_details", {{"reasoning_tokens", u.reasoning_tokens}}},
               {"total_tokens", u.prompt_tokens + u.completion_tokens},
               {"prompt_cache_hit_tokens", u.cached_tokens},
+              {"prompt_cache_hit_tokens_by_tier", hits_by_tier(u)},
               {"prompt_cache_miss_tokens", u.prompt_tokens - u.cached_tokens}};
 }
 
@@ -37,6 +51,7 @@ Json anthropic_usage(const Usage& u) {
               {"cache_creation_input_tokens", 0},
               {"cache_read_input_tokens", u.cached_tokens},
               {"prompt_cache_hit_tokens", u.cached_tokens},
+              {"prompt_cache_hit_tokens_by_tier", hits_by_tier(u)},
               {"prompt_cache_miss_tokens", u.prompt_tokens - u.cached_tokens}};
 }
 

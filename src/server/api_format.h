@@ -72,6 +72,8 @@ struct Usage {
   int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t reasoning_tokens = 0;
+  int64_t cached_tokens_host = 0,
+          cached_tokens_disk = 0;  // of cached_tokens, from the tiers below the device
 };
 
 // What every formatter needs to know about its request.

@@ -100,6 +100,8 @@ Job::Job(JobSpec spec, const tok::Tokenizer& tokenizer, std::unique_ptr<ApiForma
   sub_begun_.assign(size_t(spec_.num_prompts), false);
   sub_prompt_.assign(size_t(spec_.num_prompts), 0);
   sub_cached_.assign(size_t(spec_.num_prompts), 0);
+  sub_cached_host_.assign(size_t(spec_.num_prompts), 0);
+  sub_cached_disk_.assign(size_t(spec_.num_prompts), 0);
   for (int i = 0; i < spec_.num_prompts && size_t(i) < spec_.prompt_tokens.size(); ++i) {
     sub_prompt_[size_t(i)] = spec_.prompt_tokens[size_t(i)];
     usage_.prompt_tokens += spec_.prompt_tokens[size_t(i)];
@@ -187,12 +189,18 @@ void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
   if (complete_ || sub < 0 || sub >= spec_.num_prompts) return;
   const size_t s = size_t(sub);
   if (o.prompt_tokens > 0) sub_prompt_[s] = o.prompt_tokens;
-  sub_cached_[s] = std::max(sub_cached_[s], o.cached_tokens);
+  if (o.cached_tokens >= sub_cached_[s]) {  // known from the first admission on
+    sub_cached_[s] = o.cached_tokens;
+    sub_cached_host_[s] = o.cached_tokens_host;
+    sub_cached_disk_[s] = o.cached_tokens_disk;
+  }
   usage_.prompt_tokens = 0;
-  usage_.cached_tokens = 0;
+  usage_.cached_tokens = usage_.cached_tokens_host = usage_.cached_tokens_disk = 0;
   for (size_t i = 0; i < sub_prompt_.size(); ++i) {
     usage_.prompt_tokens += sub_prompt_[i];
     usage_.cached_tokens += sub_cached_[i];
+    usage_.cached_tokens_host += sub_cached_host_[i];
+    usage_.cached_tokens_disk += sub_cached_disk_[i];
   }
   if (o.finished) engine_active_[s] = false;
   if (!o.error.empty()) return fail(o.error, out);

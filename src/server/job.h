@@ -109,7 +109,7 @@ class Job {
   std::vector<Seq> seqs_;
   std::vector<ChoiceText> choices_;
   std::vector<bool> engine_active_, sub_begun_;
-  std::vector<int> sub_prompt_, sub_cached_;
+  std::vector<int> sub_prompt_, sub_cached_, sub_cached_host_, sub_cached_disk_;
   Usage usage_;
   bool begun_ = false, complete_ = false, failed_ = false;
   std::string error_;

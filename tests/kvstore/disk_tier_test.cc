@@ -74,7 +74,7 @@ std::vector<std::vector<std::byte>> load(TieredStore& st, const std::vector<Bloc
   for (int i = 0; i < 5000 && !st.load_ready(id); ++i) ::usleep(1000);
   EXPECT_TRUE(st.load_ready(id));
   std::vector<KvCopy> copies;
-  st.finish_load(id, copies);
+  st.finish_load(id, copies, nullptr);
   std::vector<std::vector<std::byte>> out;
   for (const KvCopy& c : copies) out.emplace_back(c.host, c.host + kBlockBytes);
   st.step_launched();

@@ -21,33 +21,35 @@ BlockHash key(uint64_t i) {
 }
 
 TEST(HostPool, EvictsLeastRecentlyUsedAndNeverPinned) {
+  constexpr int64_t t = 1000;
   HostPool pool(3 * 100, 100, HostAllocator::plain());
   ASSERT_EQ(pool.capacity(), 3);
-  for (uint64_t i = 0; i < 3; ++i) pool.publish(pool.reserve(key(i)));
+  for (uint64_t i = 0; i < 3; ++i) pool.publish(pool.reserve(key(i), "chat", t));
   EXPECT_EQ(pool.size(), 3);
-  pool.find(key(0), true);             // 0 becomes the most recent: 1 is the LRU
-  pool.pin(pool.find(key(2), false));  // 2 is being copied
-  bool evicted = false;
-  const int s = pool.reserve(key(3), &evicted);
+  pool.use(pool.find(key(0), t), "chat", t);  // 0 becomes the most recent: 1 is the LRU
+  pool.pin(pool.find(key(2), t));             // 2 is being copied
+  HostPool::Reclaimed why{};
+  const int s = pool.reserve(key(3), "chat", t, &why);
   ASSERT_GE(s, 0);
-  EXPECT_TRUE(evicted);
-  EXPECT_LT(pool.find(key(1), false), 0);  // the LRU went
+  EXPECT_EQ(why, HostPool::Reclaimed::kEvicted);
+  EXPECT_LT(pool.find(key(1), t), 0);  // the LRU went
   pool.publish(s);
-  const int s4 = pool.reserve(key(4), &evicted);  // next LRU: 0 (2 is pinned)
+  const int s4 = pool.reserve(key(4), "chat", t, &why);  // next LRU: 0 (2 is pinned)
   pool.publish(s4);
-  EXPECT_LT(pool.find(key(0), false), 0);
-  EXPECT_GE(pool.find(key(2), false), 0);
+  EXPECT_LT(pool.find(key(0), t), 0);
+  EXPECT_GE(pool.find(key(2), t), 0);
   // Everything pinned: no slot.
-  pool.pin(pool.find(key(3), false));
-  pool.pin(pool.find(key(4), false));
-  EXPECT_EQ(pool.reserve(key(5)), -1);
+  pool.pin(pool.find(key(3), t));
+  pool.pin(pool.find(key(4), t));
+  EXPECT_EQ(pool.reserve(key(5), "chat", t), -1);
   // A reservation that is dropped is never findable.
-  pool.unpin(pool.find(key(4), false));
-  const int s5 = pool.reserve(key(5));
+  pool.unpin(pool.find(key(4), t));
+  const int s5 = pool.reserve(key(5), "chat", t);
   ASSERT_GE(s5, 0);
-  EXPECT_LT(pool.find(key(5), false), 0);
+  EXPECT_LT(pool.find(key(5), t), 0);
   pool.drop(s5);
-  EXPECT_LT(pool.find(key(5), false), 0);
+  EXPECT_LT(pool.find(key(5), t), 0);
+  EXPECT_EQ(pool.expirations(), 0);
 }
 
 class HostTier : public ::testing::Test {
@@ -124,7 +126,7 @@ TEST_F(HostTier, SaveThenLoadIsBitExact) {
   const auto id = store.start_load(k, dst, 2, "chat");
   ASSERT_TRUE(store.load_ready(id));
   std::vector<KvCopy> copies;
-  ASSERT_EQ(store.finish_load(id, copies), 2);
+  ASSERT_EQ(store.finish_load(id, copies, nullptr), 2);
   store.step_launched();
   for (const KvCopy& c : copies) ops_->kv_block_from_host(kv_.layers, c.block, c.host);
   store.step_done(true);

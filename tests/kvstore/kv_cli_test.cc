@@ -60,7 +60,7 @@ TEST(KvCli, StatsAndGcByClass) {
   ASSERT_EQ(rc, 0);
   EXPECT_EQ(gc, nlohmann::json::parse(
                     R"({"removed": 3, "kept": 2, "by_class": {"agent": {"removed": 3, "kept": 0},
-                        "chat": {"removed": 0, "kept": 2}}})"));
+                        "chat": {"removed": 0, "kept": 2}}, "partial_files_removed": 0})"));
   // Retention as serve takes it: chat=2d merges over the defaults.
   const std::string table = run("kv gc --kv-disk-dir " + dir + " --kv-retention chat=2d" + day4, &rc);
   ASSERT_EQ(rc, 0);

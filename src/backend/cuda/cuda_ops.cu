@@ -447,25 +447,7 @@ void CudaOps::copy_from_host(Tensor dst, const void* src) {
   BELUGA_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, S(stream_)));
 }
 
-void CudaOps::kv_block_to_host(std::span<const Tensor> layers, int block, void* dst) {
-  auto* out = static_cast<char*>(dst);
-  for (const Tensor& t : layers) {
-    const Tensor b = t.rows(block, block + 1);
-    BELUGA_CHECK(b.is_contiguous(), "kv_block_to_host: cache must be contiguous, got ", b.describe());
-    BELUGA_CUDA_CHECK(cudaMemcpyAsync(out, b.data, b.nbytes(), cudaMemcpyDeviceToHost, S(stream_)));
-    out += b.nbytes();
-  }
-}
-
-void CudaOps::kv_block_from_host(std::span<const Tensor> layers, int block, const void* src) {
-  const auto* in = static_cast<const char*>(src);
-  for (const Tensor& t : layers) {
-    const Tensor b = t.rows(block, block + 1);
-    BELUGA_CHECK(b.is_contiguous(), "kv_block_from_host: cache must be contiguous, got ", b.describe());
-    BELUGA_CUDA_CHECK(cudaMemcpyAsync(b.data, in, b.nbytes(), cudaMemcpyHostToDevice, S(stream_)));
-    in += b.nbytes();
-  }
-}
+// kv_block(s)_to_host / _from_host: kv_host_copy.cu.
 
 void* CudaOps::host_alloc(size_t bytes) {
   void* p = nullptr;

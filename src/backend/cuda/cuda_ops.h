@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/kv_host_copy.h"
 #include "backend/ops.h"
 #include "loader/weight_source.h"
 
@@ -67,9 +68,12 @@ class CudaOps final : public Ops {
   void copy_from_host(Tensor dst, const void* src) override;
   void synchronize() override;
   void bind_thread() override;
-  // Asynchronous on the stream (pinned host memory from host_alloc overlaps with compute).
+  // Asynchronous on the stream (pinned host memory from host_alloc overlaps with compute); batched
+  // by a gather/scatter kernel and whole-image DMAs (kv_host_copy.h).
   void kv_block_to_host(std::span<const Tensor> layers, int block, void* dst) override;
   void kv_block_from_host(std::span<const Tensor> layers, int block, const void* src) override;
+  void kv_blocks_to_host(std::span<const Tensor> layers, std::span<const KvBlockCopy> copies) override;
+  void kv_blocks_from_host(std::span<const Tensor> layers, std::span<const KvBlockCopy> copies) override;
   void* host_alloc(size_t bytes) override;  // cudaHostAlloc
   void host_free(void* p) override;
 
@@ -278,6 +282,7 @@ class CudaOps final : public Ops {
 
   int device_ = 0;
   void* stream_ = nullptr;
+  cuda::KvHostCopier kv_host_;  // the KV block copies' staging
   static constexpr int64_t kArrivalCounters = 4096;
   int* counters_ = nullptr;
   std::vector<void*> graphs_;  // cudaGraphExec_t, by id
