@@ -14,10 +14,11 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/bench_fleet.h"
+#include "cli/bench_grammar.h"
 #include "cli/bench_kv.h"
 #include "cli/bench_router.h"
 #include "cli/bench_serve.h"
-#include "cli/bench_grammar.h"
 #include "cli/bench_tokenizer.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
@@ -593,7 +594,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "grammar") return bench_grammar(argc - 1, argv + 1);
   if (what == "kv") return bench_kv(argc - 1, argv + 1);
   if (what == "router") return bench_router(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router)");
+  if (what == "fleet") return bench_fleet(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router, fleet)");
 }
 
 }  // namespace beluga::cli
