@@ -3,11 +3,17 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
@@ -31,6 +37,46 @@ std::vector<std::string> split_list(const std::string& s) {
     if (c == std::string::npos) break;
     p = c + 1;
   }
+  return out;
+}
+
+// The router's routing decisions and retries, from its /metrics page ({} when unreachable).
+Json router_counters(int port) {
+  namespace net = boost::asio;
+  namespace http = boost::beast::http;
+  std::string page;
+  try {
+    net::io_context ioc;
+    net::ip::tcp::resolver resolver(ioc);
+    boost::beast::tcp_stream stream(ioc);
+    stream.connect(resolver.resolve("127.0.0.1", std::to_string(port)));
+    http::request<http::empty_body> req(http::verb::get, "/metrics", 11);
+    req.set(http::field::host, "127.0.0.1");
+    http::write(stream, req);
+    boost::beast::flat_buffer buf;
+    http::response<http::string_body> res;
+    http::read(stream, buf, res);
+    page = res.body();
+  } catch (const std::exception&) {
+    return Json::object();
+  }
+  Json decisions = Json::object(), out = Json::object();
+  for (size_t p = 0; p < page.size();) {
+    size_t e = page.find('\n', p);
+    if (e == std::string::npos) e = page.size();
+    const std::string line = page.substr(p, e - p);
+    p = e + 1;
+    const size_t sp = line.rfind(' ');
+    if (line.empty() || line[0] == '#' || sp == std::string::npos) continue;
+    const double v = std::atof(line.c_str() + sp + 1);
+    if (line.rfind("beluga_router_decisions_total{", 0) == 0) {
+      const size_t d = line.find("decision=\"");
+      if (d != std::string::npos) decisions[line.substr(d + 10, line.find('"', d + 10) - d - 10)] = v;
+    } else if (line.rfind("beluga_router_retries_total ", 0) == 0) {
+      out["retries"] = v;
+    }
+  }
+  out["decisions"] = decisions;
   return out;
 }
 
@@ -65,6 +111,7 @@ Json run_policy(const std::string& policy, int replicas, const std::string& mode
   Json j = Json::parse(f, nullptr, false);
   unlink(out.c_str());
   BELUGA_CHECK(rc == 0 && !j.is_discarded(), "bench serve through the ", policy, " router failed");
+  j["router"] = router_counters(router.port());
   router.stop();
   for (auto& p : fleet) p->stop();
   return j;
@@ -113,15 +160,20 @@ int bench_fleet(int argc, char** argv) {
   std::printf("\n=== bench fleet: %d replicas of %s, multi-turn x %s tenants, %s requests, SLO %s ===\n",
               replicas, model_dir.c_str(), trace_json["tenants"].get<std::string>().c_str(),
               trace_json["num-prompts"].get<std::string>().c_str(), slo.c_str());
-  std::printf("%-12s %9s %10s %10s %8s %9s %9s %6s\n", "policy", "hit rate", "TTFT p50", "TTFT p99", "req/s",
-              "out tok/s", "goodput", "failed");
+  std::printf("%-12s %9s %10s %10s %8s %9s %9s %6s  %s\n", "policy", "hit rate", "TTFT p50", "TTFT p99",
+              "req/s", "out tok/s", "goodput", "failed", "router decisions");
   for (const auto& r : runs) {
     const double good = r["goodput"].is_number() ? r["goodput"].get<double>() : 0.0;
-    std::printf("%-12s %8.1f%% %8.1fms %8.1fms %8.2f %9.1f %9.2f %6d\n",
+    std::string decisions;  // "affinity 150, spill 10, ..." (the nonzero ones)
+    if (r["router"].contains("decisions"))
+      for (const auto& [k, v] : r["router"]["decisions"].items())
+        if (v.get<double>() > 0)
+          decisions += (decisions.empty() ? "" : ", ") + k + " " + std::to_string(int64_t(v.get<double>()));
+    std::printf("%-12s %8.1f%% %8.1fms %8.1fms %8.2f %9.1f %9.2f %6d  %s\n",
                 r["policy"].get<std::string>().c_str(), 100.0 * r["prefix_cache_hit_rate"].get<double>(),
                 r["ttft"]["p50_ms"].get<double>(), r["ttft"]["p99_ms"].get<double>(),
                 r["request_throughput"].get<double>(), r["output_throughput"].get<double>(), good,
-                r["failed"].get<int>());
+                r["failed"].get<int>(), decisions.c_str());
   }
   if (out_path) {
     Json j{{"replicas", replicas}, {"model", model_dir}, {"slo", slo}, {"trace", trace_json}, {"runs", runs}};

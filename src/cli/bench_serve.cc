@@ -298,15 +298,16 @@ int bench_serve(int argc, char** argv) {
     uint64_t seed = 0;
     int tenant = -1;  // multi-turn with --tenants
   };
-  // Tenant t: a system prompt of its own, and the key "<--api-key or bench>-tenant-t".
+  // Tenant t: a system prompt of its own, and the API key (the prefix-cache salt) "bench-tenant-t";
+  // with --api-key (a server that takes one key) every tenant sends that key instead.
   std::vector<std::string> tenant_prompts, tenant_keys;
   for (int t = 0; t < tenants; ++t) {
     std::mt19937_64 r(seed * 7919 + uint64_t(t) + 1);
     tenant_prompts.push_back("You are the assistant of tenant " + std::to_string(t) + ". " +
                              words(r, system_len));
-    tenant_keys.push_back((api_key.empty() ? std::string("bench") : api_key) + "-tenant-" +
-                          std::to_string(t));
+    tenant_keys.push_back(api_key.empty() ? "bench-tenant-" + std::to_string(t) : api_key);
   }
+
   std::vector<Work> work;
   if (dataset == "multi-turn") {
     for (int left = num_prompts, k = 0; left > 0; ++k) {

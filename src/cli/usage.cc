@@ -117,7 +117,7 @@ constexpr Usage kUsages[] = {
      "  --num-prefixes N          shared-prefix: default 4\n"
      "  --num-turns N             multi-turn: default 4\n"
      "  --tenants N               multi-turn: N tenants, each with its own system prompt and API key\n"
-     "                            (KEY-tenant-I, KEY from --api-key or \"bench\"); default 0: none\n"
+     "                            (bench-tenant-I; with --api-key, that key for all); default 0: none\n"
      "  --system-len N            words of each tenant's system prompt (default 320)\n"
      "  --vocab-size N            random ids are drawn from [100, N) (default 4000)\n"
      "  --seed N                  default 0\n"

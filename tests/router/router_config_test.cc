@@ -159,6 +159,11 @@ TEST(BenchFleet, RunsEveryPolicyOnRealProcesses) {
     EXPECT_GT(r["ttft"]["p50_ms"].get<double>(), 0.0);
     EXPECT_TRUE(r["goodput"].is_number());
   }
+  // The router's own counters: later turns follow their prefix under cache-aware; round-robin rotates.
+  EXPECT_GT(j["runs"][0]["router"]["decisions"].value("affinity", 0.0), 0.0) << j["runs"][0]["router"].dump();
+  EXPECT_GT(j["runs"][1]["router"]["decisions"].value("round_robin", 0.0), 0.0)
+      << j["runs"][1]["router"].dump();
+  EXPECT_EQ(j["runs"][1]["router"]["decisions"].value("affinity", 0.0), 0.0);
   EXPECT_NE(out.find("policy        hit rate"), std::string::npos) << out;
 }
 
