@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -126,6 +127,9 @@ int bench_fleet(int argc, char** argv) {
   std::string model_dir = args.get_or("model", "");
   const std::string threads = std::to_string(args.get_int("replica-threads", 1));
   const std::string kv_mb = std::to_string(args.get_int("kv-cache-mb", 64));
+  // A shared file tier: the replicas of one policy share DIR/<policy> (created empty; an existing one
+  // is an error, so no run starts with another's blocks).
+  const std::string disk_dir = args.get_or("kv-disk-dir", "");
   const std::string slo = args.get_or("slo", "ttft_ms=1000,tpot_ms=100");
   // The trace: bench serve's multi-turn dataset, multi-tenant.
   std::vector<std::string> trace = {"--slo", slo};
@@ -152,7 +156,17 @@ int bench_fleet(int argc, char** argv) {
 
   Json runs = Json::array();
   for (const auto& p : policies) {
-    Json r = run_policy(p, replicas, model_dir, serve_extra, trace);
+    std::vector<std::string> extra = serve_extra;
+    if (!disk_dir.empty()) {
+      const std::filesystem::path d = std::filesystem::path(disk_dir) / p;
+      std::error_code ec;
+      BELUGA_CHECK(!std::filesystem::exists(d, ec), "--kv-disk-dir: ", d.string(),
+                   " exists; give a directory without earlier runs' blocks");
+      std::filesystem::create_directories(d, ec);
+      BELUGA_CHECK(!ec, "--kv-disk-dir: cannot create ", d.string(), ": ", ec.message());
+      extra.insert(extra.end(), {"--kv-disk-dir", d.string()});
+    }
+    Json r = run_policy(p, replicas, model_dir, extra, trace);
     r["policy"] = p;
     runs.push_back(std::move(r));
   }
@@ -176,7 +190,8 @@ int bench_fleet(int argc, char** argv) {
                 r["failed"].get<int>(), decisions.c_str());
   }
   if (out_path) {
-    Json j{{"replicas", replicas}, {"model", model_dir}, {"slo", slo}, {"trace", trace_json}, {"runs", runs}};
+    Json j{{"replicas", replicas},    {"model", model_dir},  {"slo", slo},
+           {"kv_disk_dir", disk_dir}, {"trace", trace_json}, {"runs", runs}};
     std::ofstream f(*out_path);
     BELUGA_CHECK(f.good(), "cannot write ", *out_path);
     f << j.dump(2) << "\n";

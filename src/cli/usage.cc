@@ -144,6 +144,7 @@ constexpr Usage kUsages[] = {
      "  --model DIR               default: the built-in models/beluga-demo-coder\n"
      "  --replica-threads N       each replica's --threads (default 1)\n"
      "  --kv-cache-mb N           each replica's --kv-cache-mb (default 64)\n"
+     "  --kv-disk-dir DIR         the replicas of each policy share a file tier in DIR/POLICY (new)\n"
      "  --num-prompts N           requests (default 64)\n"
      "  --num-turns N             turns per conversation (default 4)\n"
      "  --tenants N               default 4\n"
