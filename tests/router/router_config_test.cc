@@ -3,6 +3,7 @@
 // `beluga bench fleet` end to end on a tiny trace: every request answered, through every policy.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -172,6 +173,16 @@ TEST(BenchFleet, BadOptionsFail) {
   std::string out = run_cli("bench fleet --policies cache-aware,random", &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("unknown policy 'random'"), std::string::npos) << out;
+  // A file tier left by an earlier run would hand this one its blocks: refused before anything starts.
+  char dir[] = "/tmp/beluga_bench_fleet_kv_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string old_run = std::string(dir) + "/round-robin";
+  ASSERT_EQ(mkdir(old_run.c_str(), 0755), 0);
+  out = run_cli(std::string("bench fleet --policies round-robin --kv-disk-dir ") + dir, &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find(old_run + " exists"), std::string::npos) << out;
+  rmdir(old_run.c_str());
+  rmdir(dir);
   out = run_cli("bench serve --tenants 2 --dataset random --url http://127.0.0.1:1", &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("--tenants needs --dataset multi-turn"), std::string::npos) << out;
