@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/bench_fleet.h"
 #include "cli/bench_grammar.h"
 #include "cli/bench_kv.h"
 #include "cli/bench_router.h"
@@ -624,7 +625,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "kv") return bench_kv(argc - 1, argv + 1);
   if (what == "router") return bench_router(argc - 1, argv + 1);
   if (what == "sampler") return bench_sampler(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router, sampler)");
+  if (what == "fleet") return bench_fleet(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router, sampler, fleet)");
 }
 
 }  // namespace beluga::cli

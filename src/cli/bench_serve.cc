@@ -15,7 +15,8 @@
 //
 // Datasets: random (token-id prompts to /v1/completions, exact lengths), shared-prefix (a few
 // long common prefixes + random suffixes), multi-turn (chat conversations to /v1/chat/completions,
-// each turn sent after the previous answer, carrying the history).
+// each turn sent after the previous answer, carrying the history; with --tenants N each conversation
+// belongs to one of N tenants, each with its own system prompt and API key, the prefix-cache salt).
 #include "cli/bench_serve.h"
 
 #include <algorithm>
@@ -252,7 +253,9 @@ int bench_serve(int argc, char** argv) {
   const int prefix_len = int(args.get_int("prefix-len", 256));
   const int num_prefixes = int(args.get_int("num-prefixes", 4));
   const int num_turns = int(args.get_int("num-turns", 4));
-  const int vocab = int(args.get_int("vocab-size", 4000));  // random ids are drawn from [100, vocab)
+  const int tenants = int(args.get_int("tenants", 0));
+  const int system_len = int(args.get_int("system-len", 320));  // words of each tenant's system prompt
+  const int vocab = int(args.get_int("vocab-size", 4000));      // random ids are drawn from [100, vocab)
   const uint64_t seed = uint64_t(args.get_int("seed", 0));
   const std::string api_key = args.get_or("api-key", "");
   const std::string slo_s = args.get_or("slo", "");
@@ -263,6 +266,8 @@ int bench_serve(int argc, char** argv) {
                "--dataset must be random, shared-prefix or multi-turn");
   BELUGA_CHECK(num_prompts > 0 && input_len > 0 && output_len > 0,
                "--num-prompts, --input-len, --output-len must be positive");
+  BELUGA_CHECK(tenants >= 0 && system_len > 0, "--tenants must be >= 0 and --system-len positive");
+  BELUGA_CHECK(tenants == 0 || dataset == "multi-turn", "--tenants needs --dataset multi-turn");
   const double rate = rate_s == "inf" ? INFINITY : std::stod(rate_s);
   BELUGA_CHECK(rate > 0, "--request-rate must be positive or inf");
   double slo_ttft = INFINITY, slo_tpot = INFINITY, slo_e2e = INFINITY;
@@ -329,13 +334,25 @@ int bench_serve(int argc, char** argv) {
     std::vector<std::string> single;  // one prompt body (random / shared-prefix)
     int turns = 0;                    // multi-turn
     uint64_t seed = 0;
+    int tenant = -1;  // multi-turn with --tenants
   };
+  // Tenant t: a system prompt of its own, and the API key (the prefix-cache salt) "bench-tenant-t";
+  // with --api-key (a server that takes one key) every tenant sends that key instead.
+  std::vector<std::string> tenant_prompts, tenant_keys;
+  for (int t = 0; t < tenants; ++t) {
+    std::mt19937_64 r(seed * 7919 + uint64_t(t) + 1);
+    tenant_prompts.push_back("You are the assistant of tenant " + std::to_string(t) + ". " +
+                             words(r, system_len));
+    tenant_keys.push_back(api_key.empty() ? "bench-tenant-" + std::to_string(t) : api_key);
+  }
+
   std::vector<Work> work;
   if (dataset == "multi-turn") {
     for (int left = num_prompts, k = 0; left > 0; ++k) {
       Work w;
       w.turns = std::min(left, num_turns);
       w.seed = seed * 1000003 + uint64_t(k);
+      if (tenants > 0) w.tenant = k % tenants;
       left -= w.turns;
       work.push_back(std::move(w));
     }
@@ -361,6 +378,9 @@ int bench_serve(int argc, char** argv) {
     } else {
       std::mt19937_64 r2(w.seed);
       Json messages = Json::array();
+      const std::string& key = w.tenant >= 0 ? tenant_keys[size_t(w.tenant)] : api_key;
+      if (w.tenant >= 0)
+        messages.push_back(Json{{"role", "system"}, {"content", tenant_prompts[size_t(w.tenant)]}});
       for (int t = 0; t < w.turns; ++t) {
         messages.push_back(Json{{"role", "user"}, {"content", words(r2, input_len)}});
         Json body{{"model", model},
@@ -370,7 +390,7 @@ int bench_serve(int argc, char** argv) {
                   {"ignore_eos", true},
                   {"stream", true},
                   {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
-        Result res = send(url, "/v1/chat/completions", body.dump(), api_key);
+        Result res = send(url, "/v1/chat/completions", body.dump(), key);
         messages.push_back(Json{{"role", "assistant"}, {"content", res.text}});
         const bool ok = res.ok;
         local.push_back(std::move(res));
@@ -476,6 +496,7 @@ int bench_serve(int argc, char** argv) {
            {"max_concurrency", max_conc},
            {"input_len", input_len},
            {"output_len", output_len},
+           {"tenants", tenants},
            {"completed", ok},
            {"failed", int(results.size()) - ok},
            {"duration_s", duration},

@@ -1,9 +1,11 @@
-// `beluga router --replica URL [--replica URL ...] [--model DIR] [--policy ...]`: the load balancer in
-// front of `beluga serve` replicas (src/router). Reads the model directory's tokenizer and chat
-// format only (no weights), listens, probes the replicas and proxies until SIGINT/SIGTERM.
+// `beluga router --replica URL [--replica URL ...] [--config FILE] [--model DIR] [--policy ...]`: the
+// load balancer in front of `beluga serve` replicas (src/router). Reads the model directory's
+// tokenizer and chat format only (no weights), listens, probes the replicas and proxies until
+// SIGINT/SIGTERM. A --config file gives the same options as JSON; the command line overrides it.
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -11,19 +13,49 @@
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "model/batch.h"
+#include "router/config_file.h"
 #include "router/router.h"
 #include "server/server.h"
 #include "util/error.h"
 
 namespace beluga::cli {
 
+namespace {
+
+// The options a --config file may set: every one cmd_router reads (but --config and --replica).
+const std::set<std::string> kFileOptions = {"model",
+                                            "host",
+                                            "port",
+                                            "policy",
+                                            "balance-window",
+                                            "load-cost-tokens",
+                                            "index-blocks",
+                                            "io-threads",
+                                            "tokenize-threads",
+                                            "max-retries",
+                                            "connect-timeout-ms",
+                                            "upstream-timeout-s",
+                                            "health-interval-ms",
+                                            "health-timeout-ms",
+                                            "eject-after",
+                                            "max-body-bytes"};
+
+}  // namespace
+
 int cmd_router(int argc, char** argv) {
-  // --replica repeats; Args keeps one value per option, so the replicas are taken out first.
+  // --replica repeats; Args keeps one value per option, so the replicas are taken out first, and
+  // --config, whose options go in before the command line's (Args keeps the last value of each).
   std::vector<std::string> replicas;
   std::vector<char*> rest;
+  std::string config_path;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--replica") {
+    if (a == "--config") {
+      BELUGA_CHECK(i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0, "option --config needs a value");
+      config_path = argv[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      config_path = a.substr(9);
+    } else if (a == "--replica") {
       BELUGA_CHECK(i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0, "option --replica needs a value");
       replicas.emplace_back(argv[++i]);
     } else if (a.rfind("--replica=", 0) == 0) {
@@ -32,7 +64,21 @@ int cmd_router(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  Args args(int(rest.size()), rest.data());
+  std::vector<std::string> from_file;  // "--key=value" of the config file, before the command line
+  std::string file_model;              // the file's "model": used when the command line names none
+  if (!config_path.empty()) {
+    router::RouterConfigFile file = router::load_router_config(config_path, kFileOptions);
+    if (replicas.empty()) replicas = file.replicas;
+    if (auto it = file.options.find("model"); it != file.options.end()) {
+      file_model = it->second;
+      file.options.erase(it);
+    }
+    for (const auto& [k, v] : file.options) from_file.push_back("--" + k + "=" + v);
+  }
+  std::vector<char*> merged;
+  for (auto& f : from_file) merged.push_back(f.data());
+  merged.insert(merged.end(), rest.begin(), rest.end());
+  Args args(int(merged.size()), merged.data());
   router::RouterConfig cfg;
   cfg.replicas = replicas;
   cfg.host = args.get_or("host", "127.0.0.1");
@@ -72,8 +118,9 @@ int cmd_router(int argc, char** argv) {
                  " and --model ", model_dir);
     model_dir = pos[0];
   }
+  if (model_dir.empty()) model_dir = file_model;
   args.check_all_used();  // before anything is read: a bad command line fails at once
-  BELUGA_CHECK(!cfg.replicas.empty(), "at least one --replica URL is needed");
+  BELUGA_CHECK(!cfg.replicas.empty(), "at least one --replica URL is needed (or \"replicas\" in --config)");
   if (model_dir.empty()) model_dir = default_model_dir();
   if (model_dir.size() > 12 && model_dir.ends_with("/config.json")) model_dir.resize(model_dir.size() - 12);
 

@@ -118,6 +118,10 @@ const std::vector<CommandUsage>& command_usages() {
            "through), retries a request that has not started on another replica, ejects failing replicas.\n"
            "Formula and knobs: docs/router.md.\n\n"
            "  --replica URL             a replica, http://HOST:PORT (repeat for each; at most 64)\n"
+           "  --config FILE             JSON: {\"replicas\": [URL, ...], \"policy\": ..., \"balance-window\": 8, "
+           "...}:\n"
+           "                            any option below without its dashes; the command line overrides it\n"
+           "                            (--replica replaces the file's list)\n"
            "  --model DIR               tokenizer and chat format of the served model (no weights are read);\n"
            "                            default: the built-in models/beluga-demo-coder-mtp\n"
            "  --host H                  default 127.0.0.1\n"
@@ -138,11 +142,13 @@ const std::vector<CommandUsage>& command_usages() {
            "  --io-threads N            default 2\n"
            "  --tokenize-threads N      threads that render and tokenize prompts (default 1)\n"},
       {.command = "bench",
-       .text = "usage: beluga bench model|tokenizer|serve|router|sampler [options]\n"
+       .text = "usage: beluga bench model|tokenizer|serve|router|fleet|sampler [options]\n"
                "  model       prefill and decode throughput of one model on this machine\n"
                "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
                "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
                "  router      the router's added latency and SSE relay rate against a synthetic upstream\n"
+               "  fleet       routing policies side by side: replicas and a router per policy, a multi-tenant "
+               "trace\n"
                "  sampler     the CPU sampler's cost per token\n"
                "`beluga bench <name> --help` lists each one's options.\n"},
       {.command = "bench model",
@@ -190,6 +196,10 @@ const std::vector<CommandUsage>& command_usages() {
                     {"prefix-len", "N", "shared-prefix: default 256"},
                     {"num-prefixes", "N", "shared-prefix: default 4"},
                     {"num-turns", "N", "multi-turn: default 4"},
+                    {"tenants", "N",
+                     "multi-turn: N tenants, each with its own system prompt and API key (bench-tenant-I; "
+                     "with --api-key, that key for all); default 0: none"},
+                    {"system-len", "N", "words of each tenant's system prompt (default 320)"},
                     {"vocab-size", "N", "random ids are drawn from [100, N) (default 4000)"},
                     {"seed", "N", "default 0"},
                     {"slo", "ttft_ms=N,tpot_ms=N,e2el_ms=N", "goodput: requests per second meeting these"},
@@ -211,6 +221,29 @@ const std::vector<CommandUsage>& command_usages() {
                "  --io-threads N            the router's I/O threads (default 2)\n"
                "  --model DIR               tokenizer for the cache-aware policy (default: the built-in model)\n"
                "  --out FILE                also write the results as JSON\n"},
+      {.command = "bench fleet",
+       .text =
+           "usage: beluga bench fleet [options]\n"
+           "Routing policies side by side on real processes: for each policy, N fresh `beluga serve` replicas\n"
+           "and a `beluga router`, `bench serve`'s multi-turn multi-tenant trace through the router; one table\n"
+           "of prefix hit rate (usage cached tokens), TTFT p50/p99, throughput and goodput per policy.\n\n"
+           "  --replicas N              default 4\n"
+           "  --policies LIST           default cache-aware,round-robin,least-load\n"
+           "  --model DIR               default: the built-in models/beluga-demo-coder-mtp\n"
+           "  --replica-threads N       each replica's --threads (default 1)\n"
+           "  --kv-cache-mb N           each replica's --kv-cache-mb (default 64)\n"
+           "  --kv-disk-dir DIR         the replicas of each policy share a file tier in DIR/POLICY (new)\n"
+           "  --num-prompts N           requests (default 64)\n"
+           "  --num-turns N             turns per conversation (default 4)\n"
+           "  --tenants N               default 4\n"
+           "  --system-len N            words of each tenant's system prompt (default 200)\n"
+           "  --input-len N             words per user turn (default 24)\n"
+           "  --output-len N            tokens per answer (default 16)\n"
+           "  --max-concurrency N       conversations in flight (default 4)\n"
+           "  --request-rate R|inf      conversations started per second (default inf)\n"
+           "  --seed N                  default 0\n"
+           "  --slo ttft_ms=N,tpot_ms=N,e2el_ms=N   goodput's SLO (default ttft_ms=1000,tpot_ms=100)\n"
+           "  --out FILE                also write the results as JSON\n"},
       {.command = "tokenize",
        .synopsis = "--tokenizer tokenizer.json [--allow-special] [--jsonl] < text",
        .summary = "",

@@ -20,7 +20,7 @@
 namespace beluga::kv::testing {
 
 inline std::string demo_model() {
-  return std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder";
+  return std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 }
 
 class ServeProcess {

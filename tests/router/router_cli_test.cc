@@ -33,12 +33,17 @@ TEST(RouterCli, HelpListsTheOptions) {
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(r.out.rfind("usage: beluga router", 0), 0u) << r.out;
     for (const char* opt : {"--replica", "--policy", "--balance-window", "--load-cost-tokens",
-                            "--eject-after", "--health-interval-ms", "--max-retries"})
+                            "--eject-after", "--health-interval-ms", "--max-retries", "--config"})
       EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
   }
   const CmdResult b = run("bench router --help");
   EXPECT_EQ(b.code, 0);
   EXPECT_EQ(b.out.rfind("usage: beluga bench router", 0), 0u) << b.out;
+  const CmdResult f = run("bench fleet --help");
+  EXPECT_EQ(f.code, 0);
+  EXPECT_EQ(f.out.rfind("usage: beluga bench fleet", 0), 0u) << f.out;
+  for (const char* opt : {"--replicas", "--policies", "--tenants", "--slo"})
+    EXPECT_NE(f.out.find(opt), std::string::npos) << opt;
   EXPECT_NE(run("--help").out.find("router"), std::string::npos);
 }
 
