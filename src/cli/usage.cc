@@ -64,7 +64,8 @@ const std::vector<CommandUsage>& command_usages() {
             {"structured outputs (docs/structured-outputs.md)",
              {{"grammar-compile-timeout-ms", "MS",
                "a schema or grammar that takes longer to compile is a 400 (default 10000)"},
-              {"grammar-cache-size", "N", "compiled grammars kept, least recently used first out (default 256)"}}},
+              {"grammar-cache-size", "N",
+               "compiled grammars kept, least recently used first out (default 256)"}}},
             {"KV tiers (docs/kv-cache.md)",
              {{"kv-host-gb", "G", "a host-memory tier of G GiB (fractions allowed; pinned memory on CUDA)"},
               {"kv-disk-dir", "DIR", "a file tier in DIR"},
@@ -118,11 +119,13 @@ const std::vector<CommandUsage>& command_usages() {
            "through), retries a request that has not started on another replica, ejects failing replicas.\n"
            "Formula and knobs: docs/router.md.\n\n"
            "  --replica URL             a replica, http://HOST:PORT (repeat for each; at most 64)\n"
-           "  --config FILE             JSON: {\"replicas\": [URL, ...], \"policy\": ..., \"balance-window\": 8, "
+           "  --config FILE             JSON: {\"replicas\": [URL, ...], \"policy\": ..., "
+           "\"balance-window\": 8, "
            "...}:\n"
            "                            any option below without its dashes; the command line overrides it\n"
            "                            (--replica replaces the file's list)\n"
-           "  --model DIR               tokenizer and chat format of the served model (no weights are read);\n"
+           "  --model DIR               tokenizer and chat format of the served model (no weights are "
+           "read);\n"
            "                            default: the built-in models/beluga-demo-coder-mtp\n"
            "  --host H                  default 127.0.0.1\n"
            "  --port P                  default 8080 (0: any free port)\n"
@@ -142,15 +145,16 @@ const std::vector<CommandUsage>& command_usages() {
            "  --io-threads N            default 2\n"
            "  --tokenize-threads N      threads that render and tokenize prompts (default 1)\n"},
       {.command = "bench",
-       .text = "usage: beluga bench model|tokenizer|serve|router|fleet|sampler [options]\n"
-               "  model       prefill and decode throughput of one model on this machine\n"
-               "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
-               "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
-               "  router      the router's added latency and SSE relay rate against a synthetic upstream\n"
-               "  fleet       routing policies side by side: replicas and a router per policy, a multi-tenant "
-               "trace\n"
-               "  sampler     the CPU sampler's cost per token\n"
-               "`beluga bench <name> --help` lists each one's options.\n"},
+       .text =
+           "usage: beluga bench model|tokenizer|serve|router|fleet|sampler [options]\n"
+           "  model       prefill and decode throughput of one model on this machine\n"
+           "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
+           "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
+           "  router      the router's added latency and SSE relay rate against a synthetic upstream\n"
+           "  fleet       routing policies side by side: replicas and a router per policy, a multi-tenant "
+           "trace\n"
+           "  sampler     the CPU sampler's cost per token\n"
+           "`beluga bench <name> --help` lists each one's options.\n"},
       {.command = "bench model",
        .synopsis = "[MODEL_DIR] [options]",
        .summary =
@@ -205,27 +209,31 @@ const std::vector<CommandUsage>& command_usages() {
                     {"slo", "ttft_ms=N,tpot_ms=N,e2el_ms=N", "goodput: requests per second meeting these"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench sampler",
-       .text = "usage: beluga bench sampler [options]\n"
-               "The CPU sampler's cost per token for each vocabulary size and a set of sampling parameters.\n\n"
-               "  --vocab LIST              vocabulary sizes (default 8192,131072)\n"
-               "  --iters N                 timed calls per point (default 200)\n"
-               "  --out FILE                also write the results as JSON\n"},
+       .text =
+           "usage: beluga bench sampler [options]\n"
+           "The CPU sampler's cost per token for each vocabulary size and a set of sampling parameters.\n\n"
+           "  --vocab LIST              vocabulary sizes (default 8192,131072)\n"
+           "  --iters N                 timed calls per point (default 200)\n"
+           "  --out FILE                also write the results as JSON\n"},
       {.command = "bench router",
-       .text = "usage: beluga bench router [options]\n"
-               "The router's added latency per request and its SSE relay rate, against a synthetic upstream in\n"
-               "this process (no model runs), for the round-robin and cache-aware policies.\n\n"
-               "  --requests N              sequential non-streamed requests timed per path (default 2000)\n"
-               "  --streams N               concurrent streaming clients (default 16)\n"
-               "  --rounds N                streams each client runs (default 4)\n"
-               "  --events N                SSE events per stream (default 2000)\n"
-               "  --io-threads N            the router's I/O threads (default 2)\n"
-               "  --model DIR               tokenizer for the cache-aware policy (default: the built-in model)\n"
-               "  --out FILE                also write the results as JSON\n"},
+       .text =
+           "usage: beluga bench router [options]\n"
+           "The router's added latency per request and its SSE relay rate, against a synthetic upstream in\n"
+           "this process (no model runs), for the round-robin and cache-aware policies.\n\n"
+           "  --requests N              sequential non-streamed requests timed per path (default 2000)\n"
+           "  --streams N               concurrent streaming clients (default 16)\n"
+           "  --rounds N                streams each client runs (default 4)\n"
+           "  --events N                SSE events per stream (default 2000)\n"
+           "  --io-threads N            the router's I/O threads (default 2)\n"
+           "  --model DIR               tokenizer for the cache-aware policy (default: the built-in model)\n"
+           "  --out FILE                also write the results as JSON\n"},
       {.command = "bench fleet",
        .text =
            "usage: beluga bench fleet [options]\n"
-           "Routing policies side by side on real processes: for each policy, N fresh `beluga serve` replicas\n"
-           "and a `beluga router`, `bench serve`'s multi-turn multi-tenant trace through the router; one table\n"
+           "Routing policies side by side on real processes: for each policy, N fresh `beluga serve` "
+           "replicas\n"
+           "and a `beluga router`, `bench serve`'s multi-turn multi-tenant trace through the router; one "
+           "table\n"
            "of prefix hit rate (usage cached tokens), TTFT p50/p99, throughput and goodput per policy.\n\n"
            "  --replicas N              default 4\n"
            "  --policies LIST           default cache-aware,round-robin,least-load\n"

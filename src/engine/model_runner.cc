@@ -8,7 +8,11 @@
 namespace beluga {
 
 ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace, SpecDecoder* spec)
-    : model_(model), kv_(kv), hook_(std::move(hook)), trace_(trace), spec_(spec),
+    : model_(model),
+      kv_(kv),
+      hook_(std::move(hook)),
+      trace_(trace),
+      spec_(spec),
       vocab_(model.config().vocab_size) {
   if (trace_) trace_lane_ = trace_->add_lane("model runner");
   thread_ = std::thread([this] { run(); });

@@ -78,9 +78,10 @@ OutputConstraint anthropic_output_format(const Fields& f, const Json& fmt, const
 
 OutputConstraint vllm_structured_outputs(const Fields& f, const Json& so, const std::string& path) {
   f.object(so, path);
-  for (const char* key : {"regex", "grammar", "structural_tag", "whitespace_pattern"})
+  for (const char* key : {"structural_tag", "whitespace_pattern"})
     if (Fields::has(so, key))
-      f.fail(path_join(path, key), "is not supported yet (use 'json', 'json_object' or 'choice')");
+      f.fail(path_join(path, key),
+             "is not supported yet (use 'json', 'json_object', 'choice', 'regex' or 'grammar')");
   if (Fields::has(so, "disable_additional_properties") &&
       f.boolean(so["disable_additional_properties"], path_join(path, "disable_additional_properties")))
     f.fail(path_join(path, "disable_additional_properties"),
@@ -115,7 +116,16 @@ OutputConstraint vllm_structured_outputs(const Fields& f, const Json& so, const 
     c = simple(OutputConstraint::Kind::kChoice, p);
     for (size_t i = 0; i < a.size(); ++i) c.choices.push_back(f.string(a[i], path_index(p, i)));
   }
-  if (given > 1) f.fail(path, "give only one of 'json', 'json_object' and 'choice'");
+  for (const auto& [key, kind] : {std::pair{"regex", OutputConstraint::Kind::kRegex},
+                                  std::pair{"grammar", OutputConstraint::Kind::kGrammar}}) {
+    if (!Fields::has(so, key)) continue;
+    ++given;
+    const std::string p = path_join(path, key);
+    c = simple(kind, p);
+    c.text = f.string(so[key], p);
+    if (c.text.empty()) f.fail(p, "must not be empty");
+  }
+  if (given > 1) f.fail(path, "give only one of 'json', 'json_object', 'choice', 'regex' and 'grammar'");
   return c;
 }
 

@@ -16,10 +16,11 @@
 namespace beluga::recipe {
 
 struct OutputConstraint {
-  enum class Kind { kNone, kJsonObject, kJsonSchema, kChoice };
+  enum class Kind { kNone, kJsonObject, kJsonSchema, kChoice, kRegex, kGrammar };
   Kind kind = Kind::kNone;
   nlohmann::ordered_json schema;     // kJsonSchema (key order kept: it orders large objects' keys)
   std::vector<std::string> choices;  // kChoice
+  std::string text;                  // kRegex: the pattern; kGrammar: GBNF or the Lark subset
   std::string param;                 // the request field it came from (errors name it)
   std::string schema_param;          // kJsonSchema: the field holding the schema itself
 
@@ -38,8 +39,8 @@ OutputConstraint anthropic_output_format(const Fields& f, const nlohmann::ordere
                                          const std::string& path);
 // vLLM's `structured_outputs` (and its older `guided_json` / `guided_choice` spellings are not read):
 // exactly one of `json` (a schema object or its JSON text), `json_object: true`, `choice` (non-empty
-// array of strings). `regex`, `grammar` and `structural_tag` are refused by name until a front end
-// exists; `whitespace_pattern` likewise.
+// array of strings), `regex` (the whole reply matches it) or `grammar` (GBNF, or the Lark subset vLLM
+// takes). `structural_tag` and `whitespace_pattern` are refused by name.
 OutputConstraint vllm_structured_outputs(const Fields& f, const nlohmann::ordered_json& so,
                                          const std::string& path);
 // A request may ask in only one way: a second active constraint is a 400 naming both fields.

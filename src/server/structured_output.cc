@@ -1,10 +1,12 @@
 #include "server/structured_output.h"
 
 #include "grammar/choice.h"
+#include "grammar/gbnf.h"
 #include "grammar/grammar_processor.h"
 #include "grammar/json_schema.h"
 #include "grammar/marked_vocab.h"
 #include "grammar/refused.h"
+#include "grammar/regex.h"
 #include "server/tool_call_grammar.h"
 
 namespace beluga::server {
@@ -32,7 +34,8 @@ const Json& any_object_schema() {
 std::shared_ptr<const grammar::CompiledGrammar> compile_or_refuse(GrammarCache& cache, const std::string& key,
                                                                   const GrammarCache::Compile& compile,
                                                                   const ConstraintContext& ctx,
-                                                                  const std::string& param) {
+                                                                  const std::string& param,
+                                                                  const char* what = "JSON Schema") {
   try {
     return cache.get(key, compile);
   } catch (const grammar::Refused& r) {
@@ -43,10 +46,13 @@ std::shared_ptr<const grammar::CompiledGrammar> compile_or_refuse(GrammarCache& 
              "grammar_compile_timeout");
     if (r.keyword() == "grammar-size")
       refuse(ctx, param, std::string(r.what()) + ": simplify the schema", "grammar_too_large");
-    refuse(ctx, param, "the schema keyword '" + r.keyword() + "' cannot be enforced: " + r.what(),
+    refuse(ctx, param,
+           std::string(what == std::string_view("JSON Schema") ? "the schema keyword '" : "the construct '") +
+               r.keyword() + "' cannot be enforced: " + r.what(),
            "unsupported_schema");
   } catch (const Error& e) {
-    refuse(ctx, param, std::string("not a valid JSON Schema: ") + e.what(), "invalid_schema");
+    refuse(ctx, param, std::string("not a valid ") + what + ": " + e.what(),
+           what == std::string_view("JSON Schema") ? "invalid_schema" : "invalid_grammar");
   }
 }
 
@@ -62,6 +68,10 @@ std::string constraint_key(const OutputConstraint& c) {
       return "json_schema\n" + c.schema.dump();
     case OutputConstraint::Kind::kChoice:
       return "choice\n" + Json(c.choices).dump();
+    case OutputConstraint::Kind::kRegex:
+      return "regex\n" + c.text;
+    case OutputConstraint::Kind::kGrammar:
+      return "grammar\n" + c.text;
   }
   return "";
 }
@@ -91,6 +101,10 @@ LogitsProcessorFactory structured_output_processor(const OutputConstraint& c, Gr
     grammar::Grammar g;
     if (c.kind == OutputConstraint::Kind::kChoice) {
       g = grammar::choice_grammar(c.choices);
+    } else if (c.kind == OutputConstraint::Kind::kRegex) {
+      g = grammar::from_regex(c.text);
+    } else if (c.kind == OutputConstraint::Kind::kGrammar) {
+      g = grammar::from_ebnf(c.text);
     } else {
       grammar::JsonSchemaOptions opt;
       opt.deadline = deadline;
@@ -100,7 +114,11 @@ LogitsProcessorFactory structured_output_processor(const OutputConstraint& c, Gr
     return grammar::compile_until(g, vocab, deadline, grammar::CompileLimits{});
   };
   const std::string& schema_param = c.schema_param.empty() ? c.param : c.schema_param;
-  return grammar::processor_factory(compile_or_refuse(*cache, constraint_key(c), compile, ctx, schema_param));
+  const char* what = c.kind == OutputConstraint::Kind::kRegex     ? "regex"
+                     : c.kind == OutputConstraint::Kind::kGrammar ? "grammar"
+                                                                  : "JSON Schema";
+  return grammar::processor_factory(
+      compile_or_refuse(*cache, constraint_key(c), compile, ctx, schema_param, what));
 }
 
 LogitsProcessorFactory tool_call_processor(const recipe::Conversation& conv, const tok::Tokenizer& tokenizer,

@@ -45,8 +45,8 @@ TEST(Cli, GenerateGreedyMatchesTransformers) {
 // dsv4-tiny, whose reference is stable in length for all 12 greedy steps (golden_test.cc).
 TEST(Cli, GenerateOnDeepseekV4MatchesTransformers) {
   SafetensorsFile ref(kFixtures + "dsv4-tiny/reference.safetensors");
-  CmdResult r = run("generate " + kFixtures + "dsv4-tiny --prompt-ids " + ids_of(ref.get("prompt_1")) +
-                    " --max-tokens 12 --prefill-chunk 5 --format json");
+  CmdResult r = run_beluga("generate " + kFixtures + "dsv4-tiny --prompt-ids " + ids_of(ref.get("prompt_1")) +
+                           " --max-tokens 12 --prefill-chunk 5 --format json");
   ASSERT_EQ(r.code, 0) << r.out;
   const TensorInfo& g = ref.get("greedy_1");
   std::vector<int> expect(static_cast<const int64_t*>(g.data), static_cast<const int64_t*>(g.data) + 12);
@@ -60,10 +60,10 @@ TEST(Cli, DeepseekV4DummyWeightsRun) {
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(kFixtures + "dsv4-tiny/config.json", dir + "/config.json",
                              std::filesystem::copy_options::overwrite_existing);
-  CmdResult r = run("generate " + dir + " --load-format dummy --prompt-ids 5,6,7,8,9 --max-tokens 6");
+  CmdResult r = run_beluga("generate " + dir + " --load-format dummy --prompt-ids 5,6,7,8,9 --max-tokens 6");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["output_tokens"].size(), 6u) << r.out;
-  r = run("inspect " + dir + " --load-format dummy");
+  r = run_beluga("inspect " + dir + " --load-format dummy");
   ASSERT_EQ(r.code, 0) << r.out;
   // Per token: 4 layers' K = V rows (64), the compressors' projections (CSA 4*64 + 4*32, HCA 2*64), and
   // the entries (CSA 96 per 4 tokens; HCA one 64-value slot per 64-token block, a window spanning

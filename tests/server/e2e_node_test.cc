@@ -18,16 +18,11 @@ TEST(E2E, OfficialSdkClientsAgainstBelugaServe) {
 
 // tests/tools/e2e_structured.mjs: structured outputs through the same SDKs, replies checked by ajv.
 TEST(E2E, StructuredOutputsValidatedByAjv) {
-  const std::string root = BELUGA_SOURCE_DIR;
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
-  if (!exists(root + "/tests/tools/node_modules/openai") ||
-      !exists(root + "/tests/tools/node_modules/@anthropic-ai/sdk") ||
-      !exists(root + "/tests/tools/node_modules/ajv"))
-    GTEST_SKIP() << "npm packages missing: cd tests/tools && npm ci";
-  const std::string cmd = "node " + root + "/tests/tools/e2e_structured.mjs " + BELUGA_BINARY;
-  int rc = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(rc)) << cmd;
-  EXPECT_EQ(WEXITSTATUS(rc), 0) << cmd;
+  const std::string skip =
+      beluga::testing::node_skip_reason({"openai", "@anthropic-ai/sdk", "ajv"}, "cd tests/tools && npm ci");
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  EXPECT_EQ(beluga::testing::run_node_script("e2e_structured.mjs"), 0)
+      << "tests/tools/e2e_structured.mjs failed (its output is above)";
 }
 
 }  // namespace

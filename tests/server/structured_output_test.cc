@@ -133,6 +133,28 @@ TEST_F(StructuredOutput, VllmChoiceIsOneOfTheStrings) {
   EXPECT_FALSE(run(b, "maybe").first);
 }
 
+// vLLM's structured_outputs.regex (the whole reply matches) and .grammar (GBNF, or the Lark subset),
+// through the regex and GBNF front ends, on chat and completions.
+TEST_F(StructuredOutput, VllmRegexAndGrammarAreEnforced) {
+  BuiltRequest r =
+      build(ServerApi::kChat, chat({{"structured_outputs", {{"regex", "(cat|dog)s? [0-9]{1,3}"}}}}));
+  EXPECT_EQ(run(r, "dogs 42"), std::make_pair(true, true));
+  EXPECT_EQ(run(r, "cat 7"), std::make_pair(true, true));
+  EXPECT_EQ(run(r, "cat "), std::make_pair(true, false));  // a prefix: allowed so far, not complete
+  EXPECT_FALSE(run(r, "cow 1").first);
+  EXPECT_FALSE(run(r, "cat 1234").first);
+  const char* gbnf = "root ::= item (\",\" item)*\nitem ::= [a-c]+";
+  Json body = {{"model", "demo"}, {"prompt", "x"}, {"structured_outputs", {{"grammar", gbnf}}}};
+  BuiltRequest g = build(ServerApi::kCompletions, body);
+  EXPECT_EQ(run(g, "ab,c,abc"), std::make_pair(true, true));
+  EXPECT_EQ(run(g, "ab,"), std::make_pair(true, false));
+  EXPECT_FALSE(run(g, "ab,d").first);
+  BuiltRequest lark =
+      build(ServerApi::kChat, chat({{"structured_outputs", {{"grammar", "start: \"yes\" | \"no\""}}}}));
+  EXPECT_EQ(run(lark, "no"), std::make_pair(true, true));
+  EXPECT_FALSE(run(lark, "maybe").first);
+}
+
 TEST_F(StructuredOutput, VllmJsonAcceptsSchemaTextToo) {
   BuiltRequest b =
       build(ServerApi::kChat, chat({{"structured_outputs", {{"json", person_schema().dump()}}}}));
@@ -189,15 +211,15 @@ TEST_F(StructuredOutput, EverySequenceGetsItsOwnMatcher) {
 }
 
 TEST_F(StructuredOutput, RefusedKeywordIsA400NamingIt) {
-  Json schema =
-      Json::parse(R"({"type":"object","properties":{"zip":{"type":"string","pattern":"^[0-9]{5}$"}}})");
+  Json schema = Json::parse(
+      R"({"type":"object","properties":{"zip":{"type":"object","patternProperties":{"^a":{}}}}})");
   recipe::ApiError e =
       error_of(ServerApi::kChat,
                chat({{"response_format",
                       {{"type", "json_schema"}, {"json_schema", {{"name", "z"}, {"schema", schema}}}}}}));
   EXPECT_EQ(e.status(), 400);
   EXPECT_EQ(e.body()["error"]["param"], "response_format.json_schema.schema");
-  EXPECT_NE(e.body()["error"]["message"].get<std::string>().find("'pattern'"), std::string::npos)
+  EXPECT_NE(e.body()["error"]["message"].get<std::string>().find("'patternProperties'"), std::string::npos)
       << e.body().dump();
   EXPECT_EQ(e.body()["error"]["code"], "unsupported_schema");
 
@@ -236,8 +258,19 @@ TEST_F(StructuredOutput, MalformedConstraintsAre400s) {
                   chat({{"response_format",
                          {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", 3}}}}}})),
             "response_format.json_schema.schema");
-  EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"regex", "[a-z]+"}}}})),
+  EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"structural_tag", "{}"}}}})),
+            "structured_outputs.structural_tag");
+  EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"regex", "(ab"}}}})),
+            "structured_outputs.regex");  // unbalanced group
+  EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"regex", "(a)\\1"}}}})),
+            "structured_outputs.regex");  // a backreference cannot be enforced
+  EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"regex", ""}}}})),
             "structured_outputs.regex");
+  EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"grammar", "root ::= \"a"}}}})),
+            "structured_outputs.grammar");  // unterminated literal
+  EXPECT_EQ(param(ServerApi::kChat,
+                  chat({{"structured_outputs", {{"regex", "a"}, {"grammar", "root ::= \"a\""}}}})),
+            "structured_outputs");  // two at once
   EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"choice", Json::array()}}}})),
             "structured_outputs.choice");
   EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"choice", {"a", 1}}}}})),
@@ -299,7 +332,7 @@ TEST_F(StructuredOutput, SchemaCompilesOncePerCanonicalText) {
   EXPECT_EQ(s.misses, 2u);
   EXPECT_EQ(s.entries, 2u);
   // A refusal is remembered too (a client retrying a bad schema costs no compile).
-  Json bad = {{"type", "string"}, {"pattern", "a+"}};
+  Json bad = {{"type", "object"}, {"patternProperties", {{"^a", Json::object()}}}};
   error_of(ServerApi::kChat, body(bad));
   error_of(ServerApi::kChat, body(bad));
   s = info_.grammars->stats();
@@ -415,14 +448,14 @@ TEST_F(StructuredOutput, ForcedToolCallFollowsTheMarkupAndTheSchema) {
             std::make_pair(true, true));
 
   // A tool schema that cannot be enforced: a 400 naming the keyword and the tool.
-  tools[0]["function"]["parameters"]["properties"]["city"]["pattern"] = "^[A-Z]";
+  tools[0]["function"]["parameters"]["properties"]["city"]["patternProperties"] = {{"^A", Json::object()}};
   recipe::ApiError e = error_of(ServerApi::kChat, chat({{"tools", tools}, {"tool_choice", "required"}}));
   EXPECT_EQ(e.body()["error"]["param"], "tools");
   const std::string m = e.body()["error"]["message"].get<std::string>();
-  EXPECT_NE(m.find("'pattern'"), std::string::npos) << m;
+  EXPECT_NE(m.find("'patternProperties'"), std::string::npos) << m;
   EXPECT_NE(m.find("get_weather"), std::string::npos) << m;
   // A second constraint besides the forced call.
-  tools[0]["function"]["parameters"]["properties"]["city"].erase("pattern");
+  tools[0]["function"]["parameters"]["properties"]["city"].erase("patternProperties");
   e = error_of(
       ServerApi::kChat,
       chat({{"tools", tools}, {"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}));

@@ -203,10 +203,10 @@ async function testAnthropic(anthropic) {
   validate('sentiment', streamed, final.stop_reason === 'end_turn' ? 'stop' : 'length', 'messages stream output_format');
   try {
     await anthropic.messages.create({ model: MODEL, max_tokens: 8, messages: msgs(),
-      output_config: { format: { type: 'json_schema', schema: { type: 'string', pattern: '^a' } } } });
+      output_config: { format: { type: 'json_schema', schema: { type: 'object', patternProperties: { '^a': {} } } } } });
     check(false, 'messages: refused keyword is an error');
   } catch (e) {
-    check(e.status === 400 && /pattern/.test(e.message), 'messages: refused keyword is a 400 naming it', e.message);
+    check(e.status === 400 && /patternProperties/.test(e.message), 'messages: refused keyword is a 400 naming it', e.message);
   }
 }
 
@@ -283,10 +283,29 @@ async function testLimitsAndErrors(openai) {
           'chat: refused keyword is a 400 naming it and the field', { status: e.status, message: e.message, param: e.param });
   }
   try {
-    await openai.chat.completions.create({ model: MODEL, messages: msgs(), max_tokens: 8, structured_outputs: { regex: 'a+' } });
+    await openai.chat.completions.create({ model: MODEL, messages: msgs(), max_tokens: 8, structured_outputs: { structural_tag: '{}' } });
     check(false, 'chat: unsupported structured_outputs field is an error');
   } catch (e) {
-    check(e.status === 400 && e.param === 'structured_outputs.regex', 'chat: structured_outputs.regex is a 400', e.message);
+    check(e.status === 400 && e.param === 'structured_outputs.structural_tag', 'chat: structured_outputs.structural_tag is a 400', e.message);
+  }
+  try {
+    await openai.chat.completions.create({ model: MODEL, messages: msgs(), max_tokens: 8, structured_outputs: { regex: '(a' } });
+    check(false, 'chat: a malformed regex is an error');
+  } catch (e) {
+    check(e.status === 400 && e.param === 'structured_outputs.regex', 'chat: a malformed structured_outputs.regex is a 400', e.message);
+  }
+  // regex and grammar are enforced: a finished reply matches (checked here by JavaScript's own RegExp).
+  const pattern = '(yes|no|maybe), [a-z]{2,6}';
+  for (const [field, value] of [['regex', pattern], ['grammar', 'root ::= ("yes" | "no" | "maybe") ", " [a-z]{2,6}']]) {
+    for (const temperature of [0, 1]) {
+      const r = await openai.chat.completions.create({ model: MODEL, messages: msgs(), max_tokens: 24, temperature, seed: 5,
+        structured_outputs: { [field]: value } });
+      const c = r.choices[0];
+      if (c.finish_reason === 'stop')
+        check(new RegExp(`^(?:${pattern})$`).test(c.message.content), `chat: structured_outputs.${field} reply matches (t=${temperature})`, c.message.content);
+      else
+        check(new RegExp(`^(?:${pattern})$`).test(c.message.content) || c.finish_reason === 'length', `chat: structured_outputs.${field} cut by length`, c);
+    }
   }
 }
 
