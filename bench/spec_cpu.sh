@@ -2,7 +2,7 @@
 # Speculative decoding on the CPU: the built-in demo model served without speculation and with MTP
 # K=1, 2, each loaded by `beluga bench serve` (greedy, ignore_eos) at the given concurrencies.
 # usage: [BELUGA=build/beluga] [CONCURRENCIES="1 4"] [PROMPTS_PER_SLOT=4] [OUTPUT_LEN=64] [THREADS=1] \
-#        [SPECS="none 1 2"] bench/spec_cpu.sh
+#        [SPECS="none 1 2"] [DEVICE=cuda] bench/spec_cpu.sh   (DEVICE: serve --device, default cpu)
 set -euo pipefail
 BELUGA=${BELUGA:-build/beluga}
 CONCURRENCIES=${CONCURRENCIES:-"1 4"}
@@ -15,7 +15,7 @@ trap 'rm -f "$log"' EXIT
 for spec in $SPECS; do
   extra=()
   [ "$spec" != none ] && extra=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$spec}")
-  "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb 256 "${extra[@]}" >"$log" 2>&1 &
+  "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb 256 --device "${DEVICE:-cpu}" "${extra[@]}" >"$log" 2>&1 &
   pid=$!
   port=
   for _ in $(seq 600); do
