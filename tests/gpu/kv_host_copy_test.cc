@@ -102,11 +102,12 @@ TEST_F(KvHostCopy, BatchedCopiesAreBitExactBothWays) {
   per_layer_to_host(check, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(again, ref) << "from host to other blocks";
-  // One block through the single-block entry points.
+  // One block through the single-block entry points: blocks[0] now holds the last copy's image (the
+  // blocks were reversed above).
   std::vector<std::byte> one(kBlockBytes);
   ops->kv_block_to_host(layers, blocks[0], one.data());
   ops->synchronize();
-  EXPECT_EQ(std::memcmp(one.data(), pinned + size_t(slots[0]) * kBlockBytes, kBlockBytes), 0);
+  EXPECT_EQ(std::memcmp(one.data(), pinned + size_t(slots[kCopies - 1]) * kBlockBytes, kBlockBytes), 0);
 }
 
 TEST_F(KvHostCopy, BandwidthAgainstPinnedMemcpy) {
