@@ -12,7 +12,7 @@ int cmd_tokenize(int argc, char** argv);
 int cmd_detokenize(int argc, char** argv);
 int cmd_render(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
-int cmd_router(int argc, char** argv);  // `beluga router`: the load balancer in front of replicas
+int cmd_router(int argc, char** argv);   // `beluga router`: the load balancer in front of replicas
 int cmd_grammar(int argc, char** argv);  // `grammar check`
 int cmd_kv(int argc, char** argv);       // `kv stats`, `kv gc`: the KV file tier's directory
 int cmd_help(int argc, char** argv);     // `help COMMAND`, `help --markdown` (docs/configuration.md)

@@ -18,8 +18,8 @@ std::string default_model_dir() {
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   std::string exe = n > 0 ? std::string(buf, size_t(n)) : std::string("./beluga");
   std::string dir = exe.substr(0, exe.rfind('/'));
-  for (const char* rel :
-       {"/../models/beluga-demo-coder-mtp", "/models/beluga-demo-coder-mtp", "/../../models/beluga-demo-coder-mtp"}) {
+  for (const char* rel : {"/../models/beluga-demo-coder-mtp", "/models/beluga-demo-coder-mtp",
+                          "/../../models/beluga-demo-coder-mtp"}) {
     if (file_exists(dir + rel + "/config.json")) return dir + rel;
   }
   fail("the built-in model was not found next to ", exe,

@@ -28,8 +28,8 @@ struct Tally {
 };
 
 void run_draft(const std::string& dir, Draft draft) {
-  static const tok::Tokenizer tokenizer =
-      tok::Tokenizer::from_file(std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp/tokenizer.json");
+  static const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(
+      std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp/tokenizer.json");
   static const auto vocab = std::make_shared<TokenVocab>(tokenizer, std::vector<int>{1});
   fs::path path = fs::path(kSuite) / dir;
   ASSERT_TRUE(fs::is_directory(path))

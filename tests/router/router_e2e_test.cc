@@ -60,8 +60,10 @@ bool wait_for(const std::function<bool()>& cond, double seconds) {
 
 beluga::server::testing::HttpReply chat(int port, const std::string& key, const Json& messages,
                                         int max_tokens, bool stream = false) {
-  Json body{
-      {"model", "beluga-demo-coder-mtp"}, {"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}};
+  Json body{{"model", "beluga-demo-coder-mtp"},
+            {"messages", messages},
+            {"max_tokens", max_tokens},
+            {"temperature", 0}};
   if (stream) body["stream"] = true;
   return http_request(port, http::verb::post, "/v1/chat/completions", body.dump(),
                       {{"Authorization", "Bearer " + key}}, std::chrono::seconds(60));

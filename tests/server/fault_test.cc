@@ -43,8 +43,10 @@ class ServeProcess {
     const int fd = mkstemp(tmpl);
     log_ = tmpl;
     std::vector<std::string> args = {
-        BELUGA_BINARY,   "serve", "--model",   std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp",
-        "--port",        "0",     "--threads", "1",
+        BELUGA_BINARY,   "serve",
+        "--model",       std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp",
+        "--port",        "0",
+        "--threads",     "1",
         "--kv-cache-mb", "64"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
