@@ -146,7 +146,8 @@ int cmd_serve(int argc, char** argv) {
                "--grammar-compile-timeout-ms must be positive, --grammar-cache-size non-negative");
   gopt.timeout = std::chrono::milliseconds(compile_ms);
   gopt.capacity = size_t(cache_size);
-  const ModelArgs model_args = parse_model_args(args);
+  ModelArgs model_args = parse_model_args(args);
+  model_args.progress_lines = true;  // serve's stderr is its log
   // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
   // a dummy-weight benchmark of a config that ships no tokenizer.
   const auto tokenizer_dir = args.get("tokenizer");

@@ -3,9 +3,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 
 #include "kvstore/fingerprint.h"
+#include "loader/progress_source.h"
 #include "util/error.h"
+#include "util/progress.h"
 #ifdef BELUGA_WITH_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
@@ -85,8 +89,13 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
 #endif
   }
   if (!m.weights) m.weights = std::make_unique<Checkpoint>(ma.dir);
-  kv::FingerprintingSource recorded(*m.weights);  // the KV tiers' model fingerprint
+  std::FILE* progress_out = (ma.progress_lines || isatty(fileno(stderr))) ? stderr : nullptr;
+  Progress progress("loading " + std::filesystem::path(ma.dir).filename().string(), m.weights->total_bytes(),
+                    Progress::Unit::kBytes, progress_out);
+  ProgressSource counted(*m.weights, progress);
+  kv::FingerprintingSource recorded(counted);  // the KV tiers' model fingerprint
   m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len);
+  progress.finish();
   m.weights_digest = recorded.digest();
   m.config_path = ma.config_path;
   m.model->set_enforce_eager(ma.enforce_eager);

@@ -42,6 +42,9 @@ struct ModelArgs {
   CpuOptions cpu;
   int max_model_len = 0;
   bool enforce_eager = false;
+  // Loading progress on stderr: a bar when stderr is a terminal; plain lines otherwise only when set
+  // (serve sets it: its stderr is a log), so commands whose output is parsed stay quiet.
+  bool progress_lines = false;
 };
 ModelArgs parse_model_args(const Args& args);
 // Reads the config and loads the weights.
