@@ -51,7 +51,7 @@ FUZZ_TIME ?= 600
 fuzz: setup
 	bash scripts/fuzz.sh --time $(FUZZ_TIME)
 
-FUZZ_CI_TARGETS ?= chat_request completions_request responses_request messages_request jinja tokenizer \
+FUZZ_CI_TARGETS ?= chat_request completions_request responses_request messages_request jinja tokenizer grammar \
   safetensors model_config output_parser
 fuzz-ci: setup
 	bash scripts/fuzz.sh --runs 20000 --seed 1 $(FUZZ_CI_TARGETS)
