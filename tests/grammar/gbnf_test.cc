@@ -13,19 +13,13 @@
 #include "grammar/matcher.h"
 #include "grammar/refused.h"
 
+#include "grammar_test_support.h"
+
 namespace beluga::grammar {
 namespace {
 
-std::shared_ptr<const CompiledGrammar> automaton_only(const Grammar& g) {
-  auto cg = std::make_shared<CompiledGrammar>();
-  cg->automaton = compile_automaton(g);
-  return cg;
-}
-
-bool full(const std::shared_ptr<const CompiledGrammar>& g, std::string_view s) {
-  Matcher m(g);
-  return m.accept_bytes(s) && m.is_accepting();
-}
+using testing::automaton_only;
+using testing::full;
 
 struct Case {
   const char* grammar;

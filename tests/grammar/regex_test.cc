@@ -13,19 +13,13 @@
 #include "grammar/refused.h"
 #include "grammar/regex.h"
 
+#include "grammar_test_support.h"
+
 namespace beluga::grammar {
 namespace {
 
-std::shared_ptr<const CompiledGrammar> automaton_only(const Grammar& g) {
-  auto cg = std::make_shared<CompiledGrammar>();
-  cg->automaton = compile_automaton(g);
-  return cg;
-}
-
-bool full(const std::shared_ptr<const CompiledGrammar>& g, std::string_view s) {
-  Matcher m(g);
-  return m.accept_bytes(s) && m.is_accepting();
-}
+using testing::automaton_only;
+using testing::full;
 
 // The whole text matches pattern p.
 bool re(std::string_view p, std::string_view s) {
