@@ -45,7 +45,7 @@ const std::set<std::string> kFileOptions = {"model",
 int cmd_router(int argc, char** argv) {
   // --replica repeats; Args keeps one value per option, so the replicas are taken out first, and
   // --config, whose options go in before the command line's (Args keeps the last value of each).
-  std::vector<std::string> replicas;
+  std::vector<std::string> replicas, prefill, decode;
   std::vector<char*> rest;
   std::string config_path;
   for (int i = 0; i < argc; ++i) {
@@ -55,11 +55,15 @@ int cmd_router(int argc, char** argv) {
       config_path = argv[++i];
     } else if (a.rfind("--config=", 0) == 0) {
       config_path = a.substr(9);
-    } else if (a == "--replica") {
-      BELUGA_CHECK(i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0, "option --replica needs a value");
-      replicas.emplace_back(argv[++i]);
+    } else if (a == "--replica" || a == "--prefill" || a == "--decode") {
+      BELUGA_CHECK(i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0, "option ", a, " needs a value");
+      (a == "--replica" ? replicas : a == "--prefill" ? prefill : decode).emplace_back(argv[++i]);
     } else if (a.rfind("--replica=", 0) == 0) {
       replicas.push_back(a.substr(10));
+    } else if (a.rfind("--prefill=", 0) == 0) {
+      prefill.push_back(a.substr(10));
+    } else if (a.rfind("--decode=", 0) == 0) {
+      decode.push_back(a.substr(9));
     } else {
       rest.push_back(argv[i]);
     }
@@ -69,6 +73,8 @@ int cmd_router(int argc, char** argv) {
   if (!config_path.empty()) {
     router::RouterConfigFile file = router::load_router_config(config_path, kFileOptions);
     if (replicas.empty()) replicas = file.replicas;
+    if (prefill.empty()) prefill = file.prefill;
+    if (decode.empty()) decode = file.decode;
     if (auto it = file.options.find("model"); it != file.options.end()) {
       file_model = it->second;
       file.options.erase(it);
@@ -81,6 +87,8 @@ int cmd_router(int argc, char** argv) {
   Args args(int(merged.size()), merged.data());
   router::RouterConfig cfg;
   cfg.replicas = replicas;
+  cfg.prefill = prefill;
+  cfg.decode = decode;
   cfg.host = args.get_or("host", "127.0.0.1");
   cfg.port = int(args.get_int("port", 8080));
   BELUGA_CHECK(cfg.port >= 0 && cfg.port < 65536, "--port must be 0..65535");
@@ -120,7 +128,9 @@ int cmd_router(int argc, char** argv) {
   }
   if (model_dir.empty()) model_dir = file_model;
   args.check_all_used();  // before anything is read: a bad command line fails at once
-  BELUGA_CHECK(!cfg.replicas.empty(), "at least one --replica URL is needed (or \"replicas\" in --config)");
+  BELUGA_CHECK(
+      !cfg.replicas.empty() || !cfg.prefill.empty() || !cfg.decode.empty(),
+      "at least one --replica URL is needed (or \"replicas\" in --config), or --prefill and --decode URLs");
   if (model_dir.empty()) model_dir = default_model_dir();
   if (model_dir.size() > 12 && model_dir.ends_with("/config.json")) model_dir.resize(model_dir.size() - 12);
 
@@ -129,9 +139,14 @@ int cmd_router(int argc, char** argv) {
   router::Router r(cfg, std::move(model));
   r.listen();
   r.start();
-  std::fprintf(stderr, "beluga router: routing to %zu replica(s) (policy %s, tokenizer %s) on http://%s:%d\n",
-               cfg.replicas.size(), router::policy_name(cfg.policy), model_dir.c_str(), cfg.host.c_str(),
-               r.port());
+  std::fprintf(stderr,
+               "beluga router: routing to %zu replica(s)%s (policy %s, tokenizer %s) on http://%s:%d\n",
+               cfg.replicas.size() + cfg.prefill.size() + cfg.decode.size(),
+               cfg.prefill.empty() ? ""
+                                   : (", " + std::to_string(cfg.prefill.size()) + " prefill + " +
+                                      std::to_string(cfg.decode.size()) + " decode")
+                                         .c_str(),
+               router::policy_name(cfg.policy), model_dir.c_str(), cfg.host.c_str(), r.port());
   r.wait_for_signal();
   std::fprintf(stderr, "beluga router: shutting down\n");
   r.stop();

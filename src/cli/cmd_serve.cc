@@ -22,7 +22,10 @@
 #include "engine/engine.h"
 #include "engine/spec_config.h"
 #include "grammar/vocab.h"
+#include "kvstore/kv_receiver.h"
 #include "kvstore/metrics_text.h"
+#include "kvstore/tcp_kv_transfer.h"
+#include "kvstore/transfer_metrics.h"
 #include "recipe/chat_format.h"
 #include "server/grammar_cache.h"
 #include "server/grammar_metrics.h"
@@ -151,7 +154,27 @@ int cmd_serve(int argc, char** argv) {
   // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
   // a dummy-weight benchmark of a config that ships no tokenizer.
   const auto tokenizer_dir = args.get("tokenizer");
-  const KvFlags kv_flags = parse_kv_flags(args);
+  KvFlags kv_flags = parse_kv_flags(args);
+  // Disaggregated serving: a prefill engine sends each prompt's KV from its host tier, a decode engine
+  // receives it into its own; both need one (2 GiB unless --kv-host-gb says otherwise).
+  const std::string role_name = args.get_or("role", "both");
+  const auto role = server::parse_serve_role(role_name);
+  BELUGA_CHECK(role, "--role must be both, prefill or decode (not '", role_name, "')");
+  BELUGA_CHECK(!args.has("kv-listen") || *role == server::ServeRole::kDecode,
+               "--kv-listen is for --role decode (the engine that receives KV)");
+  std::string kv_listen_host = "127.0.0.1";
+  int kv_listen_port = 0;
+  if (args.has("kv-listen")) {
+    std::string port;
+    const std::string v = args.get_or("kv-listen", "");
+    BELUGA_CHECK(kv::split_host_port(v, &kv_listen_host, &port), "--kv-listen must be HOST:PORT (not '", v,
+                 "')");
+    kv_listen_port = std::stoi(port);
+  }
+  if (*role != server::ServeRole::kBoth && kv_flags.host_gb <= 0) kv_flags.host_gb = 2;
+  BELUGA_CHECK(*role == server::ServeRole::kBoth || !ecfg.speculative.enabled(),
+               "--role prefill|decode does not combine with --speculative-config yet (speculative decoding "
+               "refuses KV tiers)");
   const auto served_name = args.get("served-model-name");
   const auto format_name = args.get("chat-format");
   std::optional<recipe::ChatFormat> format;
@@ -196,11 +219,37 @@ int cmd_serve(int argc, char** argv) {
       std::make_shared<const grammar::TokenVocab>(tokenizer, m.cfg.eos_token_ids), gopt);
   generation_defaults(m.dir, info);
   info.traffic_classes = kv.retention.classes();
-  info.extra_metrics = [&kv, &engine, grammars = info.grammars, name = info.served_name] {
-    return (kv.store ? kv::render_metrics(*kv.store, engine->stats(), name) : std::string()) +
-           server::render_grammar_metrics(*grammars, name);
+  std::unique_ptr<kv::TcpKvTransfer> transfer;
+  std::unique_ptr<kv::KvReceiver> receiver;
+  info.pd.role = *role;
+  if (*role == server::ServeRole::kPrefill) {
+    kv::TcpTransferConfig tc;
+    tc.fingerprint = kv.store->fingerprint();
+    tc.block_bytes = kv.store->block_bytes();
+    transfer = std::make_unique<kv::TcpKvTransfer>(tc);
+    info.pd.store = kv.store.get();
+    info.pd.transfer = transfer.get();
+  } else if (*role == server::ServeRole::kDecode) {
+    kv::ReceiverConfig rc;
+    rc.host = kv_listen_host;
+    rc.port = kv_listen_port;
+    rc.fingerprint = kv.store->fingerprint();
+    rc.block_bytes = kv.store->block_bytes();
+    receiver = std::make_unique<kv::KvReceiver>(rc, *kv.store);
+    info.pd.kv_address = receiver->address();
+  }
+  info.extra_metrics = [&kv, &engine, &transfer, &receiver, grammars = info.grammars,
+                        name = info.served_name] {
+    std::string out = kv.store ? kv::render_metrics(*kv.store, engine->stats(), name) : std::string();
+    if (transfer || receiver)
+      out += kv::render_transfer_metrics(transfer ? &transfer->counters() : nullptr,
+                                         receiver ? &receiver->counters() : nullptr, name);
+    return out + server::render_grammar_metrics(*grammars, name);
   };
   server.set_engine(handle.get(), info);
+  if (*role != server::ServeRole::kBoth)
+    std::fprintf(stderr, "beluga serve: role %s%s%s\n", server::serve_role_name(*role),
+                 receiver ? ", receiving KV on " : "", receiver ? receiver->address().c_str() : "");
   std::fprintf(
       stderr,
       "beluga serve: serving %s (%s, chat format %s, max model len %d) on http://%s:%d — loaded in %.2f s\n",
@@ -214,7 +263,8 @@ int cmd_serve(int argc, char** argv) {
                clean ? "every request finished" : "the grace period ended; the rest were cut short");
   server.stop();
   handle.reset();
-  engine.reset();  // pending requests finish with kAbort; their outputs go nowhere
+  engine.reset();    // pending requests finish with kAbort; their outputs go nowhere
+  receiver.reset();  // before the store it writes into
   return 0;
 }
 

@@ -74,6 +74,13 @@ const std::vector<CommandUsage>& command_usages() {
               {"kv-retention", "CLASS=AGE,...",
                "how long each traffic class's blocks are kept after their last use "
                "(AGE: N[s|m|h|d]); merged over chat=7d,agent=3d"}}},
+            {"prefill/decode disaggregation (docs/disaggregation.md)",
+             {{"role", "both|prefill|decode",
+               "prefill: compute prompts and send their KV to the decode engine the router names; decode: "
+               "receive KV and generate (both take a host tier, 2 GiB unless --kv-host-gb); default both"},
+              {"kv-listen", "HOST:PORT",
+               "--role decode: where KV transfers arrive (default 127.0.0.1:0, any free port; /health "
+               "reports it)"}}},
             {"limits (docs/reliability.md)",
              {{"max-body-bytes", "N", "larger request bodies get 413 (default 16777216)"},
               {"max-stored-responses", "N",
@@ -119,6 +126,11 @@ const std::vector<CommandUsage>& command_usages() {
            "through), retries a request that has not started on another replica, ejects failing replicas.\n"
            "Formula and knobs: docs/router.md.\n\n"
            "  --replica URL             a replica, http://HOST:PORT (repeat for each; at most 64)\n"
+           "  --prefill URL, --decode URL  disaggregated serving instead of --replica: engines started with\n"
+           "                            --role prefill and --role decode (repeat each); a request is "
+           "prefilled\n"
+           "                            on one, its KV sent to a decode engine that generates\n"
+           "                            (docs/disaggregation.md)\n"
            "  --config FILE             JSON: {\"replicas\": [URL, ...], \"policy\": ..., "
            "\"balance-window\": 8, "
            "...}:\n"

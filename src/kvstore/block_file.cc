@@ -41,7 +41,9 @@ struct Reader {
   }
 };
 
-void encode(const BlockFileHeader& h, uint64_t payload_sum, unsigned char* out) {
+}  // namespace
+
+void encode_block_header(const BlockFileHeader& h, uint64_t payload_sum, unsigned char* out) {
   Writer w{out};
   std::memcpy(w.p, kMagic, 8);
   w.p += 8;
@@ -63,8 +65,7 @@ void encode(const BlockFileHeader& h, uint64_t payload_sum, unsigned char* out) 
   w.put(uint64_t(XXH3_64bits(out, size_t(w.p - out))));
 }
 
-// Decodes a header; false when it is not a valid header of this format.
-bool decode(const unsigned char* in, BlockFileHeader* h, uint64_t* payload_sum, bool* foreign) {
+bool decode_block_header(const unsigned char* in, BlockFileHeader* h, uint64_t* payload_sum, bool* foreign) {
   *foreign = false;
   if (std::memcmp(in, kMagic, 8) != 0) return false;
   Reader r{in + 8};
@@ -96,6 +97,12 @@ bool decode(const unsigned char* in, BlockFileHeader* h, uint64_t* payload_sum, 
   *payload_sum = r.get<uint64_t>();
   return true;
 }
+
+uint64_t block_payload_sum(const void* data, size_t n) {
+  return XXH3_64bits(data, n);
+}
+
+namespace {
 
 bool write_all(int fd, const void* data, size_t n, int* err) {
   const auto* p = static_cast<const char*>(data);
@@ -208,7 +215,7 @@ BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader&
   if (fd < 0)
     return errno == ENOSPC || errno == EDQUOT ? BlockFileStatus::kNoSpace : BlockFileStatus::kIoError;
   unsigned char head[kBlockFileHeaderBytes];
-  encode(h, XXH3_64bits(payload, h.payload_bytes), head);
+  encode_block_header(h, XXH3_64bits(payload, h.payload_bytes), head);
   int err = 0;
   const bool ok = write_all(fd, head, sizeof(head), &err) && write_all(fd, payload, h.payload_bytes, &err);
   const bool closed = ::close(fd) == 0;
@@ -233,7 +240,7 @@ BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, i
   if (size_t(r) < sizeof(head)) return BlockFileStatus::kShort;
   uint64_t sum = 0;
   bool foreign = false;
-  if (!decode(head, h, &sum, &foreign))
+  if (!decode_block_header(head, h, &sum, &foreign))
     return foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
   if (have_stat && uint64_t(st.st_size) < sizeof(head) + h->payload_bytes) return BlockFileStatus::kShort;
   if (mtime) *mtime = have_stat ? int64_t(st.st_mtime) : 0;
@@ -268,7 +275,7 @@ BlockFileStatus read_block_file(const std::string& path, const BlockHash& finger
     status = BlockFileStatus::kIoError;
   } else if (size_t(r) < sizeof(head)) {
     status = BlockFileStatus::kShort;
-  } else if (!decode(head, h, &sum, &foreign)) {
+  } else if (!decode_block_header(head, h, &sum, &foreign)) {
     status = foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
   } else if (!(h->fingerprint == fingerprint) || h->payload_bytes != payload_bytes) {
     status = BlockFileStatus::kForeign;

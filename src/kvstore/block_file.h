@@ -35,6 +35,14 @@ inline constexpr size_t kBlockFileHeaderBytes = 8 + 4 + 4 + 16 + 16 + 4 + kBlock
 enum class BlockFileStatus { kOk, kMissing, kShort, kCorrupt, kForeign, kIoError, kNoSpace };
 const char* block_file_status_name(BlockFileStatus s);
 
+// The header as bytes (kBlockFileHeaderBytes at `out`), with `payload_sum` = block_payload_sum of the
+// payload; decode_block_header verifies the magic and the header checksum (false otherwise; `foreign`:
+// a valid header of another format version). The file tier and the prefill -> decode transfer
+// (tcp_kv_transfer.h) frame blocks alike.
+void encode_block_header(const BlockFileHeader& h, uint64_t payload_sum, unsigned char* out);
+bool decode_block_header(const unsigned char* in, BlockFileHeader* h, uint64_t* payload_sum, bool* foreign);
+uint64_t block_payload_sum(const void* data, size_t n);  // XXH3-64
+
 // Writes `h` and `payload` (h.payload_bytes) to `path` through a temporary name (removed on failure).
 BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader& h, const void* payload);
 // Reads the header of `path`; `mtime` (may be null) gets the file's modification time.

@@ -266,6 +266,57 @@ void TieredStore::end_step(StepState& st, bool ok) {
   host_stats_.bytes = int64_t(size_t(host_.size()) * cfg_.block_bytes);
 }
 
+TieredStore::Pinned::~Pinned() {
+  if (!store_) return;
+  std::lock_guard<std::mutex> lk(store_->mu_);
+  for (int slot : slots_) store_->host_.unpin(slot);
+}
+
+TieredStore::Pinned TieredStore::pin_host_blocks(const BlockHash* keys, int n) {
+  Pinned p;
+  p.store_ = this;
+  const int64_t t = now();
+  std::lock_guard<std::mutex> lk(mu_);
+  for (int i = 0; i < n; ++i) {
+    const int slot = host_.find(tier_key(keys[i], cfg_.fingerprint), t);
+    if (slot < 0) break;
+    host_.pin(slot);
+    p.slots_.push_back(slot);
+    p.data_.push_back(host_.data(slot));
+  }
+  host_stats_.expirations = host_.expirations();
+  return p;
+}
+
+TieredStore::ImportSlot TieredStore::begin_import(const BlockHash& key, const std::string& cls) {
+  const BlockHash k = tier_key(key, cfg_.fingerprint);
+  const int64_t t = now();
+  ImportSlot r;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (const int found = host_.find(k, t); found >= 0) {
+    host_.use(found, cls, t);
+    r.held = true;
+    return r;
+  }
+  HostPool::Reclaimed why{};
+  r.slot = host_.reserve(k, cls, t, &why);
+  count_reclaim(why);
+  if (r.slot >= 0) r.dst = host_.data(r.slot);
+  return r;
+}
+
+void TieredStore::end_import(int slot, bool ok) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (ok) {
+    host_.publish(slot);
+    host_stats_.bytes_written += int64_t(cfg_.block_bytes);
+  } else {
+    host_.drop(slot);
+  }
+  host_stats_.blocks = host_.size();
+  host_stats_.bytes = int64_t(size_t(host_.size()) * cfg_.block_bytes);
+}
+
 StoreStats TieredStore::stats() const {
   StoreStats s;
   {

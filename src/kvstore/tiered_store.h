@@ -70,6 +70,7 @@ class TieredStore final : public KvConnector {
   ~TieredStore() override;
 
   size_t block_bytes() const override { return cfg_.block_bytes; }
+  const BlockHash& fingerprint() const { return cfg_.fingerprint; }
   int lookup(const BlockHash* keys, int n, KvTier* tiers) override;
   LoadId start_load(const BlockHash* keys, const int* blocks, int n, const std::string& cls) override;
   bool load_ready(LoadId id) override;
@@ -79,6 +80,40 @@ class TieredStore final : public KvConnector {
   void touch(const BlockHash* keys, int n, const std::string& cls) override;
   void step_launched() override;
   void step_done(bool ok) override;
+
+  // Prefill -> decode transfer (kv_transfer.h). The leading blocks of `keys[0..n)` (engine block
+  // hashes) found in host memory, pinned (neither evicted nor reused) until the object goes: a sender
+  // writes them to its socket straight from their slots, off the engine thread.
+  class Pinned {
+   public:
+    Pinned() = default;
+    Pinned(Pinned&& o) noexcept : store_(o.store_), slots_(std::move(o.slots_)), data_(std::move(o.data_)) {
+      o.store_ = nullptr;
+    }
+    Pinned& operator=(Pinned&&) = delete;
+    Pinned(const Pinned&) = delete;
+    ~Pinned();
+    int size() const { return int(data_.size()); }
+    const std::byte* data(int i) const { return data_[size_t(i)]; }
+
+   private:
+    friend class TieredStore;
+    TieredStore* store_ = nullptr;
+    std::vector<int> slots_;
+    std::vector<const std::byte*> data_;
+  };
+  Pinned pin_host_blocks(const BlockHash* keys, int n);
+  // Receiving a block (engine block hash `key`, retention class `cls`): `dst` is the host slot to
+  // write its block_bytes() into, then end_import(slot, ok) publishes it (ok) or frees it. No `dst`
+  // when the host tier holds the block already (`held`: it counts as used by `cls`) or every slot is
+  // pinned; the caller then drops the bytes.
+  struct ImportSlot {
+    std::byte* dst = nullptr;
+    int slot = -1;
+    bool held = false;
+  };
+  ImportSlot begin_import(const BlockHash& key, const std::string& cls);
+  void end_import(int slot, bool ok);
 
   StoreStats stats() const;
   DiskTier* disk() { return disk_.get(); }

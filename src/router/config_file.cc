@@ -16,16 +16,18 @@ RouterConfigFile parse_router_config(const std::string& text, const std::set<std
   BELUGA_CHECK(j.is_object(), origin, ": expected a JSON object of options");
   RouterConfigFile cfg;
   for (const auto& [key, v] : j.items()) {
-    if (key == "replicas") {
-      BELUGA_CHECK(v.is_array(), origin, ": \"replicas\" must be a list of URLs");
+    if (key == "replicas" || key == "prefill" || key == "decode") {
+      auto& list = key == "replicas" ? cfg.replicas : key == "prefill" ? cfg.prefill : cfg.decode;
+      BELUGA_CHECK(v.is_array(), origin, ": \"", key, "\" must be a list of URLs");
       for (const auto& u : v) {
-        BELUGA_CHECK(u.is_string(), origin, ": \"replicas\" must be a list of URLs");
-        cfg.replicas.push_back(u.get<std::string>());
+        BELUGA_CHECK(u.is_string(), origin, ": \"", key, "\" must be a list of URLs");
+        list.push_back(u.get<std::string>());
       }
       continue;
     }
     BELUGA_CHECK(known.count(key), origin, ": unknown key \"", key,
-                 "\" (the keys are `beluga router`'s options without the dashes, and \"replicas\")");
+                 "\" (the keys are `beluga router`'s options without the dashes, and \"replicas\", "
+                 "\"prefill\", \"decode\")");
     if (v.is_string())
       cfg.options[key] = v.get<std::string>();
     else if (v.is_number_integer())

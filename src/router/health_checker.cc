@@ -5,6 +5,7 @@
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
 
 namespace beluga::router {
 
@@ -41,9 +42,23 @@ struct HealthChecker::Probe : std::enable_shared_from_this<HealthChecker::Probe>
                            [self](beast::error_code ec, size_t) {
                              if (ec) return self->done(false, "read: " + ec.message());
                              const unsigned status = self->response->get().result_int();
+                             if (status == 200 && self->replica.role() == ReplicaRole::kDecode)
+                               self->learn_kv_address(self->response->get().body());
                              self->done(status == 200, "GET /health answered " + std::to_string(status));
                            });
         });
+  }
+
+  // A decode engine's /health names where its KV transfers arrive; a wildcard host is reached at
+  // the engine's own host.
+  void learn_kv_address(const std::string& body) {
+    const auto j = nlohmann::json::parse(body, nullptr, false);
+    if (!j.is_object() || !j.contains("kv_listen") || !j["kv_listen"].is_string())
+      return replica.set_kv_address("");
+    std::string a = j["kv_listen"].get<std::string>();
+    for (const char* any : {"0.0.0.0:", "[::]:"})
+      if (a.starts_with(any)) a = replica.address().host + a.substr(std::string_view(any).size() - 1);
+    replica.set_kv_address(std::move(a));
   }
 
   void done(bool ok, const std::string& why) {

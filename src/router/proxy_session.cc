@@ -15,7 +15,9 @@
 #include <boost/beast/http.hpp>
 
 #include "router/error_reply.h"
+#include "router/http_headers.h"
 #include "router/policy.h"
+#include "router/prefill_call.h"
 
 namespace beluga::router {
 
@@ -28,23 +30,6 @@ namespace {
 
 std::string_view sv(beast::string_view s) {
   return std::string_view(s.data(), s.size());
-}
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if ((a[i] | 0x20) != (b[i] | 0x20)) return false;  // header names: ASCII letters, digits, '-'
-  return true;
-}
-
-// Headers that describe one hop, not the message: never forwarded either way (RFC 9110 §7.6.1), plus
-// the framing ones each side sets for itself.
-bool hop_by_hop(std::string_view name) {
-  for (std::string_view h :
-       {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
-        "host", "content-length", "expect", "proxy-authorization"})
-    if (iequals(name, h)) return true;
-  return false;
 }
 
 bool stale_connection_error(const beast::error_code& ec) {
@@ -144,11 +129,25 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
                    ctx_.metrics.render(ctx_.replicas, ctx_.index.size()));
     if (path_ == "/health" || path_ == "/ready") {
       // The router is healthy (and ready) while at least one replica takes traffic.
-      int up = 0;
-      for (const auto& r : ctx_.replicas) up += r->breaker().allows_traffic();
-      const std::string body = std::string(R"({"status":")") + (up > 0 ? "ok" : "unavailable") +
-                               R"(","replicas":)" + std::to_string(ctx_.replicas.size()) +
-                               R"(,"replicas_available":)" + std::to_string(up) + "}";
+      // Disaggregated: while a decode engine takes traffic (the prefill engines only speed it up);
+      // decode_kv_known counts those whose KV address the health checks have learned.
+      int up = 0, prefill_up = 0, kv_known = 0;
+      for (const auto& r : ctx_.replicas) {
+        const bool ok = r->breaker().allows_traffic();
+        if (r->role() == ReplicaRole::kPrefill) {
+          prefill_up += ok;
+          continue;
+        }
+        up += ok;
+        kv_known += ok && r->role() == ReplicaRole::kDecode && !r->kv_address().empty();
+      }
+      std::string body = std::string(R"({"status":")") + (up > 0 ? "ok" : "unavailable") +
+                         R"(","replicas":)" + std::to_string(ctx_.replicas.size()) +
+                         R"(,"replicas_available":)" + std::to_string(up + prefill_up);
+      if (ctx_.disaggregated)
+        body += R"(,"prefill_available":)" + std::to_string(prefill_up) + R"(,"decode_available":)" +
+                std::to_string(up) + R"(,"decode_kv_known":)" + std::to_string(kv_known);
+      body += "}";
       return reply(up > 0 ? 200 : 503, "application/json", body);
     }
 
@@ -161,6 +160,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     attempts_ = 0;
     last_error_.clear();
     last_timeout_ = false;
+    prefill_leg_done_ = false;
+    decode_target_ = nullptr;
+    extra_headers_.clear();
     if (path_.starts_with("/v1/responses/")) pinned_ = path_.substr(14);
 
     const bool wants_key = ctx_.model && route_ &&
@@ -179,7 +181,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     auto it = req_.find(http::field::authorization);
     if (it != req_.end()) {
       std::string_view v = sv(it->value());
-      if (v.size() > 7 && iequals(v.substr(0, 7), "Bearer ")) return std::string(v.substr(7));
+      if (v.size() > 7 && header_iequals(v.substr(0, 7), "Bearer ")) return std::string(v.substr(7));
     }
     it = req_.find("x-api-key");
     if (it != req_.end()) return std::string(sv(it->value()));
@@ -199,15 +201,27 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
 
   // ------------------------------------------------------------------ picking a replica
 
-  Replica* select() {
+  // Which replicas a leg may use: disaggregated, prefill engines take the prefill leg and decode
+  // engines everything else; otherwise every replica takes everything.
+  enum class Leg { kMain, kPrefill };
+  bool eligible(const Replica& r, Leg leg) const {
+    if (leg == Leg::kPrefill) return r.role() == ReplicaRole::kPrefill;
+    return !ctx_.disaggregated || r.role() == ReplicaRole::kDecode;
+  }
+
+  Replica* select(Leg leg = Leg::kMain) {
     const size_t n = ctx_.replicas.size();
     candidates_.clear();
     for (size_t i = 0; i < n; ++i) {
       Replica& r = *ctx_.replicas[i];
-      if (!r.breaker().allows_traffic() || (tried_ >> i & 1)) continue;
+      if (!eligible(r, leg) || !r.breaker().allows_traffic() || (tried_ >> i & 1)) continue;
       candidates_.push_back(Candidate{r.id(), r.in_flight.load(std::memory_order_relaxed), 0});
     }
     if (candidates_.empty()) return nullptr;
+    // The decode engine the prompt's KV was sent to, while it takes traffic.
+    if (leg == Leg::kMain && decode_target_)
+      for (const auto& c : candidates_)
+        if (c.replica == decode_target_->id()) return decode_target_;
     matched_ = 0;
     if (!pinned_.empty()) {  // a stored response lives on one replica
       if (auto id = ctx_.responses.get(pinned_))
@@ -215,6 +229,13 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
           if (c.replica == *id) return ctx_.replicas[size_t(*id)].get();
     }
     const uint64_t ticket = ctx_.ticket.fetch_add(1, std::memory_order_relaxed);
+    if (ctx_.disaggregated && leg == Leg::kMain && route_) {
+      // A decode engine: by requests in flight (DeepSeek's decode balancer), the KV comes with the request.
+      return ctx_
+          .replicas[size_t(
+              candidates_[choose(Policy::kLeastLoad, candidates_, 0, ctx_.cfg.knobs, ticket).index].replica)]
+          .get();
+    }
     if (!route_) {  // not a generation: the least loaded (round-robin under that policy)
       const Policy p = ctx_.cfg.policy == Policy::kRoundRobin ? Policy::kRoundRobin : Policy::kLeastLoad;
       return ctx_
@@ -232,6 +253,10 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   }
 
   void attempt() {
+    if (ctx_.disaggregated && route_ && !prefill_leg_done_) {
+      prefill_leg_done_ = true;
+      if (start_prefill()) return;  // on_prefilled() goes on
+    }
     Replica* r = select();
     if (!r) {
       if (attempts_ == 0) {
@@ -250,13 +275,69 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     ++attempts_;
     r->in_flight.fetch_add(1, std::memory_order_relaxed);
     r->counters().requests.fetch_add(1, std::memory_order_relaxed);
-    if (route_ && ctx_.cfg.policy == Policy::kCacheAware && prompt_tokens_ > 0) {
+    if (route_ && ctx_.cfg.policy == Policy::kCacheAware && prompt_tokens_ > 0 && !ctx_.disaggregated) {
       r->counters().prompt_tokens.fetch_add(uint64_t(prompt_tokens_), std::memory_order_relaxed);
       r->counters().hit_tokens.fetch_add(uint64_t(matched_ * ctx_.cfg.knobs.block_size),
                                          std::memory_order_relaxed);
       ctx_.index.record(hashes_, r->id());
     }
     connect();
+  }
+
+  // ------------------------------------------------------------------ the prefill leg (disaggregated)
+
+  // Picks the decode engine, then a prefill engine, and sends it the request to prefill for the
+  // decode engine. False when the request goes to a decode engine alone (it then computes the
+  // prompt itself: a stored response's continuation, no prefill engine up, the decode engine's KV
+  // address not known yet).
+  bool start_prefill() {
+    if (!pinned_.empty()) {  // the stored response lives on a decode engine, which has its KV
+      ctx_.metrics.prefill(PrefillResult::kSkipped, 0);
+      return false;
+    }
+    Replica* d = select(Leg::kMain);
+    const std::string kv = d ? d->kv_address() : std::string();
+    Replica* p = kv.empty() ? nullptr : select(Leg::kPrefill);
+    if (!p) {
+      ctx_.metrics.prefill(PrefillResult::kSkipped, 0);
+      return false;
+    }
+    decode_target_ = d;
+    prefill_replica_ = p;
+    p->in_flight.fetch_add(1, std::memory_order_relaxed);
+    p->counters().requests.fetch_add(1, std::memory_order_relaxed);
+    if (ctx_.cfg.policy == Policy::kCacheAware && prompt_tokens_ > 0) {
+      p->counters().prompt_tokens.fetch_add(uint64_t(prompt_tokens_), std::memory_order_relaxed);
+      p->counters().hit_tokens.fetch_add(uint64_t(matched_ * ctx_.cfg.knobs.block_size),
+                                         std::memory_order_relaxed);
+      ctx_.index.record(hashes_, p->id());
+    }
+    prefill_ = PrefillCall::start(
+        exec_, ctx_.endpoints[size_t(p->id())], p->address(), req_, kv, ctx_.cfg.connect_timeout_ms,
+        ctx_.cfg.upstream_timeout_s,
+        [self = shared_from_this()](PrefillOutcome o) { self->on_prefilled(std::move(o)); });
+    arm_watch();  // notice a client that leaves while the prompt is computed
+    return true;
+  }
+
+  void on_prefilled(PrefillOutcome o) {
+    prefill_.reset();
+    Replica* p = prefill_replica_;
+    prefill_replica_ = nullptr;
+    p->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    if (client_gone_) return abandon();
+    if (o.ok) {
+      if (p->breaker().on_success()) ctx_.on_rejoined(*p);
+      extra_headers_ = "x-beluga-prefill-cached: " + o.cached + "\r\n";
+      ctx_.metrics.prefill(PrefillResult::kOk, o.seconds);
+    } else {
+      // The decode engine computes the prompt itself: the same answer, later. An engine that did not
+      // answer is charged (a refusal, e.g. a bad request, is not its fault: the decode engine says so).
+      p->counters().failures.fetch_add(1, std::memory_order_relaxed);
+      if (!o.reached && p->breaker().on_failure()) ctx_.on_ejected(*p, "prefill: " + o.error);
+      ctx_.metrics.prefill(PrefillResult::kFailed, o.seconds);
+    }
+    attempt();
   }
 
   // Ends the current attempt's hold on its replica.
@@ -305,12 +386,13 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     up_head_ += a.port;
     up_head_ += kCrlf;
     for (const auto& f : req_) {
-      if (hop_by_hop(sv(f.name_string()))) continue;
+      if (hop_by_hop(sv(f.name_string())) || internal_header(sv(f.name_string()))) continue;
       up_head_ += sv(f.name_string());
       up_head_ += ": ";
       up_head_ += sv(f.value());
       up_head_ += kCrlf;
     }
+    up_head_ += extra_headers_;
     if (!req_.body().empty() || req_.method() == http::verb::post || req_.method() == http::verb::put) {
       up_head_ += "Content-Length: ";
       up_head_ += std::to_string(req_.body().size());
@@ -574,7 +656,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
       if (ec && ec != net::error::operation_aborted) return do_close();
       return read_request();
     }
-    if (!replica_) return;  // the response ended meanwhile (after_response reads on)
+    if (!replica_ && !prefill_) return;  // the response ended meanwhile (after_response reads on)
     if (ec || cbuf_.size() > ctx_.cfg.max_body_bytes + 65536) return client_left();
     arm_watch();
   }
@@ -583,6 +665,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   // which makes the replica abort the request.
   void client_left() {
     client_gone_ = true;
+    if (prefill_) return prefill_->cancel();  // its callback abandons
     close_upstream();  // a pending upstream operation completes with an error and calls abandon()
     abandon();
   }
@@ -651,6 +734,14 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   int attempts_ = 0;
   std::string last_error_;
   bool last_timeout_ = false;
+
+  // Disaggregated: the prefill leg (done or skipped), the decode engine holding the KV, the headers
+  // the decode leg adds.
+  bool prefill_leg_done_ = false;
+  Replica* decode_target_ = nullptr;
+  Replica* prefill_replica_ = nullptr;
+  std::shared_ptr<PrefillCall> prefill_;
+  std::string extra_headers_;
 
   // The attempt in progress.
   Replica* replica_ = nullptr;

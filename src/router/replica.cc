@@ -32,8 +32,18 @@ ReplicaAddress parse_replica_url(std::string_view url) {
   return a;
 }
 
-Replica::Replica(int id, ReplicaAddress address, int eject_after)
-    : id_(id), address_(std::move(address)), breaker_(eject_after) {}
+Replica::Replica(int id, ReplicaAddress address, int eject_after, ReplicaRole role)
+    : id_(id), address_(std::move(address)), role_(role), breaker_(eject_after) {}
+
+std::string Replica::kv_address() const {
+  std::lock_guard lock(kv_mu_);
+  return kv_address_;
+}
+
+void Replica::set_kv_address(std::string a) {
+  std::lock_guard lock(kv_mu_);
+  kv_address_ = std::move(a);
+}
 
 Replica::~Replica() {
   drop_idle();

@@ -14,6 +14,9 @@
 
 namespace beluga::router {
 
+// What a replica does (`beluga serve --role`): everything, or one side of disaggregated serving.
+enum class ReplicaRole { kBoth, kPrefill, kDecode };
+
 struct ReplicaAddress {
   std::string host, port;
   std::string url;  // http://host:port, as /metrics labels it
@@ -33,12 +36,16 @@ struct ReplicaCounters {
 
 class Replica {
  public:
-  Replica(int id, ReplicaAddress address, int eject_after);
+  Replica(int id, ReplicaAddress address, int eject_after, ReplicaRole role = ReplicaRole::kBoth);
   ~Replica();
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
 
   int id() const { return id_; }
+  ReplicaRole role() const { return role_; }
+  // A decode replica's KV transfer address ("host:port", from its /health); empty until known.
+  std::string kv_address() const;
+  void set_kv_address(std::string a);
   const ReplicaAddress& address() const { return address_; }
   CircuitBreaker& breaker() { return breaker_; }
   const CircuitBreaker& breaker() const { return breaker_; }
@@ -57,6 +64,9 @@ class Replica {
  private:
   const int id_;
   const ReplicaAddress address_;
+  const ReplicaRole role_;
+  mutable std::mutex kv_mu_;
+  std::string kv_address_;
   CircuitBreaker breaker_;
   ReplicaCounters counters_;
   std::mutex mu_;

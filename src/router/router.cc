@@ -65,22 +65,37 @@ void do_accept(Router::State* st) {
 Router::Router(RouterConfig cfg, std::unique_ptr<PromptModel> model)
     : st_(std::make_unique<State>(std::move(cfg), std::move(model))) {
   RouterContext& ctx = st_->ctx;
-  BELUGA_CHECK(!ctx.cfg.replicas.empty(), "at least one --replica URL is needed");
-  BELUGA_CHECK(ctx.cfg.replicas.size() <= size_t(kMaxReplicas), "at most ", kMaxReplicas, " replicas");
+  BELUGA_CHECK(!ctx.cfg.replicas.empty() || ctx.disaggregated, "at least one --replica URL is needed");
+  BELUGA_CHECK(!ctx.disaggregated || (!ctx.cfg.prefill.empty() && !ctx.cfg.decode.empty()),
+               "disaggregated serving needs at least one --prefill and one --decode URL");
+  BELUGA_CHECK(!ctx.disaggregated || ctx.cfg.replicas.empty(),
+               "--replica does not combine with --prefill/--decode (give each engine its role)");
+  BELUGA_CHECK(
+      ctx.cfg.replicas.size() + ctx.cfg.prefill.size() + ctx.cfg.decode.size() <= size_t(kMaxReplicas),
+      "at most ", kMaxReplicas, " replicas");
   ctx.tokenize_pool = &st_->tokenize_pool;
   tcp::resolver resolver(st_->ioc);
-  for (const auto& url : ctx.cfg.replicas) {
-    ReplicaAddress a = parse_replica_url(url);
-    boost::system::error_code ec;
-    auto results = resolver.resolve(a.host, a.port, ec);
-    BELUGA_CHECK(!ec && !results.empty(), "--replica ", url, ": cannot resolve ", a.host, ": ", ec.message());
-    std::vector<tcp::endpoint> eps;
-    for (const auto& e : results) eps.push_back(e.endpoint());
-    for (const auto& r : ctx.replicas)
-      BELUGA_CHECK(r->address().url != a.url, "--replica ", url, " is given twice");
-    ctx.endpoints.push_back(std::move(eps));
-    ctx.replicas.push_back(
-        std::make_unique<Replica>(int(ctx.replicas.size()), std::move(a), ctx.cfg.eject_after));
+  const std::pair<const std::vector<std::string>*, ReplicaRole> lists[] = {
+      {&ctx.cfg.replicas, ReplicaRole::kBoth},
+      {&ctx.cfg.prefill, ReplicaRole::kPrefill},
+      {&ctx.cfg.decode, ReplicaRole::kDecode}};
+  for (const auto& [urls, role] : lists) {
+    const char* flag = role == ReplicaRole::kBoth      ? "--replica "
+                       : role == ReplicaRole::kPrefill ? "--prefill "
+                                                       : "--decode ";
+    for (const auto& url : *urls) {
+      ReplicaAddress a = parse_replica_url(url);
+      boost::system::error_code ec;
+      auto results = resolver.resolve(a.host, a.port, ec);
+      BELUGA_CHECK(!ec && !results.empty(), flag, url, ": cannot resolve ", a.host, ": ", ec.message());
+      std::vector<tcp::endpoint> eps;
+      for (const auto& e : results) eps.push_back(e.endpoint());
+      for (const auto& r : ctx.replicas)
+        BELUGA_CHECK(r->address().url != a.url, flag, url, " is given twice");
+      ctx.endpoints.push_back(std::move(eps));
+      ctx.replicas.push_back(
+          std::make_unique<Replica>(int(ctx.replicas.size()), std::move(a), ctx.cfg.eject_after, role));
+    }
   }
 }
 

@@ -13,7 +13,10 @@ namespace beluga::router {
 struct RouterConfig {
   std::string host = "127.0.0.1";
   int port = 8080;                    // 0: any free port (Router::port())
-  std::vector<std::string> replicas;  // http://HOST:PORT each (at most 64)
+  std::vector<std::string> replicas;  // http://HOST:PORT each (at most 64 replicas in all)
+  // Disaggregated serving instead (both given, no `replicas`): engines started with --role prefill
+  // and --role decode (docs/disaggregation.md).
+  std::vector<std::string> prefill, decode;
   Policy policy = Policy::kCacheAware;
   CostKnobs knobs;
   size_t index_blocks = size_t(1) << 20;  // prefix index capacity (~100 bytes per block)

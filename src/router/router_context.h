@@ -26,6 +26,7 @@ struct RouterContext {
       : cfg(std::move(c)), index(cfg.index_blocks), responses(cfg.max_response_ids), model(std::move(m)) {}
 
   const RouterConfig cfg;
+  const bool disaggregated = !cfg.prefill.empty() || !cfg.decode.empty();
   std::vector<std::unique_ptr<Replica>> replicas;
   std::vector<std::vector<boost::asio::ip::tcp::endpoint>> endpoints;  // per replica id
   PrefixIndex index;

@@ -37,6 +37,16 @@ std::string RouterMetrics::render(const std::vector<std::unique_ptr<Replica>>& r
   sample(out, "beluga_router_retries_total", "", double(retries_.load()));
   family(out, "beluga_router_unroutable_total", "counter", "Requests answered 503: no replica available.");
   sample(out, "beluga_router_unroutable_total", "", double(unroutable_.load()));
+  family(
+      out, "beluga_router_prefills_total", "counter",
+      "Prefill legs of disaggregated requests, by result (failed: the decode engine computed the prompt).");
+  const char* results[] = {"ok", "failed", "skipped"};
+  for (size_t i = 0; i < 3; ++i)
+    sample(out, "beluga_router_prefills_total", std::string("result=\"") + results[i] + "\"",
+           double(prefills_[i].load()));
+  family(out, "beluga_router_prefill_seconds_total", "counter",
+         "Time of the prefill legs, request to report (prompt computed and its KV sent).");
+  sample(out, "beluga_router_prefill_seconds_total", "", double(prefill_micros_.load()) * 1e-6);
   family(out, "beluga_router_prefix_index_blocks", "gauge",
          "Blocks in the router's approximate prefix index.");
   sample(out, "beluga_router_prefix_index_blocks", "", double(index_blocks));

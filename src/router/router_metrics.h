@@ -16,8 +16,16 @@
 
 namespace beluga::router {
 
+// The prefill leg of a disaggregated request: done (KV at the decode engine), failed (the decode
+// engine computes the prompt instead), skipped (no prefill engine or KV address; a continuation).
+enum class PrefillResult { kOk, kFailed, kSkipped };
+
 class RouterMetrics {
  public:
+  void prefill(PrefillResult r, double seconds) {
+    prefills_[size_t(r)].fetch_add(1, std::memory_order_relaxed);
+    prefill_micros_.fetch_add(uint64_t(seconds * 1e6), std::memory_order_relaxed);
+  }
   void decision(Policy p, Decision d) {
     decisions_[size_t(p)][size_t(d)].fetch_add(1, std::memory_order_relaxed);
   }
@@ -30,6 +38,8 @@ class RouterMetrics {
  private:
   std::array<std::array<std::atomic<uint64_t>, kNumDecisions>, 3> decisions_{};
   std::atomic<uint64_t> requests_{0}, retries_{0}, unroutable_{0};
+  std::array<std::atomic<uint64_t>, 3> prefills_{};
+  std::atomic<uint64_t> prefill_micros_{0};
 };
 
 }  // namespace beluga::router

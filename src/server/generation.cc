@@ -12,13 +12,15 @@ namespace net = boost::asio;
 using Json = nlohmann::ordered_json;
 
 // Parsing, templating and tokenizing run on the build pool; the result comes back to the strand.
-void Generation::start(ServerApi api, std::string salt, std::string header_class, std::string body) {
+void Generation::start(ServerApi api, std::string salt, std::string header_class, PdRequest pd,
+                       std::string body) {
   Server::State& st = s_.st_;
   const recipe::Api eapi = error_api(api);
   api_ = api;
   stream_mode_ = false;
   salt_ = std::move(salt);
   header_class_ = std::move(header_class);
+  pd_ = std::move(pd);
   building_ = true;
   client_gone_ = false;
   const uint64_t gen = ++gen_;
@@ -88,8 +90,25 @@ void Generation::start_job(BuiltRequest b) {
   const auto& classes = st.info.traffic_classes;
   if (std::find(classes.begin(), classes.end(), traffic_class) == classes.end())
     return s_.send_error(eapi, 400, "unknown traffic_class '" + traffic_class + "'", "traffic_class");
+  const bool prefill = !pd_.prefill_to.empty();
+  if (prefill) {
+    // The prompt's KV is what the decode engine needs: one token computes it. The decode engine
+    // applies the request's own limits, stream, grammar and store.
+    b.sampling.max_tokens = 1;
+    b.sampling.min_tokens = 0;
+    b.stream = false;
+    b.store = false;
+    b.logits_processor = {};
+    prefill_prompts_ = b.prompts;
+  }
+  traffic_class_ = traffic_class;
   stream_mode_ = b.stream;
   job_ = std::make_unique<Job>(std::move(b.spec), *st.info.tokenizer, make_formatter(api, b.ctx), b.stream);
+  if (!pd_.cached.empty() && pd_.cached.size() == b.prompts.size()) {
+    std::vector<Job::CachedCounts> c;
+    for (const auto& x : pd_.cached) c.push_back({x.tokens, x.host, x.disk});
+    job_->set_prefill_cached(std::move(c));
+  }
   ++gen_;
   ids_.clear();
   to_store_.reset();
@@ -154,7 +173,8 @@ void Generation::on_engine_output(uint64_t gen, int sub, RequestOutput&& o) {
   try {
     std::string out;
     job_->on_output(sub, std::move(o), out);
-    if (job_->complete()) return finish_job(std::move(out));
+    if (job_->complete())
+      return !pd_.prefill_to.empty() && !job_->failed() ? finish_prefill() : finish_job(std::move(out));
     if (stream_mode_ && !out.empty()) s_.queue_body(out);
   } catch (const std::exception& e) {
     s_.fail_internal(error_api(api_), e.what());
@@ -209,6 +229,45 @@ void Generation::finish_job(std::string out) {
   } else {
     s_.send_json(200, response);
   }
+  job_.reset();
+  s_.sync_busy();
+}
+
+void Generation::finish_prefill() {
+  Server::State& st = s_.st_;
+  PrefillReport report;
+  report.prompts.resize(prefill_prompts_.size());
+  for (size_t k = 0; k < prefill_prompts_.size(); ++k) {
+    report.prompts[k].tokens = int(prefill_prompts_[k].size());
+    const Job::CachedCounts c = job_->sub_cached(int(k));
+    report.prompts[k].cached = {c.tokens, c.host, c.disk};
+  }
+  // Still active (the session is busy, a client that leaves is noticed) until the blocks are sent.
+  auto task = [self = s_.shared_from_this(), this, gen = gen_, pd = &st.info.pd, dest = pd_.prefill_to,
+               salt = salt_, cls = traffic_class_, prompts = std::move(prefill_prompts_),
+               report = std::move(report)]() mutable {
+    try {
+      send_prompt_blocks(*pd, dest, salt, cls, prompts, &report);
+    } catch (const std::exception& e) {
+      report.ok = false;
+      report.error = e.what();
+    }
+    self->post(
+        [self, this, gen, report = std::move(report)]() mutable { on_prefill_sent(gen, std::move(report)); });
+  };
+  prefill_prompts_.clear();
+  net::post(*st.transfers, std::move(task));
+}
+
+void Generation::on_prefill_sent(uint64_t gen, PrefillReport report) {
+  if (gen != gen_ || !active_ || !job_) return;  // the client left (or the server cut it short) meanwhile
+  Server::State& st = s_.st_;
+  active_ = false;
+  st.metrics.in_flight(-1);
+  ++gen_;
+  const Usage& u = job_->usage();
+  st.metrics.tokens(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
+  s_.send_json(report.ok ? 200 : 502, prefill_report_json(report));
   job_.reset();
   s_.sync_busy();
 }

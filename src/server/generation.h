@@ -13,6 +13,7 @@
 #include "engine/request.h"
 #include "recipe/api_error.h"
 #include "server/api_format.h"
+#include "server/disaggregation.h"
 #include "server/job.h"
 #include "server/request_builder.h"
 #include "server/response_store.h"
@@ -28,8 +29,9 @@ class Generation {
   Generation& operator=(const Generation&) = delete;
 
   // Starts building the request: `salt` is the request's API key (prefix-cache salt, store tenant),
-  // `header_class` its x-traffic-class header.
-  void start(ServerApi api, std::string salt, std::string header_class, std::string body);
+  // `header_class` its x-traffic-class header, `pd` its part in disaggregated serving
+  // (disaggregation.h).
+  void start(ServerApi api, std::string salt, std::string header_class, PdRequest pd, std::string body);
 
   // Ends the generation in whatever state it is: its engine requests are aborted, outputs still on
   // their way and a build in progress become stale. Returns the stream's last events (the API's
@@ -62,6 +64,9 @@ class Generation {
   void on_engine_output(uint64_t gen, int sub, RequestOutput&& o);
   // `out`: the stream's last events.
   void finish_job(std::string out);
+  // A prefill for another engine ran: its blocks are sent off the strand, then reported.
+  void finish_prefill();
+  void on_prefill_sent(uint64_t gen, PrefillReport report);
   void set_building_done();
 
   Session& s_;
@@ -74,6 +79,9 @@ class Generation {
   bool active_ = false, stream_mode_ = false;
   bool building_ = false, client_gone_ = false;  // on the build pool; the client left meanwhile
   std::string salt_;                             // the request's API key (prefix-cache salt, store tenant)
+  PdRequest pd_;
+  std::vector<std::vector<int>> prefill_prompts_;  // a prefill's prompts, for sending their blocks
+  std::string traffic_class_;
 };
 
 }  // namespace beluga::server

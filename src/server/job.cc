@@ -185,11 +185,20 @@ void Job::apply(size_t ci, std::vector<Ev>& evs, std::string& out) {
   }
 }
 
+Job::CachedCounts Job::sub_cached(int sub) const {
+  const size_t s = size_t(sub);
+  return {sub_cached_[s], sub_cached_host_[s], sub_cached_disk_[s]};
+}
+
 void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
   if (complete_ || sub < 0 || sub >= spec_.num_prompts) return;
   const size_t s = size_t(sub);
   if (o.prompt_tokens > 0) sub_prompt_[s] = o.prompt_tokens;
-  if (o.cached_tokens >= sub_cached_[s]) {  // known from the first admission on
+  if (s < prefill_cached_.size()) {
+    sub_cached_[s] = prefill_cached_[s].tokens;
+    sub_cached_host_[s] = prefill_cached_[s].host;
+    sub_cached_disk_[s] = prefill_cached_[s].disk;
+  } else if (o.cached_tokens >= sub_cached_[s]) {  // known from the first admission on
     sub_cached_[s] = o.cached_tokens;
     sub_cached_host_[s] = o.cached_tokens_host;
     sub_cached_disk_[s] = o.cached_tokens_disk;

@@ -78,6 +78,15 @@ class Job {
     return stream_ ? fmt_->streamed_response() : fmt_->response(choices_, usage_);
   }
   const Usage& usage() const { return usage_; }
+  // A sub-request's prompt-cache hits (tokens in all, of them from the host and the disk tier).
+  struct CachedCounts {
+    int tokens = 0, host = 0, disk = 0;
+  };
+  CachedCounts sub_cached(int sub) const;
+  // Disaggregated serving: the prompt was computed by a prefill engine, whose cache hits these are
+  // (one per sub-request); they are reported instead of this engine's, which found the
+  // transferred blocks. Set before the first output.
+  void set_prefill_cached(std::vector<CachedCounts> c) { prefill_cached_ = std::move(c); }
   const std::vector<ChoiceText>& choices() const { return choices_; }
 
   // Timing for metrics (steady clock).
@@ -110,6 +119,7 @@ class Job {
   std::vector<ChoiceText> choices_;
   std::vector<bool> engine_active_, sub_begun_;
   std::vector<int> sub_prompt_, sub_cached_, sub_cached_host_, sub_cached_disk_;
+  std::vector<CachedCounts> prefill_cached_;
   Usage usage_;
   bool begun_ = false, complete_ = false, failed_ = false;
   std::string error_;

@@ -13,6 +13,7 @@
 #include "recipe/api_error.h"
 #include "recipe/chat_format.h"
 #include "server/api_format.h"
+#include "server/disaggregation.h"
 #include "server/grammar_cache.h"
 #include "server/job.h"
 #include "server/response_store.h"
@@ -42,6 +43,8 @@ struct ModelInfo {
   std::shared_ptr<GrammarCache> grammars;
   // Extra /metrics text (the KV tiers'), appended when set.
   std::function<std::string()> extra_metrics;
+  // Disaggregated serving: this server's role and its KV transfer ends.
+  Disaggregation pd;
 };
 
 struct BuiltRequest {

@@ -122,6 +122,7 @@ void Server::set_engine(EngineHandle* engine, ModelInfo info) {
   // Handlers read these only after seeing ready == true (release/acquire through the atomic).
   st_->engine = engine;
   st_->info = std::move(info);
+  if (st_->info.pd.transfer) st_->transfers = std::make_unique<boost::asio::thread_pool>(2);
   st_->ready.store(true);
   st_->engine_verdict();  // the first sample: the baseline of "recent steps"
 }
@@ -184,7 +185,8 @@ bool Server::drain(std::chrono::seconds grace) {
 }
 
 void Server::stop() {
-  st_->builds->stop();  // its tasks post to the I/O threads: it stops first
+  st_->builds->stop();                         // its tasks post to the I/O threads: it stops first
+  if (st_->transfers) st_->transfers->join();  // the transfers in progress end (their timeouts bound it)
   {
     std::lock_guard lock(st_->mu);
     st_->stopping = true;

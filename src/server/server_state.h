@@ -45,6 +45,9 @@ struct Server::State {
   std::unique_ptr<BuildPool> builds;
   std::unique_ptr<EngineHealth> health;
   std::vector<std::thread> threads;
+  // Prefill for other engines (disaggregation.h): KV transfers block, so not on the I/O threads
+  // nor the build pool. Created with the engine when the server has a transfer; destroyed first.
+  std::unique_ptr<boost::asio::thread_pool> transfers;
   int64_t started = unix_seconds();
 
   HealthVerdict engine_verdict() {

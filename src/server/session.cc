@@ -247,7 +247,11 @@ void Session::route(Request& req) {
     if (!st_.ready) return send_response(503, "application/json", R"({"status":"loading"})");
     const HealthVerdict v = st_.engine_verdict();
     if (!v.ok) return send_json(503, Json{{"status", "unhealthy"}, {"reason", v.reason}});
-    return send_response(200, "application/json", R"({"status":"ok"})");
+    if (st_.info.pd.role == ServeRole::kBoth)
+      return send_response(200, "application/json", R"({"status":"ok"})");
+    Json h{{"status", "ok"}, {"role", serve_role_name(st_.info.pd.role)}};
+    if (!st_.info.pd.kv_address.empty()) h["kv_listen"] = st_.info.pd.kv_address;
+    return send_json(200, h);
   }
   if (path == "/ready") {
     // Readiness: take new requests here (not while loading, draining or unhealthy).
@@ -316,7 +320,11 @@ void Session::route(Request& req) {
   if (method != http::verb::post) return send_error(eapi, 405, "use POST for " + path, "");
   if (!st_.ready) return send_error(eapi, 503, "the model is loading", "");
   if (st_.drain.draining()) return send_error(eapi, 503, "the server is shutting down", "");
-  gen_.start(*api, presented_key(req), std::string(req["x-traffic-class"]), std::move(req.body()));
+  std::string pd_error;
+  PdRequest pd = pd_request(st_.info.pd, sv(req[kPrefillToHeader]), sv(req[kPrefillCachedHeader]), &pd_error);
+  if (!pd_error.empty()) return send_error(eapi, 400, pd_error, "");
+  gen_.start(*api, presented_key(req), std::string(req["x-traffic-class"]), std::move(pd),
+             std::move(req.body()));
 }
 
 // GET / DELETE /v1/responses/{id}: only the tenant that created a response sees it.
