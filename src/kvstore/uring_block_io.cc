@@ -227,11 +227,19 @@ class UringBlockIo final : public BlockIo {
         if (res > 0) op->done += size_t(res);
         if (res > 0 && op->done < op->total()) return issue(op);  // a short read: the rest
         return go(op, Op::Step::kClose);                          // whole, at its end, or failed
-      default: {                                                  // kClose
+      default: {  // kClose: the checks and the callback on a worker, so the ring's thread goes on issuing
         op->fd = -1;
-        if (op->read_failed) return finish_read(op, BlockFileStatus::kIoError);
-        return finish_read(op, check_block_image(op->head, op->done, op->fingerprint, op->key,
-                                                 op->payload_bytes, op->payload, &op->h));
+        --active_;
+        jobs_.submit([this, op] {
+          const BlockFileStatus s = op->read_failed
+                                        ? BlockFileStatus::kIoError
+                                        : check_block_image(op->head, op->done, op->fingerprint, op->key,
+                                                            op->payload_bytes, op->payload, &op->h);
+          op->read_done(s, op->h);
+          delete op;
+          end();
+        });
+        return;
       }
     }
   }

@@ -6,8 +6,9 @@
 //          and with BlockSync::kFull an fsync of the directory; a failed write closes and unlinks
 //          its temporary file (the status as write_block_file gives it: ENOSPC is kNoSpace).
 // Other threads hand work to the ring's thread through a queue and an eventfd the ring reads.
-// Blocking jobs run on two worker threads. Built without liburing (BELUGA_HAVE_LIBURING unset),
-// uring_probe says so and open_uring_block_io returns nullptr.
+// Two worker threads run the blocking jobs and a read's checks and callback (its XXH3 over the payload
+// would otherwise hold up the ring's thread); a write's callback runs on the ring's thread. Built without
+// liburing (BELUGA_HAVE_LIBURING unset), uring_probe says so and open_uring_block_io returns nullptr.
 #pragma once
 
 #include <memory>
