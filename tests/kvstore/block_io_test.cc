@@ -220,9 +220,8 @@ TEST_P(BlockIoPath, ManyFilesInFlightRoundTripBitExact) {
   auto io = open();
   if (!io) return;
   const std::string dir = temp_dir("many");
-  constexpr int kN = 200;  // far more than the queue depth of 8
-  constexpr size_t kBig =
-      (size_t(1) << 20) + 123;  // larger than one writev/readv may move at once on some systems
+  constexpr int kN = 200;                           // far more than the queue depth of 8
+  constexpr size_t kBig = (size_t(1) << 20) + 123;  // every tenth file: a large, odd-sized transfer
   std::vector<std::vector<std::byte>> data, got(kN, std::vector<std::byte>(kBig));
   for (int i = 0; i < kN; ++i) data.push_back(pattern(1000 + i, i % 10 == 0 ? kBig : kBytes));
   std::vector<BlockFileStatus> ws(kN, BlockFileStatus::kIoError), rs(kN, BlockFileStatus::kIoError);
