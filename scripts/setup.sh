@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libboost-dev libpcre2-dev libxxhash-dev libomp-dev
+  nlohmann-json3-dev libboost-dev libpcre2-dev libxxhash-dev libomp-dev liburing-dev
   clang-format python3 curl
   json-schema-test-suite
   manpages-zh manpages-ja

@@ -1,6 +1,7 @@
 #include "cli/kv_args.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "kvstore/fingerprint.h"
 #include "model/batch.h"
@@ -18,6 +19,11 @@ KvFlags parse_kv_flags(const Args& args) {
   f.disk_gb = args.get_double("kv-disk-gb", 0);
   BELUGA_CHECK(std::isfinite(f.disk_gb) && f.disk_gb >= 0, "--kv-disk-gb must be a size in GiB >= 0");
   BELUGA_CHECK(f.disk_gb == 0 || !f.disk_dir.empty(), "--kv-disk-gb needs --kv-disk-dir");
+  const std::string io = args.get_or("kv-disk-io", "auto"), sync = args.get_or("kv-disk-sync", "none");
+  BELUGA_CHECK(kv::parse_io_mode(io, &f.disk_io.mode),
+               "--kv-disk-io must be auto, io_uring or threads, not '", io, "'");
+  BELUGA_CHECK(kv::parse_block_sync(sync, &f.disk_io.sync),
+               "--kv-disk-sync must be none, data or full, not '", sync, "'");
   return f;
 }
 
@@ -34,10 +40,14 @@ KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m) {
   sc.host_bytes = size_t(host_gb * double(size_t(1) << 30));
   sc.disk_dir = disk_dir;
   sc.disk_bytes = size_t(disk_gb * double(size_t(1) << 30));
+  sc.disk_io = f.disk_io;
   sc.retention = o.retention;
   Ops* ops = m.ops.get();
   sc.host_alloc = {[ops](size_t n) { return ops->host_alloc(n); }, [ops](void* p) { ops->host_free(p); }};
   o.store = std::make_unique<kv::TieredStore>(std::move(sc));
+  if (kv::DiskTier* d = o.store->disk())
+    std::fprintf(stderr, "beluga: KV file tier in %s: I/O through %s, block files synced: %s\n",
+                 disk_dir.c_str(), d->io_description().c_str(), kv::block_sync_name(f.disk_io.sync));
   return o;
 }
 

@@ -3,6 +3,8 @@
 // default: the file system's free space) and --kv-retention chat=7d,agent=3d (the classes a request
 // may name, tiers on or off, and how long the file tier keeps their blocks after their last use).
 // A tier is off when its flag is absent. The store is keyed with the loaded model's fingerprint.
+// --kv-disk-io auto|io_uring|threads picks the file tier's I/O path (auto: io_uring when the kernel
+// allows it) and --kv-disk-sync none|data|full how its block files are synced (block_file.h).
 #pragma once
 
 #include <memory>
@@ -19,6 +21,7 @@ struct KvFlags {
   kv::Retention retention;
   double host_gb = 0, disk_gb = 0;
   std::string disk_dir;
+  kv::DiskIoOptions disk_io;
 };
 KvFlags parse_kv_flags(const Args& args);
 

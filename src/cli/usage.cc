@@ -73,7 +73,14 @@ const std::vector<CommandUsage>& command_usages() {
                "the file tier's capacity (default: its size plus the free space at start)"},
               {"kv-retention", "CLASS=AGE,...",
                "how long each traffic class's blocks are kept after their last use "
-               "(AGE: N[s|m|h|d]); merged over chat=7d,agent=3d"}}},
+               "(AGE: N[s|m|h|d]); merged over chat=7d,agent=3d"},
+              {"kv-disk-io", "auto|io_uring|threads",
+               "the file tier's I/O: auto takes io_uring when the kernel allows it, else threads (the "
+               "log says which; default auto)"},
+              {"kv-disk-sync", "none|data|full",
+               "sync each block file before its rename: data (fdatasync: blocks survive a power loss), "
+               "full (fsync and its directory); none relies on the checksums, a torn file being a miss "
+               "(default none)"}}},
             {"prefill/decode disaggregation (docs/disaggregation.md)",
              {{"role", "both|prefill|decode",
                "prefill: compute prompts and send their KV to the decode engine the router names; decode: "

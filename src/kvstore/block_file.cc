@@ -41,9 +41,7 @@ struct Reader {
   }
 };
 
-}  // namespace
-
-void encode_block_header(const BlockFileHeader& h, uint64_t payload_sum, unsigned char* out) {
+void encode(const BlockFileHeader& h, uint64_t payload_sum, unsigned char* out) {
   Writer w{out};
   std::memcpy(w.p, kMagic, 8);
   w.p += 8;
@@ -65,7 +63,8 @@ void encode_block_header(const BlockFileHeader& h, uint64_t payload_sum, unsigne
   w.put(uint64_t(XXH3_64bits(out, size_t(w.p - out))));
 }
 
-bool decode_block_header(const unsigned char* in, BlockFileHeader* h, uint64_t* payload_sum, bool* foreign) {
+// Decodes a header; false when it is not a valid header of this format.
+bool decode(const unsigned char* in, BlockFileHeader* h, uint64_t* payload_sum, bool* foreign) {
   *foreign = false;
   if (std::memcmp(in, kMagic, 8) != 0) return false;
   Reader r{in + 8};
@@ -97,12 +96,6 @@ bool decode_block_header(const unsigned char* in, BlockFileHeader* h, uint64_t* 
   *payload_sum = r.get<uint64_t>();
   return true;
 }
-
-uint64_t block_payload_sum(const void* data, size_t n) {
-  return XXH3_64bits(data, n);
-}
-
-namespace {
 
 bool write_all(int fd, const void* data, size_t n, int* err) {
   const auto* p = static_cast<const char*>(data);
@@ -208,23 +201,99 @@ bool key_from_hex(const std::string& s, BlockHash* k) {
   return true;
 }
 
-BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader& h, const void* payload) {
-  const std::string tmp = path + kTempTag + std::to_string(::getpid()) + "." +
-                          std::to_string(g_tmp_counter++) + "." + host_name();
+const char* block_sync_name(BlockSync s) {
+  switch (s) {
+    case BlockSync::kNone:
+      return "none";
+    case BlockSync::kData:
+      return "data";
+    case BlockSync::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+bool parse_block_sync(const std::string& s, BlockSync* out) {
+  for (BlockSync v : {BlockSync::kNone, BlockSync::kData, BlockSync::kFull})
+    if (s == block_sync_name(v)) {
+      *out = v;
+      return true;
+    }
+  return false;
+}
+
+bool decode_block_header(const unsigned char* in, BlockFileHeader* h, uint64_t* payload_sum, bool* foreign) {
+  return decode(in, h, payload_sum, foreign);
+}
+
+uint64_t block_payload_sum(const void* data, size_t n) {
+  return XXH3_64bits(data, n);
+}
+
+void encode_block_header(const BlockFileHeader& h, const void* payload, unsigned char* out) {
+  encode(h, XXH3_64bits(payload, h.payload_bytes), out);
+}
+
+BlockFileStatus check_block_image(const unsigned char* head, size_t bytes_read, const BlockHash& fingerprint,
+                                  const BlockHash& key, size_t payload_bytes, const void* payload,
+                                  BlockFileHeader* h) {
+  if (bytes_read < kBlockFileHeaderBytes) return BlockFileStatus::kShort;
+  uint64_t sum = 0;
+  bool foreign = false;
+  if (!decode(head, h, &sum, &foreign))
+    return foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
+  if (!(h->fingerprint == fingerprint) || h->payload_bytes != payload_bytes) return BlockFileStatus::kForeign;
+  if (!(h->key == key)) return BlockFileStatus::kCorrupt;  // a file under another block's name
+  if (bytes_read < kBlockFileHeaderBytes + payload_bytes) return BlockFileStatus::kShort;
+  if (XXH3_64bits(payload, payload_bytes) != sum) return BlockFileStatus::kCorrupt;
+  return BlockFileStatus::kOk;
+}
+
+std::string block_temp_path(const std::string& path) {
+  return path + kTempTag + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++) + "." +
+         host_name();
+}
+
+BlockFileStatus write_error_status(int err) {
+  return err == ENOSPC || err == EDQUOT ? BlockFileStatus::kNoSpace : BlockFileStatus::kIoError;
+}
+
+namespace {
+
+// fsync of the directory holding `path`, so a rename into it is on stable storage.
+bool sync_parent_dir(const std::string& path) {
+  const std::string dir = path.substr(0, path.rfind('/'));
+  const int fd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+BlockFileStatus write_block_file(const std::string& path, const BlockFileHeader& h, const void* payload,
+                                 BlockSync sync) {
+  const std::string tmp = block_temp_path(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return errno == ENOSPC || errno == EDQUOT ? BlockFileStatus::kNoSpace : BlockFileStatus::kIoError;
+  if (fd < 0) return write_error_status(errno);
   unsigned char head[kBlockFileHeaderBytes];
-  encode_block_header(h, XXH3_64bits(payload, h.payload_bytes), head);
+  encode_block_header(h, payload, head);
   int err = 0;
-  const bool ok = write_all(fd, head, sizeof(head), &err) && write_all(fd, payload, h.payload_bytes, &err);
+  bool ok = write_all(fd, head, sizeof(head), &err) && write_all(fd, payload, h.payload_bytes, &err);
+  if (ok && sync != BlockSync::kNone && (sync == BlockSync::kData ? ::fdatasync(fd) : ::fsync(fd)) != 0) {
+    err = errno;
+    ok = false;
+  }
   const bool closed = ::close(fd) == 0;
   if (!closed && err == 0) err = errno;
   if (!ok || !closed || ::rename(tmp.c_str(), path.c_str()) != 0) {
     if (err == 0) err = errno;
     ::unlink(tmp.c_str());
-    return err == ENOSPC || err == EDQUOT ? BlockFileStatus::kNoSpace : BlockFileStatus::kIoError;
+    return write_error_status(err);
   }
+  // The block is whole under its name; a failed directory sync only leaves its name less durable.
+  if (sync == BlockSync::kFull && !sync_parent_dir(path)) return BlockFileStatus::kIoError;
   return BlockFileStatus::kOk;
 }
 
@@ -240,7 +309,7 @@ BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, i
   if (size_t(r) < sizeof(head)) return BlockFileStatus::kShort;
   uint64_t sum = 0;
   bool foreign = false;
-  if (!decode_block_header(head, h, &sum, &foreign))
+  if (!decode(head, h, &sum, &foreign))
     return foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
   if (have_stat && uint64_t(st.st_size) < sizeof(head) + h->payload_bytes) return BlockFileStatus::kShort;
   if (mtime) *mtime = have_stat ? int64_t(st.st_mtime) : 0;
@@ -248,7 +317,7 @@ BlockFileStatus read_block_header(const std::string& path, BlockFileHeader* h, i
 }
 
 BlockFileStatus update_block_class(const std::string& path, const BlockHash& fingerprint,
-                                   const BlockHash& key, const std::string& cls) {
+                                   const BlockHash& key, const std::string& cls, BlockSync sync) {
   // A whole new file through a temporary name, not a header rewritten in place: readers (this
   // server's scan, other servers on the same directory) treat a torn header as corrupt and remove
   // the file, so an in-place write could lose a good block.
@@ -259,7 +328,7 @@ BlockFileStatus update_block_class(const std::string& path, const BlockHash& fin
   status = read_block_file(path, fingerprint, key, h.payload_bytes, payload.data(), &h);
   if (status != BlockFileStatus::kOk) return status;
   h.cls = cls;
-  return write_block_file(path, h, payload.data());
+  return write_block_file(path, h, payload.data(), sync);
 }
 
 BlockFileStatus read_block_file(const std::string& path, const BlockHash& fingerprint, const BlockHash& key,
@@ -267,31 +336,14 @@ BlockFileStatus read_block_file(const std::string& path, const BlockHash& finger
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT ? BlockFileStatus::kMissing : BlockFileStatus::kIoError;
   unsigned char head[kBlockFileHeaderBytes];
-  BlockFileStatus status = BlockFileStatus::kOk;
-  const ssize_t r = read_at(fd, head, sizeof(head), 0);
-  uint64_t sum = 0;
-  bool foreign = false;
-  if (r < 0) {
-    status = BlockFileStatus::kIoError;
-  } else if (size_t(r) < sizeof(head)) {
-    status = BlockFileStatus::kShort;
-  } else if (!decode_block_header(head, h, &sum, &foreign)) {
-    status = foreign ? BlockFileStatus::kForeign : BlockFileStatus::kCorrupt;
-  } else if (!(h->fingerprint == fingerprint) || h->payload_bytes != payload_bytes) {
-    status = BlockFileStatus::kForeign;
-  } else if (!(h->key == key)) {
-    status = BlockFileStatus::kCorrupt;  // a file under another block's name
-  } else {
+  ssize_t got = read_at(fd, head, sizeof(head), 0);
+  if (got == ssize_t(sizeof(head))) {
     const ssize_t p = read_at(fd, dst, payload_bytes, off_t(sizeof(head)));
-    if (p < 0)
-      status = BlockFileStatus::kIoError;
-    else if (size_t(p) < payload_bytes)
-      status = BlockFileStatus::kShort;
-    else if (XXH3_64bits(dst, payload_bytes) != sum)
-      status = BlockFileStatus::kCorrupt;
+    got = p < 0 ? -1 : got + p;
   }
   ::close(fd);
-  return status;
+  if (got < 0) return BlockFileStatus::kIoError;
+  return check_block_image(head, size_t(got), fingerprint, key, payload_bytes, dst, h);
 }
 
 }  // namespace beluga::kv

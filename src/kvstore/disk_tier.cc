@@ -18,7 +18,7 @@ namespace beluga::kv {
 
 namespace fs = std::filesystem;
 
-DiskTier::DiskTier(DiskConfig cfg) : cfg_(std::move(cfg)), pool_(cfg_.threads) {
+DiskTier::DiskTier(DiskConfig cfg) : cfg_(std::move(cfg)), io_(open_block_io(cfg_.io, cfg_.threads)) {
   BELUGA_CHECK(!cfg_.dir.empty() && cfg_.block_bytes > 0, "the disk KV tier needs a directory");
   root_ = cfg_.dir + "/" + key_hex(cfg_.fingerprint);
   std::error_code ec;
@@ -38,7 +38,7 @@ DiskTier::DiskTier(DiskConfig cfg) : cfg_(std::move(cfg)), pool_(cfg_.threads) {
 DiskTier::~DiskTier() {
   stop_ = true;
   if (scanner_.joinable()) scanner_.join();
-  pool_.drain();
+  io_->drain();
 }
 
 std::string DiskTier::path_of(const BlockHash& key) const {
@@ -169,11 +169,11 @@ void DiskTier::touch_locked(const BlockHash& key, const std::string& cls) {
   e.last_used = std::max(e.last_used, t);
   if (cfg_.retention.of(cls) > cfg_.retention.of(e.cls)) {
     e.cls = cls;
-    pool_.submit([this, key, cls] { update_block_class(path_of(key), cfg_.fingerprint, key, cls); });
+    io_->job([this, key, cls] { update_block_class(path_of(key), cfg_.fingerprint, key, cls, io_->sync()); });
   }
   if (t - e.persisted_use >= 60) {  // the file's mtime is its last use, kept to the minute
     e.persisted_use = t;
-    pool_.submit([this, key, t] {
+    io_->job([this, key, t] {
       const struct timespec ts[2] = {{0, UTIME_OMIT}, {time_t(t), 0}};
       ::utimensat(AT_FDCWD, path_of(key).c_str(), ts, 0);
     });
@@ -192,34 +192,34 @@ std::map<std::string, DiskTier::ClassUsage> DiskTier::by_class() const {
 
 void DiskTier::read(const BlockHash& key, std::byte* dst, const std::string& cls,
                     std::function<void(bool)> done) {
-  pool_.submit([this, key, dst, cls, done = std::move(done)] {
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::string path = path_of(key);
-    BlockFileHeader h;
-    const BlockFileStatus s = read_block_file(path, cfg_.fingerprint, key, cfg_.block_bytes, dst, &h);
-    const bool ok = s == BlockFileStatus::kOk;
-    if (!ok && s != BlockFileStatus::kIoError && s != BlockFileStatus::kMissing) {
-      ::unlink(path.c_str());  // truncated, corrupt or foreign: never served, not kept
-    }
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (ok) {
-        stats_.hits++;
-        stats_.bytes_read += int64_t(cfg_.block_bytes);
-        stats_.load_seconds += dt;
-        touch_locked(key, cls);
-      } else {
-        stats_.misses++;
-        if (s != BlockFileStatus::kMissing) stats_.errors++;
-        forget(key);
-      }
-    }
-    done(ok);
-  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string path = path_of(key);
+  io_->read(path, cfg_.fingerprint, key, cfg_.block_bytes, dst,
+            [this, key, cls, t0, path, done = std::move(done)](BlockFileStatus s, const BlockFileHeader&) {
+              const bool ok = s == BlockFileStatus::kOk;
+              if (!ok && s != BlockFileStatus::kIoError && s != BlockFileStatus::kMissing) {
+                ::unlink(path.c_str());  // truncated, corrupt or foreign: never served, not kept
+              }
+              const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              {
+                std::lock_guard<std::mutex> lk(mu_);
+                if (ok) {
+                  stats_.hits++;
+                  stats_.bytes_read += int64_t(cfg_.block_bytes);
+                  stats_.load_seconds += dt;
+                  touch_locked(key, cls);
+                } else {
+                  stats_.misses++;
+                  if (s != BlockFileStatus::kMissing) stats_.errors++;
+                  forget(key);
+                }
+              }
+              done(ok);
+            });
 }
 
 void DiskTier::make_room(uint64_t incoming) {
+  incoming += writing_bytes_;  // the writes in flight will land too
   if (bytes_ + incoming <= capacity_) return;
   // Expired blocks go first, then the least recently used.
   const int64_t t = now();
@@ -264,7 +264,8 @@ void DiskTier::write(const BlockHash& key, const std::byte* src, const std::stri
       return;
     }
   }
-  pool_.submit([this, key, src, cls, done = std::move(done)] {
+  // Room and the shard directory on a worker (unlinks and mkdir block), then the file on the I/O path.
+  io_->job([this, key, src, cls, done = std::move(done)]() mutable {
     BlockFileHeader h;
     h.fingerprint = cfg_.fingerprint;
     h.key = key;
@@ -277,28 +278,32 @@ void DiskTier::write(const BlockHash& key, const std::byte* src, const std::stri
     {
       std::lock_guard<std::mutex> lk(mu_);
       make_room(bytes);
+      writing_bytes_ += bytes;
       expire_due = now() - last_expire_ >= 60;
     }
     if (expire_due) expire();  // retention holds without capacity pressure too
-    const std::string path = path_of(key);
+    std::string path = path_of(key);
     ::mkdir(path.substr(0, path.rfind('/')).c_str(), 0755);  // its shard, made on first use
-    const BlockFileStatus s = write_block_file(path, h, src);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      writing_.erase(key);
-      if (s == BlockFileStatus::kOk) {
-        add(key, bytes, h.last_used, cls);
-        stats_.bytes_written += int64_t(cfg_.block_bytes);
-      } else {
-        stats_.errors++;  // a full disk or an I/O error: the block is simply not saved
-        stats_.write_errors++;
-        if (s == BlockFileStatus::kNoSpace) {
-          stats_.no_space++;
-          shrink_to_free_space();
-        }
-      }
-    }
-    done();
+    io_->write(std::move(path), h, src,
+               [this, key, cls, bytes, last_used = h.last_used, done = std::move(done)](BlockFileStatus s) {
+                 {
+                   std::lock_guard<std::mutex> lk(mu_);
+                   writing_.erase(key);
+                   writing_bytes_ -= bytes;
+                   if (s == BlockFileStatus::kOk) {
+                     add(key, bytes, last_used, cls);
+                     stats_.bytes_written += int64_t(cfg_.block_bytes);
+                   } else {
+                     stats_.errors++;  // a full disk or an I/O error: the block is simply not saved
+                     stats_.write_errors++;
+                     if (s == BlockFileStatus::kNoSpace) {
+                       stats_.no_space++;
+                       shrink_to_free_space();
+                     }
+                   }
+                 }
+                 done();
+               });
   });
 }
 

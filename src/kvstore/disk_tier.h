@@ -5,11 +5,12 @@
 //
 // The index (key -> size, class, last use) is rebuilt by a background scan at start, so a restart
 // serves hits at once: a key the index does not know is looked for on disk (one stat), which is also
-// how a server sees blocks another server sharing the directory wrote. Reads and writes run on an
-// IoPool; a failed read (missing, truncated, corrupt, foreign: the file is removed) or write (full
-// disk, I/O error) is a miss or a dropped save, counted, never an error to the request.
-// Capacity: `capacity_bytes` (0: the store's size plus the file system's free space at start); beyond
-// it the least recently used files go. A write the file system refuses for lack of space (ENOSPC,
+// how a server sees blocks another server sharing the directory wrote. Reads and writes run on a
+// BlockIo (block_io.h: io_uring where the kernel allows it, else a thread pool; cfg.io says which and
+// how block files are synced before their rename); a failed read (missing, truncated, corrupt, foreign: the
+// file is removed) or write (full disk, I/O error) is a miss or a dropped save, counted, never an error to
+// the request. Capacity: `capacity_bytes` (0: the store's size plus the file system's free space at start);
+// beyond it the least recently used files go. A write the file system refuses for lack of space (ENOSPC,
 // EDQUOT) lowers the capacity to what the tier holds plus the space free then, so later writes make
 // room by eviction; temporary files of writers killed mid-write are removed by the scan.
 #pragma once
@@ -27,7 +28,7 @@
 #include <unordered_set>
 
 #include "engine/block_manager.h"
-#include "kvstore/io_pool.h"
+#include "kvstore/block_io.h"
 #include "kvstore/retention.h"
 #include "kvstore/tier_stats.h"
 
@@ -38,7 +39,8 @@ struct DiskConfig {
   size_t capacity_bytes = 0;  // 0: from the file system's free space
   BlockHash fingerprint;
   size_t block_bytes = 0;
-  int threads = 4;
+  int threads = 4;   // the thread path's I/O threads
+  DiskIoOptions io;  // the I/O path and the sync of block files
   Retention retention;
   std::function<int64_t()> now;  // unix seconds; default: the system clock
 };
@@ -67,7 +69,10 @@ class DiskTier {
   // Writes block `key` from `src` unless it is there already, on an I/O thread; then done() (always).
   void write(const BlockHash& key, const std::byte* src, const std::string& cls, std::function<void()> done);
 
-  void drain() { pool_.drain(); }  // waits for the I/O submitted so far
+  void drain() { io_->drain(); }  // waits for the I/O submitted so far
+  // The I/O path in use, and why when io_uring was asked for (auto) but not taken.
+  const std::string& io_description() const { return io_->description(); }
+  bool io_uring() const { return io_->uring(); }
   bool scan_done() const { return scan_done_; }
   TierStats stats() const;
   std::string path_of(const BlockHash& key) const;
@@ -100,10 +105,11 @@ class DiskTier {
   std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
   std::unordered_set<BlockHash, BlockHashHasher> writing_;
   uint64_t bytes_ = 0;
+  uint64_t writing_bytes_ = 0;  // of the writes in flight, which make_room counts as held
   int64_t last_expire_ = 0;
   TierStats stats_;
   std::atomic<bool> stop_{false}, scan_done_{false};
-  IoPool pool_;
+  std::unique_ptr<BlockIo> io_;
   std::thread scanner_;
 };
 

@@ -215,8 +215,7 @@ TransferResult TcpKvTransfer::send_on(int fd, const std::string& cls, std::span<
     h.cls = cls.substr(0, kBlockClassMax - 1);
     h.created = h.last_used = now;
     h.payload_bytes = cfg_.block_bytes;
-    encode_block_header(h, block_payload_sum(blocks[i].data, cfg_.block_bytes),
-                        heads.data() + kBatchHeaderBytes + i * kBlockFileHeaderBytes);
+    encode_block_header(h, blocks[i].data, heads.data() + kBatchHeaderBytes + i * kBlockFileHeaderBytes);
   }
   // The batch header goes with the first block; the rest in runs of kMaxIov / 2 blocks.
   iovec iov[kMaxIov + 1];

@@ -25,6 +25,7 @@ TieredStore::TieredStore(StoreConfig cfg)
     dc.fingerprint = cfg_.fingerprint;
     dc.block_bytes = cfg_.block_bytes;
     dc.threads = cfg_.disk_threads;
+    dc.io = cfg_.disk_io;
     dc.retention = cfg_.retention;
     dc.now = cfg_.now;
     disk_ = std::make_unique<DiskTier>(std::move(dc));

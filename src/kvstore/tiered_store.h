@@ -58,6 +58,7 @@ struct StoreConfig {
   std::string disk_dir;   // empty: no file tier
   size_t disk_bytes = 0;  // 0: the file system's free space
   int disk_threads = 4;
+  DiskIoOptions disk_io;         // io_uring or threads, and the sync of block files (block_io.h)
   Retention retention;           // of both tiers' blocks, per traffic class
   std::function<int64_t()> now;  // unix seconds (tests inject a clock); default: the system clock
 };

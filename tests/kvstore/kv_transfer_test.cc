@@ -127,7 +127,7 @@ std::vector<unsigned char> framed(uint64_t i, const BlockHash& model, bool corru
   h.key = key(i);
   h.cls = "chat";
   h.payload_bytes = kBlock;
-  encode_block_header(h, block_payload_sum(p.data(), kBlock), f.data());
+  encode_block_header(h, p.data(), f.data());
   if (corrupt_payload) p[100] ^= std::byte(1);
   std::memcpy(f.data() + kBlockFileHeaderBytes, p.data(), kBlock);
   return f;
