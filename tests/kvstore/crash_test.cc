@@ -21,10 +21,10 @@
 #include <thread>
 
 #include "engine/block_manager.h"
+#include "kv_serve.h"
 #include "kvstore/block_file.h"
 #include "kvstore/disk_tier.h"
 #include "kvstore/fingerprint.h"
-#include "serve_process.h"
 
 namespace beluga::kv {
 namespace {
@@ -32,7 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::complete;
 using testing::sample;
-using testing::ServeProcess;
+using testing::serve;
 
 std::string temp_dir(const std::string& tag) {
   const std::string d =
@@ -222,14 +222,14 @@ TEST(KvCrash, ServeKilledUnderLoadRestartsOnIntactBlocks) {
   // What a server without tiers answers.
   std::vector<std::string> want;
   {
-    ServeProcess ref({});
+    auto ref = serve({});
     ASSERT_GT(ref.port(), 0) << ref.log();
     for (const auto& p : prompts) want.push_back(text_of(complete(ref.port(), p, 8)));
   }
   const std::vector<std::string> tiers = {"--kv-disk-dir", dir, "--kv-host-gb", "0.05"};
   DirCount at_kill;
   {
-    ServeProcess s1(tiers);
+    auto s1 = serve(tiers);
     ASSERT_GT(s1.port(), 0) << s1.log();
     // Load: four clients going round the prompts until the kill.
     std::atomic<bool> stop{false};
@@ -243,7 +243,7 @@ TEST(KvCrash, ServeKilledUnderLoadRestartsOnIntactBlocks) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::mt19937 rng(std::random_device{}());
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 100));
-    s1.kill9();  // mid-write, under load
+    s1.kill_now();  // mid-write, under load
     stop = true;
     for (auto& t : clients) t.join();
     at_kill = count_files(dir);
@@ -281,7 +281,7 @@ TEST(KvCrash, ServeKilledUnderLoadRestartsOnIntactBlocks) {
     f.put('\x5a' ^ char(f.peek()));
   }
   {
-    ServeProcess s2(tiers);
+    auto s2 = serve(tiers);
     ASSERT_GT(s2.port(), 0) << s2.log();
     int64_t cached = 0, from_disk = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {

@@ -13,8 +13,8 @@
 #include <fstream>
 #include <random>
 
+#include "kv_serve.h"
 #include "kvstore/block_file.h"
-#include "serve_process.h"
 
 namespace beluga::kv {
 namespace {
@@ -22,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::complete;
 using testing::sample;
-using testing::ServeProcess;
+using testing::serve;
 
 TEST(KvDiskFull, ServeKeepsServingAndCountsTheFailures) {
   const std::string dir = fs::temp_directory_path().string() + "/beluga_kvfull_" + std::to_string(::getpid());
@@ -41,12 +41,12 @@ TEST(KvDiskFull, ServeKeepsServingAndCountsTheFailures) {
     for (int& t : p) t = 10 + int(g() % 8000u);
   std::vector<std::string> want;
   {
-    ServeProcess ref({});
+    auto ref = serve({});
     ASSERT_GT(ref.port(), 0) << ref.log();
     for (const auto& p : prompts) want.push_back(complete(ref.port(), p, 6)["choices"][0]["text"]);
   }
   {
-    ServeProcess s({"--kv-disk-dir", dir, "--kv-disk-gb", "1", "--kv-host-gb", "0.004"},
+    auto s = serve({"--kv-disk-dir", dir, "--kv-disk-gb", "1", "--kv-host-gb", "0.004"},
                    mounted ? 0 : rlim_t(16) << 10);
     ASSERT_GT(s.port(), 0) << s.log();
     for (int pass = 0; pass < 2; ++pass)

@@ -4,9 +4,7 @@
 // least recently used, and the hit tokens per tier and class that /metrics reports.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <cstring>
-
+#include "clocked_store.h"
 #include "kvstore/host_pool.h"
 #include "kvstore/metrics_text.h"
 #include "kvstore/tiered_store.h"
@@ -15,26 +13,12 @@
 namespace beluga::kv {
 namespace {
 
-constexpr size_t kBlockBytes = 1000;
-constexpr int64_t kDay = 86400, kT0 = 1'800'000'000;
+using testing::kDay;
+using testing::kT0;
 
-class HostRetention : public ::testing::Test {
+class HostRetention : public testing::ClockedStore {
  protected:
-  StoreConfig config(int host_blocks) {
-    StoreConfig sc;
-    sc.block_bytes = kBlockBytes;
-    sc.fingerprint = {8, 9};
-    sc.host_bytes = size_t(host_blocks) * kBlockBytes;
-    sc.now = [this] { return now_.load(); };
-    return sc;
-  }
-  static void save(TieredStore& st, const BlockHash& k, const std::string& cls) {
-    std::byte* p = st.start_save(k, cls);
-    ASSERT_NE(p, nullptr);
-    std::memset(p, int(k.lo & 0xff), kBlockBytes);
-    st.step_launched();
-    st.step_done(true);
-  }
+  StoreConfig config(int host_blocks) { return clocked_config(1000, {8, 9}, size_t(host_blocks)); }
   static bool in_host(TieredStore& st, const BlockHash& k) { return st.lookup(&k, 1, nullptr) == 1; }
   // Loads `k` for class `cls`; true when it came from the host tier.
   static bool load(TieredStore& st, const BlockHash& k, const std::string& cls) {
@@ -48,7 +32,6 @@ class HostRetention : public ::testing::Test {
     st.step_done(true);
     return got == 1 && tier == KvTier::kHost;
   }
-  std::atomic<int64_t> now_{kT0};
 };
 
 TEST_F(HostRetention, BlocksExpireByClassSinceLastUse) {

@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <filesystem>
 
+#include "clocked_store.h"
 #include "kvstore/block_file.h"
 #include "kvstore/fingerprint.h"
 #include "kvstore/retention.h"
@@ -16,7 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr size_t kBlockBytes = 2000;
-constexpr int64_t kDay = 86400, kT0 = 1'800'000'000;
+using testing::kDay;
+using testing::kT0;
 
 TEST(Retention, ParsesAndMergesOverTheDefaults) {
   const Retention d;
@@ -35,7 +36,7 @@ TEST(Retention, ParsesAndMergesOverTheDefaults) {
   EXPECT_EQ(format_duration(90 * 60), "90m");
 }
 
-class RetentionStore : public ::testing::Test {
+class RetentionStore : public testing::ClockedStore {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path().string() + "/beluga_kv_ret_" + std::to_string(::getpid());
@@ -43,28 +44,15 @@ class RetentionStore : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   StoreConfig config(size_t disk_blocks = 0) {
-    StoreConfig sc;
-    sc.block_bytes = kBlockBytes;
-    sc.fingerprint = {5, 6};
-    sc.host_bytes = 8 * kBlockBytes;
+    StoreConfig sc = clocked_config(kBlockBytes, {5, 6}, 8);
     sc.disk_dir = dir_;
     sc.disk_bytes = disk_blocks * (kBlockBytes + kBlockFileHeaderBytes);
-    sc.now = [this] { return now_.load(); };
     return sc;
-  }
-  static void save(TieredStore& st, const BlockHash& k, const std::string& cls) {
-    std::byte* p = st.start_save(k, cls);
-    ASSERT_NE(p, nullptr);
-    std::memset(p, int(k.lo & 0xff), kBlockBytes);
-    st.step_launched();
-    st.step_done(true);
-    st.drain();
   }
   bool on_disk(TieredStore& st, const BlockHash& k) { return st.disk()->contains(tier_key(k, {5, 6})); }
   std::string path(TieredStore& st, const BlockHash& k) { return st.disk()->path_of(tier_key(k, {5, 6})); }
 
   std::string dir_;
-  std::atomic<int64_t> now_{kT0};
 };
 
 TEST_F(RetentionStore, BlocksExpireByClassSinceLastUse) {

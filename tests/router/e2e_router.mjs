@@ -6,11 +6,10 @@
 // retrieve / delete do too); models, count_tokens, /tokenize, /detokenize, /version; a wrong key is
 // the replica's 401; x-traffic-class is forwarded (an unknown class is the replica's 400).
 // Usage: node tests/router/e2e_router.mjs [path/to/beluga]   (exit code 0 = pass)
-import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
-import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { belugaBinary, startBeluga, stopBeluga } from '../tools/server.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '../..');
@@ -20,7 +19,7 @@ const anthropicMod = require('@anthropic-ai/sdk');
 const OpenAI = openaiMod.OpenAI ?? openaiMod.default;
 const Anthropic = anthropicMod.Anthropic ?? anthropicMod.default;
 
-const BIN = path.resolve(process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga'));
+const BIN = belugaBinary();
 const MODEL = 'beluga-demo-coder-mtp';
 const KEY = 'router-e2e-secret';
 const T0 = Date.now();
@@ -35,37 +34,11 @@ function check(cond, what, extra) {
 }
 function log(s) { console.log(`[${((Date.now() - T0) / 1000).toFixed(1)}s] ${s}`); }
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
-    s.on('error', reject);
-  });
-}
-
-async function start(args, healthPath = '/health') {
-  const port = await freePort();
-  const proc = spawn(BIN, [...args, '--port', String(port)], { stdio: ['ignore', 'inherit', 'pipe'] });
-  let stderr = '';
-  proc.stderr.on('data', (d) => { stderr += d; });
-  proc.exited = new Promise((r) => proc.on('exit', (code, sig) => r({ code, sig })));
-  const base = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 90000;
-  for (;;) {
-    if (proc.exitCode !== null) throw new Error(`${args[0]} exited early (${proc.exitCode}):\n${stderr}`);
-    try {
-      if ((await fetch(base + healthPath)).status === 200) break;
-    } catch {}
-    if (Date.now() > deadline) throw new Error(`${args[0]} did not become healthy:\n${stderr}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return { proc, base, stderr: () => stderr };
-}
+const start = (args) => startBeluga(BIN, args, { timeoutMs: 90000 });
 
 async function stop(s, what) {
-  if (s.proc.exitCode === null) s.proc.kill('SIGTERM');
-  const { code } = await Promise.race([s.proc.exited, new Promise((r) => setTimeout(() => r({ code: 'timeout' }), 20000))]);
-  if (code === 'timeout') { s.proc.kill('SIGKILL'); check(false, `${what} stops on SIGTERM`); }
+  const { code } = await stopBeluga(s);
+  if (code === 'timeout') check(false, `${what} stops on SIGTERM`);
   else check(code === 0, `${what} exits cleanly (code ${code})`, s.stderr().slice(-1500));
 }
 

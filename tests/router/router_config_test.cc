@@ -115,8 +115,8 @@ TEST(RouterConfigFile, RouterRunsFromTheFileWithCommandLineOverrides) {
       {"policy", "round-robin"},
       {"health-interval-ms", 200},
       {"model", demo_model()}}.dump());
-  ChildProcess router({BELUGA_BINARY, "router", "--config", path, "--policy", "least-load"},
-                      "beluga router: routing to ");
+  ChildProcess router(beluga::testing::beluga_args("router", {"--config", path, "--policy", "least-load"}),
+                      child_options("beluga router: routing to "));
   ASSERT_GT(router.port(), 0) << router.log();
   EXPECT_NE(router.log().find("routing to 1 replica(s) (policy least-load"), std::string::npos)
       << router.log();

@@ -4,21 +4,14 @@
 // chat request's prompt is the V4 encoder's (its token count, not V3's).
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
+#include "../common/serve_process.h"
+#include "http_client.h"
 #include "loader/safetensors.h"
 #include "recipe/chat_format.h"
 #include "tokenizer/tokenizer.h"
@@ -29,85 +22,17 @@ namespace {
 using Json = nlohmann::json;
 const std::string kDir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
 
-// A `beluga serve` child on a free port (parsed from its log); killed when the test ends.
-class Serve {
- public:
-  explicit Serve(const std::vector<std::string>& extra) {
-    char tmpl[] = "/tmp/beluga_v4_serve_XXXXXX";
-    const int fd = mkstemp(tmpl);
-    log_ = tmpl;
-    std::vector<std::string> args = {BELUGA_BINARY,   "serve", "--port",          "0",   "--threads", "1",
-                                     "--kv-cache-mb", "16",    "--max-model-len", "1024"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fd);
-    const auto t0 = std::chrono::steady_clock::now();
-    while (port_ == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60) &&
-           waitpid(pid_, nullptr, WNOHANG) == 0) {
-      const std::string l = log();
-      const size_t at = l.find("beluga serve: serving ");
-      const size_t p = at == std::string::npos ? at : l.find("http://127.0.0.1:", at);
-      if (p != std::string::npos) port_ = std::atoi(l.c_str() + p + 17);
-      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  ~Serve() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    unlink(log_.c_str());
-  }
-  int port() const { return port_; }
-  std::string log() const {
-    std::ifstream f(log_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
+// `beluga serve` on a checkpoint of tests/fixtures with `extra` flags.
+testing::ChildProcess serve(const std::string& model, const std::vector<std::string>& extra) {
+  std::vector<std::string> flags = {"--max-model-len", "1024"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return testing::beluga_serve(testing::serve_flags(kDir + model, 16, flags));
+}
 
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-  std::string log_;
-};
-
-// POST `body` to `path` on its own connection; {status, body}.
-std::pair<int, std::string> post(int port, const std::string& path, const Json& body) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{60, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return {0, ""};
-  }
-  const std::string text = body.dump();
-  const std::string req =
-      "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
-      "Connection: close\r\nContent-Length: " + std::to_string(text.size()) + "\r\n\r\n" + text;
-  for (size_t off = 0; off < req.size();) {
-    const ssize_t n = send(fd, req.data() + off, req.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    off += size_t(n);
-  }
-  std::string out;
-  char buf[8192];
-  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, size_t(n));
-  close(fd);
-  if (out.rfind("HTTP/1.1 ", 0) != 0) return {0, out};
-  const size_t b = out.find("\r\n\r\n");
-  return {std::atoi(out.c_str() + 9), b == std::string::npos ? "" : out.substr(b + 4)};
+// POST `body` to `path`, with a minute for the reply.
+server::testing::HttpReply post(int port, const std::string& path, const Json& body) {
+  return server::testing::http_request(port, boost::beast::http::verb::post, path, body.dump(), {},
+                                       std::chrono::seconds(60));
 }
 
 std::vector<int> ids(const SafetensorsFile& f, const std::string& name) {
@@ -118,7 +43,7 @@ std::vector<int> ids(const SafetensorsFile& f, const std::string& name) {
 
 TEST(DeepseekV4Serve, CompletionsAndChatOnTheHybridCache) {
   const std::string tok_dir = kDir + "dsv4-byte-tokenizer";
-  Serve srv({kDir + "dsv4-tiny", "--tokenizer", tok_dir});
+  const testing::ChildProcess srv = serve("dsv4-tiny", {"--tokenizer", tok_dir});
   ASSERT_GT(srv.port(), 0) << srv.log();
   EXPECT_NE(srv.log().find("chat format deepseek-v4,"), std::string::npos) << srv.log();
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");
@@ -132,15 +57,16 @@ TEST(DeepseekV4Serve, CompletionsAndChatOnTheHybridCache) {
     const std::vector<int> prompt = ids(ref, "prompt_" + name), all = ids(ref, "greedy_" + name);
     const std::vector<int> greedy(all.begin(), all.begin() + long(steps));
     for (int run = 0; run < runs; ++run) {
-      auto [status, body] =
+      const auto r =
           post(srv.port(), "/v1/completions",
                Json{{"prompt", prompt}, {"max_tokens", steps}, {"temperature", 0}, {"ignore_eos", true}});
-      ASSERT_EQ(status, 200) << body;
-      const Json j = Json::parse(body);
+      ASSERT_EQ(r.status, 200) << r.body;
+      const Json j = Json::parse(r.body);
       EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), tokenizer.decode(greedy))
           << "prompt " << name << " run " << run;
       EXPECT_EQ(j["usage"]["prompt_tokens"].get<size_t>(), prompt.size());
-      EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), run == 0 ? 0 : 256) << body;
+      EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), run == 0 ? 0 : 256)
+          << r.body;
     }
   }
 
@@ -152,16 +78,16 @@ TEST(DeepseekV4Serve, CompletionsAndChatOnTheHybridCache) {
   const size_t v4 = recipe::ChatEncoder(recipe::ChatFormat::kDeepSeekV4).encode(conv).ids(tokenizer).size();
   const size_t v3 = recipe::ChatEncoder(recipe::ChatFormat::kDeepSeekV3).encode(conv).ids(tokenizer).size();
   ASSERT_NE(v4, v3);
-  auto [status, body] =
+  const auto r =
       post(srv.port(), "/v1/chat/completions",
            Json{{"messages", Json::array({Json{{"role", "user"}, {"content", "Hello there, V4!"}}})},
                 {"max_tokens", 6},
                 {"temperature", 0}});
-  ASSERT_EQ(status, 200) << body;
-  const Json j = Json::parse(body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
   EXPECT_EQ(j["usage"]["prompt_tokens"].get<size_t>(), v4);
   EXPECT_GE(j["usage"]["completion_tokens"].get<int>(), 1);
-  EXPECT_TRUE(j["choices"][0]["message"].contains("content")) << body;
+  EXPECT_TRUE(j["choices"][0]["message"].contains("content")) << r.body;
 }
 
 }  // namespace

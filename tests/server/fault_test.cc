@@ -6,114 +6,40 @@
 // and the process exits 0. Figures are printed as "[figures] ..." lines (docs/reliability.md).
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "../common/serve_process.h"
+#include "http_client.h"
+
 namespace {
 
 using Json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using beluga::server::testing::HttpReply;
+using beluga::server::testing::metric_value;
+using beluga::testing::ChildProcess;
+using beluga::testing::Clock;
+using beluga::testing::seconds_since;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
+// `beluga serve` on the demo model with `extra` flags and `env` ("NAME=VALUE") in its environment.
+ChildProcess serve(const std::vector<std::string>& extra, std::vector<std::string> env = {}) {
+  beluga::testing::ChildOptions options;
+  options.env = std::move(env);
+  return beluga::testing::beluga_serve(beluga::testing::serve_flags(beluga::testing::demo_model(), 64, extra),
+                                       options);
 }
-
-// A `beluga serve` child process on a free port; killed (SIGKILL) if the test did not end it.
-class ServeProcess {
- public:
-  explicit ServeProcess(std::vector<std::string> extra, std::vector<std::string> env = {}) {
-    char tmpl[] = "/tmp/beluga_fault_XXXXXX";
-    const int fd = mkstemp(tmpl);
-    log_ = tmpl;
-    std::vector<std::string> args = {
-        BELUGA_BINARY,   "serve",
-        "--model",       std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp",
-        "--port",        "0",
-        "--threads",     "1",
-        "--kv-cache-mb", "64"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fd);
-    // The port, from the "serving ... on http://127.0.0.1:PORT" line (the model is loaded then).
-    const auto t0 = Clock::now();
-    while (seconds_since(t0) < 60 && port_ == 0 && alive()) {
-      const std::string l = log();
-      const size_t at = l.find("beluga serve: serving ");
-      if (at != std::string::npos) {
-        const size_t p = l.find("http://127.0.0.1:", at);
-        if (p != std::string::npos) port_ = std::atoi(l.c_str() + p + 17);
-      }
-      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  ~ServeProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    unlink(log_.c_str());
-  }
-  int port() const { return port_; }
-  pid_t pid() const { return pid_; }
-  std::string log() const {
-    std::ifstream f(log_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-  bool alive() {
-    if (exited_) return false;
-    int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) {
-      exited_ = true;
-      status_ = st;
-      return false;
-    }
-    return true;
-  }
-  // The exit code once the process ended within `limit`; -1 if it did not (or died of a signal).
-  int wait_exit(std::chrono::seconds limit) {
-    const auto t0 = Clock::now();
-    while (alive() && seconds_since(t0) < double(limit.count()))
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (!exited_) return -1;
-    return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-  bool exited_ = false;
-  int status_ = 0;
-  std::string log_;
-};
 
 // A blocking loopback socket with receive / send timeouts; -1 when the connection fails.
 int connect_to(int port, int timeout_s = 30) {
@@ -159,47 +85,12 @@ std::string http_post_text(const std::string& path, const std::string& body) {
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
-struct Reply {
-  int status = 0;  // 0: none
-  std::string body;
-};
-
-// One request on its own connection (Connection: close), the whole reply read.
-Reply exchange(int port, const std::string& raw, int timeout_s = 30) {
-  Reply r;
-  const int fd = connect_to(port, timeout_s);
-  if (fd < 0) return r;
-  if (send_all(fd, raw)) {
-    const std::string s = read_all(fd);
-    if (s.rfind("HTTP/1.1 ", 0) == 0) {
-      r.status = std::atoi(s.c_str() + 9);
-      const size_t b = s.find("\r\n\r\n");
-      if (b != std::string::npos) r.body = s.substr(b + 4);
-    }
-  }
-  close(fd);
-  return r;
+HttpReply get(int port, const std::string& path, int timeout_s = 30) {
+  return beluga::server::testing::http_get(port, path, std::chrono::seconds(timeout_s));
 }
-
-Reply get(int port, const std::string& path, int timeout_s = 30) {
-  return exchange(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-                  timeout_s);
-}
-Reply post(int port, const std::string& path, const Json& body, int timeout_s = 60) {
-  return exchange(port, http_post_text(path, body.dump()), timeout_s);
-}
-
-// A sample's value in the /metrics page (the first with that name), or -1.
-double metric(const std::string& page, const std::string& name) {
-  std::istringstream in(page);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name, 0) != 0) continue;
-    const char c = line.size() > name.size() ? line[name.size()] : '\0';
-    if (c != ' ' && c != '{') continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
+HttpReply post(int port, const std::string& path, const Json& body, int timeout_s = 60) {
+  return beluga::server::testing::http_request(port, boost::beast::http::verb::post, path, body.dump(), {},
+                                               std::chrono::seconds(timeout_s));
 }
 
 // Waits up to `limit` for the engine and the server to hold nothing: no KV blocks in use, no
@@ -209,8 +100,10 @@ std::string wait_idle(int port, std::chrono::seconds limit) {
   std::string page;
   while (seconds_since(t0) < double(limit.count())) {
     page = get(port, "/metrics").body;
-    if (metric(page, "beluga_kv_blocks_used") == 0 && metric(page, "beluga_requests_in_flight") == 0 &&
-        metric(page, "beluga_num_requests_running") == 0 && metric(page, "beluga_num_requests_waiting") == 0)
+    if (metric_value(page, "beluga_kv_blocks_used") == 0 &&
+        metric_value(page, "beluga_requests_in_flight") == 0 &&
+        metric_value(page, "beluga_num_requests_running") == 0 &&
+        metric_value(page, "beluga_num_requests_waiting") == 0)
       return page;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -233,7 +126,7 @@ Json chat_body(int max_tokens, bool stream) {
 // read their stream to the end. Afterwards: zero KV blocks in use, zero requests in flight, every
 // complete read got its whole stream, and the server still serves.
 TEST(Fault, ThousandRandomDisconnectsLeaveNothingBehind) {
-  ServeProcess srv({});
+  auto srv = serve({});
   ASSERT_GT(srv.port(), 0) << srv.log();
   const int port = srv.port();
   constexpr int kRequests = 1000, kClients = 16;
@@ -306,13 +199,13 @@ TEST(Fault, ThousandRandomDisconnectsLeaveNothingBehind) {
   // Generous: disconnects are seen at once; hundreds of 1,500-token requests would need minutes.
   const std::string page = wait_idle(port, std::chrono::seconds(20));
   ASSERT_TRUE(srv.alive()) << srv.log();
-  EXPECT_EQ(metric(page, "beluga_kv_blocks_used"), 0) << page;
-  EXPECT_EQ(metric(page, "beluga_requests_in_flight"), 0) << page;
-  EXPECT_EQ(metric(page, "beluga_num_requests_running"), 0);
-  EXPECT_EQ(metric(page, "beluga_num_requests_waiting"), 0);
+  EXPECT_EQ(metric_value(page, "beluga_kv_blocks_used"), 0) << page;
+  EXPECT_EQ(metric_value(page, "beluga_requests_in_flight"), 0) << page;
+  EXPECT_EQ(metric_value(page, "beluga_num_requests_running"), 0);
+  EXPECT_EQ(metric_value(page, "beluga_num_requests_waiting"), 0);
   EXPECT_EQ(full_bad.load(), 0);
   EXPECT_EQ(full_ok.load(), kinds[6].load());
-  const double disconnects = metric(page, "beluga_client_disconnects_total");
+  const double disconnects = metric_value(page, "beluga_client_disconnects_total");
   EXPECT_GT(disconnects, 0);
   // Still serving.
   auto r = post(port, "/v1/completions", completion_body(8, false));
@@ -324,14 +217,14 @@ TEST(Fault, ThousandRandomDisconnectsLeaveNothingBehind) {
       "flight after: %.0f; seed %u\n",
       kRequests, kinds[0].load(), kinds[1].load(), kinds[2].load(), kinds[3].load(), kinds[4].load(),
       kinds[5].load(), kinds[6].load(), full_ok.load(), kClients, load_s, disconnects,
-      metric(page, "beluga_kv_blocks_used"), metric(page, "beluga_requests_in_flight"), seed);
+      metric_value(page, "beluga_kv_blocks_used"), metric_value(page, "beluga_requests_in_flight"), seed);
 }
 
 // 300 connections that send their headers a byte at a time: /health still answers on a new
 // connection, and the header timeout closes every one of them although each keeps sending.
 TEST(Fault, SlowHeaderConnectionsDoNotStarveHealthAndAreDropped) {
   constexpr int kSlow = 300, kHeaderTimeout = 3;
-  ServeProcess srv({"--header-timeout-s", std::to_string(kHeaderTimeout)});
+  auto srv = serve({"--header-timeout-s", std::to_string(kHeaderTimeout)});
   ASSERT_GT(srv.port(), 0) << srv.log();
   const int port = srv.port();
   std::vector<int> fds;
@@ -360,7 +253,7 @@ TEST(Fault, SlowHeaderConnectionsDoNotStarveHealthAndAreDropped) {
     }
     if (seconds_since(t0) < kHeaderTimeout - 0.5) {  // while all of them are held
       const auto h0 = Clock::now();
-      const Reply h = get(port, "/health", /*timeout_s=*/10);
+      const HttpReply h = get(port, "/health", /*timeout_s=*/10);
       health_max = std::max(health_max, seconds_since(h0));
       ++health_probes;
       if (h.status == 200) ++health_ok;
@@ -385,13 +278,13 @@ TEST(Fault, SlowHeaderConnectionsDoNotStarveHealthAndAreDropped) {
 
 TEST(Fault, OversizeFanOutIsA400AndFailingStepsFailOnlyTheirRequests) {
   // Engine steps 20..29 fail.
-  ServeProcess srv({}, {"BELUGA_TEST_FAIL_STEPS=20:10"});
+  auto srv = serve({}, {"BELUGA_TEST_FAIL_STEPS=20:10"});
   ASSERT_GT(srv.port(), 0) << srv.log();
   const int port = srv.port();
   Json prompts = Json::array();
   for (int i = 0; i < 64; ++i) prompts.push_back(std::to_string(i));
   // 64 prompts x n=2 = 128 sequences, past the default limit (--max-num-seqs, 64).
-  Reply r = post(port, "/v1/completions", Json{{"prompt", prompts}, {"n", 2}, {"max_tokens", 4}});
+  HttpReply r = post(port, "/v1/completions", Json{{"prompt", prompts}, {"n", 2}, {"max_tokens", 4}});
   ASSERT_EQ(r.status, 400) << r.body;
   EXPECT_NE(r.body.find("the limit is 64 sequences per request"), std::string::npos) << r.body;
   // Steps 0..19 succeed: a 12-token request (one prefill step + 11 decodes).
@@ -401,7 +294,7 @@ TEST(Fault, OversizeFanOutIsA400AndFailingStepsFailOnlyTheirRequests) {
   r = post(port, "/v1/completions", completion_body(30, false));
   EXPECT_EQ(r.status, 500) << r.body;
   // ... and a stream that meets them ends with the API's error event.
-  Reply s = post(port, "/v1/chat/completions", chat_body(30, true));
+  const HttpReply s = post(port, "/v1/chat/completions", chat_body(30, true));
   EXPECT_EQ(s.status, 200);
   EXPECT_NE(s.body.find("\"error\""), std::string::npos) << s.body;
   // Steps 30 on succeed again (the stream above may have ended before step 30: retry until then).
@@ -411,12 +304,12 @@ TEST(Fault, OversizeFanOutIsA400AndFailingStepsFailOnlyTheirRequests) {
   EXPECT_EQ(ok, 1);
   EXPECT_TRUE(srv.alive());
   const std::string page = wait_idle(port, std::chrono::seconds(30));
-  EXPECT_EQ(metric(page, "beluga_kv_blocks_used"), 0) << page;
+  EXPECT_EQ(metric_value(page, "beluga_kv_blocks_used"), 0) << page;
 }
 
 // SIGTERM with streams in flight: they finish (within the grace period), then the process exits 0.
 TEST(Fault, SigtermDrainsStreamsThenExitsZero) {
-  ServeProcess srv({"--shutdown-grace-s", "30"});
+  auto srv = serve({"--shutdown-grace-s", "30"});
   ASSERT_GT(srv.port(), 0) << srv.log();
   const int port = srv.port();
   constexpr int kStreams = 4;
@@ -457,7 +350,7 @@ TEST(Fault, SigtermDrainsStreamsThenExitsZero) {
 // SIGTERM with a stream that outlasts the grace period: it is ended with the API's error event and a
 // proper end of stream, and the process still exits 0.
 TEST(Fault, SigtermCutsStreamsPastTheGracePeriodCleanly) {
-  ServeProcess srv({"--shutdown-grace-s", "1"});
+  auto srv = serve({"--shutdown-grace-s", "1"});
   ASSERT_GT(srv.port(), 0) << srv.log();
   const int port = srv.port();
   std::string body;

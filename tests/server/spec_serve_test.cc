@@ -3,86 +3,22 @@
 // counts drafts, and a bad configuration or a model without MTP layers stops the server with a clear
 // message.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
-#include <thread>
+#include <string>
+#include <vector>
 
+#include "../common/serve_process.h"
 #include "http_client.h"
 
 namespace beluga::server::testing {
 namespace {
 
-const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
-
-// A `beluga serve` child on a free port (parsed from its log); killed when the test ends.
-class Serve {
- public:
-  explicit Serve(std::vector<std::string> extra, const std::string& model = kDemo) {
-    char tmpl[] = "/tmp/beluga_spec_XXXXXX";
-    const int fd = mkstemp(tmpl);
-    log_ = tmpl;
-    std::vector<std::string> args = {BELUGA_BINARY, "serve",     "--model", model,           "--port",
-                                     "0",           "--threads", "1",       "--kv-cache-mb", "64"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fd);
-    const auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60) && port_ == 0 && alive()) {
-      const std::string l = log();
-      const size_t at = l.find("beluga serve: serving ");
-      const size_t p = at == std::string::npos ? at : l.find("http://127.0.0.1:", at);
-      if (p != std::string::npos)
-        port_ = std::atoi(l.c_str() + p + 17);
-      else
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  ~Serve() {
-    if (alive()) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    unlink(log_.c_str());
-  }
-  int port() const { return port_; }
-  std::string log() const {
-    std::ifstream f(log_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-  bool alive() {
-    if (exited_) return false;
-    if (waitpid(pid_, &status_, WNOHANG) == pid_) exited_ = true;
-    return !exited_;
-  }
-  int exit_code() {  // waits up to 60 s
-    for (int i = 0; i < 3000 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return exited_ && WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-  bool exited_ = false;
-  int status_ = 0;
-  std::string log_;
-};
+// `beluga serve` on `model` (the demo model unless told) with `extra` flags.
+beluga::testing::ChildProcess serve(const std::vector<std::string>& extra,
+                                    const std::string& model = beluga::testing::demo_model()) {
+  return beluga::testing::beluga_serve(beluga::testing::serve_flags(model, 64, extra));
+}
 
 nlohmann::json chat(int port, const std::string& text, nlohmann::json extra = nlohmann::json::object()) {
   nlohmann::json body = {
@@ -101,8 +37,8 @@ std::vector<std::string> contents(const nlohmann::json& j) {
 }
 
 TEST(SpecServe, ChatCompletionsMatchAServerWithoutSpeculation) {
-  Serve plain({});
-  Serve spec({"--speculative-config", R"({"method":"mtp","num_speculative_tokens":2})"});
+  auto plain = serve({});
+  auto spec = serve({"--speculative-config", R"({"method":"mtp","num_speculative_tokens":2})"});
   ASSERT_GT(plain.port(), 0) << plain.log();
   ASSERT_GT(spec.port(), 0) << spec.log();
   const std::vector<std::string> asks = {
@@ -136,14 +72,14 @@ TEST(SpecServe, ChatCompletionsMatchAServerWithoutSpeculation) {
 
 TEST(SpecServe, BadConfigurationsStopTheServerWithAClearError) {
   {
-    Serve s({"--speculative-config", R"({"method":"medusa","num_speculative_tokens":2})"});
-    EXPECT_NE(s.exit_code(), 0);
+    auto s = serve({"--speculative-config", R"({"method":"medusa","num_speculative_tokens":2})"});
+    EXPECT_NE(s.wait_exit(std::chrono::seconds(60)), 0);
     EXPECT_NE(s.log().find("unknown method \"medusa\""), std::string::npos) << s.log();
   }
   {
-    Serve s({"--speculative-config", R"({"method":"mtp","num_speculative_tokens":1})"},
-            std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny");
-    EXPECT_NE(s.exit_code(), 0);
+    auto s = serve({"--speculative-config", R"({"method":"mtp","num_speculative_tokens":1})"},
+                   std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny");
+    EXPECT_NE(s.wait_exit(std::chrono::seconds(60)), 0);
     EXPECT_NE(s.log().find("MTP module"), std::string::npos) << s.log();
   }
 }

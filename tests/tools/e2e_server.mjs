@@ -8,16 +8,16 @@
 // logprobs, vLLM's prompt_logprobs); greedy parity: 32 concurrent token-id
 // completions equal each prompt served alone and `beluga generate` + `beluga detokenize`.
 // Usage: node tests/tools/e2e_server.mjs [path/to/beluga]   (exit code 0 = pass)
-import { spawn, execFile } from 'node:child_process';
-import net from 'node:net';
+import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
+import { belugaBinary, startBeluga, stopBeluga } from './server.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '../..');
-const BIN = path.resolve(process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga'));
+const BIN = belugaBinary();
 const MODEL = 'beluga-demo-coder-mtp';
 const KEY = 'e2e-secret';
 const T0 = Date.now();
@@ -35,39 +35,11 @@ function check(cond, what, extra) {
 }
 function log(s) { console.log(`[${((Date.now() - T0) / 1000).toFixed(1)}s] ${s}`); }
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
-    s.on('error', reject);
-  });
-}
-
-async function startServer(extra) {
-  const port = await freePort();
-  const args = ['serve', '--port', String(port), ...extra];
-  const proc = spawn(BIN, args, { stdio: ['ignore', 'inherit', 'pipe'] });
-  let stderr = '';
-  proc.stderr.on('data', (d) => { stderr += d; });
-  proc.exited = new Promise((r) => proc.on('exit', (code, sig) => r({ code, sig })));
-  const base = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 120000;
-  for (;;) {
-    if (proc.exitCode !== null) throw new Error(`server exited early (${proc.exitCode}):\n${stderr}`);
-    try {
-      const r = await fetch(`${base}/health`);
-      if (r.status === 200) break;
-    } catch {}
-    if (Date.now() > deadline) throw new Error(`server did not become healthy:\n${stderr}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return { proc, base, port, stderr: () => stderr };
-}
+const startServer = (extra) => startBeluga(BIN, ['serve', ...extra]);
 
 async function stopServer(s) {
-  if (s.proc.exitCode === null) s.proc.kill('SIGTERM');
-  const { code, sig } = await Promise.race([s.proc.exited, new Promise((r) => setTimeout(() => r({ code: 'timeout' }), 20000))]);
-  if (code === 'timeout') { s.proc.kill('SIGKILL'); check(false, 'server shuts down on SIGTERM within 20 s'); }
+  const { code, sig } = await stopBeluga(s);
+  if (code === 'timeout') check(false, 'server shuts down on SIGTERM within 20 s');
   else check(code === 0, `server exits cleanly (code ${code}, signal ${sig})`, s.stderr().slice(-2000));
 }
 

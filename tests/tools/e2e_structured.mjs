@@ -9,17 +9,12 @@
 // keyword is a 400 naming it. The same requests without a constraint must fail ajv (so the
 // constraint, not luck, made them valid).
 // Usage: node tests/tools/e2e_structured.mjs [path/to/beluga]   (exit code 0 = pass)
-import { spawn } from 'node:child_process';
-import net from 'node:net';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import Ajv from 'ajv';
+import { belugaBinary, startBeluga, stopBeluga } from './server.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '../..');
-const BIN = path.resolve(process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga'));
+const BIN = belugaBinary();
 const MODEL = 'beluga-demo-coder-mtp';
 const T0 = Date.now();
 process.env.OMP_WAIT_POLICY ??= 'PASSIVE';  // see e2e_server.mjs: no spinning on a shared machine
@@ -32,31 +27,6 @@ function check(cond, what, extra) {
   }
 }
 function log(s) { console.log(`[${((Date.now() - T0) / 1000).toFixed(1)}s] ${s}`); }
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
-    s.on('error', reject);
-  });
-}
-
-async function startServer() {
-  const port = await freePort();
-  const proc = spawn(BIN, ['serve', '--port', String(port)], { stdio: ['ignore', 'inherit', 'pipe'] });
-  let stderr = '';
-  proc.stderr.on('data', (d) => { stderr += d; });
-  proc.exited = new Promise((r) => proc.on('exit', (code, sig) => r({ code, sig })));
-  const base = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 120000;
-  for (;;) {
-    if (proc.exitCode !== null) throw new Error(`server exited early (${proc.exitCode}):\n${stderr}`);
-    try { if ((await fetch(`${base}/health`)).status === 200) break; } catch {}
-    if (Date.now() > deadline) throw new Error(`server did not become healthy:\n${stderr}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return { proc, base, stderr: () => stderr };
-}
 
 const ajv = new Ajv({ strict: false, allErrors: true });
 
@@ -310,7 +280,7 @@ async function testLimitsAndErrors(openai) {
 }
 
 async function main() {
-  const srv = await startServer();
+  const srv = await startBeluga(BIN, ['serve']);
   log(`server up at ${srv.base}`);
   const openai = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'none', maxRetries: 0, timeout: 300000 });
   const anthropic = new Anthropic({ baseURL: srv.base, apiKey: 'none', maxRetries: 0, timeout: 300000 });
@@ -325,8 +295,7 @@ async function main() {
     check(validated >= 12, `at least 12 replies finished and validated (got ${validated})`);
     log(`${validated} replies and ${toolsValidated} tool calls validated by ajv`);
   } finally {
-    if (srv.proc.exitCode === null) srv.proc.kill('SIGTERM');
-    const { code } = await srv.proc.exited;
+    const { code } = await stopBeluga(srv);
     check(code === 0, `server exits cleanly (code ${code})`, srv.stderr().slice(-2000));
   }
   if (failures) { console.error(`${failures} failure(s)`); process.exit(1); }

@@ -13,17 +13,13 @@
 //    `Authorization: Bearer KEY`; a remembered key survives a reload; reasoning from a real server
 //    (--chat-format deepseek-r1 makes the demo model's output reasoning) is shown apart.
 // Usage: node tests/tools/web_chat.mjs [path/to/beluga] [screenshot.png]   (exit code 0 = pass)
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import puppeteer from 'puppeteer-core';
+import { belugaBinary, startBeluga, stopBeluga } from './server.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '../..');
-const BIN = path.resolve(process.argv[2] || process.env.BELUGA_BINARY || path.join(root, 'build/beluga'));
+const BIN = belugaBinary();
 const SCREENSHOT = process.argv[3] || path.join(os.tmpdir(), `beluga-web-chat-${process.pid}.png`);
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const KEY = 'web-secret';
@@ -41,37 +37,10 @@ function check(cond, what, extra) {
 function log(s) { console.log(`[${((Date.now() - T0) / 1000).toFixed(1)}s] ${s}`); }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
-    s.on('error', reject);
-  });
-}
-
-async function startServer(extra) {
-  const port = await freePort();
-  const proc = spawn(BIN, ['serve', '--port', String(port), ...extra], { stdio: ['ignore', 'inherit', 'pipe'] });
-  let stderr = '';
-  proc.stderr.on('data', (d) => { stderr += d; });
-  proc.exited = new Promise((r) => proc.on('exit', (code, sig) => r({ code, sig })));
-  const base = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 120000;
-  for (;;) {
-    if (proc.exitCode !== null) throw new Error(`server exited early (${proc.exitCode}):\n${stderr}`);
-    try {
-      if ((await fetch(`${base}/health`)).status === 200) break;
-    } catch {}
-    if (Date.now() > deadline) throw new Error(`server did not become healthy:\n${stderr}`);
-    await sleep(100);
-  }
-  return { proc, base, stderr: () => stderr };
-}
+const startServer = (extra) => startBeluga(BIN, ['serve', ...extra]);
 
 async function stopServer(s) {
-  if (s.proc.exitCode === null) s.proc.kill('SIGTERM');
-  const { code } = await Promise.race([s.proc.exited, sleep(20000).then(() => ({ code: 'timeout' }))]);
-  if (code === 'timeout') s.proc.kill('SIGKILL');
+  const { code } = await stopBeluga(s);
   check(code === 0, `server exits cleanly (code ${code})`, s.stderr().slice(-2000));
 }
 
