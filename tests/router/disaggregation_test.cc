@@ -136,15 +136,13 @@ struct Fleet {
     for (int i = 0; i < decoders; ++i)
       decode.push_back(start_replica(0, {"--role", "decode", "--kv-host-gb", "0.25"}));
     colocated = start_replica(0);
-    std::vector<std::string> args = {
-        BELUGA_BINARY, "router",    "--model",      demo_model(),           "--port",
-        "0",           "--prefill", prefill->url(), "--health-interval-ms", "200"};
+    std::vector<std::string> args = {"--prefill", prefill->url(), "--health-interval-ms", "200"};
     for (auto& d : decode) {
       args.push_back("--decode");
       args.push_back(d->url());
     }
     args.insert(args.end(), router_extra.begin(), router_extra.end());
-    router = std::make_unique<ChildProcess>(args, "beluga router: routing to ");
+    router = start_router({}, args);
   }
   bool up() const {
     if (prefill->port() == 0 || colocated->port() == 0 || router->port() == 0) return false;
