@@ -44,12 +44,22 @@ Args Args::for_command(int argc, char** argv, std::string_view command) {
   const CommandUsage& usage = usage_of(command);
   Args a(argc, argv, usage.switches());
   if (usage.has_table()) a.table_ = usage.options();
+  a.command_ = std::string(command);
   return a;
 }
 
 void Args::check_declared(const std::string& key) const {
   BELUGA_CHECK(!table_ || key == "help" || table_->count(key), "internal error: the command reads --", key,
                ", which its option table (src/cli/usage.cc) lacks");
+}
+
+void Args::taken(const std::string& key) const {
+  check_declared(key);
+  used_.insert(key);
+}
+
+void Args::not_with(std::initializer_list<const char*> keys, std::string_view why) const {
+  for (const char* k : keys) BELUGA_CHECK(!has(k), "--", k, " does not apply ", why);
 }
 
 const std::vector<std::string>& Args::positional() const {
@@ -101,10 +111,24 @@ bool Args::has(const std::string& key) const {
   return values_.count(key) > 0 || missing_value_.count(key) > 0;
 }
 
+std::string Args::unknown(const std::string& key) const {
+  std::string msg = "unknown option --" + key;
+  if (table_) {
+    const std::string near = nearest_option(*table_, key);
+    if (!near.empty()) msg += " (did you mean --" + near + "?)";
+    msg += "; `beluga " + command_ + " --help` lists the options";
+  }
+  return msg;
+}
+
 void Args::check_all_used() const {
-  for (const auto& [k, v] : values_) BELUGA_CHECK(used_.count(k), "unknown option --", k);
+  if (table_)
+    for (const auto& o : *table_)
+      BELUGA_CHECK(used_.count(o), "internal error: `beluga ", command_, "` never reads --", o,
+                   ", which its option table (src/cli/usage.cc) lists");
+  for (const auto& [k, v] : values_) BELUGA_CHECK(used_.count(k), unknown(k));
   for (const auto& k : missing_value_) {
-    BELUGA_CHECK(used_.count(k), "unknown option --", k);
+    BELUGA_CHECK(used_.count(k), unknown(k));
     fail("option --", k, " needs a value");  // has() asked, but the value is missing
   }
   BELUGA_CHECK(positional_used_ || positional_.empty(), "unexpected argument '", positional_.front(), "'");

@@ -121,7 +121,7 @@ Json run_policy(const std::string& policy, int replicas, const std::string& mode
 }  // namespace
 
 int bench_fleet(int argc, char** argv) {
-  Args args(argc, argv);
+  Args args = Args::for_command(argc, argv, "bench fleet");
   const int replicas = int(args.get_int("replicas", 4));
   const auto policies = split_list(args.get_or("policies", "cache-aware,round-robin,least-load"));
   std::string model_dir = args.get_or("model", "");
@@ -156,6 +156,9 @@ int bench_fleet(int argc, char** argv) {
 
   Json runs = Json::array();
   for (const auto& p : policies) {
+    // A line per policy on stderr (each one's requests have bench serve's own progress).
+    std::fprintf(stderr, "bench fleet: policy %zu of %zu: %s (%d replicas)\n", size_t(runs.size() + 1),
+                 policies.size(), p.c_str(), replicas);
     std::vector<std::string> extra = serve_extra;
     if (!disk_dir.empty()) {
       const std::filesystem::path d = std::filesystem::path(disk_dir) / p;

@@ -43,7 +43,7 @@ nlohmann::json summary(const std::vector<double>& v) {
 }  // namespace
 
 int bench_grammar(int argc, char** argv) {
-  Args args(argc, argv);
+  Args args = Args::for_command(argc, argv, "bench grammar");
   std::string tpath = args.require("tokenizer");
   if (fs::is_directory(tpath)) tpath += "/tokenizer.json";
   auto schema_dir = args.get("schemas");

@@ -285,8 +285,16 @@ double ttft(Engine& e, const std::vector<int>& prompt, int* cached) {
 }  // namespace
 
 int bench_kv(int argc, char** argv) {
-  Args args(argc, argv, {"json", "agent-trace", "bandwidth-only"});
-  if (args.has("agent-trace")) return bench_kv_agent(args);
+  Args args = Args::for_command(argc, argv, "bench kv");
+  if (args.has("agent-trace")) {
+    args.not_with({"lengths", "prefix-frac", "blocks", "kv-disk-io", "kv-disk-sync", "io-block-bytes",
+                   "repeat", "bandwidth-only"},
+                  "with --agent-trace");
+    return bench_kv_agent(args);
+  }
+  args.not_with({"sessions", "turns", "concurrency", "system-tokens", "turn-tokens", "answer-tokens",
+                 "device-blocks", "kv-host-gb", "json-out"},
+                "without --agent-trace");
   const std::string disk_dir = args.get_or("kv-disk-dir", "");
   const std::vector<int> lengths = parse_int_list(args.get_or("lengths", "2048,16384"));
   const double frac = args.get_double("prefix-frac", 0.9);

@@ -176,6 +176,8 @@ int bench_model(int argc, char** argv) {
   const ModelArgs ma = parse_model_args(a);
   if (ma.device == "cuda") {
     const CudaSweepOptions o = parse_cuda_sweep_options(a);
+    a.not_with({"batch", "prompt-len", "gen-len"},
+               "with --device cuda (its sweep has --decode-batches, ...)");
     a.check_all_used();
 #ifdef BELUGA_WITH_CUDA
     LoadedModel m = load_model_dir(ma);
@@ -187,6 +189,8 @@ int bench_model(int argc, char** argv) {
   const int G = int(a.get_int("gen-len", 32));
   const std::string out_path = a.get_or("out", "");
   const std::string dtype = a.get_or("dtype", "float32");
+  a.not_with({"decode-batches", "decode-contexts", "prefill-lens", "steps", "sample"},
+             "without --device cuda");
   a.check_all_used();
   BELUGA_CHECK(B > 0 && P > 0 && G > 0, "--batch, --prompt-len and --gen-len must be positive");
   LoadedModel m = load_model_dir(ma);

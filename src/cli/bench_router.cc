@@ -207,7 +207,7 @@ double measure_events_per_s(unsigned short port, int streams, int rounds, int ev
 }  // namespace
 
 int bench_router(int argc, char** argv) {
-  Args args(argc, argv);
+  Args args = Args::for_command(argc, argv, "bench router");
   const int requests = int(args.get_int("requests", 2000));
   const int events = int(args.get_int("events", 2000));
   const int streams = int(args.get_int("streams", 16));

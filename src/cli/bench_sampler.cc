@@ -80,7 +80,7 @@ double pct(std::vector<double> v, double p) {
 }  // namespace
 
 int bench_sampler(int argc, char** argv) {
-  Args args(argc, argv);
+  Args args = Args::for_command(argc, argv, "bench sampler");
   const std::vector<int> vocabs = parse_int_list(args.get_or("vocab", "8192,131072"));
   const int iters = int(args.get_int("iters", 200));
   const auto out_path = args.get("out");

@@ -39,6 +39,7 @@
 
 #include "cli/args.h"
 #include "util/error.h"
+#include "util/progress.h"
 
 namespace beluga::cli {
 
@@ -371,6 +372,10 @@ int bench_serve(int argc, char** argv) {
   std::condition_variable cv;
   int in_flight = 0;
   std::vector<Result> results;
+  // On stderr (stdout holds the report): a bar on a terminal, quarter lines otherwise. Advanced under
+  // `mu`, so by one thread at a time.
+  Progress progress(dataset == "multi-turn" ? "bench serve: conversations" : "bench serve: requests",
+                    work.size(), Progress::Unit::kCount, stderr);
   auto run_work = [&](const Work& w) {
     std::vector<Result> local;
     if (w.turns == 0) {
@@ -399,6 +404,7 @@ int bench_serve(int argc, char** argv) {
     }
     std::lock_guard l(mu);
     for (auto& r : local) results.push_back(std::move(r));
+    progress.advance(1);
     --in_flight;
     cv.notify_all();
   };
@@ -423,6 +429,7 @@ int bench_serve(int argc, char** argv) {
     threads.emplace_back(run_work, std::cref(w));
   }
   for (auto& t : threads) t.join();
+  progress.finish();
   const double duration = std::chrono::duration<double>(Clock::now() - t_start).count();
 
   // Aggregate.

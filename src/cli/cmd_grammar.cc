@@ -15,6 +15,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flag_table.h"
 #include "grammar/check.h"
 #include "grammar/refused.h"
 #include "tokenizer/tokenizer.h"
@@ -30,8 +31,8 @@ std::string tokenizer_path(const std::string& p) {
 }
 
 int grammar_check(int argc, char** argv) {
-  Args args(argc, argv);
-  auto tokenizer = tok::Tokenizer::from_file(tokenizer_path(args.require("tokenizer")));
+  Args args = Args::for_command(argc, argv, "grammar check");
+  const std::string tokenizer_file = tokenizer_path(args.require("tokenizer"));
   auto schema_file = args.get("schema");
   auto regex = args.get("regex");
   auto gbnf = args.get("gbnf");
@@ -48,6 +49,7 @@ int grammar_check(int argc, char** argv) {
   args.check_all_used();
   BELUGA_CHECK(int(bool(schema_file)) + int(bool(regex)) + int(bool(gbnf)) == 1,
                "give exactly one of --schema, --regex, --gbnf");
+  auto tokenizer = tok::Tokenizer::from_file(tokenizer_file);
 
   std::shared_ptr<const grammar::CompiledGrammar> g;
   try {
@@ -95,14 +97,7 @@ int grammar_check(int argc, char** argv) {
 }  // namespace
 
 int cmd_grammar(int argc, char** argv) {
-  BELUGA_CHECK(
-      argc >= 1,
-      "usage: beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | "
-      "--gbnf FILE) [--draft 4|6|7|2020-12] [--max-whitespace N] [--compile-timeout-ms MS] "
-      "--instances FILE.jsonl\n"
-      "  --schema FILE  a JSON Schema (drafts 4, 6, 7, 2020-12)\n"
-      "  --regex RE     an ECMAScript regex the whole output must match\n"
-      "  --gbnf FILE    a grammar in llama.cpp's GBNF (root ::= ...) or the Lark subset (start: ...)");
+  BELUGA_CHECK(argc >= 1, usage_text(usage_of("grammar")));
   std::string what = argv[0];
   if (what == "check") return grammar_check(argc - 1, argv + 1);
   fail("unknown grammar command '", what, "' (check)");

@@ -12,6 +12,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flag_table.h"
 #include "kvstore/retention.h"
 #include "kvstore/store_scan.h"
 #include "util/error.h"
@@ -19,10 +20,6 @@
 namespace beluga::cli {
 
 namespace {
-
-constexpr const char* kUsage =
-    "usage: beluga kv stats --kv-disk-dir DIR [--json]\n"
-    "       beluga kv gc --kv-disk-dir DIR [--kv-retention chat=7d,agent=3d] [--now UNIX_SECONDS] [--json]\n";
 
 std::string iso_time(int64_t t) {
   char buf[32];
@@ -138,15 +135,15 @@ int kv_gc(const Args& args) {
 }  // namespace
 
 int cmd_kv(int argc, char** argv) {
+  const std::string usage = usage_text(usage_of("kv"));
   if (argc < 1 || std::string(argv[0]) == "--help" || std::string(argv[0]) == "help") {
-    std::fputs(kUsage, argc < 1 ? stderr : stdout);
+    std::fputs(usage.c_str(), argc < 1 ? stderr : stdout);
     return argc < 1 ? 2 : 0;
   }
   const std::string sub = argv[0];
-  Args args(argc - 1, argv + 1, {"json"});
-  if (sub == "stats") return kv_stats(args);
-  if (sub == "gc") return kv_gc(args);
-  throw Error(str("unknown `beluga kv` command '", sub, "'\n", kUsage));
+  if (sub == "stats") return kv_stats(Args::for_command(argc - 1, argv + 1, "kv stats"));
+  if (sub == "gc") return kv_gc(Args::for_command(argc - 1, argv + 1, "kv gc"));
+  throw Error(str("unknown `beluga kv` command '", sub, "'\n", usage));
 }
 
 }  // namespace beluga::cli

@@ -2,7 +2,6 @@
 // load balancer in front of `beluga serve` replicas (src/router). Reads the model directory's
 // tokenizer and chat format only (no weights), listens, probes the replicas and proxies until
 // SIGINT/SIGTERM. A --config file gives the same options as JSON; the command line overrides it.
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -11,34 +10,29 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/flag_table.h"
 #include "cli/model_args.h"
 #include "model/batch.h"
 #include "router/config_file.h"
 #include "router/router.h"
 #include "server/server.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace beluga::cli {
 
 namespace {
 
-// The options a --config file may set: every one cmd_router reads (but --config and --replica).
-const std::set<std::string> kFileOptions = {"model",
-                                            "host",
-                                            "port",
-                                            "policy",
-                                            "balance-window",
-                                            "load-cost-tokens",
-                                            "index-blocks",
-                                            "io-threads",
-                                            "tokenize-threads",
-                                            "max-retries",
-                                            "connect-timeout-ms",
-                                            "upstream-timeout-s",
-                                            "health-interval-ms",
-                                            "health-timeout-ms",
-                                            "eject-after",
-                                            "max-body-bytes"};
+// The options a --config file may set: every one in the router's table but --config and the replica
+// lists (which cmd_router takes out of the command line itself).
+std::set<std::string> file_options() {
+  std::set<std::string> out = usage_of("router").options();
+  out.erase("config");
+  out.erase("replica");
+  out.erase("prefill");  // lists: the file spells them "prefill": [URL, ...] (config_file.h)
+  out.erase("decode");
+  return out;
+}
 
 }  // namespace
 
@@ -71,7 +65,7 @@ int cmd_router(int argc, char** argv) {
   std::vector<std::string> from_file;  // "--key=value" of the config file, before the command line
   std::string file_model;              // the file's "model": used when the command line names none
   if (!config_path.empty()) {
-    router::RouterConfigFile file = router::load_router_config(config_path, kFileOptions);
+    router::RouterConfigFile file = router::load_router_config(config_path, file_options());
     if (replicas.empty()) replicas = file.replicas;
     if (prefill.empty()) prefill = file.prefill;
     if (decode.empty()) decode = file.decode;
@@ -84,7 +78,12 @@ int cmd_router(int argc, char** argv) {
   std::vector<char*> merged;
   for (auto& f : from_file) merged.push_back(f.data());
   merged.insert(merged.end(), rest.begin(), rest.end());
-  Args args(int(merged.size()), merged.data());
+  Args args = Args::for_command(int(merged.size()), merged.data(), "router");
+  args.taken("replica");  // these four read above
+  args.taken("prefill");
+  args.taken("decode");
+  args.taken("config");
+  log::set_level(log::level_from(args.get("log-level")));
   router::RouterConfig cfg;
   cfg.replicas = replicas;
   cfg.prefill = prefill;
@@ -139,16 +138,15 @@ int cmd_router(int argc, char** argv) {
   router::Router r(cfg, std::move(model));
   r.listen();
   r.start();
-  std::fprintf(stderr,
-               "beluga router: routing to %zu replica(s)%s (policy %s, tokenizer %s) on http://%s:%d\n",
-               cfg.replicas.size() + cfg.prefill.size() + cfg.decode.size(),
-               cfg.prefill.empty() ? ""
-                                   : (", " + std::to_string(cfg.prefill.size()) + " prefill + " +
-                                      std::to_string(cfg.decode.size()) + " decode")
-                                         .c_str(),
-               router::policy_name(cfg.policy), model_dir.c_str(), cfg.host.c_str(), r.port());
+  log::info("router", "routing to ", cfg.replicas.size() + cfg.prefill.size() + cfg.decode.size(),
+            " replica(s)",
+            cfg.prefill.empty() ? std::string()
+                                : ", " + std::to_string(cfg.prefill.size()) + " prefill + " +
+                                      std::to_string(cfg.decode.size()) + " decode",
+            " (policy ", router::policy_name(cfg.policy), ", tokenizer ", model_dir, ") on http://", cfg.host,
+            ":", r.port());
   r.wait_for_signal();
-  std::fprintf(stderr, "beluga router: shutting down\n");
+  log::info("router", "shutting down");
   r.stop();
   return 0;
 }

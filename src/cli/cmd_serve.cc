@@ -33,6 +33,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "util/log.h"
 
 namespace beluga::cli {
 
@@ -67,9 +68,7 @@ void raise_fd_limit(int max_connections) {
     setrlimit(RLIMIT_NOFILE, &lim);
   }
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < want)
-    std::fprintf(stderr,
-                 "beluga serve: warning: the descriptor limit (%lu) is below --max-connections + 256\n",
-                 static_cast<unsigned long>(lim.rlim_cur));
+    log::warn("serve", "the descriptor limit (", lim.rlim_cur, ") is below --max-connections + 256");
 }
 
 // For the server's fault tests (tests/server/fault_test.cc): BELUGA_TEST_FAIL_STEPS=FROM:COUNT makes
@@ -80,7 +79,7 @@ void inject_step_failures(EngineConfig& ecfg) {
   long long from = 0, count = 0;
   BELUGA_CHECK(std::sscanf(v, "%lld:%lld", &from, &count) == 2 && from >= 0 && count >= 0,
                "BELUGA_TEST_FAIL_STEPS must be FROM:COUNT");
-  std::fprintf(stderr, "beluga serve: test mode: engine steps %lld..%lld fail\n", from, from + count - 1);
+  log::warn("serve", "test mode: engine steps ", from, "..", from + count - 1, " fail");
   ecfg.step_hook = [from, count](int64_t step) {
     if (step >= from && step < from + count)
       throw std::runtime_error("injected step failure (BELUGA_TEST_FAIL_STEPS) at step " +
@@ -96,6 +95,8 @@ int cmd_serve(int argc, char** argv) {
     std::fputs(usage_text(usage_of("serve")).c_str(), stdout);
     return 0;
   }
+  // Before the other options: the warnings they may log obey it.
+  log::set_level(log::level_from(args.get("log-level")));
   server::Server::block_signals();
 
   server::ServerConfig scfg;
@@ -150,7 +151,7 @@ int cmd_serve(int argc, char** argv) {
   gopt.timeout = std::chrono::milliseconds(compile_ms);
   gopt.capacity = size_t(cache_size);
   ModelArgs model_args = parse_model_args(args);
-  model_args.progress_lines = true;  // serve's stderr is its log
+  model_args.progress_lines = log::enabled(log::Level::kInfo);  // serve's stderr is its log
   // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
   // a dummy-weight benchmark of a config that ships no tokenizer.
   const auto tokenizer_dir = args.get("tokenizer");
@@ -188,8 +189,7 @@ int cmd_serve(int argc, char** argv) {
   server::Server server(scfg);
   server.listen();
   server.start();
-  std::fprintf(stderr, "beluga serve: listening on http://%s:%d (loading the model)\n", scfg.host.c_str(),
-               server.port());
+  log::info("serve", "listening on http://", scfg.host, ":", server.port(), " (loading the model)");
 
   LoadedModel m = load_model_dir(model_args);
   BELUGA_CHECK(
@@ -248,19 +248,19 @@ int cmd_serve(int argc, char** argv) {
   };
   server.set_engine(handle.get(), info);
   if (*role != server::ServeRole::kBoth)
-    std::fprintf(stderr, "beluga serve: role %s%s%s\n", server::serve_role_name(*role),
-                 receiver ? ", receiving KV on " : "", receiver ? receiver->address().c_str() : "");
-  std::fprintf(
-      stderr,
-      "beluga serve: serving %s (%s, chat format %s, max model len %d) on http://%s:%d — loaded in %.2f s\n",
-      info.served_name.c_str(), m.dir.c_str(), recipe::chat_format_name(encoder.format()), info.max_model_len,
-      scfg.host.c_str(), server.port(), m.load_seconds);
+    log::info("serve", "role ", server::serve_role_name(*role), receiver ? ", receiving KV on " : "",
+              receiver ? receiver->address() : std::string());
+  char load_s[32];
+  std::snprintf(load_s, sizeof(load_s), "%.2f", m.load_seconds);
+  log::info("serve", "serving ", info.served_name, " (", m.dir, ", chat format ",
+            recipe::chat_format_name(encoder.format()), ", max model len ", info.max_model_len,
+            ") on http://", scfg.host, ":", server.port(), " — loaded in ", load_s, " s");
 
   server.wait_for_signal();
-  std::fprintf(stderr, "beluga serve: draining (up to %d s for the requests in flight)\n", grace_s);
+  log::info("serve", "draining (up to ", grace_s, " s for the requests in flight)");
   const bool clean = server.drain(std::chrono::seconds(grace_s));
-  std::fprintf(stderr, "beluga serve: shutting down (%s)\n",
-               clean ? "every request finished" : "the grace period ended; the rest were cut short");
+  log::info("serve", "shutting down (",
+            clean ? "every request finished" : "the grace period ended; the rest were cut short", ")");
   server.stop();
   handle.reset();
   engine.reset();    // pending requests finish with kAbort; their outputs go nowhere

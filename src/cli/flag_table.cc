@@ -1,5 +1,7 @@
 #include "cli/flag_table.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace beluga::cli {
@@ -16,7 +18,35 @@ std::string left_column(const Flag& f) {
   return s;
 }
 
+// Optimal string alignment distance: edits of one letter, and swaps of two neighbours ("prot").
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
 }  // namespace
+
+std::string nearest_option(const std::set<std::string>& options, std::string_view name) {
+  const size_t limit = std::min<size_t>(3, std::max<size_t>(1, name.size() / 3));
+  std::string best;
+  size_t best_d = limit + 1;
+  for (const auto& o : options) {  // in order: the first of equally near ones wins
+    const size_t d = edit_distance(name, o);
+    if (d < best_d) {
+      best_d = d;
+      best = o;
+    }
+  }
+  return best;
+}
 
 std::set<std::string> CommandUsage::switches() const {
   std::set<std::string> out;
@@ -72,9 +102,8 @@ std::string configuration_markdown() {
       "Every option of every `beluga` command. Generated from the option tables in `src/cli/usage.cc`\n"
       "(the same tables `beluga COMMAND --help` prints and the argument parser accepts): do not edit by\n"
       "hand; regenerate with `build/beluga help --markdown > docs/configuration.md` (a test fails when\n"
-      "this file is out of date). Options are spelled `--name value` or `--name=value`.\n\n"
-      "Not in the tables yet (their `--help` is hand-written): `beluga kv`, `beluga grammar`,\n"
-      "`beluga bench kv`, `beluga bench grammar`.\n";
+      "this file is out of date). Options are spelled `--name value` or `--name=value`; an unknown one\n"
+      "is refused before anything loads, naming the nearest option.\n";
   for (const auto& u : command_usages()) {
     out += "\n## beluga " + std::string(u.command) + "\n\n";
     if (!u.has_table()) {

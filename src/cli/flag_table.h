@@ -2,7 +2,8 @@
 // prints (usage_text), the options Args accepts for that command (an option outside its table is an
 // error, so the help cannot omit one the parser takes), and docs/configuration.md
 // (configuration_markdown; `beluga help --markdown` prints it, tests/cli checks the file is current).
-// A command whose usage is still hand-written text has no table: Args then accepts what it reads.
+// A command whose usage is hand-written text (only dispatchers: `bench`, `kv`, `grammar`, which list
+// their subcommands) has no table: Args then accepts what it reads.
 #pragma once
 
 #include <set>
@@ -43,6 +44,10 @@ const std::vector<CommandUsage>& command_usages();
 const CommandUsage* find_usage(std::string_view command);
 // `command`'s usage, which must exist (for the command's own Args).
 const CommandUsage& usage_of(std::string_view command);
+
+// The option of `options` nearest to `name` (a typo of it: at most a third of its letters, and at
+// most 3, inserted, deleted, changed or swapped with a neighbour), or "" when none is that near.
+std::string nearest_option(const std::set<std::string>& options, std::string_view name);
 
 // What `--help` prints: the hand-written text, or the table rendered.
 std::string usage_text(const CommandUsage& u);

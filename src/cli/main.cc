@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "cli/args.h"
@@ -26,7 +27,7 @@ constexpr Subcommand kCommands[] = {
     {"logits", beluga::cli::cmd_logits, "write prefill logits for token ids to a safetensors file"},
     {"inspect", beluga::cli::cmd_inspect, "print a model's architecture, parameters and KV bytes per token"},
     {"bench", beluga::cli::cmd_bench,
-     "benchmarks: `bench model`, `bench tokenizer`, `bench serve`, `bench router`"},
+     "benchmarks: `bench model`, `bench serve`, `bench router`, `bench fleet`, ... (`bench --help`)"},
     {"tokenize", beluga::cli::cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", beluga::cli::cmd_detokenize, "token ids on stdin -> text"},
     {"render", beluga::cli::cmd_render, "API request -> prompt text and token ids"},
@@ -42,13 +43,12 @@ void usage(FILE* to) {
   std::fprintf(to, "\n`beluga <command> --help` lists a command's options.\n");
 }
 
-// `beluga CMD --help` / `-h`: the command's usage on stdout. `serve` prints its own; `bench` has
-// one per benchmark (`bench model --help`).
+// `beluga CMD --help` / `-h`: the command's usage on stdout. `serve` prints its own; a dispatcher
+// (`bench`, `kv`, `grammar`) has one per subcommand (`bench model --help`) and its own list.
 bool print_help(const std::string& cmd, int argc, char** argv) {
   if (cmd == "serve" || !beluga::cli::wants_help(argc, argv)) return false;
-  std::string name = cmd;
-  if (cmd == "bench" && argc > 0 && argv[0][0] != '-') name += std::string(" ") + argv[0];
-  auto text = beluga::cli::command_usage(name);
+  std::optional<std::string> text;
+  if (argc > 0 && argv[0][0] != '-') text = beluga::cli::command_usage(cmd + " " + argv[0]);
   if (!text) text = beluga::cli::command_usage(cmd);
   if (!text) return false;
   std::fputs(text->c_str(), stdout);

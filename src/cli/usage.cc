@@ -19,6 +19,13 @@ FlagGroup model_options() {
            {"enforce-eager", "", "no CUDA graphs for decode steps"}}};
 }
 
+// The server's and the router's log level (util/log.h).
+Flag log_level_flag() {
+  return {"log-level", "error|warn|info|debug",
+          "stderr lines at this level and above (default: BELUGA_LOG_LEVEL, else info); the access log "
+          "has its own switch"};
+}
+
 }  // namespace
 
 // One entry per command: its synopsis, summary and option table (flag_table.h), or, until it has a
@@ -43,7 +50,8 @@ const std::vector<CommandUsage>& command_usages() {
               {"chat-format", "NAME",
                "deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v4, deepseek-v4.1, "
                "template (default: from the model)"},
-              {"no-access-log", "", "no access log line per request on stderr"}}},
+              {"no-access-log", "", "no access log line per request on stderr"},
+              log_level_flag()}},
             {"engine",
              {{"max-num-seqs", "N", "sequences decoding at once (default 64)"},
               {"max-num-batched-tokens", "N",
@@ -127,45 +135,51 @@ const std::vector<CommandUsage>& command_usages() {
        .summary = "Prints a model's architecture, parameter count, dtypes and KV bytes per token as JSON.",
        .groups = {model_options()}},
       {.command = "router",
-       .text =
-           "usage: beluga router --replica URL [--replica URL ...] [MODEL_DIR | --model DIR] [options]\n"
-           "Load balancer in front of `beluga serve` replicas: proxies every route they serve (SSE streamed\n"
-           "through), retries a request that has not started on another replica, ejects failing replicas.\n"
-           "Formula and knobs: docs/router.md.\n\n"
-           "  --replica URL             a replica, http://HOST:PORT (repeat for each; at most 64)\n"
-           "  --prefill URL, --decode URL  disaggregated serving instead of --replica: engines started with\n"
-           "                            --role prefill and --role decode (repeat each); a request is "
-           "prefilled\n"
-           "                            on one, its KV sent to a decode engine that generates\n"
-           "                            (docs/disaggregation.md)\n"
-           "  --config FILE             JSON: {\"replicas\": [URL, ...], \"policy\": ..., "
-           "\"balance-window\": 8, "
-           "...}:\n"
-           "                            any option below without its dashes; the command line overrides it\n"
-           "                            (--replica replaces the file's list)\n"
-           "  --model DIR               tokenizer and chat format of the served model (no weights are "
-           "read);\n"
-           "                            default: the built-in models/beluga-demo-coder-mtp\n"
-           "  --host H                  default 127.0.0.1\n"
-           "  --port P                  default 8080 (0: any free port)\n"
-           "  --policy cache-aware|round-robin|least-load   default cache-aware\n"
-           "  --balance-window N        cache-aware: in-flight requests above the least-loaded replica that\n"
-           "                            prefix affinity tolerates (default 8)\n"
-           "  --load-cost-tokens T      cache-aware: one request in flight costs T uncached prompt tokens\n"
-           "                            (default 128)\n"
-           "  --index-blocks N          prefix index capacity in blocks (default 1048576)\n"
-           "  --max-retries N           other replicas tried before a request fails (default 2)\n"
-           "  --connect-timeout-ms N    default 2000\n"
-           "  --upstream-timeout-s N    for a replica's response to begin and between reads (default 600)\n"
-           "  --health-interval-ms N    GET /health on every replica this often (default 1000)\n"
-           "  --health-timeout-ms N     default 1000\n"
-           "  --eject-after N           consecutive failures that eject a replica (default 3)\n"
-           "  --max-body-bytes N        default 16777216\n"
-           "  --io-threads N            default 2\n"
-           "  --tokenize-threads N      threads that render and tokenize prompts (default 1)\n"},
+       .synopsis = "--replica URL [--replica URL ...] [MODEL_DIR | --model DIR] [options]",
+       .summary = "Load balancer in front of `beluga serve` replicas: proxies every route they serve (SSE "
+                  "streamed through), retries a request that has not started on another replica, ejects "
+                  "failing replicas. Formula and knobs: docs/router.md.",
+       .groups = {{"",
+                   {{"replica", "URL", "a replica, http://HOST:PORT (repeat for each; at most 64)"},
+                    {"prefill", "URL",
+                     "disaggregated serving instead of --replica: an engine started with --role prefill "
+                     "(repeat for each; docs/disaggregation.md)"},
+                    {"decode", "URL",
+                     "with --prefill: an engine started with --role decode, which generates from the KV the "
+                     "prefill engine sends it (repeat for each)"},
+                    {"config", "FILE",
+                     "JSON: {\"replicas\": [URL, ...], \"policy\": ..., \"balance-window\": 8, ...}: any "
+                     "option here but --config and --replica, without its dashes; the command line "
+                     "overrides it (--replica, --prefill, --decode replace the file's lists)"},
+                    {"model", "DIR",
+                     "tokenizer and chat format of the served model (no weights are read); default: the "
+                     "built-in models/beluga-demo-coder-mtp",
+                     true},
+                    {"host", "H", "default 127.0.0.1"},
+                    {"port", "P", "default 8080 (0: any free port)"},
+                    log_level_flag()}},
+                  {"routing",
+                   {{"policy", "cache-aware|round-robin|least-load", "default cache-aware"},
+                    {"balance-window", "N",
+                     "cache-aware: in-flight requests above the least-loaded replica that prefix affinity "
+                     "tolerates (default 8)"},
+                    {"load-cost-tokens", "T",
+                     "cache-aware: one request in flight costs T uncached prompt tokens (default 128)"},
+                    {"index-blocks", "N", "prefix index capacity in blocks (default 1048576)"}}},
+                  {"replicas and limits",
+                   {{"max-retries", "N", "other replicas tried before a request fails (default 2)"},
+                    {"connect-timeout-ms", "N", "default 2000"},
+                    {"upstream-timeout-s", "N",
+                     "for a replica's response to begin and between reads (default 600)"},
+                    {"health-interval-ms", "N", "GET /health on every replica this often (default 1000)"},
+                    {"health-timeout-ms", "N", "default 1000"},
+                    {"eject-after", "N", "consecutive failures that eject a replica (default 3)"},
+                    {"max-body-bytes", "N", "default 16777216"},
+                    {"io-threads", "N", "default 2"},
+                    {"tokenize-threads", "N", "threads that render and tokenize prompts (default 1)"}}}}},
       {.command = "bench",
        .text =
-           "usage: beluga bench model|tokenizer|serve|router|fleet|sampler [options]\n"
+           "usage: beluga bench model|tokenizer|serve|router|fleet|sampler|kv|grammar [options]\n"
            "  model       prefill and decode throughput of one model on this machine\n"
            "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
            "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
@@ -173,6 +187,8 @@ const std::vector<CommandUsage>& command_usages() {
            "  fleet       routing policies side by side: replicas and a router per policy, a multi-tenant "
            "trace\n"
            "  sampler     the CPU sampler's cost per token\n"
+           "  kv          the KV tiers' bandwidth and TTFT from each tier; --agent-trace: agent sessions\n"
+           "  grammar     structured outputs: grammar compile time and per-token mask time\n"
            "`beluga bench <name> --help` lists each one's options.\n"},
       {.command = "bench model",
        .synopsis = "[MODEL_DIR] [options]",
@@ -228,49 +244,100 @@ const std::vector<CommandUsage>& command_usages() {
                     {"slo", "ttft_ms=N,tpot_ms=N,e2el_ms=N", "goodput: requests per second meeting these"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench sampler",
-       .text =
-           "usage: beluga bench sampler [options]\n"
-           "The CPU sampler's cost per token for each vocabulary size and a set of sampling parameters.\n\n"
-           "  --vocab LIST              vocabulary sizes (default 8192,131072)\n"
-           "  --iters N                 timed calls per point (default 200)\n"
-           "  --out FILE                also write the results as JSON\n"},
+       .synopsis = "[options]",
+       .summary = "The CPU sampler's cost per token for each vocabulary size and a set of sampling "
+                  "parameters.",
+       .groups = {{"",
+                   {{"vocab", "LIST", "vocabulary sizes (default 8192,131072)"},
+                    {"iters", "N", "timed calls per point (default 200)"},
+                    {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench router",
-       .text =
-           "usage: beluga bench router [options]\n"
-           "The router's added latency per request and its SSE relay rate, against a synthetic upstream in\n"
-           "this process (no model runs), for the round-robin and cache-aware policies.\n\n"
-           "  --requests N              sequential non-streamed requests timed per path (default 2000)\n"
-           "  --streams N               concurrent streaming clients (default 16)\n"
-           "  --rounds N                streams each client runs (default 4)\n"
-           "  --events N                SSE events per stream (default 2000)\n"
-           "  --io-threads N            the router's I/O threads (default 2)\n"
-           "  --model DIR               tokenizer for the cache-aware policy (default: the built-in model)\n"
-           "  --out FILE                also write the results as JSON\n"},
+       .synopsis = "[options]",
+       .summary = "The router's added latency per request and its SSE relay rate, against a synthetic "
+                  "upstream in this process (no model runs), for the round-robin and cache-aware "
+                  "policies.",
+       .groups = {{"",
+                   {{"requests", "N", "sequential non-streamed requests timed per path (default 2000)"},
+                    {"streams", "N", "concurrent streaming clients (default 16)"},
+                    {"rounds", "N", "streams each client runs (default 4)"},
+                    {"events", "N", "SSE events per stream (default 2000)"},
+                    {"io-threads", "N", "the router's I/O threads (default 2)"},
+                    {"model", "DIR", "tokenizer for the cache-aware policy (default: the built-in model)"},
+                    {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench fleet",
-       .text =
-           "usage: beluga bench fleet [options]\n"
-           "Routing policies side by side on real processes: for each policy, N fresh `beluga serve` "
-           "replicas\n"
-           "and a `beluga router`, `bench serve`'s multi-turn multi-tenant trace through the router; one "
-           "table\n"
-           "of prefix hit rate (usage cached tokens), TTFT p50/p99, throughput and goodput per policy.\n\n"
-           "  --replicas N              default 4\n"
-           "  --policies LIST           default cache-aware,round-robin,least-load\n"
-           "  --model DIR               default: the built-in models/beluga-demo-coder-mtp\n"
-           "  --replica-threads N       each replica's --threads (default 1)\n"
-           "  --kv-cache-mb N           each replica's --kv-cache-mb (default 64)\n"
-           "  --kv-disk-dir DIR         the replicas of each policy share a file tier in DIR/POLICY (new)\n"
-           "  --num-prompts N           requests (default 64)\n"
-           "  --num-turns N             turns per conversation (default 4)\n"
-           "  --tenants N               default 4\n"
-           "  --system-len N            words of each tenant's system prompt (default 200)\n"
-           "  --input-len N             words per user turn (default 24)\n"
-           "  --output-len N            tokens per answer (default 16)\n"
-           "  --max-concurrency N       conversations in flight (default 4)\n"
-           "  --request-rate R|inf      conversations started per second (default inf)\n"
-           "  --seed N                  default 0\n"
-           "  --slo ttft_ms=N,tpot_ms=N,e2el_ms=N   goodput's SLO (default ttft_ms=1000,tpot_ms=100)\n"
-           "  --out FILE                also write the results as JSON\n"},
+       .synopsis = "[options]",
+       .summary = "Routing policies side by side on real processes: for each policy, N fresh `beluga "
+                  "serve` replicas and a `beluga router`, `bench serve`'s multi-turn multi-tenant trace "
+                  "through the router; one table of prefix hit rate (usage cached tokens), TTFT p50/p99, "
+                  "throughput and goodput per policy.",
+       .groups = {{"",
+                   {{"replicas", "N", "default 4"},
+                    {"policies", "LIST", "default cache-aware,round-robin,least-load"},
+                    {"model", "DIR", "default: the built-in models/beluga-demo-coder-mtp"},
+                    {"replica-threads", "N", "each replica's --threads (default 1)"},
+                    {"kv-cache-mb", "N", "each replica's --kv-cache-mb (default 64)"},
+                    {"kv-disk-dir", "DIR",
+                     "the replicas of each policy share a file tier in DIR/POLICY (new)"},
+                    {"out", "FILE", "also write the results as JSON"}}},
+                  {"the trace (bench serve's multi-turn dataset)",
+                   {{"num-prompts", "N", "requests (default 64)"},
+                    {"num-turns", "N", "turns per conversation (default 4)"},
+                    {"tenants", "N", "default 4"},
+                    {"system-len", "N", "words of each tenant's system prompt (default 200)"},
+                    {"input-len", "N", "words per user turn (default 24)"},
+                    {"output-len", "N", "tokens per answer (default 16)"},
+                    {"max-concurrency", "N", "conversations in flight (default 4)"},
+                    {"request-rate", "R|inf", "conversations started per second (default inf)"},
+                    {"seed", "N", "default 0"},
+                    {"slo", "ttft_ms=N,tpot_ms=N,e2el_ms=N",
+                     "goodput's SLO (default ttft_ms=1000,tpot_ms=100)"}}}}},
+      {.command = "bench kv",
+       .synopsis = "[MODEL_DIR] [--kv-disk-dir DIR] [options] | --agent-trace [options]",
+       .summary = "The KV tiers against the machine's own limits measured in the same run, and the time "
+                  "to first token of a request whose prefix sits in each tier against recomputing it. "
+                  "--agent-trace instead runs multi-turn agent sessions whose contexts outgrow the device "
+                  "pool, with the tiers off, a host tier and (with --kv-disk-dir) a file tier, and checks "
+                  "every mode generated the same tokens.",
+       .groups = {{"",
+                   {{"kv-disk-dir", "DIR", "also measure a file tier in DIR (default: host tier only)"},
+                    {"json", "", "print the results as JSON"}}},
+                  {"tiers and TTFT (without --agent-trace)",
+                   {{"lengths", "LIST", "prompt lengths in tokens (default 2048,16384)"},
+                    {"prefix-frac", "F", "the share of each prompt in a tier, in (0, 1) (default 0.9)"},
+                    {"blocks", "N", "blocks per bandwidth measurement (default 256)"},
+                    {"kv-disk-io", "auto|io_uring|threads", "the file tier's I/O path (default auto)"},
+                    {"kv-disk-sync", "none|data|full", "the sync of each block file (default none)"},
+                    {"io-block-bytes", "N",
+                     "block file size of the file-tier rate table (default: the model's block)"},
+                    {"repeat", "N", "each file-tier measurement's repeats, the best kept (default 3)"},
+                    {"bandwidth-only", "", "stop after the bandwidth tables"}}},
+                  {"agent trace",
+                   {{"agent-trace", "", "run the agent-session trace"},
+                    {"sessions", "N", "default 16"},
+                    {"turns", "N", "turns per session (default 6)"},
+                    {"concurrency", "N", "sessions at once (default 4)"},
+                    {"system-tokens", "N", "the shared system prompt (default 512)"},
+                    {"turn-tokens", "N", "each turn's user/tool message (default 256)"},
+                    {"answer-tokens", "N", "each answer (default 16)"},
+                    {"device-blocks", "N",
+                     "device pool (default: what the concurrent sessions need at their longest, plus 8)"},
+                    {"kv-host-gb", "G", "host tier (default: room for the whole trace)"},
+                    {"json-out", "FILE", "also write the results as JSON"}}},
+                  model_options()}},
+      {.command = "bench grammar",
+       .synopsis = "--tokenizer DIR|FILE (--schemas DIR | --grammars DIR) [options]",
+       .summary = "Compiles every DIR/NAME.json schema (--schemas) and DIR/NAME.regex, .gbnf, .lark grammar "
+                  "(--grammars), then walks each instance of DIR/NAME.instances.jsonl token by token, "
+                  "timing the mask over the whole vocabulary at every step; prints compile-time and "
+                  "per-token mask-time percentiles.",
+       .groups = {{"",
+                   {{"tokenizer", "DIR|FILE", "tokenizer.json, or the directory holding it (required)"},
+                    {"schemas", "DIR", "JSON Schemas and their instances"},
+                    {"grammars", "DIR", "regex, GBNF and Lark grammars and their instances"},
+                    {"repeat", "N", "compiles of each (default 3)"},
+                    {"max-whitespace", "N",
+                     "schemas: whitespace bytes allowed wherever JSON allows them (default 0)"},
+                    {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "tokenize",
        .synopsis = "--tokenizer tokenizer.json [--allow-special] [--jsonl] < text",
        .summary = "",
@@ -293,6 +360,48 @@ const std::vector<CommandUsage>& command_usages() {
                     {"api", "chat|responses|messages", "default chat"},
                     {"chat-format", "NAME",
                      "deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v4, deepseek-v4.1, template"}}}}},
+      {.command = "grammar",
+       .text = "usage: beluga grammar check [options]\n"
+               "  check       a JSON Schema, regex or grammar against candidate outputs\n"
+               "`beluga grammar check --help` lists its options.\n"},
+      {.command = "grammar check",
+       .synopsis = "--tokenizer DIR|FILE (--schema FILE | --regex RE | --gbnf FILE) --instances FILE.jsonl "
+                   "[options]",
+       .summary = "Reads one JSON string per line (a candidate output text), feeds its tokens through the "
+                  "matcher and prints {\"accepted\": bool, \"complete\": bool} per line. Exit 0 when the "
+                  "grammar compiled, 2 when it is refused (the reason on stderr), 1 on other errors.",
+       .groups = {{"",
+                   {{"tokenizer", "DIR|FILE", "tokenizer.json, or the directory holding it (required)"},
+                    {"schema", "FILE", "a JSON Schema (drafts 4, 6, 7, 2020-12)"},
+                    {"regex", "RE", "an ECMAScript regex the whole output must match"},
+                    {"gbnf", "FILE",
+                     "a grammar in llama.cpp's GBNF (root ::= ...) or the Lark subset (start: ...)"},
+                    {"instances", "FILE", "candidate outputs, one JSON string per line (required)"},
+                    {"draft", "4|6|7|2020-12", "the schema's draft (default: from $schema, else 2020-12)"},
+                    {"max-whitespace", "N",
+                     "whitespace bytes allowed wherever JSON allows them, 0..16 (default 0)"},
+                    {"compile-timeout-ms", "MS", "default 10000"}}}}},
+      {.command = "kv",
+       .text = "usage: beluga kv stats|gc --kv-disk-dir DIR [options]\n"
+               "  stats       what a KV file tier's directory holds: blocks, bytes, by class, oldest use\n"
+               "  gc          remove the blocks past their class's retention, and abandoned partial files\n"
+               "`beluga kv <name> --help` lists each one's options.\n"},
+      {.command = "kv stats",
+       .synopsis = "--kv-disk-dir DIR [--json]",
+       .summary = "What a KV directory holds: blocks, bytes, by class, the oldest last use.",
+       .groups = {{"",
+                   {{"kv-disk-dir", "DIR", "the file tier's directory (required)"},
+                    {"json", "", "print JSON"}}}}},
+      {.command = "kv gc",
+       .synopsis = "--kv-disk-dir DIR [--kv-retention chat=7d,agent=3d] [--now UNIX_SECONDS] [--json]",
+       .summary = "Removes the blocks past their class's retention as of --now, and the temporary files of "
+                  "writers that are gone (judged by the real clock and the writer's pid, never by --now). "
+                  "Counts are blocks.",
+       .groups = {{"",
+                   {{"kv-disk-dir", "DIR", "the file tier's directory (required)"},
+                    {"kv-retention", "CLASS=AGE,...", "as `serve` takes it, same defaults"},
+                    {"now", "UNIX_SECONDS", "the time retention is judged at (default: now)"},
+                    {"json", "", "print JSON"}}}}},
       {.command = "help",
        .synopsis = "COMMAND | --markdown",
        .summary = "A command's usage, or every command's options as Markdown (docs/configuration.md).",

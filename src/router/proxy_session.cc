@@ -18,6 +18,7 @@
 #include "router/http_headers.h"
 #include "router/policy.h"
 #include "router/prefill_call.h"
+#include "util/log.h"
 
 namespace beluga::router {
 
@@ -447,6 +448,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
       replica_->counters().retries.fetch_add(1, std::memory_order_relaxed);
       ctx_.metrics.retry();
       last_error_ = replica_->address().url + " answered " + std::to_string(status);
+      log::debug("router", path_, ": ", last_error_, "; retrying on another replica");
       close_upstream();
       end_attempt();
       return attempt();
@@ -612,9 +614,11 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     if (can_retry()) {
       r->counters().retries.fetch_add(1, std::memory_order_relaxed);
       ctx_.metrics.retry();
+      log::debug("router", path_, ": ", last_error_, "; retrying on another replica");
       return attempt();
     }
     const int status = timeout ? 504 : 502;
+    log::warn("router", path_, " failed with ", status, ": ", last_error_);
     reply(status, "application/json", error_body(path_, status, "the replica failed: " + last_error_));
   }
 

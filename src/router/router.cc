@@ -1,7 +1,6 @@
 #include "router/router.h"
 
 #include <csignal>
-#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -9,6 +8,7 @@
 #include "router/proxy_session.h"
 #include "router/router_context.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace beluga::router {
 
@@ -18,13 +18,11 @@ using tcp = net::ip::tcp;
 void RouterContext::on_ejected(Replica& r, const std::string& why) {
   index.forget(r.id());
   r.drop_idle();
-  if (cfg.log_replica_changes)
-    std::fprintf(stderr, "beluga router: replica %s ejected (%s)\n", r.address().url.c_str(), why.c_str());
+  if (cfg.log_replica_changes) log::warn("router", "replica ", r.address().url, " ejected (", why, ")");
 }
 
 void RouterContext::on_rejoined(Replica& r) {
-  if (cfg.log_replica_changes)
-    std::fprintf(stderr, "beluga router: replica %s is back (half-open)\n", r.address().url.c_str());
+  if (cfg.log_replica_changes) log::info("router", "replica ", r.address().url, " is back (half-open)");
 }
 
 // Destroyed bottom up: the tokenize pool and the io_context (whose pending handlers own sessions
@@ -48,7 +46,7 @@ void do_accept(Router::State* st) {
         if (ec == net::error::operation_aborted || !st->acceptor.is_open()) return;
         if (ec) {
           // Out of descriptors or the like: pause instead of spinning on the error.
-          std::fprintf(stderr, "beluga router: accept failed: %s\n", ec.message().c_str());
+          log::error("router", "accept failed: ", ec.message());
           auto t = std::make_shared<net::steady_timer>(st->ioc, std::chrono::milliseconds(100));
           t->async_wait([st, t](boost::system::error_code) { do_accept(st); });
           return;
@@ -140,7 +138,7 @@ void Router::start() {
           st->ioc.run();
           return;
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "beluga router: I/O thread error: %s\n", e.what());
+          log::error("router", "I/O thread error: ", e.what());
         }
       }
     });

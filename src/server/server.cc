@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <csignal>
-#include <cstdio>
 
 #include "server/server_state.h"
 #include "server/session.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace beluga::server {
 
@@ -69,7 +69,7 @@ void do_accept(Server::State* st) {
         std::make_shared<Session>(std::move(socket), *st)->run();
     } else {
       // Out of descriptors (EMFILE) or the like: pause instead of spinning on the error.
-      std::fprintf(stderr, "beluga serve: accept failed: %s\n", ec.message().c_str());
+      log::error("serve", "accept failed: ", ec.message());
       auto t = std::make_shared<net::steady_timer>(st->ioc, std::chrono::milliseconds(100));
       t->async_wait([st, t](beast::error_code) { do_accept(st); });
       return;
@@ -136,7 +136,7 @@ void Server::start() {
           st->ioc.run();
           return;
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "beluga serve: I/O thread error: %s\n", e.what());
+          log::error("serve", "I/O thread error: ", e.what());
         }
       }
     });

@@ -8,6 +8,7 @@
 #include "server/sse.h"
 #include "server/utility_routes.h"
 #include "server/web_ui.h"
+#include "util/log.h"
 
 namespace beluga::server {
 
@@ -407,6 +408,9 @@ void Session::send_json(int status, const Json& body) {
 }
 
 void Session::send_error(recipe::Api api, int status, const std::string& message, const std::string& param) {
+  // Client errors are the client's to see; at debug level the log shows them too (internal errors
+  // are logged where they are caught, with their id).
+  log::debug("serve", access_method_, " ", access_path_, ": ", status, " ", message);
   recipe::ApiError e(api, status, message, param);
   send_json(status, e.body());
 }

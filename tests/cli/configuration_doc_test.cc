@@ -55,8 +55,10 @@ TEST(ConfigurationDoc, EveryListedOptionIsInTheCommandsHelpAndNothingElseIsAccep
   const auto r = run_beluga("help --markdown", /*stdout_only=*/true);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto commands = options_by_command(r.out);
-  for (const char* c : {"serve", "generate", "logits", "inspect", "bench model", "bench tokenizer",
-                        "bench serve", "tokenize", "detokenize", "render", "help"})
+  for (const char* c : {"serve",       "router",          "generate",      "logits",        "inspect",
+                        "bench model", "bench tokenizer", "bench serve",   "bench sampler", "bench router",
+                        "bench fleet", "bench kv",        "bench grammar", "grammar check", "kv stats",
+                        "kv gc",       "tokenize",        "detokenize",    "render",        "help"})
     EXPECT_TRUE(commands.count(c)) << c << " has no option table";
   for (const auto& [command, options] : commands) {
     const auto help = run_beluga(command + " --help", /*stdout_only=*/true);
@@ -73,6 +75,64 @@ TEST(ConfigurationDoc, EveryListedOptionIsInTheCommandsHelpAndNothingElseIsAccep
                 bad.out.find("missing required option") != std::string::npos)
         << command << ": " << bad.out;
   }
+}
+
+// Every command line path reaches check_all_used, which fails with an internal error when the
+// command never asked about an option its table lists: each path's minimal command line (its
+// required options; a model directory that does not exist, since nothing may load first) plus an
+// unknown option must fail with exactly that unknown option. So the table and what the command reads
+// agree both ways. A new command gets its line here (the test fails until it has one).
+TEST(ConfigurationDoc, EveryTableOptionIsReadOnEveryPath) {
+  const std::string none = "/nonexistent-model-dir", file = "/nonexistent-file";
+  const std::multimap<std::string, std::string> paths = {
+      {"serve", none},
+      {"router", "--replica http://127.0.0.1:1 --model " + none},
+      {"generate", none + " --prompt-ids 1"},
+      {"logits", none + " --prompt-ids 1 --out " + file},
+      {"inspect", none},
+      {"bench model", none},
+      {"bench model", none + " --device cuda"},
+      {"bench tokenizer", "--tokenizer " + file + " --input " + file},
+      {"bench serve", ""},
+      {"bench sampler", ""},
+      {"bench router", ""},
+      {"bench fleet", ""},
+      {"bench kv", none},
+      {"bench kv", none + " --agent-trace"},
+      {"bench grammar", "--tokenizer " + file + " --schemas " + file},
+      {"grammar check", "--tokenizer " + file + " --schema " + file + " --instances " + file},
+      {"kv stats", "--kv-disk-dir " + file},
+      {"kv gc", "--kv-disk-dir " + file},
+      {"tokenize", "--tokenizer " + file},
+      {"detokenize", "--tokenizer " + file},
+      {"render", "--model " + none + " --request " + file},
+      {"help", ""},
+  };
+  const auto r = run_beluga("help --markdown", /*stdout_only=*/true);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const auto& [command, options] : options_by_command(r.out)) {
+    EXPECT_TRUE(paths.count(command)) << "`beluga " << command << "` has no minimal command line here";
+    (void)options;
+  }
+  for (const auto& [command, line] : paths) {
+    const std::string args = command + " " + line + " --not-an-option 1";
+    const auto bad = run_beluga(args);
+    EXPECT_EQ(bad.code, 1) << args << ": " << bad.out;
+    // A CPU-only build refuses --device cuda while reading the model options, before the rest.
+    const bool cuda_refused =
+        line.find("--device cuda") != std::string::npos &&
+        bad.out.find("--device cuda is not available in this build") != std::string::npos;
+    EXPECT_TRUE(cuda_refused || bad.out.find("error: unknown option --not-an-option; `beluga " + command +
+                                             " --help` lists") != std::string::npos)
+        << args << ": " << bad.out;
+  }
+  // And a typo is answered with the option meant.
+  const auto typo = run_beluga("serve " + none + " --max-num-seq 4");
+  EXPECT_NE(typo.out.find("unknown option --max-num-seq (did you mean --max-num-seqs?)"), std::string::npos)
+      << typo.out;
+  const auto router_typo = run_beluga("router --replica http://127.0.0.1:1 --polciy round-robin");
+  EXPECT_NE(router_typo.out.find("unknown option --polciy (did you mean --policy?)"), std::string::npos)
+      << router_typo.out;
 }
 
 }  // namespace
