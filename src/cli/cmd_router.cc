@@ -29,6 +29,10 @@ const std::set<std::string> kFileOptions = {"model",
                                             "policy",
                                             "balance-window",
                                             "load-cost-tokens",
+                                            "host-block-cost",
+                                            "disk-block-cost",
+                                            "kv-events-interval-ms",
+                                            "replica-api-key",
                                             "index-blocks",
                                             "io-threads",
                                             "tokenize-threads",
@@ -46,6 +50,7 @@ int cmd_router(int argc, char** argv) {
   // --replica repeats; Args keeps one value per option, so the replicas are taken out first, and
   // --config, whose options go in before the command line's (Args keeps the last value of each).
   std::vector<std::string> replicas;
+  std::vector<router::BucketSpec> buckets;
   std::vector<char*> rest;
   std::string config_path;
   for (int i = 0; i < argc; ++i) {
@@ -60,6 +65,11 @@ int cmd_router(int argc, char** argv) {
       replicas.emplace_back(argv[++i]);
     } else if (a.rfind("--replica=", 0) == 0) {
       replicas.push_back(a.substr(10));
+    } else if (a == "--bucket") {  // repeats too
+      BELUGA_CHECK(i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0, "option --bucket needs a value");
+      buckets.push_back(router::parse_bucket(argv[++i]));
+    } else if (a.rfind("--bucket=", 0) == 0) {
+      buckets.push_back(router::parse_bucket(a.substr(9)));
     } else {
       rest.push_back(argv[i]);
     }
@@ -93,6 +103,14 @@ int cmd_router(int argc, char** argv) {
   BELUGA_CHECK(cfg.knobs.balance_window >= 0 && cfg.knobs.load_cost_tokens >= 0,
                "--balance-window and --load-cost-tokens must be >= 0");
   cfg.knobs.block_size = kKvBlockSize;
+  cfg.knobs.host_block_cost = args.get_double("host-block-cost", cfg.knobs.host_block_cost);
+  cfg.knobs.disk_block_cost = args.get_double("disk-block-cost", cfg.knobs.disk_block_cost);
+  BELUGA_CHECK(cfg.knobs.host_block_cost >= 0 && cfg.knobs.disk_block_cost >= 0,
+               "--host-block-cost and --disk-block-cost must be >= 0");
+  cfg.kv_events_interval_ms = int(args.get_int("kv-events-interval-ms", cfg.kv_events_interval_ms));
+  BELUGA_CHECK(cfg.kv_events_interval_ms > 0, "--kv-events-interval-ms must be positive");
+  cfg.replica_api_key = args.get_or("replica-api-key", "");
+  cfg.buckets = buckets;
   const long index_blocks = args.get_int("index-blocks", long(cfg.index_blocks));
   BELUGA_CHECK(index_blocks > 0, "--index-blocks must be positive");
   cfg.index_blocks = size_t(index_blocks);
@@ -120,7 +138,8 @@ int cmd_router(int argc, char** argv) {
   }
   if (model_dir.empty()) model_dir = file_model;
   args.check_all_used();  // before anything is read: a bad command line fails at once
-  BELUGA_CHECK(!cfg.replicas.empty(), "at least one --replica URL is needed (or \"replicas\" in --config)");
+  BELUGA_CHECK(!cfg.replicas.empty() || !cfg.buckets.empty(),
+               "at least one --replica URL is needed (or \"replicas\" in --config, or a --bucket)");
   if (model_dir.empty()) model_dir = default_model_dir();
   if (model_dir.size() > 12 && model_dir.ends_with("/config.json")) model_dir.resize(model_dir.size() - 12);
 
@@ -130,7 +149,7 @@ int cmd_router(int argc, char** argv) {
   r.listen();
   r.start();
   std::fprintf(stderr, "beluga router: routing to %zu replica(s) (policy %s, tokenizer %s) on http://%s:%d\n",
-               cfg.replicas.size(), router::policy_name(cfg.policy), model_dir.c_str(), cfg.host.c_str(),
+               r.num_replicas(), router::policy_name(cfg.policy), model_dir.c_str(), cfg.host.c_str(),
                r.port());
   r.wait_for_signal();
   std::fprintf(stderr, "beluga router: shutting down\n");

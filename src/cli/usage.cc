@@ -73,7 +73,10 @@ const std::vector<CommandUsage>& command_usages() {
                "the file tier's capacity (default: its size plus the free space at start)"},
               {"kv-retention", "CLASS=AGE,...",
                "how long each traffic class's blocks are kept after their last use "
-               "(AGE: N[s|m|h|d]); merged over chat=7d,agent=3d"}}},
+               "(AGE: N[s|m|h|d]); merged over chat=7d,agent=3d"},
+              {"kv-events-ring", "N",
+               "KV block events kept for GET /v1/kv/events, a router's cache index (docs/router.md); "
+               "0: off (default 65536)"}}},
             {"limits (docs/reliability.md)",
              {{"max-body-bytes", "N", "larger request bodies get 413 (default 16777216)"},
               {"max-stored-responses", "N",
@@ -134,7 +137,17 @@ const std::vector<CommandUsage>& command_usages() {
            "                            prefix affinity tolerates (default 8)\n"
            "  --load-cost-tokens T      cache-aware: one request in flight costs T uncached prompt tokens\n"
            "                            (default 128)\n"
-           "  --index-blocks N          prefix index capacity in blocks (default 1048576)\n"
+           "  --host-block-cost F       cache-aware: loading a cached block from a replica's host-memory\n"
+           "                            tier costs F of recomputing it (default 0.1; from its block events)\n"
+           "  --disk-block-cost F       ... from its file tier (default 0.4)\n"
+           "  --index-blocks N          approximate prefix index capacity in blocks, for replicas without\n"
+           "                            block events (default 1048576)\n"
+           "  --kv-events-interval-ms N read each replica's GET /v1/kv/events this often (default 100)\n"
+           "  --replica-api-key KEY     the replicas' --api-key, for reading their block events\n"
+           "  --bucket NAME:MAX=URL,URL prefill-length bucket: prompts of up to MAX tokens (16K, 65536, "
+           "inf)\n"
+           "                            go to these replicas; the smallest MAX that holds a prompt wins\n"
+           "                            (repeat for each bucket; its URLs need no --replica)\n"
            "  --max-retries N           other replicas tried before a request fails (default 2)\n"
            "  --connect-timeout-ms N    default 2000\n"
            "  --upstream-timeout-s N    for a replica's response to begin and between reads (default 600)\n"

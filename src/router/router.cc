@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "router/health_checker.h"
+#include "router/kv_events_client.h"
 #include "router/proxy_session.h"
 #include "router/router_context.h"
 #include "util/error.h"
@@ -17,6 +18,7 @@ using tcp = net::ip::tcp;
 
 void RouterContext::on_ejected(Replica& r, const std::string& why) {
   index.forget(r.id());
+  kv_index.reset(r.id());
   r.drop_idle();
   if (cfg.log_replica_changes)
     std::fprintf(stderr, "beluga router: replica %s ejected (%s)\n", r.address().url.c_str(), why.c_str());
@@ -37,6 +39,7 @@ struct Router::State {
   tcp::acceptor acceptor{ioc};
   net::thread_pool tokenize_pool;
   HealthChecker health{ioc, ctx};
+  KvEventsClient kv_events{ioc, ctx};
   std::vector<std::thread> threads;
 };
 
@@ -65,11 +68,20 @@ void do_accept(Router::State* st) {
 Router::Router(RouterConfig cfg, std::unique_ptr<PromptModel> model)
     : st_(std::make_unique<State>(std::move(cfg), std::move(model))) {
   RouterContext& ctx = st_->ctx;
-  BELUGA_CHECK(!ctx.cfg.replicas.empty(), "at least one --replica URL is needed");
-  BELUGA_CHECK(ctx.cfg.replicas.size() <= size_t(kMaxReplicas), "at most ", kMaxReplicas, " replicas");
   ctx.tokenize_pool = &st_->tokenize_pool;
   tcp::resolver resolver(st_->ioc);
-  for (const auto& url : ctx.cfg.replicas) {
+  // The buckets' replicas are replicas too (each once, however many buckets name it).
+  std::vector<std::string> urls = ctx.cfg.replicas;
+  for (const auto& b : ctx.cfg.buckets)
+    for (const auto& u : b.urls) {
+      const std::string norm = parse_replica_url(u).url;
+      bool known = false;
+      for (const auto& v : urls) known = known || parse_replica_url(v).url == norm;
+      if (!known) urls.push_back(u);
+    }
+  BELUGA_CHECK(!urls.empty(), "at least one --replica URL is needed");
+  BELUGA_CHECK(urls.size() <= size_t(kMaxReplicas), "at most ", kMaxReplicas, " replicas");
+  for (const auto& url : urls) {
     ReplicaAddress a = parse_replica_url(url);
     boost::system::error_code ec;
     auto results = resolver.resolve(a.host, a.port, ec);
@@ -81,6 +93,15 @@ Router::Router(RouterConfig cfg, std::unique_ptr<PromptModel> model)
     ctx.endpoints.push_back(std::move(eps));
     ctx.replicas.push_back(
         std::make_unique<Replica>(int(ctx.replicas.size()), std::move(a), ctx.cfg.eject_after));
+  }
+  for (const auto& b : ctx.cfg.buckets) {
+    uint64_t members = 0;
+    for (const auto& u : b.urls) {
+      const std::string norm = parse_replica_url(u).url;
+      for (const auto& r : ctx.replicas)
+        if (r->address().url == norm) members |= uint64_t(1) << r->id();
+    }
+    ctx.buckets.add(b.name, b.max_tokens, members);
   }
 }
 
@@ -115,8 +136,13 @@ int Router::port() const {
   return ec ? -1 : ep.port();
 }
 
+size_t Router::num_replicas() const {
+  return st_->ctx.replicas.size();
+}
+
 void Router::start() {
   st_->health.start();
+  st_->kv_events.start();
   const int n = std::max(1, st_->ctx.cfg.io_threads);
   for (int i = 0; i < n; ++i)
     st_->threads.emplace_back([st = st_.get()] {
@@ -143,6 +169,7 @@ void Router::wait_for_signal() {
 
 void Router::stop() {
   st_->health.stop();
+  st_->kv_events.stop();
   net::post(st_->ioc, [st = st_.get()] {
     boost::system::error_code ec;
     st->acceptor.close(ec);

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/kv_events.h"
 #include "engine/request.h"
 #include "recipe/api_error.h"
 #include "recipe/chat_format.h"
@@ -42,6 +43,8 @@ struct ModelInfo {
   std::shared_ptr<GrammarCache> grammars;
   // Extra /metrics text (the KV tiers'), appended when set.
   std::function<std::string()> extra_metrics;
+  // The KV block events GET /v1/kv/events serves (kv_events_route.h); null: none. Outlives the server.
+  const KvEventLog* kv_events = nullptr;
 };
 
 struct BuiltRequest {
