@@ -53,6 +53,10 @@ void TieredStore::host_published(const BlockHash& tier) {
     cfg_.events->stored(KvEventTier::kHost, it->second);
 }
 
+void TieredStore::forget_key(const BlockHash& tier) {
+  if (cfg_.events && host_.find(tier, now()) < 0) engine_keys_.erase(tier);
+}
+
 void TieredStore::host_removed(const BlockHash& tier) {
   auto it = engine_keys_.find(tier);
   if (it == engine_keys_.end()) return;
@@ -174,8 +178,10 @@ void TieredStore::release_parts(Load& ld, size_t from) {
     else if (p.state == 1) {
       host_.publish(p.slot);  // read and verified: keep it as a host entry
       host_published(ld.keys[i]);
-    } else
+    } else {
       host_.drop(p.slot);
+      forget_key(ld.keys[i]);
+    }
   }
   ld.parts.resize(std::min(ld.parts.size(), from));
 }
@@ -290,6 +296,7 @@ void TieredStore::end_step(StepState& st, bool ok) {
       host_stats_.bytes_written += int64_t(cfg_.block_bytes);
     } else {
       host_.drop(slot);
+      forget_key(sv.key);
     }
   }
   st.pins.clear();

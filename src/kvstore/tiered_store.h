@@ -122,6 +122,7 @@ class TieredStore final : public KvConnector {
   void note_key(const BlockHash& tier, const BlockHash& engine);
   void host_published(const BlockHash& tier);
   void host_removed(const BlockHash& tier);
+  void forget_key(const BlockHash& tier);  // a reservation was dropped: unless the key is held
   std::unordered_map<BlockHash, BlockHash, BlockHashHasher> engine_keys_;
 
   StoreConfig cfg_;

@@ -6,9 +6,11 @@
 //    evicted those blocks, or restarted (a new event epoch), it sends the prompt elsewhere;
 //  - with a host-memory tier on one replica, the price of a host block decides between a long
 //    match in host memory and a shorter one on the device (two routers, one knob apart);
-//  - the replica serves its events in the documented shape, with a snapshot for a new reader.
+//  - the replica serves its events in the documented shape, with a snapshot for a new reader;
+//  - with prefill-length buckets, short and long prompts go to their buckets' replicas.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -48,8 +50,9 @@ bool wait_for(const std::function<bool()>& cond, double seconds) {
 
 // Chat requests a replica answered 200, from its own /metrics.
 double served_by(int replica_port) {
-  return sample(http_get(replica_port, "/metrics").body,
-                "beluga_requests_total{api=\"chat\",status=\"200\"}");
+  const double n =
+      sample(http_get(replica_port, "/metrics").body, "beluga_requests_total{api=\"chat\",status=\"200\"}");
+  return std::max(0.0, n);  // absent before its first
 }
 
 // About `blocks` 64-token blocks of text particular to `tag`.
@@ -216,6 +219,27 @@ TEST(RouterKvEventsE2E, HostTierPriceDecidesBetweenALongerMatchBelowAndAShorterO
       << http_get(cheap->port(), "/metrics").body;
   EXPECT_EQ(routed_to(dear->port(), a_port, b_port, "dear", text("dear-sys", 6), q1), 1)
       << http_get(dear->port(), "/metrics").body;
+}
+
+TEST(RouterKvEventsE2E, BucketsRoutePromptsByLength) {
+  auto a = start_replica();
+  auto b = start_replica();
+  ASSERT_GT(a->port(), 0) << a->log();
+  ASSERT_GT(b->port(), 0) << b->log();
+  // The buckets name the replicas; no --replica.
+  auto router = start_router({}, {"--bucket", "short:200=" + a->url(), "--bucket", "long:inf=" + b->url()});
+  ASSERT_GT(router->port(), 0) << router->log();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(routed_to(router->port(), a->port(), b->port(), "t", "Be brief.", "q" + std::to_string(i)), 0);
+    EXPECT_EQ(routed_to(router->port(), a->port(), b->port(), "t", text("long" + std::to_string(i), 5), "q"),
+              1);
+  }
+  // Its bucket's replica gone, a prompt is served by the other bucket rather than refused.
+  a->kill_now();
+  ASSERT_TRUE(wait_for(
+      [&] { return replica_sample(router->port(), "beluga_router_replica_breaker_state", a->url()) == 1; },
+      20));
+  EXPECT_EQ(chat(router->port(), "t", "Be brief.", "q"), 200);
 }
 
 }  // namespace
