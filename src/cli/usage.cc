@@ -147,7 +147,7 @@ const std::vector<CommandUsage>& command_usages() {
            "  --bucket NAME:MAX=URL,URL prefill-length bucket: prompts of up to MAX tokens (16K, 65536, "
            "inf)\n"
            "                            go to these replicas; the smallest MAX that holds a prompt wins\n"
-           "                            (repeat for each bucket; its URLs need no --replica)\n"
+           "                            (repeat for each; its URLs need no --replica; not in --config)\n"
            "  --max-retries N           other replicas tried before a request fails (default 2)\n"
            "  --connect-timeout-ms N    default 2000\n"
            "  --upstream-timeout-s N    for a replica's response to begin and between reads (default 600)\n"
