@@ -31,6 +31,7 @@ std::set<std::string> file_options() {
   out.erase("replica");
   out.erase("prefill");  // lists: the file spells them "prefill": [URL, ...] (config_file.h)
   out.erase("decode");
+  out.erase("bucket");  // command line only
   return out;
 }
 
@@ -40,6 +41,7 @@ int cmd_router(int argc, char** argv) {
   // --replica repeats; Args keeps one value per option, so the replicas are taken out first, and
   // --config, whose options go in before the command line's (Args keeps the last value of each).
   std::vector<std::string> replicas, prefill, decode;
+  std::vector<router::BucketSpec> buckets;
   std::vector<char*> rest;
   std::string config_path;
   for (int i = 0; i < argc; ++i) {
@@ -58,6 +60,11 @@ int cmd_router(int argc, char** argv) {
       prefill.push_back(a.substr(10));
     } else if (a.rfind("--decode=", 0) == 0) {
       decode.push_back(a.substr(9));
+    } else if (a == "--bucket") {  // repeats too
+      BELUGA_CHECK(i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0, "option --bucket needs a value");
+      buckets.push_back(router::parse_bucket(argv[++i]));
+    } else if (a.rfind("--bucket=", 0) == 0) {
+      buckets.push_back(router::parse_bucket(a.substr(9)));
     } else {
       rest.push_back(argv[i]);
     }
@@ -83,6 +90,7 @@ int cmd_router(int argc, char** argv) {
   args.taken("prefill");
   args.taken("decode");
   args.taken("config");
+  args.taken("bucket");
   log::set_level(log::level_from(args.get("log-level")));
   router::RouterConfig cfg;
   cfg.replicas = replicas;
@@ -100,6 +108,14 @@ int cmd_router(int argc, char** argv) {
   BELUGA_CHECK(cfg.knobs.balance_window >= 0 && cfg.knobs.load_cost_tokens >= 0,
                "--balance-window and --load-cost-tokens must be >= 0");
   cfg.knobs.block_size = kKvBlockSize;
+  cfg.knobs.host_block_cost = args.get_double("host-block-cost", cfg.knobs.host_block_cost);
+  cfg.knobs.disk_block_cost = args.get_double("disk-block-cost", cfg.knobs.disk_block_cost);
+  BELUGA_CHECK(cfg.knobs.host_block_cost >= 0 && cfg.knobs.disk_block_cost >= 0,
+               "--host-block-cost and --disk-block-cost must be >= 0");
+  cfg.kv_events_interval_ms = int(args.get_int("kv-events-interval-ms", cfg.kv_events_interval_ms));
+  BELUGA_CHECK(cfg.kv_events_interval_ms > 0, "--kv-events-interval-ms must be positive");
+  cfg.replica_api_key = args.get_or("replica-api-key", "");
+  cfg.buckets = buckets;
   const long index_blocks = args.get_int("index-blocks", long(cfg.index_blocks));
   BELUGA_CHECK(index_blocks > 0, "--index-blocks must be positive");
   cfg.index_blocks = size_t(index_blocks);
@@ -128,8 +144,9 @@ int cmd_router(int argc, char** argv) {
   if (model_dir.empty()) model_dir = file_model;
   args.check_all_used();  // before anything is read: a bad command line fails at once
   BELUGA_CHECK(
-      !cfg.replicas.empty() || !cfg.prefill.empty() || !cfg.decode.empty(),
-      "at least one --replica URL is needed (or \"replicas\" in --config), or --prefill and --decode URLs");
+      !cfg.replicas.empty() || !cfg.buckets.empty() || !cfg.prefill.empty() || !cfg.decode.empty(),
+      "at least one --replica URL is needed (or \"replicas\" in --config, or a --bucket), or --prefill "
+      "and --decode URLs");
   if (model_dir.empty()) model_dir = default_model_dir();
   if (model_dir.size() > 12 && model_dir.ends_with("/config.json")) model_dir.resize(model_dir.size() - 12);
 
@@ -138,8 +155,7 @@ int cmd_router(int argc, char** argv) {
   router::Router r(cfg, std::move(model));
   r.listen();
   r.start();
-  log::info("router", "routing to ", cfg.replicas.size() + cfg.prefill.size() + cfg.decode.size(),
-            " replica(s)",
+  log::info("router", "routing to ", r.num_replicas(), " replica(s)",
             cfg.prefill.empty() ? std::string()
                                 : ", " + std::to_string(cfg.prefill.size()) + " prefill + " +
                                       std::to_string(cfg.decode.size()) + " decode",

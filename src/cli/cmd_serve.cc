@@ -20,6 +20,7 @@
 #include "cli/kv_args.h"
 #include "cli/model_args.h"
 #include "engine/engine.h"
+#include "engine/kv_events.h"
 #include "engine/spec_config.h"
 #include "grammar/vocab.h"
 #include "kvstore/kv_receiver.h"
@@ -184,6 +185,9 @@ int cmd_serve(int argc, char** argv) {
     BELUGA_CHECK(format, "unknown --chat-format '", *format_name,
                  "' (deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v4, deepseek-v4.1, template)");
   }
+  // KV block events for a router's cache index (GET /v1/kv/events): the ring's capacity; 0: off.
+  const long kv_events_ring = args.get_int("kv-events-ring", 65536);
+  BELUGA_CHECK(kv_events_ring >= 0, "--kv-events-ring must be >= 0");
   args.check_all_used();  // before listening or loading: a bad command line fails at once
 
   server::Server server(scfg);
@@ -196,8 +200,11 @@ int cmd_serve(int argc, char** argv) {
       !ecfg.speculative.enabled() || m.model->has_mtp(), "--speculative-config: method \"mtp\" needs ",
       "a model with an MTP module (num_nextn_predict_layers > 0 and its weights); ", m.dir, " has none");
   const std::string tok_dir = tokenizer_dir ? *tokenizer_dir : m.dir;
-  const KvOptions kv = open_kv_tiers(kv_flags, m);  // its store outlives the engine
+  // Before the store and the engine, which report to it.
+  const auto kv_events = kv_events_ring > 0 ? std::make_unique<KvEventLog>(size_t(kv_events_ring)) : nullptr;
+  const KvOptions kv = open_kv_tiers(kv_flags, m, kv_events.get());  // its store outlives the engine
   ecfg.kv_connector = kv.store.get();
+  ecfg.kv_events = kv_events.get();
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");
   BELUGA_CHECK(int(tokenizer.vocab_size()) <= m.cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
                tokenizer.vocab_size(), " tokens, more than the model's vocabulary of ", m.cfg.vocab_size);
@@ -219,6 +226,7 @@ int cmd_serve(int argc, char** argv) {
       std::make_shared<const grammar::TokenVocab>(tokenizer, m.cfg.eos_token_ids), gopt);
   generation_defaults(m.dir, info);
   info.traffic_classes = kv.retention.classes();
+  info.kv_events = kv_events.get();
   std::unique_ptr<kv::TcpKvTransfer> transfer;
   std::unique_ptr<kv::KvReceiver> receiver;
   info.pd.role = *role;

@@ -27,7 +27,7 @@ KvFlags parse_kv_flags(const Args& args) {
   return f;
 }
 
-KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m) {
+KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m, KvEventSink* events) {
   KvOptions o;
   o.retention = f.retention;
   const double host_gb = f.host_gb, disk_gb = f.disk_gb;
@@ -42,6 +42,7 @@ KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m) {
   sc.disk_bytes = size_t(disk_gb * double(size_t(1) << 30));
   sc.disk_io = f.disk_io;
   sc.retention = o.retention;
+  sc.events = events;
   Ops* ops = m.ops.get();
   sc.host_alloc = {[ops](size_t n) { return ops->host_alloc(n); }, [ops](void* p) { ops->host_free(p); }};
   o.store = std::make_unique<kv::TieredStore>(std::move(sc));

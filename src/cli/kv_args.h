@@ -29,7 +29,8 @@ struct KvOptions {
   kv::Retention retention;
   std::unique_ptr<kv::TieredStore> store;  // nullptr when no tier is asked for
 };
-// The tiers the flags ask for, keyed with the loaded model's fingerprint.
-KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m);
+// The tiers the flags ask for, keyed with the loaded model's fingerprint; `events` (null: none)
+// hears their block events and outlives the store.
+KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m, KvEventSink* events = nullptr);
 
 }  // namespace beluga::cli

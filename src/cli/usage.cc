@@ -88,7 +88,10 @@ const std::vector<CommandUsage>& command_usages() {
               {"kv-disk-sync", "none|data|full",
                "sync each block file before its rename: data (fdatasync: blocks survive a power loss), "
                "full (fsync and its directory); none relies on the checksums, a torn file being a miss "
-               "(default none)"}}},
+               "(default none)"},
+              {"kv-events-ring", "N",
+               "KV block events kept for GET /v1/kv/events, a router's cache index (docs/router.md); "
+               "0: off (default 65536)"}}},
             {"prefill/decode disaggregation (docs/disaggregation.md)",
              {{"role", "both|prefill|decode",
                "prefill: compute prompts and send their KV to the decode engine the router names; decode: "
@@ -165,7 +168,20 @@ const std::vector<CommandUsage>& command_usages() {
                      "tolerates (default 8)"},
                     {"load-cost-tokens", "T",
                      "cache-aware: one request in flight costs T uncached prompt tokens (default 128)"},
-                    {"index-blocks", "N", "prefix index capacity in blocks (default 1048576)"}}},
+                    {"host-block-cost", "F",
+                     "cache-aware: loading a cached block from a replica's host-memory tier costs F of "
+                     "recomputing it (default 0.1; from its block events)"},
+                    {"disk-block-cost", "F", "... from its file tier (default 0.4)"},
+                    {"index-blocks", "N",
+                     "approximate prefix index capacity in blocks, for replicas without block events "
+                     "(default 1048576)"},
+                    {"kv-events-interval-ms", "N",
+                     "read each replica's GET /v1/kv/events this often (default 100)"},
+                    {"replica-api-key", "KEY", "the replicas' --api-key, for reading their block events"},
+                    {"bucket", "NAME:MAX=URL,URL",
+                     "prefill-length bucket: prompts of up to MAX tokens (16K, 65536, inf) go to these "
+                     "replicas; the smallest MAX that holds a prompt wins (repeat for each; its URLs need no "
+                     "--replica; not in --config)"}}},
                   {"replicas and limits",
                    {{"max-retries", "N", "other replicas tried before a request fails (default 2)"},
                     {"connect-timeout-ms", "N", "default 2000"},

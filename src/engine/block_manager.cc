@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "engine/kv_events.h"
 #include "model/batch.h"
 #include "util/error.h"
 
@@ -36,8 +37,9 @@ std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::s
   return out;
 }
 
-BlockManager::BlockManager(int num_blocks, bool prefix_caching)
+BlockManager::BlockManager(int num_blocks, bool prefix_caching, KvEventSink* events)
     : caching_(prefix_caching),
+      events_(events),
       ref_(num_blocks, 0),
       has_hash_(num_blocks, false),
       hash_(num_blocks),
@@ -52,8 +54,7 @@ int BlockManager::take_free() {
   free_.pop_front();
   in_free_[b] = false;
   if (has_hash_[b]) {  // evict the LRU cached block: it is about to hold other tokens
-    auto it = index_.find(hash_[b]);
-    if (it != index_.end() && it->second == b) index_.erase(it);
+    drop_from_index(b);
     has_hash_[b] = false;
   }
   ref_[b] = 1;
@@ -91,12 +92,19 @@ void BlockManager::publish(int block, const BlockHash& hash) {
   if (!inserted) return;  // another block already holds this prefix; keep the first
   has_hash_[block] = true;
   hash_[block] = hash;
+  if (events_) events_->stored(KvEventTier::kDevice, hash);
+}
+
+void BlockManager::drop_from_index(int block) {
+  auto it = index_.find(hash_[size_t(block)]);
+  if (it == index_.end() || it->second != block) return;
+  index_.erase(it);
+  if (events_) events_->removed(KvEventTier::kDevice, hash_[size_t(block)]);
 }
 
 void BlockManager::unpublish(int block) {
   if (!has_hash_[block]) return;
-  auto it = index_.find(hash_[block]);
-  if (it != index_.end() && it->second == block) index_.erase(it);
+  drop_from_index(block);
   has_hash_[block] = false;
   if (in_free_[block]) {  // now a plain free block: reused first
     free_.erase(free_pos_[block]);

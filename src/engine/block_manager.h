@@ -1,7 +1,8 @@
 // BlockManager: the paged KV cache's blocks (kKvBlockSize tokens each), their reference counts, and
 // the prefix index. A full block's key is h_i = XXH3-128(h_{i-1} | tokens of block i | salt), so a key
 // names the whole prefix up to that block for one tenant. Freed blocks go to an LRU list and stay
-// findable until they are reused, uncached blocks first.
+// findable until they are reused, uncached blocks first. An event sink (kv_events.h), when given,
+// hears every block that enters or leaves the prefix index (tier device).
 #pragma once
 
 #include <cstdint>
@@ -27,9 +28,12 @@ BlockHash chain_hash(const BlockHash& prev, const int* tokens, const std::string
 std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::string& salt,
                                     size_t max_blocks);
 
+class KvEventSink;
+
 class BlockManager {
  public:
-  BlockManager(int num_blocks, bool prefix_caching);
+  // `events`: not owned, may be null; outlives the manager.
+  BlockManager(int num_blocks, bool prefix_caching, KvEventSink* events = nullptr);
 
   int num_blocks() const { return int(ref_.size()); }
   int num_free() const { return int(free_.size()); }
@@ -51,8 +55,10 @@ class BlockManager {
 
  private:
   int take_free();
+  void drop_from_index(int block);  // the block leaves the prefix index (has_hash_ still set)
 
   bool caching_;
+  KvEventSink* events_;
   std::vector<int> ref_;
   std::vector<bool> has_hash_;
   std::vector<BlockHash> hash_;

@@ -69,7 +69,7 @@ struct Engine::Impl {
                        cfg.max_num_batched_tokens +
                            cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1))
                  : nullptr),
-        blocks(num_blocks, cfg.enable_prefix_caching),
+        blocks(num_blocks, cfg.enable_prefix_caching, cfg.kv_events),
         scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector,
                   spec ? spec->lookahead() : 0),
         kv(m.make_kv_cache(num_blocks)),

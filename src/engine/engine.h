@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/kv_connector.h"
+#include "engine/kv_events.h"
 #include "engine/request.h"
 #include "engine/spec_config.h"
 #include "model/model.h"
@@ -38,6 +39,9 @@ struct EngineConfig {
   // The tiers below the device pool (src/kvstore), or none. Not owned; outlives the engine. Its
   // block_bytes() must be the model's KV bytes per block.
   KvConnector* kv_connector = nullptr;
+  // Hears the device prefix cache's stored/removed blocks (engine/kv_events.h), or null. Not owned;
+  // outlives the engine. Called on the engine thread.
+  KvEventSink* kv_events = nullptr;
   // Overlap (the default): step N+1 is scheduled while step N computes, and N's outputs go out while
   // N+1 computes. Off: the serial reference, each step scheduled, launched, waited for, sampled and
   // delivered before the next one starts (the same tokens; for comparing and debugging).

@@ -60,6 +60,7 @@ void HostPool::remove_entry(int slot) {
   index_.erase(s.key);
   s.valid = false;
   free_.push_back(slot);
+  if (on_remove_) on_remove_(s.key);
 }
 
 int HostPool::find(const BlockHash& key, int64_t now) {

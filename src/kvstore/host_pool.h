@@ -63,6 +63,8 @@ class HostPool {
   int64_t expire(int64_t now);
   int64_t expirations() const { return expirations_; }
   std::map<std::string, int64_t> blocks_by_class() const;  // published entries per class
+  // Called with the key of every published entry that leaves (evicted, expired); for block events.
+  void set_on_remove(std::function<void(const BlockHash& key)> f) { on_remove_ = std::move(f); }
 
  private:
   struct Slot {
@@ -92,6 +94,7 @@ class HostPool {
   std::vector<int64_t> class_ret_;  // the retention of each class, seconds
   std::unordered_map<BlockHash, int, BlockHashHasher> index_;
   int64_t expirations_ = 0;
+  std::function<void(const BlockHash&)> on_remove_;
 };
 
 }  // namespace beluga::kv

@@ -18,6 +18,7 @@ size_t host_capacity(const StoreConfig& c) {
 TieredStore::TieredStore(StoreConfig cfg)
     : cfg_(std::move(cfg)), host_(host_capacity(cfg_), cfg_.block_bytes, cfg_.host_alloc, cfg_.retention) {
   host_stats_.capacity_bytes = int64_t(size_t(host_.capacity()) * cfg_.block_bytes);
+  if (cfg_.events) host_.set_on_remove([this](const BlockHash& k) { host_removed(k); });
   if (!cfg_.disk_dir.empty()) {
     DiskConfig dc;
     dc.dir = cfg_.disk_dir;
@@ -41,6 +42,27 @@ TieredStore::~TieredStore() {
 
 void TieredStore::drain() {
   if (disk_) disk_->drain();
+}
+
+void TieredStore::note_key(const BlockHash& tier, const BlockHash& engine) {
+  if (cfg_.events) engine_keys_[tier] = engine;
+}
+
+void TieredStore::host_published(const BlockHash& tier) {
+  if (!cfg_.events) return;
+  if (auto it = engine_keys_.find(tier); it != engine_keys_.end())
+    cfg_.events->stored(KvEventTier::kHost, it->second);
+}
+
+void TieredStore::forget_key(const BlockHash& tier) {
+  if (cfg_.events && host_.find(tier, now()) < 0) engine_keys_.erase(tier);
+}
+
+void TieredStore::host_removed(const BlockHash& tier) {
+  auto it = engine_keys_.find(tier);
+  if (it == engine_keys_.end()) return;
+  cfg_.events->removed(KvEventTier::kHost, it->second);
+  engine_keys_.erase(it);
 }
 
 void TieredStore::count_reclaim(HostPool::Reclaimed why) {
@@ -120,6 +142,7 @@ KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* bl
         p.slot = host_.reserve(k, cls, t, &why);  // the disk read lands here
         count_reclaim(why);
         if (p.slot < 0) break;  // every host slot is busy: the rest is computed
+        note_key(k, keys[i]);
         p.from_disk = true;
         reads.push_back({ld.parts.size(), k, host_.data(p.slot)});
         ld.pending++;
@@ -153,10 +176,13 @@ void TieredStore::release_parts(Load& ld, size_t from) {
     const Part& p = ld.parts[i];
     if (!p.from_disk)
       host_.unpin(p.slot);
-    else if (p.state == 1)
+    else if (p.state == 1) {
       host_.publish(p.slot);  // read and verified: keep it as a host entry
-    else
+      host_published(ld.keys[i]);
+    } else {
       host_.drop(p.slot);
+      forget_key(ld.keys[i]);
+    }
   }
   ld.parts.resize(std::min(ld.parts.size(), from));
 }
@@ -174,6 +200,7 @@ int TieredStore::finish_load(LoadId id, std::vector<KvCopy>& copies, KvTier* tie
     int slot = p.slot;
     if (p.from_disk) {
       slot = host_.publish(slot);  // now a host entry; pinned again below for the copy
+      host_published(ld.keys[i]);
       host_.pin(slot);
       hit_tokens_[*ld.cls].disk += kKvBlockSize;
     } else {
@@ -214,6 +241,7 @@ std::byte* TieredStore::start_save(const BlockHash& key, const std::string& cls)
   const int slot = host_.reserve(k, cls, t, &why);
   count_reclaim(why);
   if (slot < 0) return nullptr;  // every slot is being copied: this block is not saved
+  note_key(k, key);
   building_.saves.push_back({slot, k, intern(cls)});
   return host_.data(slot);
 }
@@ -226,6 +254,7 @@ void TieredStore::step_launched() {
 
 void TieredStore::step_done(bool ok) {
   std::vector<StepState::Save> to_disk;
+  std::vector<std::optional<BlockHash>> engine_key;  // of each to_disk block, for its disk event
   const int64_t t = now();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -235,18 +264,26 @@ void TieredStore::step_done(bool ok) {
     for (auto& sv : to_disk) {
       sv.slot = host_.find(sv.key, t);
       if (sv.slot >= 0) host_.pin(sv.slot);
+      auto it = engine_keys_.find(sv.key);
+      engine_key.push_back(it == engine_keys_.end() ? std::nullopt : std::optional(it->second));
     }
     host_.expire(t);  // retention holds without capacity pressure too (a few list fronts per step)
     host_stats_.expirations = host_.expirations();
     host_stats_.blocks = host_.size();
     host_stats_.bytes = int64_t(size_t(host_.size()) * cfg_.block_bytes);
   }
-  for (const auto& sv : to_disk) {
+  for (size_t i = 0; i < to_disk.size(); ++i) {
+    const auto& sv = to_disk[i];
     if (sv.slot < 0) continue;
-    disk_->write(sv.key, host_.data(sv.slot), *sv.cls, [this, slot = sv.slot] {
-      std::lock_guard<std::mutex> lk(mu_);
-      host_.unpin(slot);
-    });
+    disk_->write(sv.key, host_.data(sv.slot), *sv.cls,
+                 [this, slot = sv.slot, key = sv.key, ek = engine_key[i]] {
+                   {
+                     std::lock_guard<std::mutex> lk(mu_);
+                     host_.unpin(slot);
+                   }
+                   // done() comes after a failed write too: report only a block that is there.
+                   if (ek && disk_->contains(key)) cfg_.events->stored(KvEventTier::kDisk, *ek);
+                 });
   }
 }
 
@@ -256,9 +293,11 @@ void TieredStore::end_step(StepState& st, bool ok) {
     const int slot = sv.slot;
     if (ok) {
       host_.publish(slot);
+      host_published(sv.key);
       host_stats_.bytes_written += int64_t(cfg_.block_bytes);
     } else {
       host_.drop(slot);
+      forget_key(sv.key);
     }
   }
   st.pins.clear();

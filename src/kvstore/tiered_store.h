@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "engine/kv_connector.h"
+#include "engine/kv_events.h"
 #include "kvstore/disk_tier.h"
 #include "kvstore/host_pool.h"
 #include "kvstore/tier_stats.h"
@@ -61,6 +62,10 @@ struct StoreConfig {
   DiskIoOptions disk_io;         // io_uring or threads, and the sync of block files (block_io.h)
   Retention retention;           // of both tiers' blocks, per traffic class
   std::function<int64_t()> now;  // unix seconds (tests inject a clock); default: the system clock
+  // Hears the blocks (by engine key) entering and leaving the host tier and those written to the
+  // file tier (engine/kv_events.h); null: none. Not owned; outlives the store. Files removed by
+  // eviction, retention or another replica sharing the directory are not reported.
+  KvEventSink* events = nullptr;
 };
 
 class TieredStore final : public KvConnector {
@@ -148,6 +153,13 @@ class TieredStore final : public KvConnector {
   void on_read(LoadId id, size_t part, bool ok);
   int64_t now() const { return cfg_.now ? cfg_.now() : int64_t(::time(nullptr)); }
   void count_reclaim(HostPool::Reclaimed why);  // mu_ held
+  // Block events (cfg_.events set; mu_ held): the engine key of a tier key is remembered from the
+  // save or load that brought it, until it leaves the host tier.
+  void note_key(const BlockHash& tier, const BlockHash& engine);
+  void host_published(const BlockHash& tier);
+  void host_removed(const BlockHash& tier);
+  void forget_key(const BlockHash& tier);  // a reservation was dropped: unless the key is held
+  std::unordered_map<BlockHash, BlockHash, BlockHashHasher> engine_keys_;
 
   StoreConfig cfg_;
   mutable std::mutex mu_;

@@ -53,7 +53,10 @@ Choice choose(Policy policy, std::span<const Candidate> c, int prompt_tokens, co
     const size_t i = (start + k) % n;
     if (cache && c[i].in_flight > min_load + knobs.balance_window) continue;
     double cost = knobs.load_cost_tokens * c[i].in_flight;
-    if (cache) cost += std::max(0, prompt_tokens - knobs.block_size * c[i].matched_blocks);
+    if (cache)
+      cost += std::max(0, prompt_tokens - knobs.block_size * c[i].matched_blocks) +
+              knobs.block_size *
+                  (knobs.host_block_cost * c[i].host_blocks + knobs.disk_block_cost * c[i].disk_blocks);
     if (!cache) cost = c[i].in_flight;  // least-load: the count alone
     if (cost < best.cost) {
       best.cost = cost;

@@ -1,8 +1,12 @@
 // Which replica a request goes to. One cost per candidate replica r, in prompt tokens:
 //
-//   cost(r) = uncached(r) + load_cost_tokens * in_flight(r)
+//   cost(r) = uncached(r) + tier(r) + load_cost_tokens * in_flight(r)
 //   uncached(r) = prompt_tokens - block_size * matched_blocks(r)
+//   tier(r) = block_size * (host_block_cost * host_blocks(r) + disk_block_cost * disk_blocks(r))
 //
+// where a matched block on the device costs nothing, one whose fastest copy is in host memory or in
+// a file costs that fraction of recomputing it (loading it is not free; the tiers are known from
+// the replicas' block events, router/kv_index.h),
 // over the replicas whose in_flight is within `balance_window` of the least-loaded one's; the
 // cheapest wins, ties rotate. So a replica holding the prompt's prefix keeps its affinity until it
 // runs `balance_window` requests more than the idlest replica, then the prefix spills to others
@@ -27,12 +31,17 @@ struct CostKnobs {
   int balance_window = 8;         // in-flight requests above the least-loaded that affinity tolerates
   double load_cost_tokens = 128;  // what one request in flight costs, in uncached prompt tokens
   int block_size = kKvBlockSize;  // tokens per prefix-cache block (the engine's)
+  // What loading one cached block from a lower tier costs, as a fraction of recomputing it.
+  double host_block_cost = 0.1;
+  double disk_block_cost = 0.4;
 };
 
 struct Candidate {
   int replica = 0;  // its id (opaque to the policy)
   int in_flight = 0;
   int matched_blocks = 0;  // leading prompt blocks the prefix index says it holds
+  int host_blocks = 0;     // of those, held only below the device: in host memory
+  int disk_blocks = 0;     // ... in files
 };
 
 // affinity: the chosen replica holds part of the prefix; spill: a replica holding more was passed

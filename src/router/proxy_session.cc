@@ -14,6 +14,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "router/cache_view.h"
 #include "router/error_reply.h"
 #include "router/http_headers.h"
 #include "router/policy.h"
@@ -167,7 +168,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     if (path_.starts_with("/v1/responses/")) pinned_ = path_.substr(14);
 
     const bool wants_key = ctx_.model && route_ &&
-                           (ctx_.cfg.policy == Policy::kCacheAware ||
+                           (ctx_.cfg.policy == Policy::kCacheAware || !ctx_.buckets.empty() ||
                             (*route_ == GenerationRoute::kResponses &&
                              req_.body().find("previous_response_id") != std::string::npos));
     if (!wants_key) return attempt();
@@ -243,10 +244,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
           .replicas[size_t(candidates_[choose(p, candidates_, 0, ctx_.cfg.knobs, ticket).index].replica)]
           .get();
     }
-    if (!hashes_.empty()) {
-      ctx_.index.match(hashes_, int(n), matched_by_id_);
-      for (auto& c : candidates_) c.matched_blocks = matched_by_id_[size_t(c.replica)];
-    }
+    if (prompt_tokens_ > 0) keep_bucket(ctx_.buckets, prompt_tokens_, candidates_);
+    if (!hashes_.empty()) match_candidates(ctx_, hashes_, candidates_, matched_by_id_);
     const Choice ch = choose(ctx_.cfg.policy, candidates_, prompt_tokens_, ctx_.cfg.knobs, ticket);
     ctx_.metrics.decision(ctx_.cfg.policy, ch.decision);
     matched_ = candidates_[ch.index].matched_blocks;

@@ -32,6 +32,10 @@ struct ReplicaCounters {
   std::atomic<uint64_t> prompt_tokens{0};  // prompt tokens routed to it (cache-aware policy)
   std::atomic<uint64_t> hit_tokens{0};     // of those, the estimated cached prefix
   std::atomic<uint64_t> stream_errors{0};  // streams it broke off after they began
+  // Its block events (kv_events_client.h): blocks held now, epochs seen, pages applied.
+  std::atomic<uint64_t> kv_blocks{0};
+  std::atomic<uint64_t> kv_epochs{0};
+  std::atomic<uint64_t> kv_pages{0};
 };
 
 class Replica {

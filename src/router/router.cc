@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "router/health_checker.h"
+#include "router/kv_events_client.h"
 #include "router/proxy_session.h"
 #include "router/router_context.h"
 #include "util/error.h"
@@ -17,6 +18,7 @@ using tcp = net::ip::tcp;
 
 void RouterContext::on_ejected(Replica& r, const std::string& why) {
   index.forget(r.id());
+  kv_index.reset(r.id());
   r.drop_idle();
   if (cfg.log_replica_changes) log::warn("router", "replica ", r.address().url, " ejected (", why, ")");
 }
@@ -35,6 +37,7 @@ struct Router::State {
   tcp::acceptor acceptor{ioc};
   net::thread_pool tokenize_pool;
   HealthChecker health{ioc, ctx};
+  KvEventsClient kv_events{ioc, ctx};
   std::vector<std::thread> threads;
 };
 
@@ -63,25 +66,33 @@ void do_accept(Router::State* st) {
 Router::Router(RouterConfig cfg, std::unique_ptr<PromptModel> model)
     : st_(std::make_unique<State>(std::move(cfg), std::move(model))) {
   RouterContext& ctx = st_->ctx;
-  BELUGA_CHECK(!ctx.cfg.replicas.empty() || ctx.disaggregated, "at least one --replica URL is needed");
   BELUGA_CHECK(!ctx.disaggregated || (!ctx.cfg.prefill.empty() && !ctx.cfg.decode.empty()),
                "disaggregated serving needs at least one --prefill and one --decode URL");
-  BELUGA_CHECK(!ctx.disaggregated || ctx.cfg.replicas.empty(),
-               "--replica does not combine with --prefill/--decode (give each engine its role)");
-  BELUGA_CHECK(
-      ctx.cfg.replicas.size() + ctx.cfg.prefill.size() + ctx.cfg.decode.size() <= size_t(kMaxReplicas),
-      "at most ", kMaxReplicas, " replicas");
+  BELUGA_CHECK(!ctx.disaggregated || (ctx.cfg.replicas.empty() && ctx.cfg.buckets.empty()),
+               "--replica and --bucket do not combine with --prefill/--decode (give each engine its role)");
   ctx.tokenize_pool = &st_->tokenize_pool;
   tcp::resolver resolver(st_->ioc);
+  // The buckets' replicas are replicas too (each once, however many buckets name it).
+  std::vector<std::string> urls = ctx.cfg.replicas;
+  for (const auto& b : ctx.cfg.buckets)
+    for (const auto& u : b.urls) {
+      const std::string norm = parse_replica_url(u).url;
+      bool known = false;
+      for (const auto& v : urls) known = known || parse_replica_url(v).url == norm;
+      if (!known) urls.push_back(u);
+    }
+  BELUGA_CHECK(!urls.empty() || ctx.disaggregated, "at least one --replica URL is needed");
+  BELUGA_CHECK(urls.size() + ctx.cfg.prefill.size() + ctx.cfg.decode.size() <= size_t(kMaxReplicas),
+               "at most ", kMaxReplicas, " replicas");
   const std::pair<const std::vector<std::string>*, ReplicaRole> lists[] = {
-      {&ctx.cfg.replicas, ReplicaRole::kBoth},
+      {&urls, ReplicaRole::kBoth},
       {&ctx.cfg.prefill, ReplicaRole::kPrefill},
       {&ctx.cfg.decode, ReplicaRole::kDecode}};
-  for (const auto& [urls, role] : lists) {
+  for (const auto& [list, role] : lists) {
     const char* flag = role == ReplicaRole::kBoth      ? "--replica "
                        : role == ReplicaRole::kPrefill ? "--prefill "
                                                        : "--decode ";
-    for (const auto& url : *urls) {
+    for (const auto& url : *list) {
       ReplicaAddress a = parse_replica_url(url);
       boost::system::error_code ec;
       auto results = resolver.resolve(a.host, a.port, ec);
@@ -94,6 +105,15 @@ Router::Router(RouterConfig cfg, std::unique_ptr<PromptModel> model)
       ctx.replicas.push_back(
           std::make_unique<Replica>(int(ctx.replicas.size()), std::move(a), ctx.cfg.eject_after, role));
     }
+  }
+  for (const auto& b : ctx.cfg.buckets) {
+    uint64_t members = 0;
+    for (const auto& u : b.urls) {
+      const std::string norm = parse_replica_url(u).url;
+      for (const auto& r : ctx.replicas)
+        if (r->address().url == norm) members |= uint64_t(1) << r->id();
+    }
+    ctx.buckets.add(b.name, b.max_tokens, members);
   }
 }
 
@@ -128,8 +148,13 @@ int Router::port() const {
   return ec ? -1 : ep.port();
 }
 
+size_t Router::num_replicas() const {
+  return st_->ctx.replicas.size();
+}
+
 void Router::start() {
   st_->health.start();
+  st_->kv_events.start();
   const int n = std::max(1, st_->ctx.cfg.io_threads);
   for (int i = 0; i < n; ++i)
     st_->threads.emplace_back([st = st_.get()] {
@@ -156,6 +181,7 @@ void Router::wait_for_signal() {
 
 void Router::stop() {
   st_->health.stop();
+  st_->kv_events.stop();
   net::post(st_->ioc, [st = st_.get()] {
     boost::system::error_code ec;
     st->acceptor.close(ec);

@@ -22,7 +22,8 @@ class Router {
 
   void listen();  // throws beluga::Error when the address is taken
   int port() const;
-  void start();  // I/O threads and health checks in the background
+  size_t num_replicas() const;  // --replica's and the buckets' URLs, each once
+  void start();                 // I/O threads and health checks in the background
   // Blocks until SIGINT/SIGTERM (blocked by the caller beforehand, as Server::block_signals does).
   void wait_for_signal();
   void stop();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "router/bucket.h"
 #include "router/policy.h"
 
 namespace beluga::router {
@@ -40,6 +41,11 @@ struct RouterConfig {
   int body_timeout_s = 60;
   size_t max_response_ids = 65536;  // Responses ids remembered for previous_response_id affinity
   bool log_replica_changes = true;  // ejections and rejoins on stderr
+  // KV block events (router/kv_events_client.h): each replica's GET /v1/kv/events this often (at
+  // once again while it has more), with this API key (the replicas' --api-key; empty: none).
+  int kv_events_interval_ms = 100;
+  std::string replica_api_key;
+  std::vector<BucketSpec> buckets;  // prefill-length buckets (router/bucket.h); empty: none
 };
 
 }  // namespace beluga::router

@@ -1,6 +1,7 @@
 // What every connection of the router shares: the configuration, the replicas (with their resolved
-// addresses), the prefix index, the Responses affinity map, the metrics, the prompt model (null:
-// no tokenizing, so cache-aware routes by load alone) and the pool that tokenizes off the I/O threads.
+// addresses), the prefix indexes (approximate and from block events), the length buckets, the Responses
+// affinity map, the metrics, the prompt model (null: no tokenizing, so cache-aware routes by load alone) and
+// the pool that tokenizes off the I/O threads.
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,8 @@
 
 #include <boost/asio.hpp>
 
+#include "router/bucket.h"
+#include "router/kv_index.h"
 #include "router/prefix_index.h"
 #include "router/prompt_tokens.h"
 #include "router/replica.h"
@@ -29,7 +32,9 @@ struct RouterContext {
   const bool disaggregated = !cfg.prefill.empty() || !cfg.decode.empty();
   std::vector<std::unique_ptr<Replica>> replicas;
   std::vector<std::vector<boost::asio::ip::tcp::endpoint>> endpoints;  // per replica id
-  PrefixIndex index;
+  PrefixIndex index;               // approximate: for the replicas that publish no block events
+  KvIndex kv_index{kMaxReplicas};  // exact, from the block events
+  Buckets buckets;                 // over the replica ids
   ResponseAffinity responses;
   RouterMetrics metrics;
   const std::unique_ptr<PromptModel> model;

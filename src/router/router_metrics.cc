@@ -90,6 +90,15 @@ std::string RouterMetrics::render(const std::vector<std::unique_ptr<Replica>>& r
        [](const Replica& r) { return double(r.counters().hit_tokens.load()); }},
       {"beluga_router_replica_stream_errors_total", "counter", "Streams broken off after they began.",
        [](const Replica& r) { return double(r.counters().stream_errors.load()); }},
+      {"beluga_router_replica_kv_blocks", "gauge",
+       "Blocks the replica holds in some tier, from its block events (0 without them).",
+       [](const Replica& r) { return double(r.counters().kv_blocks.load()); }},
+      {"beluga_router_replica_kv_epochs_total", "counter",
+       "Event epochs seen: 1 after the first read of its block events, one more per restart.",
+       [](const Replica& r) { return double(r.counters().kv_epochs.load()); }},
+      {"beluga_router_replica_kv_event_pages_total", "counter",
+       "Pages of its block events applied that held events or a snapshot.",
+       [](const Replica& r) { return double(r.counters().kv_pages.load()); }},
   };
   for (const auto& f : kFamilies) {
     family(out, f.name, f.type, f.help);

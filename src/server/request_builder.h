@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/kv_events.h"
 #include "engine/request.h"
 #include "recipe/api_error.h"
 #include "recipe/chat_format.h"
@@ -45,6 +46,8 @@ struct ModelInfo {
   std::function<std::string()> extra_metrics;
   // Disaggregated serving: this server's role and its KV transfer ends.
   Disaggregation pd;
+  // The KV block events GET /v1/kv/events serves (kv_events_route.h); null: none. Outlives the server.
+  const KvEventLog* kv_events = nullptr;
 };
 
 struct BuiltRequest {

@@ -5,6 +5,7 @@
 #include "server/access_log.h"
 #include "server/auth.h"
 #include "server/internal_error.h"
+#include "server/kv_events_route.h"
 #include "server/sse.h"
 #include "server/utility_routes.h"
 #include "server/web_ui.h"
@@ -288,6 +289,12 @@ void Session::route(Request& req) {
     auto r = handle_utility_route(path, sv(req.method_string()), req.body(), st_.ready ? &st_.info : nullptr);
     return send_response(r.status, r.content_type, r.body);
   }
+  if (path == kKvEventsPath) {
+    label_ = "kv_events";
+    auto r = handle_kv_events_route(sv(req.target()), sv(req.method_string()),
+                                    st_.ready ? st_.info.kv_events : nullptr, st_.ready);
+    return send_response(r.status, r.content_type, r.body);
+  }
   if (path == "/v1/models" || path.starts_with("/v1/models/")) {
     label_ = "models";
     if (method != http::verb::get) return send_error(eapi, 405, "use GET for " + path, "");
@@ -418,6 +425,8 @@ void Session::send_error(recipe::Api api, int status, const std::string& message
 // The request's access log line; generations add their tokens and time to first token.
 void Session::log_access(int status) {
   if (!st_.cfg.access_log) return;
+  if (label_ == "kv_events" && status == 200) return;  // a router polls it ten times a second
+
   AccessRecord r;
   r.client = access_client_;
   r.method = access_method_;
