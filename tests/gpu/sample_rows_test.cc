@@ -179,7 +179,9 @@ TEST_F(SampleRows, SampledRowsMatchTheHostDrawForDraw) {
       ASSERT_GE(t, 0);
       ASSERT_LT(t, V);
       same += t == host[size_t(r)];
-      if (masked) EXPECT_TRUE(allowed(masks[size_t(r) % masks.size()], t)) << "row " << r;
+      if (masked) {
+        EXPECT_TRUE(allowed(masks[size_t(r) % masks.size()], t)) << "row " << r;
+      }
       const SamplingParams& p = params[size_t(r) % params.size()];
       if (p.top_k > 0) {  // at most top_k - 1 allowed tokens rank above it
         const float* x = logits.data() + int64_t(r) * V;
