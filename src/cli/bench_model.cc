@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <unordered_map>
 
 #include "cli/bench_fleet.h"
 #include "cli/bench_grammar.h"
@@ -24,6 +25,7 @@
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "engine/generator.h"
+#include "engine/sampler.h"
 #include "util/error.h"
 #include "util/file.h"
 #ifdef BELUGA_WITH_CUDA
@@ -158,10 +160,14 @@ CudaSweepOptions parse_cuda_sweep_options(const Args& a) {
   o.prefills = parse_int_list(a.get_or("prefill-lens", "512,2048,8192"));
   o.steps = int(a.get_int("steps", 8));
   o.out_path = a.get_or("out", "");
-  // Decode steps sample greedily on the GPU (R ids come back) unless --sample host copies the F32 logits.
+  // Decode steps sample greedily on the GPU (R ids come back) unless --sample host copies the F32 logits;
+  // device / host-sampled: temperature 0.8, top_p 0.95 on the device sampler (R ids back) or on the host
+  // sampler after the copy, the sampling inside the timed step.
   o.sample_where = a.get_or("sample", "gpu");
-  BELUGA_CHECK(o.sample_where == "gpu" || o.sample_where == "host", "--sample must be gpu or host");
-  o.gpu_sample = o.sample_where == "gpu";
+  BELUGA_CHECK(o.sample_where == "gpu" || o.sample_where == "host" || o.sample_where == "device" ||
+                   o.sample_where == "host-sampled",
+               "--sample must be gpu, host, device or host-sampled");
+  o.gpu_sample = o.sample_where == "gpu" || o.sample_where == "device";
   o.eager = a.has("enforce-eager");
   BELUGA_CHECK(o.steps > 0, "--steps must be positive");
   return o;
@@ -451,9 +457,23 @@ int bench_model_cuda(const CudaSweepOptions& o, LoadedModel& m) {
     for (int B : batches) {
       const int bps = (ctx + steps + 2 + kKvBlockSize - 1) / kKvBlockSize;
       logits.resize(size_t(B) * c.vocab_size);
-      std::vector<int32_t> sampled(static_cast<size_t>(B));
+      std::vector<int32_t> sampled(static_cast<size_t>(B) * kSampleOutCols);
       ForwardOptions fo;
-      if (gpu_sample) fo.greedy_tokens = sampled.data();
+      // Sampled modes: temperature 0.8, top_p 0.95, a uniform per (sequence, step) as the engine draws.
+      SamplingParams sp;
+      sp.temperature = 0.8f;
+      sp.top_p = 0.95f;
+      const std::vector<int> no_prompt, no_stops;
+      const std::unordered_map<int, int> no_counts;
+      std::vector<float> sample_scratch;
+      std::vector<int> sample_idx;
+      DeviceSampling ds;
+      if (sample_where == "device") {
+        fo.sampling = &ds;
+        fo.sampled = sampled.data();
+      } else if (gpu_sample) {
+        fo.greedy_tokens = sampled.data();
+      }
       std::vector<double> t, gpu;
       ops.set_replay_timing(true);
       for (int step = 0; step < steps + 2; ++step) {
@@ -466,7 +486,18 @@ int bench_model_cuda(const CudaSweepOptions& o, LoadedModel& m) {
           b.logit_rows.push_back(s);
         }
         const double t0 = now();
+        if (fo.sampling) {
+          ds.rows.clear();
+          for (int s = 0; s < B; ++s)
+            ds.rows.push_back(device_sample_row({&sp, &no_prompt, &no_counts, step, &no_stops, 7, s}));
+        }
         model.forward(b, kv, logits.data(), fo);
+        if (sample_where == "host-sampled")
+          for (int s = 0; s < B; ++s)
+            sampled[size_t(s)] =
+                sample(logits.data() + size_t(s) * c.vocab_size, c.vocab_size,
+                       {&sp, &no_prompt, &no_counts, step, &no_stops, 7, s}, sample_scratch, sample_idx)
+                    .token;
         if (step >= 2) {
           t.push_back(now() - t0);
           gpu.push_back(ops.last_replay_ms());
@@ -553,8 +584,10 @@ int bench_model_cuda(const CudaSweepOptions& o, LoadedModel& m) {
   std::printf(
       "(floor = max(bytes / copy bandwidth, FLOPs / cuBLAS peak); 'of floor' = floor time / measured time; "
       "decode steps end with %s)\n",
-      gpu_sample ? "greedy sampling on the GPU (B token ids copied back; --sample host copies the logits)"
-                 : "copying the F32 logits to the host (--sample host)");
+      sample_where == "device"         ? "sampling on the GPU (T 0.8, top_p 0.95; B token ids copied back)"
+      : sample_where == "host-sampled" ? "copying the F32 logits and sampling on the host (T 0.8, top_p 0.95)"
+      : gpu_sample ? "greedy sampling on the GPU (B token ids copied back; --sample host copies the logits)"
+                   : "copying the F32 logits to the host (--sample host)");
   bool chain_header = false;
   for (const SweepRow& r : rows) {
     if (r.stages == 0) continue;

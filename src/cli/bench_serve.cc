@@ -260,6 +260,9 @@ int bench_serve(int argc, char** argv) {
   const uint64_t seed = uint64_t(args.get_int("seed", 0));
   const std::string api_key = args.get_or("api-key", "");
   const std::string slo_s = args.get_or("slo", "");
+  // Request fields merged into every body (sampling parameters, response_format, ...).
+  const Json extra = Json::parse(args.get_or("request-extra", "{}"));
+  BELUGA_CHECK(extra.is_object(), "--request-extra must be a JSON object");
   const auto out_path = args.get("out");
   std::string model = args.get_or("model", "");
   args.check_all_used();
@@ -320,14 +323,15 @@ int bench_serve(int argc, char** argv) {
   std::vector<Json> prefixes;
   for (int i = 0; i < num_prefixes; ++i) prefixes.push_back(random_ids(prefix_len));
   auto completion_body = [&](Json ids) {
-    return Json{{"model", model},
-                {"prompt", std::move(ids)},
-                {"max_tokens", output_len},
-                {"temperature", 0},
-                {"ignore_eos", true},
-                {"stream", true},
-                {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}}
-        .dump();
+    Json body{{"model", model},
+              {"prompt", std::move(ids)},
+              {"max_tokens", output_len},
+              {"temperature", 0},
+              {"ignore_eos", true},
+              {"stream", true},
+              {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+    for (const auto& [k, v] : extra.items()) body[k] = v;
+    return body.dump();
   };
 
   // Work items: single requests, or whole conversations (multi-turn) that run turn by turn.
@@ -395,6 +399,7 @@ int bench_serve(int argc, char** argv) {
                   {"ignore_eos", true},
                   {"stream", true},
                   {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+        for (const auto& [k, v] : extra.items()) body[k] = v;
         Result res = send(url, "/v1/chat/completions", body.dump(), key);
         messages.push_back(Json{{"role", "assistant"}, {"content", res.text}});
         const bool ok = res.ok;

@@ -134,6 +134,7 @@ int cmd_serve(int argc, char** argv) {
   ecfg.kv_cache_bytes = size_t(args.get_int("kv-cache-mb", long(ecfg.kv_cache_bytes >> 20))) << 20;
   ecfg.enable_prefix_caching = !args.has("no-enable-prefix-caching");
   ecfg.async_scheduling = !args.has("no-async-scheduling");  // the serial reference loop
+  ecfg.device_sampling = !args.has("no-device-sampling");    // the host sampler for every step
   if (const char* trace = std::getenv("BELUGA_TRACE"); trace && *trace) ecfg.trace_path = trace;
   if (args.has("speculative-config"))
     ecfg.speculative = parse_spec_config(args.get_or("speculative-config", ""));

@@ -12,6 +12,7 @@
 #include "util/progress.h"
 #ifdef BELUGA_WITH_CUDA
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_sample_rows.h"
 #endif
 #include "util/file.h"
 
@@ -99,6 +100,10 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   m.weights_digest = recorded.digest();
   m.config_path = ma.config_path;
   m.model->set_enforce_eager(ma.enforce_eager);
+#ifdef BELUGA_WITH_CUDA
+  if (ma.device == "cuda")
+    m.model->set_sampler(std::make_unique<CudaSampleRows>(static_cast<CudaOps&>(*m.ops)));
+#endif
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }

@@ -68,7 +68,10 @@ const std::vector<CommandUsage>& command_usages() {
                "(docs/speculative-decoding.md); off unless given"},
               {"no-async-scheduling", "",
                "run each step serially (schedule, launch, wait, apply); the reference for the overlapped "
-               "loop"}}},
+               "loop"},
+              {"no-device-sampling", "",
+               "sample every step on the host (CUDA samples steps without penalties, logit bias or top "
+               "logprobs on the device, grammar masks included)"}}},
             {"structured outputs (docs/structured-outputs.md)",
              {{"grammar-compile-timeout-ms", "MS",
                "a schema or grammar that takes longer to compile is a 400 (default 10000)"},
@@ -220,7 +223,7 @@ const std::vector<CommandUsage>& command_usages() {
                     {"decode-contexts", "LIST", "default 1024,4096"},
                     {"prefill-lens", "LIST", "default 512,2048,8192"},
                     {"steps", "N", "timed steps per point (default 8)"},
-                    {"sample", "gpu|host", "where decode steps sample (default gpu)"}}},
+                    {"sample", "gpu|host|device|host-sampled", "default gpu (docs/performance.md)"}}},
                   model_options()}},
       {.command = "bench tokenizer",
        .synopsis = "--tokenizer tokenizer.json --input FILE [options]",
@@ -258,6 +261,7 @@ const std::vector<CommandUsage>& command_usages() {
                     {"vocab-size", "N", "random ids are drawn from [100, N) (default 4000)"},
                     {"seed", "N", "default 0"},
                     {"slo", "ttft_ms=N,tpot_ms=N,e2el_ms=N", "goodput: requests per second meeting these"},
+                    {"request-extra", "JSON", "fields merged into every request body (default {})"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench sampler",
        .synopsis = "[options]",

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -76,7 +77,8 @@ struct Engine::Impl {
         kv_connector(cfg.kv_connector),
         trace(cfg.trace_path.empty() ? nullptr : std::make_unique<Tracer>(cfg.trace_path)),
         trace_lane(trace ? trace->add_lane("engine loop") : 0),
-        runner(m, kv, cfg.step_hook, trace.get(), spec.get()) {}
+        runner(m, kv, cfg.step_hook, trace.get(), spec.get()),
+        device_sampling(cfg.device_sampling && m.has_sampler() && !spec) {}
 
   Model& model;
   std::unique_ptr<SpecDecoder> spec;  // speculative decoding, or null
@@ -109,6 +111,8 @@ struct Engine::Impl {
   std::vector<float> scratch;
   std::vector<int> index_scratch;
   std::vector<uint32_t> allowed;  // a constrained row's token mask
+  const bool device_sampling;     // steps may sample on the device (EngineConfig::device_sampling)
+  DeviceSampling dsamp;           // the step being launched: its device-sampling rows and masks
 };
 
 namespace {
@@ -308,7 +312,8 @@ void Engine::loop() {
       ctx.prompt_set = &rq.prompt_set;
       LogitsProcessor* proc = rq.procs.empty() ? nullptr : rq.procs[size_t(s->index)].get();
       std::string proc_error;
-      if (proc) {
+      const bool on_device = im.runner.device_sampled();  // the mask went with the step (step d)
+      if (proc && !on_device) {
         // Structured output: the processor's mask (EOS only where the grammar accepts).
         im.allowed.assign((size_t(V) + 31) / 32, 0);
         try {
@@ -323,10 +328,19 @@ void Engine::loop() {
       }
       SampleResult res{};
       if (proc_error.empty()) {  // else the sequence fails below
-        if (im.runner.greedy())  // every row samples_raw_argmax(): the device took the argmax
+        if (on_device) {
+          const int32_t* o = im.runner.sampled() + r * size_t(kSampleOutCols);
+          res.token = o[0];
+          if (rq.req.sampling.logprobs >= 0) {
+            res.logprob.token = o[0];
+            res.logprob.logprob = std::bit_cast<float>(o[1]);
+            res.logprob.rank = o[2];
+          }
+        } else if (im.runner.greedy()) {  // every row samples_raw_argmax(): the device took the argmax
           res.token = im.runner.greedy_tokens()[r];
-        else
+        } else {
           res = sample(im.runner.logits() + r * size_t(V), V, ctx, im.scratch, im.index_scratch);
+        }
       }
       if (proc && proc_error.empty()) {
         try {
@@ -401,6 +415,38 @@ void Engine::loop() {
     for (int b : im.published) im.blocks.unpublish(b);
   };
 
+  // Step d's device row for sequence s, or false: the step samples on the host. A mask the device
+  // cannot take as it is (a processor that throws, an empty mask, min_tokens masking the only stop
+  // the grammar allows) sends the step to the host, whose sampler reports or resolves it as before.
+  auto add_device_row = [&](Impl::Request& rq, const Seq& s) {
+    const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output(),
+                            &rq.stop_ids,     rq.seed,        s.index};
+    if (!samples_on_device(ctx)) return false;
+    DeviceSampleRow row = device_sample_row(ctx);
+    LogitsProcessor* proc = rq.procs.empty() ? nullptr : rq.procs[size_t(s.index)].get();
+    const bool mask_stops = ctx.num_output < rq.req.sampling.min_tokens && !rq.stop_ids.empty();
+    if (proc || mask_stops) {
+      const size_t words = (size_t(V) + 31) / 32, off = im.dsamp.masks.size();
+      if (off / words >= size_t(Model::kMaxMaskRows)) return false;
+      im.dsamp.masks.resize(off + words, proc ? 0u : ~0u);
+      uint32_t* m = im.dsamp.masks.data() + off;
+      if (proc) {
+        try {
+          proc->fill_mask(m, V);
+        } catch (const std::exception&) {
+          return false;
+        }
+      }
+      if (mask_stops)
+        for (int t : rq.stop_ids)
+          if (t >= 0 && t < V) m[t >> 5] &= ~(1u << (t & 31));
+      if (std::all_of(m, m + words, [](uint32_t w) { return !w; })) return false;
+      row.mask_row = int(off / words);
+    }
+    im.dsamp.rows.push_back(row);
+    return true;
+  };
+
   // d. Step N+1: build its batch (every token is known now), launch it, commit it at once.
   auto launch_next = [&] {
     Batch& b = im.batch;
@@ -410,6 +456,10 @@ void Engine::loop() {
     im.rows.clear();
     im.step_slots.clear();
     bool greedy = true;  // all rows greedy on raw logits: sample on the device
+    // Every row within the device sampler's reach (sampler.h: samples_on_device): sample them there,
+    // constrained rows with the mask filled now (their processor has seen every token up to N).
+    bool device = im.device_sampling && !im.spec;
+    im.dsamp.clear();
     TraceSpan build(tr, lane, "build batch");
     for (size_t i = 0; i < im.chunks.size(); ++i) {
       const Chunk& c = im.chunks[i];
@@ -435,6 +485,7 @@ void Engine::loop() {
         if (from < to) {
           rq.prompt_lp_next = to;
           greedy = false;  // these rows need the logits themselves
+          device = false;
         }
       }
       const bool raw_argmax =
@@ -444,6 +495,7 @@ void Engine::loop() {
         b.logit_rows.push_back(int(b.tokens.size()) - 1);
         im.rows.push_back({s->request, s->index, -1});
         greedy = greedy && raw_argmax;
+        if (device) device = add_device_row(rq, *s);
       }
       if (im.spec) {  // this sequence's drafts, verified as extra rows
         const int k = im.spec->plan_chunk(int(i), *c.seq, c, raw_argmax, int(b.logit_rows.size()) - 1, b);
@@ -468,7 +520,10 @@ void Engine::loop() {
         if (std::byte* host = im.kv_connector->start_save(im.published_keys[i], *im.published_classes[i]))
           copies->saves.push_back({im.published[i], host});
     }
-    im.runner.launch(b, greedy && !b.logit_rows.empty(), copies);  // b, copies: older ones (capacity)
+    // All raw argmax: argmax_rows is the cheaper device path.
+    device = device && !greedy && !b.logit_rows.empty() && im.dsamp.rows.size() == b.logit_rows.size();
+    // b, copies, dsamp: swapped for older ones (capacity)
+    im.runner.launch(b, greedy && !b.logit_rows.empty(), copies, device ? &im.dsamp : nullptr);
     if (im.kv_connector) im.kv_connector->step_launched();
     for (const Chunk& c : im.chunks)
       if (c.sample) c.seq->pending = 1;

@@ -46,6 +46,10 @@ struct EngineConfig {
   // N+1 computes. Off: the serial reference, each step scheduled, launched, waited for, sampled and
   // delivered before the next one starts (the same tokens; for comparing and debugging).
   bool async_scheduling = true;
+  // Steps whose every sample row needs no sequence history (sampler.h: samples_on_device) sample on
+  // the device when the model has a sampler (CUDA), constrained rows with their masks uploaded with
+  // the step; off (`--no-device-sampling`): the logits come to the host sampler (the reference).
+  bool device_sampling = true;
   // Non-empty: write a Chrome-trace JSON of the loop's host spans (per step: admit, schedule, wait,
   // sample, build batch, launch, deliver) and the model runner's forwards to this file when the engine
   // stops (src/util/trace.h; `beluga serve` takes it from BELUGA_TRACE). Empty: no tracing cost.

@@ -27,16 +27,23 @@ ModelRunner::~ModelRunner() {
   thread_.join();  // run() finishes a step in flight before it looks at stop_
 }
 
-void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies) {
+void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSampling* sampling) {
   BELUGA_ASSERT(!in_flight_);
   std::swap(batch_, b);
   if (copies)
     std::swap(copies_, *copies);
   else
     copies_.clear();
-  greedy_ = greedy;
+  device_sampled_ = sampling != nullptr;
+  if (sampling)
+    std::swap(sampling_, *sampling);
+  else
+    sampling_.clear();
+  greedy_ = greedy && !device_sampled_;
   // Sized here, not on the thread: logits() stays valid for the caller between wait() and launch().
-  if (greedy)
+  if (device_sampled_)
+    sampled_.resize(batch_.logit_rows.size() * size_t(kSampleOutCols));
+  else if (greedy_)
     greedy_tokens_.resize(batch_.logit_rows.size());
   else
     logits_.resize(batch_.logit_rows.size() * size_t(vocab_));
@@ -83,6 +90,10 @@ void ModelRunner::run() {
         if (hook_) hook_(step_);
         ForwardOptions opt;
         if (greedy_) opt.greedy_tokens = greedy_tokens_.data();
+        if (device_sampled_) {
+          opt.sampling = &sampling_;
+          opt.sampled = sampled_.data();
+        }
         Ops& ops = model_.ops();
         if (!copies_.loads.empty()) ops.kv_blocks_from_host(kv_.layers, copies_.loads);
         if (spec_)

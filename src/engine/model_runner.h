@@ -51,7 +51,11 @@ class ModelRunner {
   // ids and logits() is not written.
   // `copies` (swapped like `b`, may be null): the step's KV connector copies; loads run before the
   // forward, saves after it (none when it fails), and their host memory is not touched after the step.
-  void launch(Batch& b, bool greedy = false, KvStepCopies* copies = nullptr);
+  // `sampling` (swapped like `b`, may be null; the model needs a sampler): the step samples each logit
+  // row on the device (ForwardOptions::sampling): sampled() holds [rows, kSampleOutCols] and logits()
+  // is not written. Takes precedence over `greedy`.
+  void launch(Batch& b, bool greedy = false, KvStepCopies* copies = nullptr,
+              DeviceSampling* sampling = nullptr);
   // Waits for the step in flight; rethrows its exception.
   void wait();
   bool in_flight() const { return in_flight_; }
@@ -60,6 +64,9 @@ class ModelRunner {
   float* logits() { return logits_.data(); }
   const int32_t* greedy_tokens() const { return greedy_tokens_.data(); }
   bool greedy() const { return greedy_; }
+  // The last step's device-sampled rows (token, logprob bits, rank, 0 per row), when device_sampled().
+  const int32_t* sampled() const { return sampled_.data(); }
+  bool device_sampled() const { return device_sampled_; }
 
  private:
   void run();
@@ -76,6 +83,9 @@ class ModelRunner {
   std::vector<float> logits_;  // sized by launch(), written by the thread
   std::vector<int32_t> greedy_tokens_;
   bool greedy_ = false;
+  DeviceSampling sampling_;
+  std::vector<int32_t> sampled_;
+  bool device_sampled_ = false;
   bool in_flight_ = false;  // engine thread only
 
   std::mutex mu_;

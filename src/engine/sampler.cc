@@ -194,6 +194,24 @@ bool samples_raw_argmax(const SampleContext& ctx) {
          (ctx.num_output >= p.min_tokens || ctx.stop_ids->empty());
 }
 
+bool samples_on_device(const SampleContext& ctx) {
+  const SamplingParams& p = *ctx.params;
+  return p.logprobs <= 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+}
+
+DeviceSampleRow device_sample_row(const SampleContext& ctx) {
+  const SamplingParams& p = *ctx.params;
+  DeviceSampleRow r;
+  r.temperature = p.temperature;
+  r.top_p = p.top_p;
+  r.min_p = p.min_p;
+  r.top_k = p.top_k;
+  if (p.temperature > 0.0f) r.u = sample_uniform(ctx.seed, ctx.seq_index, ctx.num_output);
+  r.logprob = p.logprobs >= 0 ? 1 : 0;
+  return r;
+}
+
 double sample_uniform(uint64_t seed, int seq_index, int step) {
   return unit_double(seed ^ mix64(uint64_t(seq_index) * 0x100000001b3ull + uint64_t(step)));
 }

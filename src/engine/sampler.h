@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/sample_rows.h"
 #include "engine/request.h"
 
 namespace beluga {
@@ -49,6 +50,14 @@ TokenLogprob token_logprob(const float* logits, int vocab, int token, int k, std
 // logprobs and nothing that edits the logits. Such rows can be sampled on the device (the engine then
 // copies one id per row instead of the logits).
 bool samples_raw_argmax(const SampleContext& ctx);
+
+// Whether sample() for this row needs no more than the device sampler takes (backend/sample_rows.h):
+// no penalties, no logit bias, at most the sampled token's own logprob (logprobs 0). The caller folds
+// ctx.allowed and min_tokens' masked stop ids into the row's bitmask.
+bool samples_on_device(const SampleContext& ctx);
+// The device sampler's row for a row samples_on_device() accepts (no mask: mask_row -1), with the
+// same uniform sample() would draw.
+DeviceSampleRow device_sample_row(const SampleContext& ctx);
 
 // A uniform double in [0, 1) from (seed, sequence, step), independent of batch composition.
 double sample_uniform(uint64_t seed, int seq_index, int step);

@@ -217,11 +217,58 @@ Tensor Model::step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& p
   return lg;
 }
 
+void Model::set_sampler(std::unique_ptr<SampleRowsOp> sampler) {
+  sampler_ = std::move(sampler);
+  sample_graphs_.reset();
+  if (!sampler_) return;
+  // Full size at once: a recorded graph keeps these addresses.
+  const int64_t words = (cfg_.vocab_size + 31) / 32;
+  sample_params_ = ops_.alloc_persistent(DType::kI32, {kMaxSampleRows, int64_t(sizeof(DeviceSampleRow) / 4)});
+  sample_masks_ = ops_.alloc_persistent(DType::kI32, {kMaxMaskRows, words});
+}
+
+void Model::upload_sampling(const DeviceSampling& s, size_t logit_rows) {
+  const int64_t words = (cfg_.vocab_size + 31) / 32;
+  BELUGA_CHECK(sampler_, "device sampling without a sampler (Model::set_sampler)");
+  BELUGA_CHECK(s.rows.size() == logit_rows && s.rows.size() <= size_t(kMaxSampleRows),
+               "device sampling: ", s.rows.size(), " rows for ", logit_rows, " logit rows (at most ",
+               kMaxSampleRows, ")");
+  BELUGA_CHECK(s.masks.size() % size_t(words) == 0 && s.masks.size() / size_t(words) <= size_t(kMaxMaskRows),
+               "device sampling: masks are not [M <= ", kMaxMaskRows, ", ", words, "] words");
+  const int64_t M = int64_t(s.masks.size()) / words;
+  for (const DeviceSampleRow& r : s.rows)
+    BELUGA_CHECK(r.mask_row < M, "device sampling: mask row ", r.mask_row, " of ", M);
+  // Only this step's rows: rows past them (a graph's padding) read older, still well-formed ones.
+  if (!s.rows.empty()) ops_.copy_from_host(sample_params_.rows(0, int64_t(s.rows.size())), s.rows.data());
+  if (M > 0) ops_.copy_from_host(sample_masks_.rows(0, M), s.masks.data());
+}
+
+Tensor Model::sample_logits(const Tensor& lg) {
+  Tensor out = ops_.scratch(DType::kI32, {lg.shape[0], kSampleOutCols});
+  sampler_->sample_rows(out, lg, sample_params_, sample_masks_);
+  return out;
+}
+
 void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   ops_.reset_scratch();
   const StepPlan p = plan_step(b, kv);
   const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture && !opt.final_hidden &&
                      opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p);
+  if (opt.sampling) {
+    BELUGA_CHECK(opt.sampled, "ForwardOptions::sampling needs `sampled`");
+    upload_sampling(*opt.sampling, p.logit_rows.size());
+  }
+  if (graph && opt.sampling) {
+    if (!sample_graphs_) sample_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
+    // The body's output is the sampled rows: DecodeGraphs copies them back as it would logits (bytes).
+    sample_graphs_->run(
+        p,
+        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows) {
+          return sample_logits(step_body(meta, ids, pos, rows, kv, opt, 1));
+        },
+        reinterpret_cast<float*>(opt.sampled));
+    return;
+  }
   if (graph) {
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
     graphs_->run(
@@ -242,7 +289,11 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
     ops_.copy_from_host(rows, p.logit_rows.data());
   }
   Tensor lg = step_body(meta, ids, pos, rows, kv, opt, p.max_query_len);
-  if (!lg.empty()) read_logits(ops_, lg, logits, opt.greedy_tokens);
+  if (lg.empty()) return;
+  if (opt.sampling)
+    ops_.copy_to_host(sample_logits(lg), opt.sampled);
+  else
+    read_logits(ops_, lg, logits, opt.greedy_tokens);
 }
 
 }  // namespace beluga

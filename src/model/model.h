@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "backend/sample_rows.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/batch.h"
@@ -28,6 +29,11 @@ struct ForwardOptions {
   // When set: the final-normed hidden state of every token row is copied here (a persistent device
   // tensor of at least [tokens, hidden] in the backend's activation dtype): the MTP module's input.
   Tensor* final_hidden = nullptr;
+  // When set (with `sampled`, and a sampler: Model::set_sampler): sampling on the device with one
+  // DeviceSampleRow per logit row; `sampled` gets [logit rows, kSampleOutCols] I32 and `logits` is not
+  // written. Decode steps run it inside their recorded graphs.
+  const DeviceSampling* sampling = nullptr;
+  int32_t* sampled = nullptr;
 };
 
 struct MtpWeights;
@@ -58,7 +64,15 @@ class Model {
   // `enforce_eager` is set (as vLLM's --enforce-eager); results are the same up to rounding.
   void forward(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt = {});
   void set_enforce_eager(bool on) { enforce_eager_ = on; }
-  int num_graphs() const { return graphs_ ? graphs_->num_graphs() : 0; }
+  // The backend's device sampler (backend/sample_rows.h; the CLI gives CUDA's), which
+  // ForwardOptions::sampling needs; null: none (the CPU backend samples on the host).
+  void set_sampler(std::unique_ptr<SampleRowsOp> sampler);
+  bool has_sampler() const { return sampler_ != nullptr; }
+  // Most logit rows and mask rows one step may sample on the device.
+  static constexpr int kMaxSampleRows = 4096, kMaxMaskRows = 256;
+  int num_graphs() const {
+    return (graphs_ ? graphs_->num_graphs() : 0) + (sample_graphs_ ? sample_graphs_->num_graphs() : 0);
+  }
 
   // The MTP module (mtp.h), when the checkpoint has one (num_nextn_predict_layers > 0).
   bool has_mtp() const { return mtp_ != nullptr; }
@@ -115,6 +129,15 @@ class Model {
   int max_positions_ = 0;
   bool enforce_eager_ = false;
   std::unique_ptr<DecodeGraphs> graphs_;  // made on the first step that qualifies
+  // Device sampling: the sampler, its inputs (persistent, so recorded graphs read this step's), and
+  // the decode graphs whose body ends in the sampler (a graph per shape, as graphs_ keeps; their
+  // output is the sampled rows, not the logits).
+  std::unique_ptr<SampleRowsOp> sampler_;
+  Tensor sample_params_, sample_masks_;
+  std::unique_ptr<DecodeGraphs> sample_graphs_;
+  // Uploads the step's rows and masks; then the sampler on `lg`'s rows into scratch I32 [R, 4].
+  void upload_sampling(const DeviceSampling& s, size_t logit_rows);
+  Tensor sample_logits(const Tensor& lg);
   std::unique_ptr<MtpWeights> mtp_;
 };
 

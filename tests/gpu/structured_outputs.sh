@@ -2,13 +2,15 @@
 # Structured outputs on the CUDA backend: `beluga serve --device cuda` with the demo model, greedy and
 # sampled (n=2) requests under a JSON Schema, json_object and choice; each finished reply is checked
 # by python3 (parses, required keys and types, enum, choice). A constrained greedy request must not
-# take the device argmax path (the logits come to the host and the sampler applies the mask).
+# take the plain device argmax path: its mask goes up with the step and the device sampler applies
+# it (or, with --no-device-sampling in SERVE_FLAGS, the logits come to the host sampler).
 #   BELUGA=build-cuda/beluga tests/gpu/structured_outputs.sh     (exit 0 = pass)
+#   MODEL=models/beluga-demo-coder-mtp: the model directory when the binary is not in a build tree
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BELUGA=${BELUGA:-build-cuda/beluga}
 PORT=${PORT:-8771}
-"$BELUGA" serve --device cuda --port $PORT > "${OUT:-/tmp}/serve_structured.log" 2>&1 &
+"$BELUGA" serve ${MODEL:-} --device cuda --port $PORT ${SERVE_FLAGS:-} > "${OUT:-/tmp}/serve_structured.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 120); do curl -sf localhost:$PORT/health > /dev/null && break; sleep 1; done
 python3 - "$PORT" <<'PY'
