@@ -411,6 +411,7 @@ void Engine::loop() {
     im.step_slots.clear();
     bool greedy = true;  // all rows greedy on raw logits: sample on the device
     TraceSpan build(tr, lane, "build batch");
+    if (im.spec) im.spec->begin_step(int(im.chunks.size()));  // the gate: how many drafts this step
     for (size_t i = 0; i < im.chunks.size(); ++i) {
       const Chunk& c = im.chunks[i];
       const Seq* s = c.seq;

@@ -220,16 +220,18 @@ Tensor Model::step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& p
 void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   ops_.reset_scratch();
   const StepPlan p = plan_step(b, kv);
-  const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture && !opt.final_hidden &&
-                     opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p);
+  // A verify step's final hidden states are written by the graph too, into the caller's persistent
+  // buffer (the graph's variant), which must hold the padded rows.
+  const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture &&
+                     opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p) &&
+                     (!opt.final_hidden || opt.final_hidden->shape[0] >= DecodeGraphs::padded_rows(p));
   if (graph) {
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
-    graphs_->run(
-        p,
-        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows) {
-          return step_body(meta, ids, pos, rows, kv, opt, 1);
-        },
-        logits, opt.greedy_tokens);
+    graphs_->run(p,
+                 [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
+                   return step_body(meta, ids, pos, rows, kv, opt, q);
+                 },
+                 logits, opt.greedy_tokens, {opt.final_hidden ? opt.final_hidden->data : nullptr, nullptr});
     return;
   }
 
