@@ -5,12 +5,14 @@
 // bucket (extra sequences copy sequence 0 and write no KV) and to a power-of-two block-table width,
 // and one graph is recorded per (batch bucket, Q, logit-row kind, width, variant) on first use: that
 // first step runs eagerly (warming lazy state: cuBLAS, converted weights, expert tables), then is
-// captured. `variant` names what else the body writes (e.g. the persistent final-hidden buffer a
-// verify step fills), so bodies with different side outputs never share a graph. Inputs live in one
+// captured. `variant` names the fixed addresses the body reads and writes besides its inputs (the KV
+// cache, the persistent final-hidden buffer a verify step fills), so a graph never replays against
+// another cache or with other side outputs. Inputs live in one
 // persistent device buffer the graphs read. Graphs are dropped when the backend reallocates its
 // scratch memory (Ops::scratch_epoch).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -38,8 +40,9 @@ class DecodeGraphs {
  public:
   // The step body: from device inputs to the F32 logits [rows, vocab] of the step's logit rows.
   // `max_query_len` is the step's Q.
-  // What else the body reads or writes at fixed addresses (side-output and input buffers).
-  using Variant = std::pair<const void*, const void*>;
+  // What else the body reads or writes at fixed addresses (the KV cache, side-output and input
+  // buffers): a graph recorded against one engine's cache must never replay against another's.
+  using Variant = std::array<const void*, 3>;
   using Body = std::function<Tensor(const AttnMeta& meta, const Tensor& ids, const Tensor& positions,
                                     const Tensor& logit_rows, int max_query_len)>;
 

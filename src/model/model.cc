@@ -231,7 +231,8 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
                  [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
                    return step_body(meta, ids, pos, rows, kv, opt, q);
                  },
-                 logits, opt.greedy_tokens, {opt.final_hidden ? opt.final_hidden->data : nullptr, nullptr});
+                 logits, opt.greedy_tokens,
+                 {kv.layers[0].data, opt.final_hidden ? opt.final_hidden->data : nullptr, nullptr});
     return;
   }
 

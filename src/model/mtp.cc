@@ -82,8 +82,10 @@ void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float
                      (!opt.final_hidden || opt.final_hidden->shape[0] >= DecodeGraphs::padded_rows(p));
   if (graph) {
     if (!mtp_graphs_) mtp_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
-    // The graph reads `hidden` and writes opt.final_hidden at fixed addresses: both name its variant.
-    const DecodeGraphs::Variant variant{hidden.data, opt.final_hidden ? opt.final_hidden->data : nullptr};
+    // The graph reads `hidden` and writes the cache and opt.final_hidden at fixed addresses: all three
+    // name its variant.
+    const DecodeGraphs::Variant variant{kv.layers[0].data, hidden.data,
+                                        opt.final_hidden ? opt.final_hidden->data : nullptr};
     mtp_graphs_->run(
         p,
         [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {

@@ -112,7 +112,6 @@ TEST(GpuSpecGraphs, VerifyAndMtpStepsMatchEager) {
       m.seqs.push_back({len[size_t(s)], Q, table(s)});
       m.logit_rows.push_back(s * Q + (step + s) % Q);
     }
-    std::vector<int32_t> ia(size_t(n)), ib(size_t(n));
     std::vector<float> mla(size_t(n) * V), mlb(mla.size());
     ForwardOptions pa, pb;
     pa.final_hidden = &oa;
@@ -154,7 +153,8 @@ TEST(GpuSpecGraphs, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
     const int kReqs = 24;
     for (int i = 0; i < kReqs; ++i) {
       EngineRequest r;
-      r.id = "r" + std::to_string(i);
+      r.id = "r";  // appended, not "r" + ...: GCC 12 warns falsely (-Wrestrict) on that
+      r.id += std::to_string(i);
       r.prompt = {0};
       for (int t = 1; t < 16 + 5 * i; ++t) r.prompt.push_back(100 + (t * 37 + i * 211) % 900);
       r.sampling.temperature = 0;
