@@ -3,6 +3,7 @@
 # K=1, 2, each loaded by `beluga bench serve` (greedy, ignore_eos) at the given concurrencies.
 # usage: [BELUGA=build/beluga] [CONCURRENCIES="1 4"] [PROMPTS_PER_SLOT=4] [OUTPUT_LEN=64] [THREADS=1] \
 #        [SPECS="none 1 2"] [DEVICE=cuda] bench/spec_cpu.sh   (DEVICE: serve --device, default cpu)
+# SPECS entries: none, K (cost-gated, the default gating) or K/fixed (always K drafts).
 set -euo pipefail
 BELUGA=${BELUGA:-build/beluga}
 CONCURRENCIES=${CONCURRENCIES:-"1 4"}
@@ -14,7 +15,11 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for spec in $SPECS; do
   extra=()
-  [ "$spec" != none ] && extra=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$spec}")
+  if [ "$spec" != none ]; then
+    k=${spec%%/*} gating=cost
+    [ "$spec" != "$k" ] && gating=${spec#*/}
+    extra=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$k,\"gating\":\"$gating\"}")
+  fi
   "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb 256 --device "${DEVICE:-cpu}" "${extra[@]}" >"$log" 2>&1 &
   pid=$!
   port=

@@ -65,7 +65,7 @@ const std::vector<CommandUsage>& command_usages() {
               {"no-enable-prefix-caching", "", "no prefix cache"},
               {"speculative-config", "JSON",
                "speculative decoding, as vLLM spells it: {\"method\":\"mtp\",\"num_speculative_tokens\":K} "
-               "(docs/speculative-decoding.md); off unless given"},
+               "(\"gating\":\"cost\"|\"fixed\"; docs/speculative-decoding.md); off unless given"},
               {"no-async-scheduling", "",
                "run each step serially (schedule, launch, wait, apply); the reference for the overlapped "
                "loop"},

@@ -461,6 +461,7 @@ void Engine::loop() {
     bool device = im.device_sampling && !im.spec;
     im.dsamp.clear();
     TraceSpan build(tr, lane, "build batch");
+    if (im.spec) im.spec->begin_step(int(im.chunks.size()));  // the gate: how many drafts this step
     for (size_t i = 0; i < im.chunks.size(); ++i) {
       const Chunk& c = im.chunks[i];
       const Seq* s = c.seq;

@@ -35,9 +35,14 @@ SpecConfig parse_spec_config(const std::string& text) {
       BELUGA_CHECK(v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 1,
                    "--speculative-config: \"synthetic_acceptance\" must be a number in [0, 1]");
       c.synthetic_acceptance = v.get<double>();
+    } else if (key == "gating") {
+      const std::string g = v.is_string() ? v.get<std::string>() : "";
+      BELUGA_CHECK(g == "cost" || g == "fixed",
+                   "--speculative-config: \"gating\" must be \"cost\" or \"fixed\"");
+      c.fixed_gating = g == "fixed";
     } else {
       throw Error(str("--speculative-config: unknown key \"", key,
-                      "\" (known: method, num_speculative_tokens, synthetic_acceptance)"));
+                      "\" (known: method, num_speculative_tokens, gating, synthetic_acceptance)"));
     }
   }
   BELUGA_CHECK(c.method != SpecConfig::Method::kNone, "--speculative-config: \"method\" is required");

@@ -7,17 +7,23 @@
 namespace beluga {
 
 SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows)
-    : model_(model), cfg_(cfg) {
+    : model_(model), cfg_(cfg), gate_(cfg.num_speculative_tokens, cfg.fixed_gating) {
   BELUGA_CHECK(cfg.enabled(), "speculative decoding is not configured");
   BELUGA_CHECK(model.has_mtp(), "--speculative-config: method \"mtp\" needs a model with an MTP module ",
                "(num_nextn_predict_layers > 0 and its weights in the checkpoint); this model has none");
   Ops& ops = model.ops();
   const int64_t D = model.config().hidden_size;
   mtp_kv_ = model.make_mtp_kv_cache(num_blocks);
-  hidden_ = ops.alloc_persistent(ops.act_dtype(), {max_rows, D});
-  mtp_in_ = ops.alloc_persistent(ops.act_dtype(), {max_rows, D});
-  mtp_out_ = ops.alloc_persistent(ops.act_dtype(), {max_rows, D});
+  // Graph-replayed steps compute padded rows (up to DecodeGraphs::kMaxTokens) into these too.
+  const int64_t rows = std::max<int64_t>(max_rows, DecodeGraphs::kMaxTokens);
+  hidden_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
+  mtp_in_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
+  mtp_out_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   stats_.accepted_per_position.assign(size_t(cfg.num_speculative_tokens), 0);
+}
+
+void SpecDecoder::begin_step(int num_seqs) {
+  step_k_ = gate_.choose(num_seqs);
 }
 
 int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sample_row, Batch& b) {
@@ -33,10 +39,15 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sa
   if (eligible && !c.sample) {
     p.next_token = s.tokens[size_t(c.start + c.len)];
   } else if (eligible) {
+    p.decode = c.len == 1 && c.start + 1 == p.length;
+    if (p.decode && step_k_ == 0) {  // gated off: a plain decode (no drafts, no MTP pass)
+      p.mtp = false;
+      s.draft.clear();
+      return 0;
+    }
     p.sample_row = sample_row;
     // Drafts follow the token they were proposed after: only for the decode of the last token.
-    if (c.len == 1 && c.start + 1 == p.length)
-      k = std::min(int(s.draft.size()), std::max(0, p.max_length - p.length));
+    if (p.decode) k = std::min({int(s.draft.size()), step_k_, std::max(0, p.max_length - p.length)});
     b.tokens.insert(b.tokens.end(), s.draft.begin(), s.draft.begin() + k);
     const int last = b.logit_rows.back();
     for (int j = 1; j <= k; ++j) b.logit_rows.push_back(last + j);
@@ -97,21 +108,27 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
       next = target(a);
     }
     accepted_[size_t(i)] = a;
-    int rows = chunk_len + a;
-    if (next < 0) --rows;  // defensive: no known successor for the last position
-    if (rows <= 0) continue;
+    int valid = chunk_len + a;  // rows whose next token is known
+    if (next < 0) --valid;      // defensive: no known successor for the last position
+    if (valid <= 0) continue;
+    // A sampled chunk's MTP rows are all its verify rows, so the MTP step's shape does not depend on
+    // acceptance (graphs); rows past `valid` write MTP KV at positions the next step rewrites first.
+    const int rows = p.sample_row >= 0 ? sc.query_len : valid;
     const int first = int(mb_.tokens.size());
     for (int r = 0; r < rows; ++r) {
-      mb_.tokens.push_back(r + 1 < chunk_len + a ? b.tokens[size_t(row0 + r + 1)] : next);
+      // x_{i+1} of row r; rows past the known ones take their own token (any id: never read).
+      mb_.tokens.push_back(r >= valid              ? b.tokens[size_t(row0 + r)]
+                           : r + 1 < chunk_len + a ? b.tokens[size_t(row0 + r + 1)]
+                                                   : next);
       gather_.push_back(row0 + r);
     }
     mb_.seqs.push_back({sc.context_len, rows, sc.block_table});
-    // Proposals: as many as fit before the sequence's maximum length after this step.
-    const int propose = p.sample_row >= 0 ? std::min(K, p.max_length - (p.length + a + 1)) : 0;
+    // Proposals: as many as the gate asks for and fit before the sequence's maximum length.
+    const int propose = p.sample_row >= 0 ? std::min(step_k_, p.max_length - (p.length + a + 1)) : 0;
     if (propose > 0 && next >= 0) {
-      mb_.logit_rows.push_back(first + rows - 1);
+      mb_.logit_rows.push_back(first + valid - 1);
       seq_of_.push_back(i);
-      last_pos_.push_back(sc.context_len + rows - 1);
+      last_pos_.push_back(sc.context_len + valid - 1);
       draft_len_[size_t(i)] = propose;
     }
   }
@@ -164,8 +181,24 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   }
 }
 
+int SpecDecoder::steady_shape() const {
+  if (plan_.empty()) return -1;
+  const int k = plan_[0].mtp ? plan_[0].num_draft : 0;
+  for (const Plan& p : plan_)
+    if (!p.decode || p.num_draft != k || p.mtp != (k > 0) || (k > 0 && p.sample_row < 0)) return -1;
+  return k;
+}
+
 void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler) {
   const int K = cfg_.num_speculative_tokens;
+  // The period since the previous step's results is this step's cost: a steady decode step was
+  // launched in the iteration that applied the previous one, so idle time rarely falls inside (the
+  // gate drops outliers).
+  const auto now = std::chrono::steady_clock::now();
+  if (last_apply_.time_since_epoch().count() != 0)
+    if (const int k = steady_shape(); k >= 0)
+      gate_.observe_cost(int(plan_.size()), k, std::chrono::duration<double>(now - last_apply_).count());
+  last_apply_ = now;
   commit_.clear();
   for (size_t i = 0; i < plan_.size(); ++i) {
     const Plan& p = plan_[i];
@@ -174,6 +207,7 @@ void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& fi
     if (!s) continue;  // aborted while the step ran
     const int a = accepted_[i];
     if (p.num_draft > 0) {
+      gate_.observe_acceptance(p.num_draft, a);
       stats_.drafts++;
       stats_.draft_tokens += p.num_draft;
       stats_.accepted_tokens += a;

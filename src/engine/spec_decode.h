@@ -7,8 +7,18 @@
 // its own that shares the main cache's block tables, so rolling back a sequence's length rolls back
 // both) and, chained on its own output, proposes the next step's drafts.
 //
-// Threads: plan_chunk() and after_apply() run on the engine thread between steps, run_step() on the
-// model runner's thread during one (ModelRunner calls it instead of Model::forward). The engine runs
+// Gating (SpecGate): before each step the engine calls begin_step(); the gate picks how many drafts the
+// step's decode sequences verify and propose (0: they decode plainly, without the MTP pass, and the
+// step overlaps as a plain one). after_apply() feeds it each steady decode step's period and the
+// drafts accepted. Positions decoded plainly get no MTP KV: drafts proposed later attend over those
+// stale entries (acceptance may drop; output never changes, verification decides it).
+// Verify and MTP steps of one uniform shape replay CUDA graphs (DecodeGraphs): every decode sequence
+// verifies the same number of drafts, and the MTP pass runs over all verify rows of a decode sequence
+// (rows past the accepted prefix write MTP KV at positions the next step overwrites before anything
+// reads them), so its shape does not depend on acceptance.
+//
+// Threads: begin_step(), plan_chunk() and after_apply() run on the engine thread between steps, run_step() on
+// the model runner's thread during one (ModelRunner calls it instead of Model::forward). The engine runs
 // steps one after another while a step speculates (the next step's chunks depend on what it accepts);
 // steps without speculating sequences overlap as usual.
 //
@@ -19,6 +29,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -26,6 +37,7 @@
 
 #include "engine/scheduler.h"
 #include "engine/spec_config.h"
+#include "engine/spec_gate.h"
 #include "model/model.h"
 
 namespace beluga {
@@ -50,6 +62,11 @@ class SpecDecoder {
   // into `b`. For an eligible sequence (greedy on raw logits) whose chunk is the decode of its last
   // token, appends its drafts to the chunk's query and their logit rows; returns how many.
   int plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sample_row, Batch& b);
+  // Engine thread, before plan_chunk() for a step of `num_seqs` sequences: asks the gate for its draft
+  // count.
+  void begin_step(int num_seqs);
+  int step_drafts() const { return step_k_; }
+  const SpecGate& gate() const { return gate_; }
   // Runner thread: the step's forward, the verification and the MTP pass (proposals for the next step).
   void run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt);
   // Engine thread, after the step's rows were applied: drafts accepted by batch sequence i (its rows
@@ -75,7 +92,11 @@ class SpecDecoder {
     int next_token = -1;  // not sampled: the token after the chunk
     int length = 0;       // the sequence's tokens before this step
     int max_length = 0;
+    bool decode = false;  // the chunk decodes the sequence's last token and samples
   };
+  // The draft count of the step just applied if it was a steady decode step (every sequence a decode
+  // verifying that many drafts, or all plain for 0), else -1.
+  int steady_shape() const;
   int argmax(const float* logits, int row) const;
 
   Model& model_;
@@ -95,6 +116,9 @@ class SpecDecoder {
   std::vector<Chunk> commit_;  // engine thread
   std::mt19937_64 rng_{0x5eed};
   SpecStats stats_;
+  SpecGate gate_;
+  int step_k_ = 0;  // drafts of the step being planned / in flight (gate's choice)
+  std::chrono::steady_clock::time_point last_apply_{};
 };
 
 }  // namespace beluga

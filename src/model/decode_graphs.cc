@@ -10,7 +10,17 @@ namespace beluga {
 
 namespace {
 
-constexpr int kFields = 5;  // ids, positions, slots, rows, context_len; then query_start, block table
+// Token-row fields (ids, positions, slots, logit rows) of kMaxTokens each, then context_len
+// [kMaxBatch], query_start [kMaxBatch + 1] and the block table.
+constexpr int kTokenFields = 4;
+constexpr size_t kOffCtx = size_t(kTokenFields) * DecodeGraphs::kMaxTokens;
+constexpr size_t kOffQs = kOffCtx + DecodeGraphs::kMaxBatch;
+constexpr size_t kOffBt = kOffQs + DecodeGraphs::kMaxBatch + 1;
+
+// Whether every row is a logit row, in order (else: one logit row inside each sequence's rows).
+bool all_rows(const StepPlan& p) {
+  return int(p.logit_rows.size()) == p.num_seqs * p.max_query_len;
+}
 
 }  // namespace
 
@@ -28,9 +38,8 @@ DecodeGraphs::DecodeGraphs(Ops& ops, int max_positions)
     : ops_(ops),
       width_cap_(
           int(std::bit_ceil(unsigned(std::max(1, (max_positions + kKvBlockSize - 1) / kKvBlockSize))))),
-      inputs_(ops.alloc_persistent(
-          DType::kI32, {int64_t(kFields) * kMaxBatch + kMaxBatch + 1 + int64_t(kMaxBatch) * width_cap_})),
-      greedy_ids_(ops.alloc_persistent(DType::kI32, {kMaxBatch})),
+      inputs_(ops.alloc_persistent(DType::kI32, {int64_t(kOffBt) + int64_t(kMaxBatch) * width_cap_})),
+      greedy_ids_(ops.alloc_persistent(DType::kI32, {kMaxTokens})),
       epoch_(ops.scratch_epoch()) {}
 
 DecodeGraphs::~DecodeGraphs() {
@@ -43,10 +52,19 @@ void DecodeGraphs::drop() {
 }
 
 bool DecodeGraphs::qualifies(const StepPlan& p) {
-  if (p.num_seqs < 1 || p.num_seqs > kMaxBatch || p.max_query_len != 1) return false;
-  if (int(p.tokens.size()) != p.num_seqs || int(p.logit_rows.size()) != p.num_seqs) return false;
-  for (int i = 0; i < p.num_seqs; ++i)
-    if (p.logit_rows[size_t(i)] != i) return false;
+  const int S = p.num_seqs, Q = p.max_query_len;
+  if (S < 1 || S > kMaxBatch || Q < 1 || Q > kMaxQuery || batch_bucket(S) * Q > kMaxTokens) return false;
+  if (int(p.tokens.size()) != S * Q) return false;
+  for (int i = 0; i <= S; ++i)
+    if (p.query_start[size_t(i)] != i * Q) return false;
+  if (all_rows(p)) {
+    for (int r = 0; r < S * Q; ++r)
+      if (p.logit_rows[size_t(r)] != r) return false;
+    return true;
+  }
+  if (int(p.logit_rows.size()) != S) return false;
+  for (int i = 0; i < S; ++i)
+    if (p.logit_rows[size_t(i)] < i * Q || p.logit_rows[size_t(i)] >= (i + 1) * Q) return false;
   return true;
 }
 
@@ -58,61 +76,69 @@ int DecodeGraphs::batch_bucket(int n) {
   return kMaxBatch;
 }
 
-void DecodeGraphs::run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy) {
-  const int S = p.num_seqs, B = batch_bucket(S);
+void DecodeGraphs::run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy, Variant variant) {
+  const int S = p.num_seqs, B = batch_bucket(S), Q = p.max_query_len;
   const int W = int(std::bit_ceil(unsigned(std::max(1, p.max_blocks))));
   BELUGA_CHECK(qualifies(p) && W <= width_cap_, "DecodeGraphs: step does not qualify");
   if (ops_.scratch_epoch() != epoch_) {  // scratch was reallocated: recorded addresses are stale
     drop();
     epoch_ = ops_.scratch_epoch();
   }
+  const bool all = all_rows(p);
+  const int T = B * Q, R = all ? T : B;  // rows and logit rows of the padded step
 
-  // Inputs, padded to B rows: padding rows repeat row 0 (valid cache reads) but write no KV.
-  const size_t off_qs = size_t(kFields) * kMaxBatch, off_bt = off_qs + kMaxBatch + 1;
-  host_.assign(off_bt + size_t(B) * W, 0);
+  // Inputs, padded to B sequences: padding sequences repeat sequence 0 (valid cache reads) but write
+  // no KV.
+  host_.assign(kOffBt + size_t(B) * W, 0);
   for (int i = 0; i < B; ++i) {
     const int src = i < S ? i : 0;
-    host_[size_t(0 * kMaxBatch + i)] = p.tokens[size_t(src)];
-    host_[size_t(1 * kMaxBatch + i)] = p.positions[size_t(src)];
-    host_[size_t(2 * kMaxBatch + i)] = i < S ? p.slots[size_t(i)] : -1;
-    host_[size_t(3 * kMaxBatch + i)] = i;
-    host_[size_t(4 * kMaxBatch + i)] = p.context_len[size_t(src)];
-    host_[off_qs + size_t(i)] = i;
+    for (int j = 0; j < Q; ++j) {
+      const size_t r = size_t(i) * Q + j, from = size_t(src) * Q + j;
+      host_[0 * kMaxTokens + r] = p.tokens[from];
+      host_[1 * kMaxTokens + r] = p.positions[from];
+      host_[2 * kMaxTokens + r] = i < S ? p.slots[from] : -1;
+    }
+    host_[kOffCtx + size_t(i)] = p.context_len[size_t(src)];
+    host_[kOffQs + size_t(i)] = i * Q;
     std::copy_n(p.block_table.begin() + int64_t(src) * p.max_blocks, p.max_blocks,
-                host_.begin() + int64_t(off_bt) + int64_t(i) * W);
+                host_.begin() + int64_t(kOffBt) + int64_t(i) * W);
   }
-  host_[off_qs + size_t(B)] = B;
+  for (int r = 0; r < R; ++r)
+    host_[3 * size_t(kMaxTokens) + size_t(r)] =
+        all ? r : (r < S ? p.logit_rows[size_t(r)] : r * Q + p.logit_rows[0]);
+  host_[kOffQs + size_t(B)] = T;
   ops_.copy_from_host(inputs_.rows(0, int64_t(host_.size())), host_.data());
 
   auto field = [&](size_t off, int64_t n) { return inputs_.rows(int64_t(off), int64_t(off) + n); };
-  const Tensor ids = field(0, B), pos = field(kMaxBatch, B), rows = field(3 * size_t(kMaxBatch), B);
+  const Tensor ids = field(0, T), pos = field(kMaxTokens, T), rows = field(3 * size_t(kMaxTokens), R);
   AttnMeta meta;
   meta.num_seqs = B;
-  meta.num_tokens = B;
+  meta.num_tokens = T;
   meta.block_size = kKvBlockSize;
   meta.max_blocks = W;
-  meta.slot_mapping = field(2 * size_t(kMaxBatch), B).ptr<const int32_t>();
+  meta.slot_mapping = field(2 * size_t(kMaxTokens), T).ptr<const int32_t>();
   meta.positions = pos.ptr<const int32_t>();
-  meta.context_len = field(4 * size_t(kMaxBatch), B).ptr<const int32_t>();
-  meta.query_start = field(off_qs, B + 1).ptr<const int32_t>();
-  meta.block_table = field(off_bt, int64_t(B) * W).ptr<const int32_t>();
+  meta.context_len = field(kOffCtx, B).ptr<const int32_t>();
+  meta.query_start = field(kOffQs, B + 1).ptr<const int32_t>();
+  meta.block_table = field(kOffBt, int64_t(B) * W).ptr<const int32_t>();
   // Host copies describe the bucket, not this step: kernels size their grids for W blocks of keys and
   // read each sequence's real length on the device, so one graph serves every context up to W blocks.
   meta.h_query_start.resize(size_t(B) + 1);
-  for (int i = 0; i <= B; ++i) meta.h_query_start[size_t(i)] = i;
-  meta.h_context_len.assign(size_t(B), W * kKvBlockSize - 1);
+  for (int i = 0; i <= B; ++i) meta.h_query_start[size_t(i)] = i * Q;
+  meta.h_context_len.assign(size_t(B), W * kKvBlockSize - Q);
+  const int real_rows = all ? S * Q : S;
 
-  const auto key = std::make_pair(B, W);
+  const Key key{B, Q, all, W, variant};
   auto it = graphs_.find(key);
   if (it != graphs_.end()) {
     ops_.replay(it->second.id);
     // Not scratch: a replay does not advance the scratch cursor, so scratch would alias the graph's.
-    read_logits(ops_, it->second.logits.rows(0, S), logits, greedy, greedy_ids_);
+    read_logits(ops_, it->second.logits.rows(0, real_rows), logits, greedy, greedy_ids_);
     return;
   }
   // First step of this shape: run it eagerly (its result is this step's), then record it.
-  Tensor lg = body(meta, ids, pos, rows);
-  read_logits(ops_, lg.rows(0, S), logits, greedy);
+  Tensor lg = body(meta, ids, pos, rows, Q);
+  read_logits(ops_, lg.rows(0, real_rows), logits, greedy);
   ops_.reset_scratch();  // may merge scratch chunks the eager run grew
   if (ops_.scratch_epoch() != epoch_) {
     drop();
@@ -121,7 +147,7 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, float* logits, int32
   ops_.begin_capture();
   Graph g;
   try {
-    g.logits = body(meta, ids, pos, rows);
+    g.logits = body(meta, ids, pos, rows, Q);
   } catch (...) {
     ops_.release_graph(ops_.end_capture());
     throw;

@@ -1,15 +1,22 @@
 // DecodeGraphs: replays recorded decode steps (CUDA graphs) so a decode step costs one launch instead
-// of one per op. A step qualifies when every sequence brings exactly one new token and wants its
-// logits. Steps are padded to a batch bucket (extra rows copy row 0 and write no KV) and to a
-// power-of-two block-table width, and one graph is recorded per (batch bucket, width) on first use:
-// that first step runs eagerly (warming lazy state: cuBLAS, converted weights, expert tables), then
-// is captured. Inputs live in one persistent device buffer the graphs read. Graphs are dropped when
-// the backend reallocates its scratch memory (Ops::scratch_epoch).
+// of one per op. A step qualifies when every sequence brings the same number Q of new tokens (1 for
+// plain decode, 1 + K for a speculative verify step) and the logit rows are either every row in order
+// or one row inside each sequence's own rows (an MTP proposal step). Steps are padded to a batch
+// bucket (extra sequences copy sequence 0 and write no KV) and to a power-of-two block-table width,
+// and one graph is recorded per (batch bucket, Q, logit-row kind, width, variant) on first use: that
+// first step runs eagerly (warming lazy state: cuBLAS, converted weights, expert tables), then is
+// captured. `variant` names the fixed addresses the body reads and writes besides its inputs (the KV
+// cache, the persistent final-hidden buffer a verify step fills), so a graph never replays against
+// another cache or with other side outputs. Inputs live in one
+// persistent device buffer the graphs read. Graphs are dropped when the backend reallocates its
+// scratch memory (Ops::scratch_epoch).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -32,8 +39,12 @@ void read_logits(Ops& ops, const Tensor& logits, float* host, int32_t* greedy, T
 class DecodeGraphs {
  public:
   // The step body: from device inputs to the F32 logits [rows, vocab] of the step's logit rows.
+  // `max_query_len` is the step's Q.
+  // What else the body reads or writes at fixed addresses (the KV cache, side-output and input
+  // buffers): a graph recorded against one engine's cache must never replay against another's.
+  using Variant = std::array<const void*, 3>;
   using Body = std::function<Tensor(const AttnMeta& meta, const Tensor& ids, const Tensor& positions,
-                                    const Tensor& logit_rows)>;
+                                    const Tensor& logit_rows, int max_query_len)>;
 
   // `max_positions` bounds the block-table width the input buffer holds.
   DecodeGraphs(Ops& ops, int max_positions);
@@ -41,12 +52,22 @@ class DecodeGraphs {
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
 
-  static constexpr int kMaxBatch = 256;
-  // Whether the step can be replayed: all sequences decode one token and every row is a logit row.
+  static constexpr int kMaxBatch = 256;   // sequences of one graph
+  static constexpr int kMaxTokens = 512;  // token rows of one graph (batch bucket x Q)
+  // Query rows per sequence: a verify step's 1 + K (K <= 8). Longer chunks are prefill, whose kernels
+  // plan on the host from each sequence's real lengths, so they run eager.
+  static constexpr int kMaxQuery = 9;
+  // Whether the step can be replayed: uniform query length up to kMaxQuery, logit rows of one of the
+  // two kinds, and at most kMaxTokens rows once padded.
   static bool qualifies(const StepPlan& p);
+  // The batch bucket a step of `n` sequences is padded to, and the token rows its graph computes
+  // (side-output buffers such as final hidden states must hold that many rows).
+  static int batch_bucket(int n);
+  static int padded_rows(const StepPlan& p) { return batch_bucket(p.num_seqs) * p.max_query_len; }
   // Runs the step (replaying or recording its graph) and copies its logits to `logits` (host), or
   // with `greedy` each row's argmax instead (see read_logits).
-  void run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy = nullptr);
+  void run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy = nullptr,
+           Variant variant = {});
   int num_graphs() const { return int(graphs_.size()); }
 
  private:
@@ -54,16 +75,17 @@ class DecodeGraphs {
     int id = -1;
     Tensor logits;  // where the graph leaves its logits
   };
-  static int batch_bucket(int n);
+  // (batch bucket, Q, every row a logit row, width, variant)
+  using Key = std::tuple<int, int, bool, int, Variant>;
   void drop();
 
   Ops& ops_;
-  int width_cap_;      // block-table columns the input buffer holds
-  Tensor inputs_;      // persistent I32: ids, positions, slots, rows, context_len [kMaxBatch] each, query
-                       // start [kMaxBatch + 1], then the block table [kMaxBatch, width_cap_]
+  int width_cap_;  // block-table columns the input buffer holds
+  Tensor inputs_;  // persistent I32: ids, positions, slots, rows [kMaxTokens] each, context_len
+                   // [kMaxBatch], query start [kMaxBatch + 1], then the block table [kMaxBatch, width_cap_]
   Tensor greedy_ids_;  // argmax rows of a replayed step
   std::vector<int32_t> host_;
-  std::map<std::pair<int, int>, Graph> graphs_;  // (batch bucket, width) -> graph
+  std::map<Key, Graph> graphs_;
   uint64_t epoch_ = 0;
 };
 

@@ -252,8 +252,11 @@ Tensor Model::sample_logits(const Tensor& lg) {
 void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   ops_.reset_scratch();
   const StepPlan p = plan_step(b, kv);
-  const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture && !opt.final_hidden &&
-                     opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p);
+  // A verify step's final hidden states are written by the graph too, into the caller's persistent
+  // buffer (the graph's variant), which must hold the padded rows.
+  const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture &&
+                     opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p) &&
+                     (!opt.final_hidden || opt.final_hidden->shape[0] >= DecodeGraphs::padded_rows(p));
   if (opt.sampling) {
     BELUGA_CHECK(opt.sampled, "ForwardOptions::sampling needs `sampled`");
     upload_sampling(*opt.sampling, p.logit_rows.size());
@@ -261,22 +264,21 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
   if (graph && opt.sampling) {
     if (!sample_graphs_) sample_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
     // The body's output is the sampled rows: DecodeGraphs copies them back as it would logits (bytes).
-    sample_graphs_->run(
-        p,
-        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows) {
-          return sample_logits(step_body(meta, ids, pos, rows, kv, opt, 1));
-        },
-        reinterpret_cast<float*>(opt.sampled));
+    sample_graphs_->run(p,
+                        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
+                            int q) { return sample_logits(step_body(meta, ids, pos, rows, kv, opt, q)); },
+                        reinterpret_cast<float*>(opt.sampled), nullptr,
+                        {kv.layers[0].data, opt.final_hidden ? opt.final_hidden->data : nullptr, nullptr});
     return;
   }
   if (graph) {
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
-    graphs_->run(
-        p,
-        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows) {
-          return step_body(meta, ids, pos, rows, kv, opt, 1);
-        },
-        logits, opt.greedy_tokens);
+    graphs_->run(p,
+                 [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
+                   return step_body(meta, ids, pos, rows, kv, opt, q);
+                 },
+                 logits, opt.greedy_tokens,
+                 {kv.layers[0].data, opt.final_hidden ? opt.final_hidden->data : nullptr, nullptr});
     return;
   }
 

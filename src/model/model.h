@@ -70,9 +70,12 @@ class Model {
   bool has_sampler() const { return sampler_ != nullptr; }
   // Most logit rows and mask rows one step may sample on the device.
   static constexpr int kMaxSampleRows = 4096, kMaxMaskRows = 256;
+  // Graphs recorded for forward() (plain and sampling decode; verify steps replay theirs too) and for
+  // mtp_forward() (proposal steps).
   int num_graphs() const {
     return (graphs_ ? graphs_->num_graphs() : 0) + (sample_graphs_ ? sample_graphs_->num_graphs() : 0);
   }
+  int num_mtp_graphs() const { return mtp_graphs_ ? mtp_graphs_->num_graphs() : 0; }
 
   // The MTP module (mtp.h), when the checkpoint has one (num_nextn_predict_layers > 0).
   bool has_mtp() const { return mtp_ != nullptr; }
@@ -81,6 +84,8 @@ class Model {
   // i = context_len + j of its sequence, i.e. a sequence's MTP positions are its main positions.
   // Writes MTP KV into `kv`, the logits (or argmaxes, opt.greedy_tokens) of batch.logit_rows like
   // forward(), and, with opt.final_hidden, its own normed output per row (the next chained row's h).
+  // Steps of uniform query length replay graphs as forward() does, when `hidden` and
+  // opt.final_hidden hold the padded rows (DecodeGraphs::padded_rows).
   void mtp_forward(const Batch& batch, const Tensor& hidden, KvCache& kv, float* logits,
                    const ForwardOptions& opt = {});
 
@@ -111,6 +116,9 @@ class Model {
   // Loads the MTP module's own weights (mtp.cc); its decoder layer is the architecture's layer
   // cfg_.num_layers, loaded by the architecture.
   void load_mtp(WeightSource& src);
+  // The MTP step from device inputs (mtp.cc), the body of mtp_forward's eager and graph paths.
+  Tensor mtp_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
+                  const Tensor& hidden, KvCache& kv, const ForwardOptions& opt, int max_query_len);
   // Embedding, layers, then the F32 logits [rows, vocab] of the given rows (none: empty `rows`).
   // Virtual for architectures whose step is not a stack of pre-norm residual layers (DeepSeek-V4).
   virtual Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
@@ -128,7 +136,8 @@ class Model {
   int64_t n_params_ = 0;
   int max_positions_ = 0;
   bool enforce_eager_ = false;
-  std::unique_ptr<DecodeGraphs> graphs_;  // made on the first step that qualifies
+  std::unique_ptr<DecodeGraphs> graphs_;      // made on the first step that qualifies
+  std::unique_ptr<DecodeGraphs> mtp_graphs_;  // the MTP module's, likewise
   // Device sampling: the sampler, its inputs (persistent, so recorded graphs read this step's), and
   // the decode graphs whose body ends in the sampler (a graph per shape, as graphs_ keeps; their
   // output is the sampled rows, not the logits).

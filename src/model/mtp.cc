@@ -30,18 +30,10 @@ KvCache Model::make_mtp_kv_cache(int num_blocks) const {
   return kv;
 }
 
-void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float* logits,
-                        const ForwardOptions& opt) {
-  BELUGA_CHECK(mtp_, "the model has no MTP module");
+Tensor Model::mtp_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
+                       const Tensor& hidden, KvCache& kv, const ForwardOptions& opt, int max_query_len) {
   const MtpWeights& m = *mtp_;
-  // The caller's hidden rows are persistent; scratch from here on is this step's.
-  ops_.reset_scratch();
-  const StepPlan p = plan_step(b, kv, 1);
-  const int64_t T = int64_t(p.tokens.size()), D = cfg_.hidden_size;
-  BELUGA_CHECK(hidden.ndim == 2 && hidden.shape[0] >= T && hidden.shape[1] == D,
-               "MTP hidden input has the wrong shape");
-  Tensor ids, pos;
-  const AttnMeta meta = upload_meta(p, &ids, &pos);
+  const int64_t T = meta.num_tokens, D = cfg_.hidden_size;
   const DType act = ops_.act_dtype();
   const float eps = float(cfg_.rms_norm_eps);
 
@@ -58,22 +50,59 @@ void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float
   Tensor xn = ops_.scratch(act, {T, D});
   Tensor sum = ops_.scratch(act, {T, D});
   Tensor attn = attention(m.layer, NormedInput{x, {}, n.input, xn, eps, {}}, meta, pos, kv.layers[0], opt,
-                          p.max_query_len);
+                          max_query_len);
   Tensor ff = ops_.scratch(act, {T, D});
   feed_forward(m.layer, NormedInput{x, attn, n.post, xn, eps, sum}, ff);
   Tensor out = ops_.scratch(act, {T, D});
   ops_.add_rmsnorm(sum, ff, out, m.head_norm, eps);
   if (opt.final_hidden) ops_.copy(opt.final_hidden->rows(0, T), out);
-  if (p.logit_rows.empty()) return;
+  if (rows.empty()) return {};
 
-  const int64_t R = int64_t(p.logit_rows.size());
-  Tensor rows = ops_.scratch(DType::kI32, {R});
-  ops_.copy_from_host(rows, p.logit_rows.data());
+  const int64_t R = rows.numel();
   Tensor sel = ops_.scratch(act, {R, D});
   ops_.gather_rows(sel, out, rows);
   Tensor lg = ops_.scratch(DType::kF32, {R, cfg_.vocab_size});
   ops_.linear(lg, sel, m.head.w.empty() ? lm_head_ : m.head);
-  read_logits(ops_, lg, logits, opt.greedy_tokens);
+  return lg;
+}
+
+void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float* logits,
+                        const ForwardOptions& opt) {
+  BELUGA_CHECK(mtp_, "the model has no MTP module");
+  // The caller's hidden rows are persistent; scratch from here on is this step's.
+  ops_.reset_scratch();
+  const StepPlan p = plan_step(b, kv, 1);
+  const int64_t T = int64_t(p.tokens.size()), D = cfg_.hidden_size;
+  BELUGA_CHECK(hidden.ndim == 2 && hidden.shape[0] >= T && hidden.shape[1] == D,
+               "MTP hidden input has the wrong shape");
+  // Padded rows read `hidden` too (finite values: the caller's buffers start zeroed).
+  const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture &&
+                     opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p) &&
+                     hidden.shape[0] >= DecodeGraphs::padded_rows(p) &&
+                     (!opt.final_hidden || opt.final_hidden->shape[0] >= DecodeGraphs::padded_rows(p));
+  if (graph) {
+    if (!mtp_graphs_) mtp_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
+    // The graph reads `hidden` and writes the cache and opt.final_hidden at fixed addresses: all three
+    // name its variant.
+    const DecodeGraphs::Variant variant{kv.layers[0].data, hidden.data,
+                                        opt.final_hidden ? opt.final_hidden->data : nullptr};
+    mtp_graphs_->run(
+        p,
+        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
+          return mtp_body(meta, ids, pos, rows, hidden, kv, opt, q);
+        },
+        logits, opt.greedy_tokens, variant);
+    return;
+  }
+  Tensor ids, pos;
+  const AttnMeta meta = upload_meta(p, &ids, &pos);
+  Tensor rows;
+  if (!p.logit_rows.empty()) {
+    rows = ops_.scratch(DType::kI32, {int64_t(p.logit_rows.size())});
+    ops_.copy_from_host(rows, p.logit_rows.data());
+  }
+  Tensor lg = mtp_body(meta, ids, pos, rows, hidden, kv, opt, p.max_query_len);
+  if (!lg.empty()) read_logits(ops_, lg, logits, opt.greedy_tokens);
 }
 
 }  // namespace beluga

@@ -49,14 +49,17 @@ class SpecDecodeTest : public ::testing::Test {
     s += std::to_string(i);
     return s;
   }
-  static EngineConfig config(int k, int blocks = 64) {
+  // Fixed gating unless `gating` says otherwise: the statistics below assume every step verifies K.
+  static EngineConfig config(int k, int blocks = 64, const char* gating = "fixed") {
     EngineConfig ec;
     ec.num_kv_blocks = blocks;
     ec.max_num_seqs = 16;
     ec.max_model_len = 256;
     std::string j = R"({"method":"mtp","num_speculative_tokens":)";
     j += std::to_string(k);
-    j += "}";
+    j += R"(,"gating":")";
+    j += gating;
+    j += "\"}";
     if (k > 0) ec.speculative = parse_spec_config(j);
     return ec;
   }
@@ -130,6 +133,25 @@ TEST_F(SpecDecodeTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
     }
     EXPECT_EQ(sum, st.spec_accepted_tokens);
     EXPECT_LT(st.steps, base_st.steps) << "K=" << k << ": several tokens per step";
+  }
+}
+
+// Cost gating switches between speculating and plain decode steps as its measurements say (it tries
+// every draft count first, so a run mixes them): the output stays the model's greedy output, and
+// drafts are still verified.
+TEST_F(SpecDecodeTest, CostGatedOutputIsTheSame) {
+  auto reqs = [&](Collector& c) {
+    std::vector<EngineRequest> v;
+    for (int i = 0; i < 6; ++i) v.push_back(greedy(name("c", i), prompt(12 + 5 * i, i + 30), 60 + 3 * i, c));
+    return v;
+  };
+  const Outcome base = run(config(0), reqs);
+  for (int k : {1, 3}) {
+    EngineStats st;
+    const Outcome o = run(config(k, 64, "cost"), reqs, &st);
+    EXPECT_EQ(o.tokens, base.tokens) << "K=" << k;
+    EXPECT_EQ(o.finish, base.finish) << "K=" << k;
+    EXPECT_GT(st.spec_draft_tokens, 0) << "K=" << k;
   }
 }
 
@@ -252,6 +274,12 @@ TEST(SpecConfigTest, ParsesVllmSpellingAndRefusesBadInput) {
   refuses(R"({"num_speculative_tokens":2})", "\"method\" is required");
   refuses(R"({"method":"mtp","num_speculative_tokens":1,"synthetic_acceptance":2})", "[0, 1]");
   refuses(R"({"method":"mtp","num_speculative_tokens":1,"draft_model":"x"})", "unknown key");
+  refuses(R"({"method":"mtp","num_speculative_tokens":1,"gating":"confident"})", "\"cost\" or \"fixed\"");
+  EXPECT_FALSE(c.fixed_gating);
+  EXPECT_TRUE(
+      parse_spec_config(R"({"method":"mtp","num_speculative_tokens":1,"gating":"fixed"})").fixed_gating);
+  EXPECT_FALSE(
+      parse_spec_config(R"({"method":"mtp","num_speculative_tokens":1,"gating":"cost"})").fixed_gating);
 }
 
 // A model without MTP layers (the dsv3-tiny fixture) cannot speculate with "mtp".
