@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "kvstore/fingerprint.h"
+#include "loader/id_tables_from.h"
 #include "loader/progress_source.h"
 #include "util/error.h"
 #include "util/progress.h"
@@ -84,7 +85,9 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   } else {
 #ifdef BELUGA_WITH_CUDA
     auto cuda = std::make_unique<CudaOps>();
-    if (fmt == "dummy") m.weights = std::make_unique<CudaDummyWeights>(*cuda);
+    if (fmt == "dummy")
+      m.weights = std::make_unique<IdTablesFrom>(std::make_unique<CudaDummyWeights>(*cuda),
+                                                 std::make_unique<DummyWeights>());
     m.ops = std::move(cuda);
 #endif
   }
@@ -98,7 +101,8 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   progress.finish();
   m.weights_digest = recorded.digest();
   m.config_path = ma.config_path;
-  m.model->set_enforce_eager(ma.enforce_eager);
+  // DeepSeek-V4's steps cannot be captured as decode graphs (deepseek_v4.cc): always eager.
+  m.model->set_enforce_eager(ma.enforce_eager || m.cfg.arch == Arch::kDeepseekV4);
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }
