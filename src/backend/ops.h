@@ -28,7 +28,7 @@ struct Weight {
 struct ExpertWeights {
   Weight gate, up, down;
   // > 0: gate x clamped to <= limit and up x to [-limit, limit] before silu(gate) * up (DeepSeek-V4).
-  // Only the CPU backend applies it so far; DeepSeek-V4 refuses other backends.
+  // CUDA applies it on its per-expert cuBLAS path, which it takes for such experts (eager steps).
   float swiglu_limit = 0;
 };
 
@@ -236,7 +236,7 @@ class Ops {
   virtual void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m,
                              int kv_heads, float scale) = 0;
 
-  // ---- DeepSeek-V4 (CPU only so far: the defaults throw "not supported on this backend yet") ----
+  // ---- DeepSeek-V4 (CPU and CUDA; the defaults throw "not supported on this backend yet") ----
   // Small parameters (bases, scales, biases, sinks) are F32; one sequence's rows at a time where a
   // row's position is its row index.
   //
@@ -286,7 +286,7 @@ class Ops {
 };
 
 [[noreturn]] inline void unsupported_on_backend(const char* op) {
-  fail(op, ": not supported on this backend yet (DeepSeek-V4 runs on the CPU backend only so far)");
+  fail(op, ": not supported on this backend yet (DeepSeek-V4 runs on the CPU and CUDA backends)");
 }
 
 inline void Ops::hc_weights(Tensor, Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&, int, float) {

@@ -127,8 +127,10 @@ ModelCost model_cost(const ModelConfig& c) {
 }
 
 // Cache bytes one decode step of one sequence at context `ctx` reads: every token's entry, or for
-// DeepSeek-V4 per layer the sliding window's K = V rows and the complete compressed entries (F32).
-double kv_read_per_seq(const ModelConfig& c, double ctx, double kv_bytes_per_token) {
+// DeepSeek-V4 per layer the sliding window's K = V rows and the complete compressed entries
+// (`value_bytes` each: F32 on the CPU, BF16 on CUDA).
+double kv_read_per_seq(const ModelConfig& c, double ctx, double kv_bytes_per_token,
+                       double value_bytes = 4.0) {
   if (c.arch != Arch::kDeepseekV4) return ctx * kv_bytes_per_token;
   const V4Config& v = c.v4;
   double values = 0;
@@ -140,7 +142,7 @@ double kv_read_per_seq(const ModelConfig& c, double ctx, double kv_bytes_per_tok
           std::floor(ctx / rate) *
           (c.head_dim + (v.attention[size_t(l)] == V4Attention::kCompressedSparse ? v.index_head_dim : 0));
   }
-  return values * 4.0;
+  return values * value_bytes;
 }
 
 // The --device cuda sweep's options, read before the model loads.
@@ -519,13 +521,17 @@ int bench_model_cuda(const CudaSweepOptions& o, LoadedModel& m) {
       // weight per token and absorbed attention (QK over 576, PV over 512 per head per cached token).
       const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, B)) : 0;
       const double avg_ctx = ctx + steps / 2.0 + 2;
+      // DeepSeek-V4 reads per layer its window's rows and the complete compressed entries (BF16), and
+      // spends 4 H flops per value read (QK and PV over the same K = V rows).
+      const bool v4 = c.arch == Arch::kDeepseekV4;
+      const double kv_seq = v4 ? kv_read_per_seq(c, avg_ctx, kvb, 2.0) : avg_ctx * kvb;
       r.bytes =
           2.0 * (cost.dense_params + cost.head_params + cost.moe_layers * touched * cost.expert_params) +
-          B * avg_ctx * kvb + (gpu_sample ? 0.0 : 4.0 * B * c.vocab_size);
+          B * kv_seq + (gpu_sample ? 0.0 : 4.0 * B * c.vocab_size);
       const double attn = c.is_mla() ? 2.0 * H * (c.kv_entry_dim() + c.kv_lora_rank) : 4.0 * H * c.head_dim;
-      r.flops = B * (2.0 * active + L * attn * avg_ctx);
+      r.flops = B * (2.0 * active + (v4 ? 2.0 * H * kv_seq : L * attn * avg_ctx));
       r.floor_ms = std::max(r.bytes / bw, r.flops / peak) * 1e3;
-      if (B == 1) {
+      if (B == 1 && !v4) {  // decode_streams knows the MLA and GQA layers' stages only
         const std::vector<DecodeStream> ds = decode_streams(c, kvb / L, avg_ctx);
         std::vector<int64_t> st;
         for (const DecodeStream& d : ds) st.push_back(d.bytes);

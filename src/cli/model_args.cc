@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "kvstore/fingerprint.h"
+#include "loader/id_tables_from.h"
 #include "loader/progress_source.h"
 #include "util/error.h"
 #include "util/progress.h"
@@ -85,7 +86,9 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   } else {
 #ifdef BELUGA_WITH_CUDA
     auto cuda = std::make_unique<CudaOps>();
-    if (fmt == "dummy") m.weights = std::make_unique<CudaDummyWeights>(*cuda);
+    if (fmt == "dummy")
+      m.weights = std::make_unique<IdTablesFrom>(std::make_unique<CudaDummyWeights>(*cuda),
+                                                 std::make_unique<DummyWeights>());
     m.ops = std::move(cuda);
 #endif
   }
@@ -99,9 +102,12 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   progress.finish();
   m.weights_digest = recorded.digest();
   m.config_path = ma.config_path;
-  m.model->set_enforce_eager(ma.enforce_eager);
+  // DeepSeek-V4's steps cannot be captured as decode graphs (deepseek_v4.cc): always eager, and it
+  // samples on the host (its forward does not take the device sampler yet).
+  const bool v4 = m.cfg.arch == Arch::kDeepseekV4;
+  m.model->set_enforce_eager(ma.enforce_eager || v4);
 #ifdef BELUGA_WITH_CUDA
-  if (ma.device == "cuda")
+  if (ma.device == "cuda" && !v4)
     m.model->set_sampler(std::make_unique<CudaSampleRows>(static_cast<CudaOps&>(*m.ops)));
 #endif
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

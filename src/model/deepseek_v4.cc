@@ -47,9 +47,11 @@ struct Layer {
 class DeepseekV4Model final : public Model {
  public:
   DeepseekV4Model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) : Model(cfg, ops) {
-    BELUGA_CHECK(ops.device() == Device::kCpu,
-                 "deepseek_v4 runs on the CPU backend only so far (--device cpu); CUDA is not supported yet");
     BELUGA_CHECK(!cfg.fp8, "deepseek_v4: FP8 checkpoints are not supported yet (bf16 weights only)");
+    // A step addresses the hybrid cache from the host block tables and uploads its gather lists, so it
+    // cannot be recorded once and replayed as a decode graph: every step runs eagerly (model_args.cc
+    // keeps it so whatever --enforce-eager says).
+    set_enforce_eager(true);
     const auto& c = cfg_;
     const V4Config& v = c.v4;
     const int64_t D = c.hidden_size, n = v.hc_mult, E = c.n_routed_experts, I = c.moe_intermediate_size,
@@ -130,11 +132,20 @@ class DeepseekV4Model final : public Model {
   Tensor load_f32(WeightSource& src, const std::string& name, std::initializer_list<int64_t> shape) {
     Tensor host = src.get(name, std::vector<int64_t>(shape), DType::kF32);
     const int64_t count = host.numel();
+    BELUGA_CHECK(host.dtype == DType::kF32 || host.dtype == DType::kBF16, name, ": unsupported dtype ",
+                 host.describe());
+    // A source may make its tensors on the device (dummy weights on CUDA): read them back first.
+    std::vector<unsigned char> staged;
+    if (host.device != Device::kCpu) {
+      staged.resize(size_t(host.nbytes()));
+      ops_.copy_to_host(host, staged.data());
+      host.data = staged.data();
+      host.device = Device::kCpu;
+    }
     std::vector<float> vals(static_cast<size_t>(count));
     if (host.dtype == DType::kF32) {
       for (int64_t i = 0; i < count; ++i) vals[size_t(i)] = host.ptr<const float>()[i];
     } else {
-      BELUGA_CHECK(host.dtype == DType::kBF16, name, ": unsupported dtype ", host.describe());
       for (int64_t i = 0; i < count; ++i) vals[size_t(i)] = bf16_to_f32(host.ptr<const uint16_t>()[i]);
     }
     Tensor t = shape.size() == 1 ? ops_.alloc_persistent(DType::kF32, {count})
@@ -223,7 +234,7 @@ class DeepseekV4Model final : public Model {
                 Block&& block) {
     const int64_t T = streams.shape[0], n = cfg_.v4.hc_mult, D = cfg_.hidden_size;
     const float eps = float(cfg_.rms_norm_eps);
-    Tensor flat = ops_.scratch(DType::kF32, {T, n * D});
+    Tensor flat = ops_.scratch(ops_.act_dtype(), {T, n * D});
     ops_.rmsnorm(flat, streams, ones_.rows(0, n * D), eps);
     Tensor mix = ops_.scratch(DType::kF32, {T, (2 + n) * n});
     ops_.linear(mix, flat, hc.fn);
@@ -278,7 +289,7 @@ class DeepseekV4Model final : public Model {
     Tensor last = ops_.scratch(act, {R, n * D});
     ops_.gather_rows(last, streams[cur], rows);
     // The hyper head: pre weights only, then the final norm.
-    Tensor flat = ops_.scratch(DType::kF32, {R, n * D});
+    Tensor flat = ops_.scratch(act, {R, n * D});
     ops_.rmsnorm(flat, last, ones_.rows(0, n * D), float(cfg_.rms_norm_eps));
     Tensor mix = ops_.scratch(DType::kF32, {R, n});
     ops_.linear(mix, flat, head_hc_.fn);

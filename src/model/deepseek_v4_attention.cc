@@ -53,7 +53,7 @@ struct SeqView {
 
 // The rows `slots` of `src` (a flat cache tensor, or a range of its columns).
 Tensor gather(Ops& ops, const Tensor& src, std::vector<int32_t>& slots) {
-  Tensor out = ops.scratch(DType::kF32, {int64_t(slots.size()), src.shape[1]});
+  Tensor out = ops.scratch(ops.act_dtype(), {int64_t(slots.size()), src.shape[1]});
   ops.gather_rows(out, src, upload_i32(ops, slots));
   return out;
 }
@@ -67,7 +67,7 @@ Tensor compress(Ops& ops, const ModelConfig& c, const V4Compressor& w, const Ten
   std::vector<int32_t> slots;
   for (int64_t p = ws * rate; p < w1 * rate; ++p) slots.push_back(s.token_slot(p));
   Tensor rows = gather(ops, proj, slots);
-  Tensor pooled = ops.scratch(DType::kF32, {w1 - ws, d});
+  Tensor pooled = ops.scratch(ops.act_dtype(), {w1 - ws, d});
   ops.compress_pool(pooled, rows.cols(0, width), rows.cols(width, 2 * width), w.ape, rate, overlap);
   Tensor out = pooled.rows(w0 - ws, w1 - ws);
   ops.rmsnorm(out, out, w.norm, float(c.rms_norm_eps));

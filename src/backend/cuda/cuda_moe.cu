@@ -535,7 +535,17 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
   const ExpertTable& tab = expert_table(experts, shared);
   BELUGA_CHECK(tab.d == D, "moe_experts: hidden size mismatch");
   const int E = int(experts.size()), ne = tab.ne;
-  const ExpertPath path = expert_path(T, K, E, D, experts[0].gate.out_features(), shared != nullptr);
+  ExpertPath path = expert_path(T, K, E, D, experts[0].gate.out_features(), shared != nullptr);
+  // DeepSeek-V4 clamps gate and up before the SiLU: only the per-expert cuBLAS path applies it (its
+  // SwiGLU is a kernel of its own; the fused GEMV and tile kernels have the plain one built in).
+  const float limit = experts[0].swiglu_limit;
+  if (limit > 0) {
+    BELUGA_CHECK(
+        !shared_y && !capturing(S(stream_)),
+        "moe_experts: clamped SwiGLU experts (swiglu_limit) run eagerly, without a shared expert apart");
+    path.gemv = path.swap = path.shared_apart = false;
+    path.per_expert_gemms = true;
+  }
   BELUGA_CHECK(!shared_y || path.shared_apart, "moe_experts: a shared expert computed apart needs that path");
   // With the shared expert's rows elsewhere (shared_y), Y holds the routed rows only.
   const int R = T * K + (shared && !shared_y ? T : 0);
@@ -547,7 +557,7 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
     x16 = scratch(DType::kBF16, {T, D});
     copy(x16, x);
   }
-  if (!shared_y && token_experts(out, x16, ids, weights, tab, shared != nullptr)) {
+  if (!shared_y && limit == 0 && token_experts(out, x16, ids, weights, tab, shared != nullptr)) {
     scratch_release(mark);  // drops any plan the gate left
     return;
   }
@@ -559,7 +569,8 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
   // The fused gate that routed these ids planned them already (for the small tiles the grouped kernel
   // uses at so few rows per expert).
   const GatePlan gp = std::exchange(gate_plan_, GatePlan{});
-  if (!shared_y && gp.ids == ids.data && gp.T == T && gp.K == K && gp.E == E && bm == kGatePlanBm) {
+  if (!shared_y && limit == 0 && gp.ids == ids.data && gp.T == T && gp.K == K && gp.E == E &&
+      bm == kGatePlanBm) {
     const GatePlanLayout L(T, K, E);
     start = gate_plan_buf_ + L.start;
     tile_start = gate_plan_buf_ + L.tile_start;
@@ -600,9 +611,9 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
     launch_gemv<false>(g, tab.i_max, int(ceil_div(D, kGvUnits<false>)), gy, st);
   } else if (path.per_expert_gemms && !capturing(st)) {
     // The grouped cuBLAS call lost to one call per expert at 768 rows (8K: 188 vs 173 ms).
-    const bool grouped = moe_prefill_ == MoePrefill::kCublasGrouped;
+    const bool grouped = moe_prefill_ == MoePrefill::kCublasGrouped && limit == 0;
     if (!grouped || !run_expert_gemms_grouped(x16, H, Y, experts, shared, start, row_token, R))
-      run_expert_gemms(x16, H, Y, experts, shared, start, row_token, R);
+      run_expert_gemms(x16, H, Y, experts, shared, start, row_token, R, limit);
   } else {
     run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, path.shared_apart ? E : ne,
                 stream_);

@@ -22,11 +22,26 @@ std::vector<int> plan_starts(void* stream, const int* start_dev, int ne) {
   return start;
 }
 
+// out = silu(min(gate, limit)) * clamp(up, -limit, limit) from gu = [gate (I) | up (I)] rows
+// (DeepSeek-V4's swiglu_limit; the same SiLU as silu_mul_kernel).
+__global__ void clamped_swiglu_kernel(bf16* out, int64_t ldo, const bf16* gu, int64_t ldg, int R, int I,
+                                      float limit) {
+  pdl_entry();
+  const int64_t n = int64_t(R) * I;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / I, c = i % I;
+    const float g = fminf(to_f(gu[r * ldg + c]), limit);
+    const float u = fminf(fmaxf(to_f(gu[r * ldg + I + c]), -limit), limit);
+    out[r * ldo + c] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
 }  // namespace
 
 void CudaOps::run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
-                               const ExpertWeights* shared, const int* start_dev, const int* row_token,
-                               int R) {
+                               const ExpertWeights* shared, const int* start_dev, const int* row_token, int R,
+                               float swiglu_limit) {
   const int E = int(experts.size()), ne = E + (shared ? 1 : 0), D = int(x.shape[1]);
   const int i_max = int(H.shape[1]);
   const std::vector<int> start = plan_starts(stream_, start_dev, ne);
@@ -54,7 +69,16 @@ void CudaOps::run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<co
     gemm_bf16(GU.rows(r0, r1).cols(i_max, i_max + I), a, wu[size_t(e)], h);
   }
   join_side_streams();
-  silu_mul(H, GU);  // columns past an expert's width hold garbage that its down GEMM never reads
+  // Columns past an expert's width hold garbage that its down GEMM never reads.
+  if (swiglu_limit > 0) {
+    check_bf16_rows(H, "swiglu output");
+    const int I = int(H.shape[1]);
+    launch(clamped_swiglu_kernel, grid_for(int64_t(R) * I), 256, 0, S(stream_), H.ptr<bf16>(), H.stride[0],
+           GU.ptr<const bf16>(), GU.stride[0], R, I, swiglu_limit);
+    BELUGA_LAUNCH_CHECK();
+  } else {
+    silu_mul(H, GU);
+  }
   fork_side_streams();
   for (int e = 0, n = 0; e < ne; ++e) {
     const int r0 = start[size_t(e)], r1 = start[size_t(e) + 1];

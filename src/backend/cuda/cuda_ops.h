@@ -127,6 +127,24 @@ class CudaOps final : public Ops {
   void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,
                      float scale) override;
 
+  // DeepSeek-V4 (cuda_v4_*.cu): hyper-connections, compressor pooling, the indexer's top-k, attention
+  // with sinks, hash / sqrtsoftplus routing.
+  void hc_weights(Tensor pre, Tensor post, Tensor comb, const Tensor& mix, const Tensor& base,
+                  const Tensor& scale, int sinkhorn_iters, float eps) override;
+  void hc_collapse(Tensor out, const Tensor& streams, const Tensor& pre) override;
+  void hc_expand(Tensor out, const Tensor& streams, const Tensor& post, const Tensor& comb,
+                 const Tensor& y) override;
+  void compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, const Tensor& ape, int rate,
+                     bool overlap) override;
+  void indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
+                    float q_scale, float w_scale, int first_pos) override;
+  void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
+                      const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale,
+                      int first_pos, int kv_first) override;
+  void moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
+                    const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
+                    float scale) override;
+
   // ---- beyond the Ops interface (tests, benchmarks, loaders) ----
   // Fills a BF16/F32 device tensor with uniform values in [lo, hi) from a counter-based hash of
   // (seed, index), or with `lo` when hi <= lo. The dummy-weight source and the benchmarks use it.
@@ -209,8 +227,11 @@ class CudaOps final : public Ops {
   // The same with one cuBLAS GEMM per expert and projection (prefill); reads the plan's row counts.
   // The GEMMs of different experts run side by side on kSideStreams streams: one expert's GEMM alone
   // covers a fraction of the SMs (768 x 1408 is 36 tiles of 128 x 256 on 132 SMs).
+  // With swiglu_limit > 0 (DeepSeek-V4) gate is clamped to <= limit and up to [-limit, limit] before
+  // silu(gate) * up: the one expert path that applies the clamp (eager steps only).
   void run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
-                        const ExpertWeights* shared, const int* start, const int* row_token, int R);
+                        const ExpertWeights* shared, const int* start, const int* row_token, int R,
+                        float swiglu_limit = 0);
   // The same products as cuBLAS grouped GEMMs (one call for gate+up of all experts, one for down):
   // no per-expert host launches, so it pays off at fewer rows per expert. False: unsupported here.
   bool run_expert_gemms_grouped(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
