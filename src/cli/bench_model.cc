@@ -18,6 +18,7 @@
 #include "cli/bench_fleet.h"
 #include "cli/bench_grammar.h"
 #include "cli/bench_kv.h"
+#include "cli/bench_pd.h"
 #include "cli/bench_router.h"
 #include "cli/bench_sampler.h"
 #include "cli/bench_serve.h"
@@ -669,7 +670,8 @@ int cmd_bench(int argc, char** argv) {
   if (what == "router") return bench_router(argc - 1, argv + 1);
   if (what == "sampler") return bench_sampler(argc - 1, argv + 1);
   if (what == "fleet") return bench_fleet(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router, sampler, fleet)");
+  if (what == "pd") return bench_pd(argc - 1, argv + 1);
+  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router, sampler, fleet, pd)");
 }
 
 }  // namespace beluga::cli

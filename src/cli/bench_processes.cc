@@ -1,5 +1,7 @@
 #include "cli/bench_processes.h"
 
+#include <sched.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,7 +27,7 @@ double since(Clock::time_point t) {
 }  // namespace
 
 BenchProcess::BenchProcess(const std::vector<std::string>& args, const std::string& ready_marker,
-                           double timeout_s) {
+                           double timeout_s, const std::vector<int>& cpus) {
   char tmpl[] = "/tmp/beluga_bench_fleet_XXXXXX";
   const int fd = mkstemp(tmpl);
   BELUGA_CHECK(fd >= 0, "cannot create a log file in /tmp");
@@ -36,9 +38,13 @@ BenchProcess::BenchProcess(const std::vector<std::string>& args, const std::stri
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  for (int c : cpus) CPU_SET(c, &mask);
   pid_ = fork();
   BELUGA_CHECK(pid_ >= 0, "fork failed");
   if (pid_ == 0) {
+    if (!cpus.empty() && sched_setaffinity(0, sizeof(mask), &mask) != 0) _exit(126);
     dup2(fd, 1);
     dup2(fd, 2);
     execv(argv[0], argv.data());

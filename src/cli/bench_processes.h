@@ -15,7 +15,9 @@ class BenchProcess {
   // Runs this executable with `args` (its subcommand first); waits up to `timeout_s` for a log line
   // holding `ready_marker` and then "http://127.0.0.1:PORT". Throws, with the log's tail, if the
   // process exits or the time runs out first.
-  BenchProcess(const std::vector<std::string>& args, const std::string& ready_marker, double timeout_s = 120);
+  // `cpus`: the cores it may run on (sched_setaffinity, as `taskset`); empty: any.
+  BenchProcess(const std::vector<std::string>& args, const std::string& ready_marker, double timeout_s = 120,
+               const std::vector<int>& cpus = {});
   ~BenchProcess();
   BenchProcess(const BenchProcess&) = delete;
   BenchProcess& operator=(const BenchProcess&) = delete;

@@ -198,13 +198,14 @@ const std::vector<CommandUsage>& command_usages() {
                     {"tokenize-threads", "N", "threads that render and tokenize prompts (default 1)"}}}}},
       {.command = "bench",
        .text =
-           "usage: beluga bench model|tokenizer|serve|router|fleet|sampler|kv|grammar [options]\n"
+           "usage: beluga bench model|tokenizer|serve|router|fleet|pd|sampler|kv|grammar [options]\n"
            "  model       prefill and decode throughput of one model on this machine\n"
            "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
            "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
            "  router      the router's added latency and SSE relay rate against a synthetic upstream\n"
            "  fleet       routing policies side by side: replicas and a router per policy, a multi-tenant "
            "trace\n"
+           "  pd          prefill/decode disaggregation against colocated serving, and the KV transfer rate\n"
            "  sampler     the CPU sampler's cost per token\n"
            "  kv          the KV tiers' bandwidth and TTFT from each tier; --agent-trace: agent sessions\n"
            "  grammar     structured outputs: grammar compile time and per-token mask time\n"
@@ -283,6 +284,28 @@ const std::vector<CommandUsage>& command_usages() {
                     {"events", "N", "SSE events per stream (default 2000)"},
                     {"io-threads", "N", "the router's I/O threads (default 2)"},
                     {"model", "DIR", "tokenizer for the cache-aware policy (default: the built-in model)"},
+                    {"out", "FILE", "also write the results as JSON"}}}}},
+      {.command = "bench pd",
+       .synopsis = "[--model DIR] [--cores 0,1] [options]",
+       .summary =
+           "Prefill/decode disaggregation against colocated serving: the KV transfer's rate against "
+           "loopback TCP's measured in the same run (the model's blocks, host tier to host tier), then "
+           "one Poisson trace of long prompts through a colocated `beluga serve` on --cores and "
+           "through `beluga router` with a prefill engine on the first core and a decode engine on "
+           "the rest: TTFT, TPOT and per-token ITL percentiles (docs/performance.md).",
+       .groups = {{"",
+                   {{"model", "DIR", "default: the built-in models/beluga-demo-coder-mtp"},
+                    {"cores", "LIST", "the cores to pin to (default 0,1)"},
+                    {"transfer-mb", "N", "bytes of the transfer measurement (default 256)"},
+                    {"repeat", "N", "transfer measurements, the best kept (default 3)"},
+                    {"transfer-only", "", "stop after the transfer measurement"},
+                    {"kv-cache-mb", "N", "each engine's KV cache (default 256)"},
+                    {"num-prompts", "N", "default 48"},
+                    {"input-len", "N", "prompt tokens (default 768)"},
+                    {"output-len", "N", "default 96"},
+                    {"request-rate", "R", "Poisson arrivals per second (default 2)"},
+                    {"max-concurrency", "N", "default 16"},
+                    {"seed", "N", "default 0"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench fleet",
        .synopsis = "[options]",

@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,7 +21,8 @@ namespace beluga::kv {
 
 namespace {
 
-constexpr size_t kMaxIov = 128;  // below IOV_MAX (1024); two per block
+constexpr size_t kMaxIov = 128;                // below IOV_MAX (1024); two per block
+constexpr size_t kRunBytes = size_t(1) << 20;  // payload bytes per sendmsg
 
 std::string errno_text(int e) {
   return std::strerror(e);
@@ -208,24 +210,27 @@ TransferResult TcpKvTransfer::send_on(int fd, const std::string& cls, std::span<
   std::vector<unsigned char> heads(kBatchHeaderBytes + n * kBlockFileHeaderBytes);
   encode_batch_header({uint32_t(n), cfg_.block_bytes}, heads.data());
   const int64_t now = int64_t(::time(nullptr));
-  for (size_t i = 0; i < n; ++i) {
-    BlockFileHeader h;
-    h.fingerprint = cfg_.fingerprint;
-    h.key = blocks[i].key;
-    h.cls = cls.substr(0, kBlockClassMax - 1);
-    h.created = h.last_used = now;
-    h.payload_bytes = cfg_.block_bytes;
-    encode_block_header(h, blocks[i].data, heads.data() + kBatchHeaderBytes + i * kBlockFileHeaderBytes);
-  }
-  // The batch header goes with the first block; the rest in runs of kMaxIov / 2 blocks.
+  BlockFileHeader h;
+  h.fingerprint = cfg_.fingerprint;
+  h.cls = cls.substr(0, kBlockClassMax - 1);
+  h.created = h.last_used = now;
+  h.payload_bytes = cfg_.block_bytes;
+  // The batch header goes with the first block, the rest in runs of about kRunBytes: each run's
+  // checksums are computed just before it is sent, so the receiver reads (and verifies) one run while
+  // the next is hashed, instead of waiting for the whole batch to be hashed first.
   iovec iov[kMaxIov + 1];
   int k = 0;
   iov[k++] = {heads.data(), kBatchHeaderBytes};
   const auto dead = [] { return errno == EPIPE || errno == ECONNRESET; };
+  const size_t run =
+      std::clamp<size_t>(kRunBytes / std::max<size_t>(cfg_.block_bytes, 1), 1, kMaxIov / 2 - 1);
   for (size_t i = 0; i < n; ++i) {
-    iov[k++] = {heads.data() + kBatchHeaderBytes + i * kBlockFileHeaderBytes, kBlockFileHeaderBytes};
+    unsigned char* head = heads.data() + kBatchHeaderBytes + i * kBlockFileHeaderBytes;
+    h.key = blocks[i].key;
+    encode_block_header(h, blocks[i].data, head);
+    iov[k++] = {head, kBlockFileHeaderBytes};
     iov[k++] = {const_cast<std::byte*>(blocks[i].data), cfg_.block_bytes};
-    if (k + 2 > int(kMaxIov) || i + 1 == n) {
+    if (size_t(k) / 2 >= run || i + 1 == n) {
       if (!write_all(fd, iov, k, cfg_.io_timeout_ms, &r.error)) {
         *stale = dead();
         return r;

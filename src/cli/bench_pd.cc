@@ -1,0 +1,256 @@
+#include "cli/bench_pd.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "cli/bench_processes.h"
+#include "cli/bench_serve.h"
+#include "cli/model_args.h"
+#include "kvstore/kv_receiver.h"
+#include "kvstore/tcp_kv_transfer.h"
+#include "kvstore/tiered_store.h"
+#include "model/batch.h"
+#include "util/error.h"
+
+namespace beluga::cli {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The link's rate: `bytes` over one loopback TCP connection, in writes of `chunk`, the reader only
+// recv()ing; best of `repeat`. GB/s.
+double loopback_rate(size_t bytes, size_t chunk, int repeat) {
+  double best = 0;
+  std::vector<char> src(chunk, 'x');
+  for (int r = 0; r < repeat; ++r) {
+    const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    BELUGA_CHECK(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(ls, 1) == 0 &&
+                     ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) == 0,
+                 "cannot listen on loopback");
+    std::thread reader([ls, bytes] {
+      const int fd = ::accept(ls, nullptr, nullptr);
+      std::vector<char> buf(1 << 20);
+      size_t got = 0;
+      while (got < bytes) {
+        const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+        if (n <= 0) break;
+        got += size_t(n);
+      }
+      const char ack = 1;
+      (void)::send(fd, &ack, 1, MSG_NOSIGNAL);
+      ::close(fd);
+    });
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    BELUGA_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0,
+                 "cannot connect on loopback");
+    const auto t0 = Clock::now();
+    for (size_t sent = 0; sent < bytes;) {
+      const ssize_t n = ::send(fd, src.data(), std::min(chunk, bytes - sent), MSG_NOSIGNAL);
+      BELUGA_CHECK(n > 0, "loopback send failed");
+      sent += size_t(n);
+    }
+    char ack = 0;
+    (void)::recv(fd, &ack, 1, 0);  // the reader has everything
+    const double s = since(t0);
+    ::close(fd);
+    reader.join();
+    ::close(ls);
+    best = std::max(best, double(bytes) / s / 1e9);
+  }
+  return best;
+}
+
+// The transfer's rate: the same bytes as `n` blocks of `block_bytes` from one store's host tier to a
+// receiver's, over TcpKvTransfer (a new key set each repeat, so every block is stored). GB/s.
+double transfer_rate(size_t block_bytes, int n, int repeat) {
+  kv::StoreConfig c;
+  c.block_bytes = block_bytes;
+  c.fingerprint = {0xbe1, 0x9a};
+  c.host_bytes = size_t(n) * block_bytes;
+  kv::TieredStore from(c), to(c);
+  kv::ReceiverConfig rc;
+  rc.fingerprint = c.fingerprint;
+  rc.block_bytes = block_bytes;
+  kv::KvReceiver rx(rc, to);
+  kv::TcpTransferConfig tc;
+  tc.fingerprint = c.fingerprint;
+  tc.block_bytes = block_bytes;
+  kv::TcpKvTransfer tx(tc);
+  double best = 0;
+  for (int r = 0; r < repeat; ++r) {
+    std::vector<BlockHash> keys;
+    for (int i = 0; i < n; ++i) {
+      keys.push_back({uint64_t(r) * 1000003u + uint64_t(i) + 1, 0x5eed});
+      auto slot = from.begin_import(keys.back(), "chat");
+      BELUGA_CHECK(slot.dst, "the sender's host tier is full");
+      std::fill(slot.dst, slot.dst + block_bytes, std::byte(i & 0xff));
+      from.end_import(slot.slot, true);
+    }
+    auto pinned = from.pin_host_blocks(keys.data(), n);
+    std::vector<kv::OutgoingBlock> out;
+    for (int i = 0; i < pinned.size(); ++i) out.push_back({keys[size_t(i)], pinned.data(i)});
+    const kv::TransferResult t = tx.send(rx.address(), "chat", out);
+    BELUGA_CHECK(t.ok && t.accepted == n, "the transfer failed: ", t.error);
+    best = std::max(best, double(t.bytes) / t.seconds / 1e9);
+  }
+  return best;
+}
+
+Json run_trace(const std::string& url, const std::vector<std::string>& trace) {
+  char tmpl[] = "/tmp/beluga_bench_pd_out_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  BELUGA_CHECK(fd >= 0, "cannot create a file in /tmp");
+  close(fd);
+  const std::string out = tmpl;
+  std::vector<std::string> a = {"--url", url, "--out", out};
+  a.insert(a.end(), trace.begin(), trace.end());
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  const int rc = bench_serve(int(argv.size()), argv.data());
+  std::ifstream f(out);
+  Json j = Json::parse(f, nullptr, false);
+  unlink(out.c_str());
+  BELUGA_CHECK(rc == 0 && !j.is_discarded(), "bench serve against ", url, " failed");
+  return j;
+}
+
+std::vector<int> parse_cores(const std::string& s) {
+  std::vector<int> out;
+  for (size_t p = 0; p < s.size();) {
+    const size_t c = s.find(',', p);
+    out.push_back(std::stoi(s.substr(p, c == std::string::npos ? std::string::npos : c - p)));
+    if (c == std::string::npos) break;
+    p = c + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int bench_pd(int argc, char** argv) {
+  Args args = Args::for_command(argc, argv, "bench pd");
+  std::string model_dir = args.get_or("model", "");
+  if (model_dir.empty()) model_dir = default_model_dir();
+  const auto cores = parse_cores(args.get_or("cores", "0,1"));
+  BELUGA_CHECK(cores.size() >= 2,
+               "--cores needs two cores or more (prefill gets the first, decode the rest)");
+  const long transfer_mb = args.get_int("transfer-mb", 256);
+  const int repeat = int(args.get_int("repeat", 3));
+  const std::string kv_mb = std::to_string(args.get_int("kv-cache-mb", 256));
+  const std::string out_path = args.get_or("out", "");
+  const bool transfer_only = args.has("transfer-only");
+  std::vector<std::string> trace = {"--dataset",
+                                    "random",
+                                    "--num-prompts",
+                                    std::to_string(args.get_int("num-prompts", 48)),
+                                    "--input-len",
+                                    std::to_string(args.get_int("input-len", 768)),
+                                    "--output-len",
+                                    std::to_string(args.get_int("output-len", 96)),
+                                    "--request-rate",
+                                    args.get_or("request-rate", "2"),
+                                    "--max-concurrency",
+                                    std::to_string(args.get_int("max-concurrency", 16)),
+                                    "--seed",
+                                    std::to_string(args.get_int("seed", 0))};
+  BELUGA_CHECK(transfer_mb > 0 && repeat > 0, "--transfer-mb and --repeat must be positive");
+  args.check_all_used();
+
+  // 1. The transfer against the link, in the model's blocks.
+  ModelArgs ma;
+  ma.dir = model_dir;
+  ma.config_path = model_dir + "/config.json";
+  LoadedModel m = load_model_dir(ma);
+  const size_t block_bytes = m.model->kv_bytes_per_token() * kKvBlockSize;
+  const size_t bytes = size_t(transfer_mb) << 20;
+  const int n = int(std::max<size_t>(1, bytes / block_bytes));
+  const double link = loopback_rate(size_t(n) * block_bytes, block_bytes, repeat);
+  const double kv = transfer_rate(block_bytes, n, repeat);
+  std::printf("KV transfer, %d blocks of %zu bytes (%.0f MiB), best of %d:\n", n, block_bytes,
+              double(size_t(n) * block_bytes) / double(1 << 20), repeat);
+  std::printf("  loopback TCP (recv only)     %7.2f GB/s\n", link);
+  std::printf("  TcpKvTransfer -> KvReceiver  %7.2f GB/s  (%.0f%% of the link)\n", kv, 100 * kv / link);
+  Json j{{"transfer",
+          {{"blocks", n},
+           {"block_bytes", block_bytes},
+           {"link_gbps", link},
+           {"kv_gbps", kv},
+           {"fraction", kv / link}}}};
+
+  if (!transfer_only) {
+    // 2. The trace, colocated on all the cores, then prefill on the first and decode on the rest.
+    const std::vector<int> rest(cores.begin() + 1, cores.end());
+    const std::string all_threads = std::to_string(cores.size()), rest_threads = std::to_string(rest.size());
+    const std::vector<std::string> common = {"--model",         model_dir,       "--port", "0",
+                                             "--no-access-log", "--kv-cache-mb", kv_mb};
+    auto serve = [&](std::vector<std::string> extra, const std::vector<int>& on) {
+      std::vector<std::string> a = {"serve"};
+      a.insert(a.end(), common.begin(), common.end());
+      a.insert(a.end(), extra.begin(), extra.end());
+      return std::make_unique<BenchProcess>(a, "beluga serve: serving ", 120, on);
+    };
+    Json colocated, disaggregated;
+    {
+      auto c = serve({"--threads", all_threads}, cores);
+      std::fprintf(stderr, "bench pd: colocated on %zu cores\n", cores.size());
+      colocated = run_trace(c->url(), trace);
+      c->stop();
+    }
+    {
+      auto p = serve({"--threads", "1", "--role", "prefill"}, {cores[0]});
+      auto d = serve({"--threads", rest_threads, "--role", "decode"}, rest);
+      BenchProcess router({"router", "--model", model_dir, "--port", "0", "--prefill", p->url(), "--decode",
+                           d->url(), "--health-interval-ms", "100"},
+                          "beluga router: routing to ");
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the decode engine's KV address learned
+      std::fprintf(stderr, "bench pd: prefill on core %d, decode on %zu core(s)\n", cores[0], rest.size());
+      disaggregated = run_trace(router.url(), trace);
+      router.stop();
+      d->stop();
+      p->stop();
+    }
+    std::printf("\n%-14s %10s %10s %10s %10s %10s %10s %10s\n", "mode", "tok/s", "TTFT p50", "TTFT p99",
+                "TPOT p50", "TPOT p99", "ITL p50", "ITL p99");
+    for (const auto& [name, r] :
+         {std::pair<const char*, const Json*>{"colocated", &colocated}, {"disaggregated", &disaggregated}}) {
+      auto ms = [&](const char* k, const char* p) { return (*r)[k].value(p, 0.0); };
+      std::printf("%-14s %10.1f %10.1f %10.1f %10.2f %10.2f %10.2f %10.2f\n", name,
+                  (*r).value("output_throughput", 0.0), ms("ttft", "p50_ms"), ms("ttft", "p99_ms"),
+                  ms("tpot", "p50_ms"), ms("tpot", "p99_ms"), ms("itl", "p50_ms"), ms("itl", "p99_ms"));
+    }
+    std::printf("(ms; %s)\n", "failed requests: see the JSON's \"failed\"");
+    j["colocated"] = colocated;
+    j["disaggregated"] = disaggregated;
+  }
+  if (!out_path.empty()) {
+    std::ofstream f(out_path);
+    BELUGA_CHECK(f.good(), "cannot write ", out_path);
+    f << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace beluga::cli
