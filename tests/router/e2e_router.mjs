@@ -1,7 +1,8 @@
 // The official `openai` and `@anthropic-ai/sdk` clients through `beluga router` (round-robin and
 // cache-aware) in front of two `beluga serve` replicas of the demo model (with an API key): chat,
 // completions, responses and messages, streamed and not, give the same greedy text through the
-// router as from a replica directly; streams arrive chunk by chunk (the first event long before the
+// router as from a replica directly, and so does a disaggregated pair (a prefill and a decode engine
+// behind `beluga router --prefill --decode`); streams arrive chunk by chunk (the first event long before the
 // last); Responses continued with previous_response_id reach the replica that stored them (and
 // retrieve / delete do too); models, count_tokens, /tokenize, /detokenize, /version; a wrong key is
 // the replica's 401; x-traffic-class is forwarded (an unknown class is the replica's 400).
@@ -168,6 +169,30 @@ async function main() {
     }
     await stop(router, `router (${policy})`);
   }
+  // Disaggregated: a prefill and a decode engine behind the router give the same answers as the
+  // colocated replica, through every SDK call above (the prefill leg, the KV transfer, the decode leg).
+  const prefill = await start(['serve', '--threads', '1', '--kv-cache-mb', '64', '--api-key', KEY, '--no-access-log',
+                               '--role', 'prefill', '--kv-host-gb', '0.25']);
+  const decode = await start(['serve', '--threads', '1', '--kv-cache-mb', '64', '--api-key', KEY, '--no-access-log',
+                              '--role', 'decode', '--kv-host-gb', '0.25']);
+  const pd = await start(['router', '--prefill', prefill.base, '--decode', decode.base, '--health-interval-ms', '100']);
+  for (let i = 0; i < 100; i++) {  // the decode engine's KV address learned
+    const h = await (await fetch(`${pd.base}/health`)).json();
+    if (h.decode_kv_known === 1) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  log('disaggregated router up');
+  try {
+    await suite('disaggregated', pd.base, replicas[0].base);
+    const metrics = await (await fetch(`${pd.base}/metrics`)).text();
+    const ok = metrics.match(/^beluga_router_prefills_total\{result="ok"\} (\d+)$/m);
+    check(ok && Number(ok[1]) >= 6, 'disaggregated: the prefill legs ran and sent their KV', ok && ok[0]);
+  } catch (err) {
+    check(false, `disaggregated: suite threw`, String(err && err.stack || err));
+  }
+  await stop(pd, 'router (disaggregated)');
+  await stop(decode, 'decode engine');
+  await stop(prefill, 'prefill engine');
   for (const r of replicas) await stop(r, 'replica');
   log(failures ? `${failures} failure(s)` : 'all router SDK checks passed');
   process.exit(failures ? 1 : 0);
