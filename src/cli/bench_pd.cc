@@ -162,6 +162,17 @@ int bench_pd(int argc, char** argv) {
   const std::string kv_mb = std::to_string(args.get_int("kv-cache-mb", 256));
   const std::string out_path = args.get_or("out", "");
   const bool transfer_only = args.has("transfer-only");
+  // Each engine's own options (e.g. --device cuda --load-format dummy --tokenizer DIR), split at spaces.
+  std::vector<std::string> serve_args;
+  const std::string serve_args_s = args.get_or("serve-args", "");
+  for (size_t p = 0; p < serve_args_s.size();) {
+    size_t e = serve_args_s.find(' ', p);
+    if (e == std::string::npos) e = serve_args_s.size();
+    if (e > p) serve_args.push_back(serve_args_s.substr(p, e - p));
+    p = e + 1;
+  }
+  const long block_bytes_flag = args.get_int("block-bytes", 0);
+  const std::string router_model = args.get_or("router-model", model_dir);
   std::vector<std::string> trace = {"--dataset",
                                     "random",
                                     "--num-prompts",
@@ -180,11 +191,14 @@ int bench_pd(int argc, char** argv) {
   args.check_all_used();
 
   // 1. The transfer against the link, in the model's blocks.
-  ModelArgs ma;
-  ma.dir = model_dir;
-  ma.config_path = model_dir + "/config.json";
-  LoadedModel m = load_model_dir(ma);
-  const size_t block_bytes = m.model->kv_bytes_per_token() * kKvBlockSize;
+  size_t block_bytes = size_t(std::max(0L, block_bytes_flag));
+  if (block_bytes == 0) {  // the model's (its weights loaded on the CPU: for a small model)
+    ModelArgs ma;
+    ma.dir = model_dir;
+    ma.config_path = model_dir + "/config.json";
+    LoadedModel m = load_model_dir(ma);
+    block_bytes = m.model->kv_bytes_per_token() * kKvBlockSize;
+  }
   const size_t bytes = size_t(transfer_mb) << 20;
   const int n = int(std::max<size_t>(1, bytes / block_bytes));
   const double link = loopback_rate(size_t(n) * block_bytes, block_bytes, repeat);
@@ -210,7 +224,8 @@ int bench_pd(int argc, char** argv) {
       std::vector<std::string> a = {"serve"};
       a.insert(a.end(), common.begin(), common.end());
       a.insert(a.end(), extra.begin(), extra.end());
-      return std::make_unique<BenchProcess>(a, "beluga serve: serving ", 120, on);
+      a.insert(a.end(), serve_args.begin(), serve_args.end());
+      return std::make_unique<BenchProcess>(a, "beluga serve: serving ", 600, on);
     };
     Json colocated, disaggregated;
     {
@@ -222,8 +237,8 @@ int bench_pd(int argc, char** argv) {
     {
       auto p = serve({"--threads", "1", "--role", "prefill"}, {cores[0]});
       auto d = serve({"--threads", rest_threads, "--role", "decode"}, rest);
-      BenchProcess router({"router", "--model", model_dir, "--port", "0", "--prefill", p->url(), "--decode",
-                           d->url(), "--health-interval-ms", "100"},
+      BenchProcess router({"router", "--model", router_model, "--port", "0", "--prefill", p->url(),
+                           "--decode", d->url(), "--health-interval-ms", "100"},
                           "beluga router: routing to ");
       std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the decode engine's KV address learned
       std::fprintf(stderr, "bench pd: prefill on core %d, decode on %zu core(s)\n", cores[0], rest.size());
