@@ -70,10 +70,10 @@ bool parse_prefill_cached(std::string_view s, std::vector<PdRequest::Cached>* ou
     }
     if (v[1] + v[2] > v[0] || out->size() >= 4096) return false;
     out->push_back({v[0], v[1], v[2]});
-    if (comma == std::string_view::npos) break;
+    if (comma == std::string_view::npos) return true;
     s = s.substr(comma + 1);
   }
-  return !out->empty();
+  return false;  // empty, or a trailing comma
 }
 
 nlohmann::ordered_json prefill_report_json(const PrefillReport& r) {
