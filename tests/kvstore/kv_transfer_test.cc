@@ -218,7 +218,7 @@ TEST(KvTransfer, ACorruptBlockEndsTheBatchAndTheBlocksBeforeItStay) {
   EXPECT_EQ(a.accepted, 1u);
   ::close(fd);
   EXPECT_EQ(held_exact(*p.to, 3), 1);  // block 0 only, exact
-  wait_for([&] { return p.rx->counters().connections.load() == 0; });
+  wait_for([&] { return p.rx->counters().refused.load() >= 1 && p.rx->counters().connections.load() == 0; });
   expect_no_leaked_slots(*p.to, 64 - 1, 1);
 }
 
@@ -251,7 +251,8 @@ TEST(KvTransfer, GarbageAndCutShortStreamsLeakNothing) {
     write_bytes(fd, b1.data(), kBlockFileHeaderBytes + 100);
     ::close(fd);
   }
-  wait_for([&] { return p.rx->counters().connections.load() == 0; });
+  // All three were refused (the last when its stream broke off) and closed; not before.
+  wait_for([&] { return p.rx->counters().refused.load() >= 3 && p.rx->counters().connections.load() == 0; });
   EXPECT_EQ(p.rx->counters().connections.load(), 0);
   EXPECT_EQ(held_exact(*p.to, 2), 1);
   expect_no_leaked_slots(*p.to, 64 - 1, 1);

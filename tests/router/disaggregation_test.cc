@@ -36,15 +36,6 @@ using beluga::server::testing::http_request;
 using beluga::server::testing::metric_value;
 namespace http = boost::beast::http;
 
-bool wait_for(const std::function<bool()>& cond, double seconds) {
-  const auto t0 = Clock::now();
-  while (seconds_since(t0) < seconds) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return cond();
-}
-
 double metric(int port, const std::string& name) {
   return metric_value(http_get(port, "/metrics").body, name);
 }
@@ -234,19 +225,8 @@ void leave_early(int port, int wait_ms, size_t bytes, int max_tokens) {
            {"messages", Json::array({{{"role", "system"}, {"content", kSystem}},
                                      {{"role", "user"}, {"content", "Explain mutexes."}}})}}
           .dump();
-  const std::string req =
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{0, 1000 * std::max(1, wait_ms)};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+  const int fd = post_raw(port, "/v1/chat/completions", body, std::max(1, wait_ms));
+  ASSERT_GE(fd, 0);
   size_t got = 0;
   char buf[4096];
   while (got < bytes) {

@@ -37,27 +37,6 @@ using beluga::server::testing::http_get;
 using beluga::server::testing::http_request;
 namespace http = boost::beast::http;
 
-// The value of the sample `name{labels}` in a Prometheus page; -1 when absent.
-double sample(const std::string& page, const std::string& name_and_labels) {
-  const std::string key = name_and_labels + " ";
-  for (size_t pos = page.find(key); pos != std::string::npos; pos = page.find(key, pos + 1))
-    if (pos == 0 || page[pos - 1] == '\n') return std::stod(page.substr(pos + key.size()));
-  return -1;
-}
-
-double replica_sample(int router_port, const std::string& family, const std::string& url) {
-  return sample(http_get(router_port, "/metrics").body, family + "{replica=\"" + url + "\"}");
-}
-
-bool wait_for(const std::function<bool()>& cond, double seconds) {
-  const auto t0 = Clock::now();
-  while (seconds_since(t0) < seconds) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return cond();
-}
-
 beluga::server::testing::HttpReply chat(int port, const std::string& key, const Json& messages,
                                         int max_tokens, bool stream = false) {
   Json body{{"model", "beluga-demo-coder-mtp"},
@@ -319,19 +298,8 @@ TEST(RouterE2E, ClientLeavingMidStreamAbortsTheReplicasRequest) {
            {"ignore_eos", true},
            {"messages", Json::array({{{"role", "user"}, {"content", "Write a long module."}}})}}
           .dump();
-  const std::string req =
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(router->port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{30, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+  const int fd = post_raw(router->port(), "/v1/chat/completions", body, 30000);
+  ASSERT_GE(fd, 0);
   std::string got;
   char buf[4096];
   while (got.find("\"content\":\"") == std::string::npos) {  // a token has been streamed

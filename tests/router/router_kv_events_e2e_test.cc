@@ -28,26 +28,6 @@ using beluga::server::testing::http_get;
 using beluga::server::testing::http_request;
 namespace http = boost::beast::http;
 
-double sample(const std::string& page, const std::string& name_and_labels) {
-  const std::string key = name_and_labels + " ";
-  for (size_t pos = page.find(key); pos != std::string::npos; pos = page.find(key, pos + 1))
-    if (pos == 0 || page[pos - 1] == '\n') return std::stod(page.substr(pos + key.size()));
-  return -1;
-}
-
-double replica_sample(int router_port, const std::string& family, const std::string& url) {
-  return sample(http_get(router_port, "/metrics").body, family + "{replica=\"" + url + "\"}");
-}
-
-bool wait_for(const std::function<bool()>& cond, double seconds) {
-  const auto t0 = Clock::now();
-  while (seconds_since(t0) < seconds) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return cond();
-}
-
 // Chat requests a replica answered 200, from its own /metrics.
 double served_by(int replica_port) {
   const double n =
