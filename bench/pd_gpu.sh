@@ -23,7 +23,7 @@ start() {  # name, marker, args...: starts it, waits for "MARKER ... http://127.
   pids+=($!)
   port=
   for _ in $(seq 1800); do
-    port=$(grep "$marker" "$logs/$name" | sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' | head -1)
+    port=$(grep "$marker" "$logs/$name" | sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' | head -1 || true)
     [ -n "$port" ] && return 0
     sleep 0.1
   done
