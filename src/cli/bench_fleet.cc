@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange
@@ -41,11 +43,10 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// The router's routing decisions and retries, from its /metrics page ({} when unreachable).
-Json router_counters(int port) {
+// The router's /metrics page ("" when unreachable).
+std::string metrics_page(int port) {
   namespace net = boost::asio;
   namespace http = boost::beast::http;
-  std::string page;
   try {
     net::io_context ioc;
     net::ip::tcp::resolver resolver(ioc);
@@ -57,10 +58,34 @@ Json router_counters(int port) {
     boost::beast::flat_buffer buf;
     http::response<http::string_body> res;
     http::read(stream, buf, res);
-    page = res.body();
+    return res.body();
   } catch (const std::exception&) {
-    return Json::object();
+    return "";
   }
+}
+
+// Waits (up to 10 s) until the router has read every replica's block events once, so that the
+// trace is routed on a live index from its first request rather than racing the first poll.
+void wait_for_kv_index(int port, int replicas) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string page = metrics_page(port);
+    int synced = 0;
+    for (size_t p = page.find("beluga_router_replica_kv_epochs_total{"); p != std::string::npos;
+         p = page.find("beluga_router_replica_kv_epochs_total{", p + 1)) {
+      const size_t e = page.find('\n', p);
+      if (std::atof(page.c_str() + page.rfind(' ', e) + 1) >= 1) ++synced;
+    }
+    if (synced >= replicas) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::fprintf(stderr, "bench fleet: the router has not read every replica's block events after 10 s\n");
+}
+
+// The router's routing decisions and retries, from its /metrics page ({} when unreachable).
+Json router_counters(int port) {
+  const std::string page = metrics_page(port);
+  if (page.empty()) return Json::object();
   Json decisions = Json::object(), out = Json::object();
   for (size_t p = 0; p < page.size();) {
     size_t e = page.find('\n', p);
@@ -94,6 +119,7 @@ Json run_policy(const std::string& policy, int replicas, const std::string& mode
     router_args.push_back(fleet.back()->url());
   }
   BenchProcess router(router_args, "beluga router: routing to ");
+  wait_for_kv_index(router.port(), replicas);
 
   char tmpl[] = "/tmp/beluga_bench_fleet_out_XXXXXX";
   const int fd = mkstemp(tmpl);

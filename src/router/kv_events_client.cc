@@ -1,5 +1,6 @@
 #include "router/kv_events_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -80,7 +81,11 @@ struct KvEventsClient::Poll : std::enable_shared_from_this<KvEventsClient::Poll>
     response.reset();
     if (*stopped) return;
     if (ok && more) return run();
-    timer.expires_after(std::chrono::milliseconds(ctx.cfg.kv_events_interval_ms * (ok ? 1 : 10)));
+    // A failed read backs off 2x per failure up to 10 intervals: a replica still starting (or one
+    // busy under load) is read again soon, one that is down is not polled hard.
+    failures = ok ? 0 : std::min(failures + 1, 4);
+    const int factor = failures == 0 ? 1 : std::min(10, 1 << (failures - 1));
+    timer.expires_after(std::chrono::milliseconds(ctx.cfg.kv_events_interval_ms * factor));
     timer.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (!ec) self->run();
     });
@@ -91,6 +96,7 @@ struct KvEventsClient::Poll : std::enable_shared_from_this<KvEventsClient::Poll>
   net::strand<net::io_context::executor_type> exec;
   net::steady_timer timer;
   std::shared_ptr<std::atomic<bool>> stopped;
+  int failures = 0;
   std::string request;
   std::optional<beast::tcp_stream> stream;
   beast::flat_buffer buffer;
