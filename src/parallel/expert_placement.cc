@@ -1,5 +1,8 @@
 #include "parallel/expert_placement.h"
 
+#include <algorithm>
+#include <tuple>
+
 #include "util/error.h"
 
 namespace beluga::parallel {
@@ -80,26 +83,10 @@ uint64_t mix(uint64_t x) {
 
 }  // namespace
 
-int ExpertPlacement::choose(int layer, int logical, int source_rank, uint64_t token_key) const {
+int ExpertPlacement::choose(int layer, int logical, uint64_t token_key) const {
   const std::span<const int> r = replicas(layer, logical);
   if (r.size() == 1) return r[0];
-  int own = 0, local = 0;
-  const int node = node_of_rank(source_rank);
-  for (int p : r) {
-    own += rank_of_slot(p) == source_rank;
-    local += node_of_rank(rank_of_slot(p)) == node;
-  }
-  // The candidates: own rank's replicas, else the node's, else all; the key's hash picks the k-th.
-  const int n = own ? own : local ? local : int(r.size());
-  int k = int(mix(token_key ^ (uint64_t(layer) << 40) ^ (uint64_t(logical) << 20)) % uint64_t(n));
-  for (int p : r) {
-    const bool candidate = own     ? rank_of_slot(p) == source_rank
-                           : local ? node_of_rank(rank_of_slot(p)) == node
-                                   : true;
-    if (candidate && k-- == 0) return p;
-  }
-  BELUGA_ASSERT(false);
-  return r[0];
+  return r[size_t(mix(token_key ^ (uint64_t(layer) << 40) ^ (uint64_t(logical) << 20)) % r.size())];
 }
 
 int64_t ExpertPlacement::moved_slots(const ExpertPlacement& next) const {
@@ -107,6 +94,60 @@ int64_t ExpertPlacement::moved_slots(const ExpertPlacement& next) const {
   int64_t moved = 0;
   for (size_t i = 0; i < phy_to_log_.size(); ++i) moved += phy_to_log_[i] != next.phy_to_log_[i];
   return moved;
+}
+
+ExpertPlacement ExpertPlacement::aligned_to(const ExpertPlacement& previous, bool within_nodes) const {
+  BELUGA_CHECK(previous.layers_ == layers_ && previous.slots_ == slots_ && previous.gpus_ == gpus_ &&
+                   previous.nodes_ == nodes_ && previous.experts_ == experts_,
+               "expert placement: shapes differ");
+  ExpertPlacement out = *this;
+  const int per = slots_per_gpu();
+  std::vector<std::tuple<int, int, int>> pairs;  // (-common experts, previous GPU, this GPU)
+  std::vector<int> count(static_cast<size_t>(experts_), 0), target(static_cast<size_t>(gpus_), -1);
+  std::vector<char> taken(static_cast<size_t>(gpus_));
+  for (int l = 0; l < layers_; ++l) {
+    const int* mine = phy_to_log_.data() + size_t(l) * size_t(slots_);
+    const int* old = previous.phy_to_log_.data() + size_t(l) * size_t(slots_);
+    pairs.clear();
+    for (int i = 0; i < gpus_; ++i)
+      for (int j = 0; j < gpus_; ++j) {
+        if (within_nodes && node_of_rank(i) != node_of_rank(j)) continue;
+        for (int k = 0; k < per; ++k) ++count[size_t(mine[j * per + k])];
+        int common = 0;
+        for (int k = 0; k < per; ++k) {
+          int& c = count[size_t(old[i * per + k])];
+          if (c > 0) --c, ++common;
+        }
+        for (int k = 0; k < per; ++k) count[size_t(mine[j * per + k])] = 0;
+        pairs.emplace_back(-common, i, j);
+      }
+    std::sort(pairs.begin(), pairs.end());
+    std::fill(target.begin(), target.end(), -1);  // previous GPU -> this placement's GPU it takes
+    std::fill(taken.begin(), taken.end(), 0);
+    for (const auto& [neg, i, j] : pairs)
+      if (target[size_t(i)] < 0 && !taken[size_t(j)]) target[size_t(i)] = j, taken[size_t(j)] = 1;
+    int* dst = out.phy_to_log_.data() + size_t(l) * size_t(slots_);
+    for (int i = 0; i < gpus_; ++i) {
+      const int j = target[size_t(i)];
+      BELUGA_ASSERT(j >= 0);
+      for (int k = 0; k < per; ++k) ++count[size_t(mine[j * per + k])];
+      std::vector<char> kept(static_cast<size_t>(per), 0);
+      for (int k = 0; k < per; ++k) {  // experts it held keep their slots
+        int& c = count[size_t(old[i * per + k])];
+        if (c > 0) --c, kept[size_t(k)] = 1, dst[i * per + k] = old[i * per + k];
+      }
+      int k = 0;
+      for (int m = 0; m < per; ++m) {  // the rest fill the other slots, in this placement's order
+        const int e = mine[j * per + m];
+        if (count[size_t(e)] == 0) continue;
+        --count[size_t(e)];
+        while (kept[size_t(k)]) ++k;
+        dst[i * per + k++] = e;
+      }
+    }
+  }
+  out.index_replicas();
+  return out;
 }
 
 }  // namespace beluga::parallel

@@ -180,25 +180,57 @@ TEST(ExpertPlacement, ChoosesOwnRankThenNodeThenAnyAndSplitsEvenly) {
   EXPECT_EQ(std::vector<int>(pl.replicas(0, 1).begin(), pl.replicas(0, 1).end()),
             (std::vector<int>{2, 3, 4, 6}));
   EXPECT_EQ(pl.experts_on_rank(0, 1), (std::vector<int>{1, 1}));
-  // From GPU 2: its own slot 4. From GPU 0 (node 0, which holds slots 2, 3): those two, evenly.
-  // From GPU 3: its own slot 6.
-  int from0[8] = {};
-  for (uint64_t t = 0; t < 10000; ++t) {
-    EXPECT_EQ(pl.choose(0, 1, 2, t), 4);
-    EXPECT_EQ(pl.choose(0, 1, 3, t), 6);
-    ++from0[pl.choose(0, 1, 0, t)];
-    EXPECT_EQ(pl.choose(0, 1, 0, t), pl.choose(0, 1, 0, t));  // deterministic
+  // Replicas by the token's hash: even shares, the same slot for the same token.
+  int hits[8] = {};
+  for (uint64_t t = 0; t < 40000; ++t) {
+    const int p = pl.choose(0, 1, t);
+    ++hits[p];
+    EXPECT_EQ(p, pl.choose(0, 1, t));
   }
-  EXPECT_EQ(from0[2] + from0[3], 10000);
-  EXPECT_NEAR(from0[2], 5000, 300);
-  // e2 on slots 1 (GPU 0) and 7 (GPU 3): from GPU 1 (node 0), slot 1; from GPU 2 (node 1), slot 7.
-  EXPECT_EQ(pl.choose(0, 2, 1, 5), 1);
-  EXPECT_EQ(pl.choose(0, 2, 2, 5), 7);
+  for (int p : {2, 3, 4, 6}) EXPECT_NEAR(hits[p], 10000, 400) << p;
+  EXPECT_EQ(hits[2] + hits[3] + hits[4] + hits[6], 40000);
+  EXPECT_EQ(pl.choose(0, 0, 7), 5);  // one replica
   // Contiguous: expert e on GPU e / 1 for 4 experts on 4 GPUs; a moved slot count against the plan.
   const ExpertPlacement c = ExpertPlacement::contiguous(1, 4, 4, 2);
-  EXPECT_EQ(c.choose(0, 3, 0, 9), 3);
+  EXPECT_EQ(c.choose(0, 3, 9), 3);
   EXPECT_THROW(c.moved_slots(pl), Error);  // 4 slots against 8
   EXPECT_EQ(pl.moved_slots(pl), 0);
+}
+
+// Rebalancing 8 GPUs' worth of plans: alignment keeps every GPU's load (its contents are some GPU's
+// contents of the new plan, in its node), reproduces an unchanged placement exactly, and rewrites no
+// more slots than the raw plan.
+TEST(ExpertPlacement, AlignedToThePreviousPlacementMovesLess) {
+  const auto a = zipf_loads(3, 64, 1.0, 7), b = zipf_loads(3, 64, 1.0, 8);
+  const EplbShape shape{64 + 16, 8, 2, 8};
+  const EplbPlan pa = rebalance_experts(a, shape), pb = rebalance_experts(b, shape);
+  const ExpertPlacement prev(pa, 8, 2), next(pb, 8, 2);
+  EXPECT_EQ(prev.aligned_to(prev, true).moved_slots(prev), 0);
+  const ExpertPlacement aligned = next.aligned_to(prev, true);
+  EXPECT_LE(prev.moved_slots(aligned), prev.moved_slots(next));
+  for (int l = 0; l < 3; ++l) {
+    std::multiset<std::multiset<int>> want, got;
+    for (int r = 0; r < 8; ++r) {
+      const auto x = next.experts_on_rank(l, r), y = aligned.experts_on_rank(l, r);
+      want.insert(std::multiset<int>(x.begin(), x.end()));
+      got.insert(std::multiset<int>(y.begin(), y.end()));
+      // Within its node: GPU r of aligned holds what some GPU of r's node held in next.
+      bool found = false;
+      for (int q = 4 * (r / 4); q < 4 * (r / 4) + 4; ++q) {
+        const auto z = next.experts_on_rank(l, q);
+        found |= std::multiset<int>(z.begin(), z.end()) == std::multiset<int>(y.begin(), y.end());
+      }
+      EXPECT_TRUE(found) << "layer " << l << " rank " << r;
+    }
+    EXPECT_EQ(want, got);
+    for (int e = 0; e < 64; ++e) EXPECT_EQ(aligned.replicas(l, e).size(), next.replicas(l, e).size());
+  }
+  // A placement with its GPUs' contents swapped back and forth: alignment undoes the shuffle.
+  EplbPlan swapped = pa;
+  for (auto& layer : swapped.layers)
+    for (int k = 0; k < 10; ++k) std::swap(layer.phy_to_log[size_t(k)], layer.phy_to_log[size_t(k + 10)]);
+  EXPECT_GT(prev.moved_slots(ExpertPlacement(swapped, 8, 2)), 0);
+  EXPECT_EQ(prev.moved_slots(ExpertPlacement(swapped, 8, 2).aligned_to(prev, true)), 0);
 }
 
 TEST(ExpertLoadWindow, SumsTheLastStepsOnly) {
