@@ -116,6 +116,18 @@ double planned(const EplbPlan& plan, const std::vector<std::vector<double>>& loa
   return sum / double(loads.size());
 }
 
+// Slots per layer holding a second (third, ...) replica of an expert on the same GPU: wasted slots.
+double colocated(const ExpertPlacement& p) {
+  int64_t n = 0;
+  for (int l = 0; l < p.layers(); ++l)
+    for (int r = 0; r < p.num_gpus(); ++r) {
+      std::vector<int> e = p.experts_on_rank(l, r);
+      std::sort(e.begin(), e.end());
+      n += int64_t(e.size()) - (std::unique(e.begin(), e.end()) - e.begin());
+    }
+  return double(n) / double(p.layers());
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -158,10 +170,12 @@ int bench_eplb(int argc, char** argv) {
 
   std::printf(
       "EPLB: %d layers x %d experts (%d groups), top-%d, Zipf s=%.2f, %d tokens per window and held out; "
-      "limit max/mean = 1.00; moved, aligned: slots per GPU and layer that the next window's plan rewrites\n",
+      "limit max/mean = 1.00; moved, aligned: slots per GPU and layer that the next window's plan rewrites; "
+      "coloc: slots per layer holding a second replica of an expert on the same GPU\n",
       layers, experts, groups, top_k, zipf, tokens);
-  std::printf("%5s %5s %4s %5s %-13s %-9s %10s %10s %10s %10s %12s\n", "gpus", "nodes", "red", "slots",
-              "placement", "spread", "planned", "held_out", "worst_lyr", "cpu_ms", "moved/gpu");
+  std::printf("%5s %5s %4s %5s %-13s %-9s %9s %9s %9s %8s %8s %7s %7s %6s\n", "gpus", "nodes", "red", "slots",
+              "placement", "spread", "planned", "held_out", "worst_lyr", "plan_ms", "align_ms", "moved",
+              "aligned", "coloc");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (size_t gi = 0; gi < gpu_list.size(); ++gi) {
     const int gpus = gpu_list[gi];
@@ -178,8 +192,8 @@ int bench_eplb(int argc, char** argv) {
       for (int e = 0; e < experts; ++e) contiguous[size_t(e / (experts / gpus))] += l[size_t(e)];
       planned0 += parallel::max_over_mean(contiguous) / double(layers);
     }
-    std::printf("%5d %5d %4d %5d %-13s %-9s %10.3f %10.3f %10.3f %10s %12s\n", gpus, nodes, 0, experts,
-                "contiguous", "-", planned0, b0.mean, b0.worst, "-", "-");
+    std::printf("%5d %5d %4d %5d %-13s %-9s %9.3f %9.3f %9.3f %8s %8s %7s %7s %6s\n", gpus, nodes, 0, experts,
+                "contiguous", "-", planned0, b0.mean, b0.worst, "-", "-", "-", "-", "-");
     rows.push_back({{"gpus", gpus},
                     {"nodes", nodes},
                     {"redundant_per_gpu", 0},
@@ -207,12 +221,14 @@ int bench_eplb(int argc, char** argv) {
           const double p = planned(plan, loads_a, gpus);
           const double per = double(layers) * double(gpus);
           const double moved = double(after.moved_slots(next)) / per;
-          const double moved_aligned =
-              double(after.moved_slots(next.aligned_to(after, policy == EplbPolicy::hierarchical))) / per;
+          const double a0 = thread_cpu_ms();
+          const ExpertPlacement aligned = next.aligned_to(after, policy == EplbPolicy::hierarchical);
+          const double align_ms = thread_cpu_ms() - a0;
+          const double moved_aligned = double(after.moved_slots(aligned)) / per;
           const char* name = policy == EplbPolicy::hierarchical ? "hierarchical" : "global";
-          std::printf("%5d %5d %4d %5d %-13s %-9s %10.3f %10.3f %10.3f %10.2f %12.2f\n", gpus, nodes, red,
-                      shape.num_replicas, name, spread ? "spread" : "published", p, b.mean, b.worst,
-                      median(ms), moved);
+          std::printf("%5d %5d %4d %5d %-13s %-9s %9.3f %9.3f %9.3f %8.2f %8.2f %7.2f %7.2f %6.2f\n", gpus,
+                      nodes, red, shape.num_replicas, name, spread ? "spread" : "published", p, b.mean,
+                      b.worst, median(ms), align_ms, moved, moved_aligned, colocated(after));
           rows.push_back({{"gpus", gpus},
                           {"nodes", nodes},
                           {"redundant_per_gpu", red},
@@ -224,6 +240,8 @@ int bench_eplb(int argc, char** argv) {
                           {"held_out_worst_layer", b.worst},
                           {"rebalance_cpu_ms_median", median(ms)},
                           {"rebalance_cpu_ms_min", *std::min_element(ms.begin(), ms.end())},
+                          {"align_cpu_ms", align_ms},
+                          {"colocated_slots_per_layer", colocated(after)},
                           {"moved_slots_per_layer_per_gpu", moved},
                           {"moved_slots_per_layer_per_gpu_aligned", moved_aligned}});
         }
