@@ -99,6 +99,7 @@ TEST(ConfigurationDoc, EveryTableOptionIsReadOnEveryPath) {
       {"bench router", ""},
       {"bench fleet", ""},
       {"bench pd", ""},
+      {"bench eplb", ""},
       {"bench kv", none},
       {"bench kv", none + " --agent-trace"},
       {"bench grammar", "--tokenizer " + file + " --schemas " + file},
