@@ -4,8 +4,9 @@
 // step's batch, say) picks one of the expert's replicas by a hash, so an expert's tokens split evenly
 // over its replicas, as EPLB's plan assumes, and the same token always goes to the same slot
 // (deterministic, no state, no allocation). It has no preference for a replica on the token's own
-// node: with replicas in several nodes (the global policy) that breaks the even split (`bench eplb`
-// at EP64, 4 redundant per GPU: held-out max/mean 1.61 with a node preference, 1.36 without).
+// node: with replicas in several nodes (the global policy) that breaks the even split (a 4-layer
+// `bench eplb` at EP64, global, 4 redundant per GPU: held-out max/mean 1.36-1.61 with a node
+// preference against the plan's 1.004; bench/NOTES.md run 160 measures 1.09 without).
 #pragma once
 
 #include <cstdint>

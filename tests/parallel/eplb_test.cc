@@ -173,7 +173,7 @@ TEST(Eplb, PropertiesOnSkewedLoads) {
       }
 }
 
-TEST(ExpertPlacement, ChoosesOwnRankThenNodeThenAnyAndSplitsEvenly) {
+TEST(ExpertPlacement, ChoosesAReplicaByTheTokensHashEvenly) {
   // Global hand case above, unspread: e1 on slots 2, 3 (GPU 1), 4 (GPU 2), 6 (GPU 3); 2 nodes of 2 GPUs.
   const std::vector<std::vector<double>> w = {{1, 7, 2, 2}};
   const ExpertPlacement pl(rebalance_experts(w, {8, 2, 2, 4}, {EplbPolicy::global, false}), 4, 2);
