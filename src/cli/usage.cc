@@ -198,7 +198,7 @@ const std::vector<CommandUsage>& command_usages() {
                     {"tokenize-threads", "N", "threads that render and tokenize prompts (default 1)"}}}}},
       {.command = "bench",
        .text =
-           "usage: beluga bench model|tokenizer|serve|router|fleet|pd|sampler|kv|grammar [options]\n"
+           "usage: beluga bench model|tokenizer|serve|router|fleet|pd|sampler|kv|grammar|eplb [options]\n"
            "  model       prefill and decode throughput of one model on this machine\n"
            "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
            "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
@@ -209,6 +209,8 @@ const std::vector<CommandUsage>& command_usages() {
            "  sampler     the CPU sampler's cost per token\n"
            "  kv          the KV tiers' bandwidth and TTFT from each tier; --agent-trace: agent sessions\n"
            "  grammar     structured outputs: grammar compile time and per-token mask time\n"
+           "  eplb        expert-parallel load balancing: max/mean expert load per GPU before and after "
+           "EPLB\n"
            "`beluga bench <name> --help` lists each one's options.\n"},
       {.command = "bench model",
        .synopsis = "[MODEL_DIR] [options]",
@@ -385,6 +387,27 @@ const std::vector<CommandUsage>& command_usages() {
                     {"repeat", "N", "compiles of each (default 3)"},
                     {"max-whitespace", "N",
                      "schemas: whitespace bytes allowed wherever JSON allows them (default 0)"},
+                    {"out", "FILE", "also write the results as JSON"}}}}},
+      {.command = "bench eplb",
+       .synopsis = "[--experts 256 --groups 8 --top-k 8 --layers 58 --gpus 8,16,32,64] [options]",
+       .summary = "DeepSeek's expert-parallel load balancer (EPLB) on a seeded Zipf routing distribution, no "
+                  "model or GPU needed: max/mean routed tokens per GPU on held-out tokens before (no "
+                  "redundancy, contiguous placement) and after (hierarchical and global policies, with and "
+                  "without replica spreading), the rebalance's CPU time and the slots a rebalance rewrites "
+                  "(docs/performance.md).",
+       .groups = {{"",
+                   {{"experts", "N", "routed experts per MoE layer (default 256)"},
+                    {"groups", "N", "expert groups (default 8)"},
+                    {"top-k", "N", "experts per token (default 8)"},
+                    {"layers", "N", "MoE layers (default 58, DeepSeek-V3's)"},
+                    {"gpus", "LIST", "expert-parallel sizes (default 8,16,32,64)"},
+                    {"nodes", "LIST", "nodes per --gpus entry, or one for all (default: 8 GPUs a node)"},
+                    {"redundant-per-gpu", "LIST", "redundant expert slots per GPU (default 1,4)"},
+                    {"zipf", "S", "skew of each layer's expert popularity (default 1.0; 0: uniform)"},
+                    {"tokens", "N", "tokens per statistics window, and as many held out (default 8192)"},
+                    {"step-tokens", "N", "tokens per step as the load window records them (default 256)"},
+                    {"seed", "N", "default 0"},
+                    {"repeat", "N", "timed rebalances per row, the median reported (default 5)"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "tokenize",
        .synopsis = "--tokenizer tokenizer.json [--allow-special] [--jsonl] < text",
