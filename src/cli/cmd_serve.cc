@@ -198,8 +198,9 @@ int cmd_serve(int argc, char** argv) {
 
   LoadedModel m = load_model_dir(model_args);
   BELUGA_CHECK(
-      !ecfg.speculative.enabled() || m.model->has_mtp(), "--speculative-config: method \"mtp\" needs ",
-      "a model with an MTP module (num_nextn_predict_layers > 0 and its weights); ", m.dir, " has none");
+      ecfg.speculative.method != SpecConfig::Method::kMtp || m.model->has_mtp(),
+      "--speculative-config: method \"mtp\" needs a model with an MTP module (num_nextn_predict_layers > 0 ",
+      "and its weights); ", m.dir, " has none (method \"ngram\", prompt lookup, needs none)");
   const std::string tok_dir = tokenizer_dir ? *tokenizer_dir : m.dir;
   // Before the store and the engine, which report to it.
   const auto kv_events = kv_events_ring > 0 ? std::make_unique<KvEventLog>(size_t(kv_events_ring)) : nullptr;

@@ -64,8 +64,11 @@ const std::vector<CommandUsage>& command_usages() {
               {"num-kv-blocks", "N", "KV cache blocks of 64 tokens (default: from --kv-cache-mb)"},
               {"no-enable-prefix-caching", "", "no prefix cache"},
               {"speculative-config", "JSON",
-               "speculative decoding, as vLLM spells it: {\"method\":\"mtp\",\"num_speculative_tokens\":K} "
-               "(\"gating\":\"cost\"|\"fixed\"; docs/speculative-decoding.md); off unless given"},
+               "speculative decoding, as vLLM spells it: "
+               "{\"method\":\"mtp\"|\"ngram\",\"num_speculative_tokens\":K} "
+               "(\"gating\":\"cost\"|\"fixed\", \"prompt_lookup_max\":N for ngram; "
+               "docs/speculative-decoding.md); "
+               "off unless given"},
               {"no-async-scheduling", "",
                "run each step serially (schedule, launch, wait, apply); the reference for the overlapped "
                "loop"},

@@ -22,11 +22,10 @@ SpecConfig parse_spec_config(const std::string& text) {
       if (m == "mtp" || m == "deepseek_mtp")
         c.method = SpecConfig::Method::kMtp;
       else if (m == "ngram")
-        throw Error(
-            "--speculative-config: method \"ngram\" (prompt lookup) is not supported yet; use \"mtp\"");
+        c.method = SpecConfig::Method::kNgram;
       else
-        throw Error(
-            str("--speculative-config: unknown method \"", m, "\" (expected \"mtp\" or \"deepseek_mtp\")"));
+        throw Error(str("--speculative-config: unknown method \"", m,
+                        "\" (expected \"mtp\", \"deepseek_mtp\" or \"ngram\")"));
     } else if (key == "num_speculative_tokens") {
       BELUGA_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 8,
                    "--speculative-config: \"num_speculative_tokens\" must be an integer from 1 to 8");
@@ -40,13 +39,30 @@ SpecConfig parse_spec_config(const std::string& text) {
       BELUGA_CHECK(g == "cost" || g == "fixed",
                    "--speculative-config: \"gating\" must be \"cost\" or \"fixed\"");
       c.fixed_gating = g == "fixed";
+    } else if (key == "prompt_lookup_min" || key == "prompt_lookup_max") {
+      BELUGA_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 32,
+                   "--speculative-config: \"", key, "\" must be an integer from 1 to 32");
+      (key == "prompt_lookup_min" ? c.prompt_lookup_min : c.prompt_lookup_max) = v.get<int>();
     } else {
-      throw Error(str("--speculative-config: unknown key \"", key,
-                      "\" (known: method, num_speculative_tokens, gating, synthetic_acceptance)"));
+      throw Error(
+          str("--speculative-config: unknown key \"", key,
+              "\" (known: method, num_speculative_tokens, gating, prompt_lookup_min, prompt_lookup_max, "
+              "synthetic_acceptance)"));
     }
   }
   BELUGA_CHECK(c.method != SpecConfig::Method::kNone, "--speculative-config: \"method\" is required");
   BELUGA_CHECK(c.num_speculative_tokens > 0, "--speculative-config: \"num_speculative_tokens\" is required");
+  if (c.method == SpecConfig::Method::kNgram) {
+    if (c.prompt_lookup_min == 0 && c.prompt_lookup_max == 0) c.prompt_lookup_min = c.prompt_lookup_max = 5;
+    if (c.prompt_lookup_min == 0) c.prompt_lookup_min = c.prompt_lookup_max;
+    if (c.prompt_lookup_max == 0) c.prompt_lookup_max = c.prompt_lookup_min;
+    BELUGA_CHECK(c.prompt_lookup_min <= c.prompt_lookup_max,
+                 "--speculative-config: \"prompt_lookup_min\" must not exceed \"prompt_lookup_max\"");
+  } else {
+    BELUGA_CHECK(
+        c.prompt_lookup_min == 0 && c.prompt_lookup_max == 0,
+        "--speculative-config: \"prompt_lookup_min\"/\"prompt_lookup_max\" apply to method \"ngram\" only");
+  }
   return c;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/ngram_proposer.h"
 #include "util/error.h"
 
 namespace beluga {
@@ -9,8 +10,11 @@ namespace beluga {
 SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows)
     : model_(model), cfg_(cfg), gate_(cfg.num_speculative_tokens, cfg.fixed_gating) {
   BELUGA_CHECK(cfg.enabled(), "speculative decoding is not configured");
+  stats_.accepted_per_position.assign(size_t(cfg.num_speculative_tokens), 0);
+  if (cfg.method == SpecConfig::Method::kNgram) return;  // drafts from the tokens: no MTP state
   BELUGA_CHECK(model.has_mtp(), "--speculative-config: method \"mtp\" needs a model with an MTP module ",
-               "(num_nextn_predict_layers > 0 and its weights in the checkpoint); this model has none");
+               "(num_nextn_predict_layers > 0 and its weights in the checkpoint); this model has none; ",
+               "method \"ngram\" (prompt lookup) needs none");
   Ops& ops = model.ops();
   const int64_t D = model.config().hidden_size;
   mtp_kv_ = model.make_mtp_kv_cache(num_blocks);
@@ -19,7 +23,6 @@ SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, in
   hidden_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   mtp_in_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   mtp_out_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
-  stats_.accepted_per_position.assign(size_t(cfg.num_speculative_tokens), 0);
 }
 
 void SpecDecoder::begin_step(int num_seqs) {
@@ -46,6 +49,13 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sa
       return 0;
     }
     p.sample_row = sample_row;
+    // Prompt lookup proposes here, from the tokens so far (the engine runs speculating steps one
+    // after another, so `tokens` is complete); s.draft is the buffer (its capacity is kept).
+    if (p.decode && ngram()) {
+      s.draft.resize(size_t(step_k_));
+      s.draft.resize(
+          size_t(propose_ngram(s.tokens, cfg_.prompt_lookup_min, cfg_.prompt_lookup_max, step_k_, s.draft)));
+    }
     // Drafts follow the token they were proposed after: only for the decode of the last token.
     if (p.decode) k = std::min({int(s.draft.size()), step_k_, std::max(0, p.max_length - p.length)});
     b.tokens.insert(b.tokens.end(), s.draft.begin(), s.draft.begin() + k);
@@ -68,10 +78,10 @@ int SpecDecoder::argmax(const float* logits, int row) const {
 }
 
 void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
-  BELUGA_CHECK(int64_t(b.tokens.size()) <= hidden_.shape[0], "speculative step of ", b.tokens.size(),
-               " tokens exceeds its buffers");
+  BELUGA_CHECK(ngram() || int64_t(b.tokens.size()) <= hidden_.shape[0], "speculative step of ",
+               b.tokens.size(), " tokens exceeds its buffers");
   ForwardOptions o = opt;
-  o.final_hidden = &hidden_;
+  if (!ngram()) o.final_hidden = &hidden_;
   model_.forward(b, kv, logits, o);
 
   const int S = int(b.seqs.size()), K = cfg_.num_speculative_tokens;
@@ -108,6 +118,7 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
       next = target(a);
     }
     accepted_[size_t(i)] = a;
+    if (ngram()) continue;      // no MTP pass: the next drafts come from the tokens at the next plan
     int valid = chunk_len + a;  // rows whose next token is known
     if (next < 0) --valid;      // defensive: no known successor for the last position
     if (valid <= 0) continue;

@@ -1,11 +1,12 @@
-// SpecDecoder: speculative decoding with the model's MTP module as proposer (DESIGN.md §3, the
-// proposer/verifier seam). Each sequence that samples greedily from raw logits verifies the draft
-// tokens proposed for it in the previous step as extra query tokens of its decode chunk (one batched
-// forward, prefill-style rows), accepts the longest prefix equal to the target's argmaxes, and gets
-// the target's token after it as a bonus: 1 + accepted tokens per step, the same tokens as without
-// speculation. The MTP module then runs over the step's accepted positions (its KV lives in a cache of
-// its own that shares the main cache's block tables, so rolling back a sequence's length rolls back
-// both) and, chained on its own output, proposes the next step's drafts.
+// SpecDecoder: speculative decoding with the model's MTP module as proposer, or prompt lookup
+// (method "ngram", engine/ngram_proposer.h: drafts from the sequence's own tokens, no MTP pass; the
+// rest below is the same) (DESIGN.md §3, the proposer/verifier seam). Each sequence that samples greedily
+// from raw logits verifies the draft tokens proposed for it in the previous step as extra query tokens of its
+// decode chunk (one batched forward, prefill-style rows), accepts the longest prefix equal to the target's
+// argmaxes, and gets the target's token after it as a bonus: 1 + accepted tokens per step, the same tokens as
+// without speculation. The MTP module then runs over the step's accepted positions (its KV lives in a cache
+// of its own that shares the main cache's block tables, so rolling back a sequence's length rolls back both)
+// and, chained on its own output, proposes the next step's drafts.
 //
 // Gating (SpecGate): before each step the engine calls begin_step(); the gate picks how many drafts the
 // step's decode sequences verify and propose (0: they decode plainly, without the MTP pass, and the
@@ -66,6 +67,7 @@ class SpecDecoder {
   // count.
   void begin_step(int num_seqs);
   int step_drafts() const { return step_k_; }
+  bool ngram() const { return cfg_.method == SpecConfig::Method::kNgram; }
   const SpecGate& gate() const { return gate_; }
   // Runner thread: the step's forward, the verification and the MTP pass (proposals for the next step).
   void run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt);

@@ -50,12 +50,15 @@ class SpecDecodeTest : public ::testing::Test {
     return s;
   }
   // Fixed gating unless `gating` says otherwise: the statistics below assume every step verifies K.
-  static EngineConfig config(int k, int blocks = 64, const char* gating = "fixed") {
+  static EngineConfig config(int k, int blocks = 64, const char* gating = "fixed",
+                             const char* method = "mtp") {
     EngineConfig ec;
     ec.num_kv_blocks = blocks;
     ec.max_num_seqs = 16;
     ec.max_model_len = 256;
-    std::string j = R"({"method":"mtp","num_speculative_tokens":)";
+    std::string j = std::string(R"({"method":")") + method;
+    j += std::string(method) == "ngram" ? R"(","prompt_lookup_min":1,"prompt_lookup_max":3,)" : R"(",)";
+    j += R"("num_speculative_tokens":)";
     j += std::to_string(k);
     j += R"(,"gating":")";
     j += gating;
@@ -134,6 +137,39 @@ TEST_F(SpecDecodeTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
     EXPECT_EQ(sum, st.spec_accepted_tokens);
     EXPECT_LT(st.steps, base_st.steps) << "K=" << k << ": several tokens per step";
   }
+}
+
+// Prompt lookup through the same verifier: greedy output unchanged (batch, n > 1, max_tokens edges),
+// and on prompts that repeat themselves drafts are verified and accepted, so fewer steps run.
+TEST_F(SpecDecodeTest, NgramGreedyOutputIsTheSameAndDraftsAreAccepted) {
+  auto repetitive = [&](int seed) {  // a 9-token phrase three times: its continuation is in the prompt
+    std::vector<int> p{0};
+    for (int r = 0; r < 3; ++r)
+      for (int i = 0; i < 9; ++i) p.push_back(100 + (i * 37 + seed * 211) % 900);
+    return p;
+  };
+  auto reqs = [&](Collector& c) {
+    std::vector<EngineRequest> v;
+    for (int i = 0; i < 4; ++i) v.push_back(greedy(name("g", i), repetitive(i), 30 + i, c));
+    v.push_back(greedy("plain", prompt(17, 5), 24, c));
+    v.push_back(greedy("n2", repetitive(7), 20, c, 2));
+    for (int m = 1; m <= 3; ++m) v.push_back(greedy(name("max", m), repetitive(m + 10), m, c));
+    return v;
+  };
+  EngineStats base_st;
+  const Outcome base = run(config(0), reqs, &base_st);
+  for (const char* gating : {"fixed", "cost"})
+    for (int k : {1, 3}) {
+      EngineStats st;
+      const Outcome o = run(config(k, 64, gating, "ngram"), reqs, &st);
+      EXPECT_EQ(o.tokens, base.tokens) << gating << " K=" << k;
+      EXPECT_EQ(o.finish, base.finish) << gating << " K=" << k;
+      EXPECT_GT(st.spec_draft_tokens, 0) << gating << " K=" << k;
+      EXPECT_GT(st.spec_accepted_tokens, 0) << gating << " K=" << k;
+      if (std::string(gating) == "fixed") {
+        EXPECT_LT(st.steps, base_st.steps) << "K=" << k << ": accepted drafts save steps";
+      }
+    }
 }
 
 // Cost gating switches between speculating and plain decode steps as its measurements say (it tries
@@ -267,7 +303,10 @@ TEST(SpecConfigTest, ParsesVllmSpellingAndRefusesBadInput) {
   refuses("{", "not valid JSON");
   refuses("[]", "JSON object");
   refuses(R"({"method":"eagle","num_speculative_tokens":1})", "unknown method");
-  refuses(R"({"method":"ngram","num_speculative_tokens":1})", "not supported yet");
+  refuses(R"({"method":"ngram","num_speculative_tokens":1,"prompt_lookup_min":4,"prompt_lookup_max":2})",
+          "must not exceed");
+  refuses(R"({"method":"ngram","num_speculative_tokens":1,"prompt_lookup_max":0})", "from 1 to 32");
+  refuses(R"({"method":"mtp","num_speculative_tokens":1,"prompt_lookup_max":3})", "\"ngram\" only");
   refuses(R"({"method":"mtp"})", "num_speculative_tokens");
   refuses(R"({"method":"mtp","num_speculative_tokens":0})", "from 1 to 8");
   refuses(R"({"method":"mtp","num_speculative_tokens":2.5})", "from 1 to 8");
@@ -280,6 +319,21 @@ TEST(SpecConfigTest, ParsesVllmSpellingAndRefusesBadInput) {
       parse_spec_config(R"({"method":"mtp","num_speculative_tokens":1,"gating":"fixed"})").fixed_gating);
   EXPECT_FALSE(
       parse_spec_config(R"({"method":"mtp","num_speculative_tokens":1,"gating":"cost"})").fixed_gating);
+}
+
+// "ngram" takes vLLM's defaults: a lookup length given alone sets the other; neither gives 5 and 5.
+TEST(SpecConfigTest, NgramLookupLengthsDefaultAsVllm) {
+  SpecConfig c = parse_spec_config(R"({"method":"ngram","num_speculative_tokens":3})");
+  EXPECT_EQ(c.method, SpecConfig::Method::kNgram);
+  EXPECT_EQ(c.prompt_lookup_min, 5);
+  EXPECT_EQ(c.prompt_lookup_max, 5);
+  c = parse_spec_config(R"({"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4})");
+  EXPECT_EQ(c.prompt_lookup_min, 4);
+  EXPECT_EQ(c.prompt_lookup_max, 4);
+  c = parse_spec_config(
+      R"({"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":2,"prompt_lookup_max":4})");
+  EXPECT_EQ(c.prompt_lookup_min, 2);
+  EXPECT_EQ(c.prompt_lookup_max, 4);
 }
 
 // A model without MTP layers (the dsv3-tiny fixture) cannot speculate with "mtp".
@@ -299,6 +353,46 @@ TEST(SpecConfigTest, ModelWithoutMtpIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("MTP module"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace beluga
+
+namespace beluga {
+namespace {
+
+// Prompt lookup on a model without an MTP module (dsv3-tiny): it builds and keeps greedy output.
+TEST(SpecConfigTest, NgramNeedsNoMtpModule) {
+  const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny";
+  ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
+  Checkpoint ckpt(dir);
+  CpuOps ops(CpuOptions{1});
+  auto model = load_model(cfg, ckpt, ops, 256);
+  ASSERT_FALSE(model->has_mtp());
+  std::map<int, std::vector<int>> out[2];
+  for (int spec = 0; spec < 2; ++spec) {
+    EngineConfig ec;
+    ec.num_kv_blocks = 32;
+    if (spec)
+      ec.speculative =
+          parse_spec_config(R"({"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":2})");
+    Engine e(*model, ec);
+    Collector c;
+    EngineRequest r;
+    r.id = "t";
+    r.prompt = {1, 5, 9, 13, 5, 9, 13, 5, 9};
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 16;
+    r.sampling.ignore_eos = true;
+    r.on_output = c.callback();
+    ASSERT_EQ(e.submit(std::move(r)), SubmitStatus::kOk);
+    ASSERT_TRUE(c.wait(1));
+    std::lock_guard<std::mutex> lk(c.mu);
+    EXPECT_EQ(c.error["t"], "") << "spec=" << spec;
+    out[spec] = c.tokens["t"];
+  }
+  EXPECT_EQ(out[1], out[0]);
+  EXPECT_EQ(out[0].at(0).size(), 16u);
 }
 
 }  // namespace
