@@ -207,9 +207,10 @@ int bench_model(int argc, char** argv) {
   const ModelConfig& c = m.cfg;
 
   std::printf(
-      "beluga bench model: %s (%s), %.1f M parameters, load %.2f s, %d threads, kernels %s, activations %s\n",
+      "beluga bench model: %s (%s), %.1f M parameters, load %.2f s, %d threads, kernels %s, activations "
+      "%s%s\n",
       m.dir.c_str(), arch_name(c.arch), double(m.model->num_parameters()) / 1e6, m.load_seconds,
-      m.cpu->threads(), m.cpu->kernels().name, dtype.c_str());
+      m.cpu->threads(), m.cpu->kernels().name, dtype.c_str(), ma.cpu.deterministic ? ", deterministic" : "");
   const double bw = measure_read_bandwidth(*m.cpu);
   const double peak = measure_gemm_peak(*m.cpu);
   std::printf(
@@ -232,7 +233,8 @@ int bench_model(int argc, char** argv) {
   gen.generate({std::vector<int>(prompts[0].begin(), prompts[0].begin() + std::min(P, 16))}, warm);
 
   GenerateParams gp;
-  gp.max_tokens = G + 1;  // the first token comes from the prefill step
+  gp.mla_mode = mla_mode_for(ma, MlaMode::kAuto);  // --deterministic: absorbed for every step
+  gp.max_tokens = G + 1;                           // the first token comes from the prefill step
   double prefill_s = 0;
   int prefill_tokens = 0;
   std::vector<double> decode_s;
@@ -288,6 +290,7 @@ int bench_model(int argc, char** argv) {
         {"threads", m.cpu->threads()},
         {"kernels", m.cpu->kernels().name},
         {"activations", dtype},
+        {"deterministic", ma.cpu.deterministic},
         {"batch", B},
         {"prompt_len", P},
         {"gen_len", G},

@@ -35,7 +35,10 @@ int cmd_generate(int argc, char** argv) {
   const std::string format = a.get_or("format", "json");
   BELUGA_CHECK(format == "json" || format == "text", "--format must be json or text");
   BELUGA_CHECK(p.temperature >= 0, "--temperature must be >= 0");
-  LoadedModel m = load_model_from_args(a);
+  const ModelArgs ma = parse_model_args(a);
+  p.mla_mode = mla_mode_for(ma, p.mla_mode);
+  a.check_all_used();
+  LoadedModel m = load_model_dir(ma);
   Generator gen(*m.model);
   std::vector<int> out = gen.generate({prompt}, p)[0];
   if (format == "json") {
@@ -52,8 +55,10 @@ int cmd_logits(int argc, char** argv) {
   Args a = Args::for_command(argc, argv, "logits");
   std::vector<int> prompt = parse_int_list(a.require("prompt-ids"));
   const std::string out = a.require("out");
-  const MlaMode mode = parse_mla_mode(a);
-  LoadedModel m = load_model_from_args(a);
+  const ModelArgs ma = parse_model_args(a);
+  const MlaMode mode = mla_mode_for(ma, parse_mla_mode(a));
+  a.check_all_used();
+  LoadedModel m = load_model_dir(ma);
   Generator gen(*m.model);
   std::vector<float> logits = gen.prompt_logits(prompt, mode);
   write_safetensors(out,

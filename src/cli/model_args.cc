@@ -67,6 +67,9 @@ ModelArgs parse_model_args(const Args& args) {
   ma.max_model_len = int(args.get_int("max-model-len", 0));
   BELUGA_CHECK(ma.max_model_len >= 0, "--max-model-len must be >= 0");
   ma.enforce_eager = args.has("enforce-eager");
+  ma.cpu.deterministic = args.has("deterministic");
+  BELUGA_CHECK(!ma.cpu.deterministic || ma.device == "cpu",
+               "--deterministic is CPU only for now (docs/deterministic.md says what CUDA still needs)");
   return ma;
 }
 
@@ -112,6 +115,13 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
 #endif
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
+}
+
+MlaMode mla_mode_for(const ModelArgs& ma, MlaMode asked) {
+  if (!ma.cpu.deterministic) return asked;
+  BELUGA_CHECK(asked != MlaMode::kExpanded,
+               "--deterministic attends in the absorbed form (not --mla-mode expanded)");
+  return MlaMode::kAbsorbed;
 }
 
 LoadedModel load_model_from_args(const Args& args) {

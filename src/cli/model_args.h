@@ -34,7 +34,8 @@ std::string default_model_dir();
 // both given and different is an error; default: the built-in model), --load-format auto|dummy,
 // --threads N, --dtype float32|bfloat16 (activation rounding for BF16 GEMMs), --max-model-len N,
 // --device cpu|cuda (cuda: in builds with the CUDA backend; BF16 activations, dummy weights made
-// on the GPU), --enforce-eager (no CUDA graphs for decode steps).
+// on the GPU), --enforce-eager (no CUDA graphs for decode steps), --deterministic (batch-invariant
+// CPU kernels: CpuOptions::deterministic; the engine's part is EngineConfig::deterministic).
 struct ModelArgs {
   std::string dir, config_path;
   std::string load_format = "auto";
@@ -47,6 +48,9 @@ struct ModelArgs {
   bool progress_lines = false;
 };
 ModelArgs parse_model_args(const Args& args);
+// The attention form a command runs: `asked` (--mla-mode), or absorbed for every step under
+// --deterministic (an expanded/absorbed choice by query length would depend on the batch).
+MlaMode mla_mode_for(const ModelArgs& ma, MlaMode asked);
 // Reads the config and loads the weights.
 LoadedModel load_model_dir(const ModelArgs& ma);
 // parse_model_args, args.check_all_used(), load_model_dir: a command reads its own options first,

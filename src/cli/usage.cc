@@ -16,7 +16,11 @@ FlagGroup model_options() {
            {"dtype", "float32|bfloat16", "activation rounding for BF16 GEMMs (default float32)"},
            {"max-model-len", "N", "context length (default: the model's)"},
            {"device", "cpu|cuda", "cuda in builds with the CUDA backend"},
-           {"enforce-eager", "", "no CUDA graphs for decode steps"}}};
+           {"enforce-eager", "", "no CUDA graphs for decode steps"},
+           {"deterministic", "",
+            "batch-invariant results: a request gives the same token ids and logprobs alone or in any "
+            "batch, with prefix hits and chunked prefill; unseeded requests use seed 0; CPU only for now, "
+            "not with --speculative-config (docs/deterministic.md)"}}};
 }
 
 // The server's and the router's log level (util/log.h).

@@ -77,8 +77,10 @@ struct Engine::Impl {
         kv_connector(cfg.kv_connector),
         trace(cfg.trace_path.empty() ? nullptr : std::make_unique<Tracer>(cfg.trace_path)),
         trace_lane(trace ? trace->add_lane("engine loop") : 0),
-        runner(m, kv, cfg.step_hook, trace.get(), spec.get()),
-        device_sampling(cfg.device_sampling && m.has_sampler() && !spec) {}
+        runner(m, kv, cfg.step_hook, trace.get(), spec.get(),
+               cfg.deterministic ? MlaMode::kAbsorbed : MlaMode::kAuto),
+        device_sampling(cfg.device_sampling && m.has_sampler() && !spec),
+        deterministic(cfg.deterministic) {}
 
   Model& model;
   std::unique_ptr<SpecDecoder> spec;  // speculative decoding, or null
@@ -112,6 +114,7 @@ struct Engine::Impl {
   std::vector<int> index_scratch;
   std::vector<uint32_t> allowed;  // a constrained row's token mask
   const bool device_sampling;     // steps may sample on the device (EngineConfig::device_sampling)
+  const bool deterministic;       // EngineConfig::deterministic: unseeded requests use seed 0
   DeviceSampling dsamp;           // the step being launched: its device-sampling rows and masks
 };
 
@@ -136,6 +139,9 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
     BELUGA_CHECK(cfg.kv_connector->block_bytes() == model.kv_bytes_per_token() * kKvBlockSize,
                  "the KV connector's blocks are ", cfg.kv_connector->block_bytes(), " bytes, the model's ",
                  model.kv_bytes_per_token() * kKvBlockSize);
+  BELUGA_CHECK(!(cfg.deterministic && cfg.speculative.enabled()),
+               "--deterministic does not work with speculative decoding (whether a draft is proposed and "
+               "accepted depends on the batch)");
   if (cfg.speculative.enabled())
     BELUGA_CHECK(!cfg.kv_connector,
                  "speculative decoding does not work with KV offloading (--kv-offload) yet");
@@ -542,7 +548,7 @@ void Engine::loop() {
       Impl::Request& rr = im.requests.try_emplace(slot).first->second;
       rr.req = std::move(req);
       im.slot_of[rr.req.id] = slot;
-      rr.seed = rr.req.sampling.seed ? *rr.req.sampling.seed : im.seed_source();
+      rr.seed = rr.req.sampling.seed ? *rr.req.sampling.seed : im.deterministic ? 0 : im.seed_source();
       rr.stop_ids = rr.req.sampling.stop_token_ids;
       if (rr.req.sampling.repetition_penalty != 1.0f) rr.prompt_set = distinct_tokens(rr.req.prompt);
       if (!rr.req.sampling.ignore_eos)

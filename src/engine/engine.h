@@ -50,6 +50,12 @@ struct EngineConfig {
   // the device when the model has a sampler (CUDA), constrained rows with their masks uploaded with
   // the step; off (`--no-device-sampling`): the logits come to the host sampler (the reference).
   bool device_sampling = true;
+  // Deterministic mode (`--deterministic`, docs/deterministic.md): a request gives the same token ids
+  // and logprobs alone or in any batch, with or without prefix-cache hits and chunked prefill. The
+  // engine's part: one attention form for every step (MLA absorbed, not chosen by the step's longest
+  // query) and seed 0 for requests without one. The backend must be batch invariant too
+  // (CpuOptions::deterministic). Not with speculative decoding (its drafts depend on the batch).
+  bool deterministic = false;
   // Non-empty: write a Chrome-trace JSON of the loop's host spans (per step: admit, schedule, wait,
   // sample, build batch, launch, deliver) and the model runner's forwards to this file when the engine
   // stops (src/util/trace.h; `beluga serve` takes it from BELUGA_TRACE). Empty: no tracing cost.

@@ -7,12 +7,14 @@
 
 namespace beluga {
 
-ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace, SpecDecoder* spec)
+ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace, SpecDecoder* spec,
+                         MlaMode mla_mode)
     : model_(model),
       kv_(kv),
       hook_(std::move(hook)),
       trace_(trace),
       spec_(spec),
+      mla_mode_(mla_mode),
       vocab_(model.config().vocab_size) {
   if (trace_) trace_lane_ = trace_->add_lane("model runner");
   thread_ = std::thread([this] { run(); });
@@ -89,6 +91,7 @@ void ModelRunner::run() {
       try {
         if (hook_) hook_(step_);
         ForwardOptions opt;
+        opt.mla_mode = mla_mode_;
         if (greedy_) opt.greedy_tokens = greedy_tokens_.data();
         if (device_sampled_) {
           opt.sampling = &sampling_;

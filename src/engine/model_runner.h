@@ -38,9 +38,10 @@ class ModelRunner {
   using StepHook = std::function<void(int64_t step)>;
 
   // `trace` (may be null) must outlive the runner. With `spec`, each step runs through
-  // SpecDecoder::run_step (forward, verification, MTP proposals).
+  // SpecDecoder::run_step (forward, verification, MTP proposals). `mla_mode` goes to every step's
+  // ForwardOptions (kAbsorbed: one attention form whatever the step's query lengths).
   ModelRunner(Model& model, KvCache& kv, StepHook hook = {}, Tracer* trace = nullptr,
-              SpecDecoder* spec = nullptr);
+              SpecDecoder* spec = nullptr, MlaMode mla_mode = MlaMode::kAuto);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -77,6 +78,7 @@ class ModelRunner {
   Tracer* trace_;
   int trace_lane_ = 0;
   SpecDecoder* spec_;
+  MlaMode mla_mode_;
   const int vocab_;
   Batch batch_;                // the step in flight (owned by the thread between launch and done)
   KvStepCopies copies_;        // its KV connector copies

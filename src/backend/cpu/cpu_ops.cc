@@ -39,7 +39,8 @@ void check_f32_2d(const Tensor& t, const char* what) {
 
 }  // namespace
 
-CpuOps::CpuOps(CpuOptions opt) : k_(&cpu::select_kernels()), bf16_act_(opt.bf16_activations) {
+CpuOps::CpuOps(CpuOptions opt)
+    : k_(&cpu::select_kernels()), bf16_act_(opt.bf16_activations), deterministic_(opt.deterministic) {
   threads_ = opt.threads > 0 ? opt.threads : omp_get_max_threads();
 #ifdef BELUGA_TSAN
   threads_ = 1;  // libgomp's synchronization is invisible to ThreadSanitizer (CMakeLists.txt)
@@ -257,7 +258,8 @@ const uint16_t* CpuOps::maybe_bf16(const float* x, int64_t ldx, int M, int K) {
 }
 
 const uint16_t* CpuOps::maybe_split(const float* x, int64_t ldx, int M, int K, int max_rows) {
-  if (bf16_act_ || !k_->split_exact || M > max_rows) return nullptr;
+  // Deterministic: never, so a row rounds the same at M = 1 as inside a batch or a prefill chunk.
+  if (bf16_act_ || deterministic_ || !k_->split_exact || M > max_rows) return nullptr;
   Tensor xs = scratch(DType::kBF16, {M, 3 * int64_t(K)});
   for (int m = 0; m < M; ++m)
     k_->split_bf16x3(x + int64_t(m) * ldx, xs.ptr<uint16_t>() + int64_t(m) * 3 * K, K);

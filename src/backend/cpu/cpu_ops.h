@@ -2,6 +2,8 @@
 // scales), OpenMP threads, SIMD kernels chosen at run time (kernels.h).
 // With bf16_activations, GEMM inputs are rounded to BF16 for BF16 weights (2x the arithmetic rate,
 // as llama.cpp does); accumulation stays F32 either way.
+// With deterministic, every op computes a row the same way whatever the other rows are (batch
+// invariant): the GEMMs keep one kernel path per weight dtype instead of choosing by the row count.
 #pragma once
 
 #include <memory>
@@ -16,6 +18,10 @@ namespace beluga {
 struct CpuOptions {
   int threads = 0;  // 0: all cores OpenMP sees
   bool bf16_activations = false;
+  // Batch-invariant results (`--deterministic`): a row's output bits do not depend on M. The one
+  // path chosen by M is the exact bf16x3 split for few rows (maybe_split), whose products round
+  // differently from the F32 path; it is off in this mode (decode then converts each weight).
+  bool deterministic = false;
 };
 
 class CpuOps final : public Ops {
@@ -26,6 +32,7 @@ class CpuOps final : public Ops {
   Device device() const override { return Device::kCpu; }
   DType act_dtype() const override { return DType::kF32; }
   int threads() const { return threads_; }
+  bool deterministic() const { return deterministic_; }
   const cpu::Kernels& kernels() const { return *k_; }
   // Bytes the scratch arena holds (its high-water mark since the backend was made).
   size_t scratch_capacity() const {
@@ -104,6 +111,7 @@ class CpuOps final : public Ops {
   const cpu::Kernels* k_;
   int threads_;
   bool bf16_act_;
+  bool deterministic_;
   // Scratch arena: bump allocation; grows by adding chunks, merged into one at the next reset.
   std::vector<std::unique_ptr<unsigned char[]>> chunks_;
   std::vector<size_t> chunk_size_;
