@@ -91,36 +91,59 @@ int SchemaCompiler::gen_array(const Json& s, const std::string& path, int depth)
   return g_.seq({tokws("["), body, wstok("]")});
 }
 
-// contains whose subschema is a type test: items are "matching" (item schema and those types) or
-// "non-matching" (item schema and the other types), two disjoint languages, so the array is
-// N* (M N*){min,max} exactly.
+// contains whose subschema is a type test, integral numeric bounds or an integral const: items are
+// "matching" (item schema and the subschema) or "non-matching" (item schema and the subschema's
+// complement, written as a schema: the other types, numbers outside the bounds), two disjoint
+// languages, so the array is N* (M N*){min,max} exactly.
 int SchemaCompiler::gen_contains(const Json& c, const Json& item, int64_t minc, int64_t maxc,
                                  const std::string& path, int depth) {
-  for (auto& [k, v] : c.items())
-    if (k != "type" && classify(k, draft_) != Kw::kIgnored)
-      refuse("contains", path,
-             "contains is supported when its subschema only tests the type (\"" + k + "\" is not)");
+  // The subschema's test: its types, plus integral numeric bounds or an integral const.
+  Json fails = Json::array();  // number schemas that fail the test
+  bool cval = false;
+  for (auto& [k, v] : c.items()) {
+    if (k == "type" || classify(k, draft_) == Kw::kIgnored) continue;
+    bool bound = k == "minimum" || k == "maximum" ||
+                 (draft_ != Draft::k4 && (k == "exclusiveMinimum" || k == "exclusiveMaximum"));
+    if ((bound || k == "const") && v.is_number() && std::floor(v.get<double>()) == v.get<double>()) {
+      // Its complement among numbers (integral bounds, as gen_number takes them).
+      auto num = [&](const char* kw) { return Json{{"type", "number"}, {kw, v}}; };
+      if (k == "minimum") fails.push_back(num("exclusiveMaximum"));
+      if (k == "exclusiveMinimum") fails.push_back(num("maximum"));
+      if (k == "maximum") fails.push_back(num("exclusiveMinimum"));
+      if (k == "exclusiveMaximum") fails.push_back(num("minimum"));
+      if (k == "const")
+        fails.push_back(num("exclusiveMaximum")), fails.push_back(num("exclusiveMinimum")), cval = true;
+      continue;
+    }
+    refuse("contains", path,
+           "contains is supported when its subschema tests the type, integral numeric bounds or an "
+           "integral const (\"" +
+               k + "\" is not)");
+  }
+  if (cval && c.size() > size_t(1 + c.contains("type")))
+    refuse("contains", path, "contains with const and other keywords is not supported");
   std::set<std::string> t = types_of(c, path), other = types_of(Json::object(), path);
   if (t.count("number")) t.insert("integer");
   if (t.count("integer") && !t.count("number"))
     refuse("contains", path,
            "contains {\"type\": \"integer\"} is not supported (its complement is non-integral numbers)");
+  if (cval && !t.count("number")) refuse("contains", path, "a const that the type excludes is not supported");
   for (auto& x : t) other.erase(x);
+  if (cval) other = {"null", "boolean", "string", "array", "object"};  // const v: only v itself matches
   if (minc > 1000 || maxc > 1000)
     refuse("contains", path, "minContains/maxContains above 1000 are not supported");
-  auto typed = [&](const std::set<std::string>& ts) -> Json {
-    if (ts.empty()) return false;
-    Json ty = Json::array();
-    for (auto& x : ts) ty.push_back(x);
-    return merge(item, Json{{"type", ty}}, path);
-  };
+  // Non-matching: the other types, or a number that fails the test (two disjoint languages).
+  Json ty = Json::array();
+  for (auto& x : other) ty.push_back(x);
+  Json nonmatch = fails.empty() ? Json{{"type", ty}} : Json{{"anyOf", fails}};
+  if (!fails.empty()) nonmatch["anyOf"].push_back(Json{{"type", ty}});
   auto as_rule = [&](const std::string& name, int e) {
     int r = g_.add_rule(join_path(path, name));
     g_.define(r, e);
     return g_.ref(r);
   };
-  int m = as_rule("contains", gen(typed(t), join_path(path, "contains"), depth + 1));
-  int nm = as_rule("contains:other", gen(typed(other), join_path(path, "items"), depth + 1));
+  int m = as_rule("contains", gen(merge(item, c, path), join_path(path, "contains"), depth + 1));
+  int nm = as_rule("contains:other", gen(merge(item, nonmatch, path), join_path(path, "items"), depth + 1));
   int comma = tokws(",");
   int more_nm = g_.repeat(g_.seq({comma, nm}), 0, -1);
   int64_t cap = maxc >= 0 ? maxc : minc;

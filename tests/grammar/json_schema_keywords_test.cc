@@ -147,7 +147,16 @@ TEST(JsonSchemaKeywords, ContainsWithTypeTests) {
   EXPECT_FALSE(full(schema(R"({"contains":true})"), "[]"));
   EXPECT_FALSE(full(schema(R"({"contains":false})"), "[1]"));
   EXPECT_TRUE(full(schema(R"({"contains":false})"), "\"not an array\""));
-  EXPECT_EQ(refused(R"({"contains":{"minimum":5}})"), "contains");
+  auto five = schema(R"({"contains":{"minimum":5}})");
+  for (const char* ok : {"[3,4,5]", "[6]", R"(["a"])", "[2,{}]", "[5.5]", "{}"})
+    EXPECT_TRUE(full(five, ok)) << ok;
+  for (const char* bad : {"[]", "[2,3,4]", "[4.9]", "[-7]"}) EXPECT_FALSE(full(five, bad)) << bad;
+  auto exactly = schema(R"({"contains":{"const":5},"maxContains":1})");
+  EXPECT_TRUE(full(exactly, "[3,5,\"5\"]"));
+  EXPECT_FALSE(full(exactly, "[3,4]"));
+  EXPECT_FALSE(full(exactly, "[5,5]"));
+  EXPECT_EQ(refused(R"({"contains":{"minimum":5.5}})"), "contains");
+  EXPECT_EQ(refused(R"({"contains":{"const":"a"}})"), "contains");
   EXPECT_EQ(refused(R"({"contains":{"type":"integer"}})"), "contains");
 }
 
