@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -21,6 +22,10 @@
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/refused.h"
+
+namespace beluga::grammar {
+struct CompiledGrammar;
+}
 
 namespace beluga::grammar::detail {
 
@@ -122,6 +127,10 @@ class SchemaCompiler {
   // Whether each text (a whole JSON value) matches expr: the grammar so far with expr as its root,
   // rules still being defined (recursion) taken as empty, so only non-recursive uses are exact.
   std::vector<bool> accepts(int expr, const std::vector<std::string>& texts);
+  std::shared_ptr<const CompiledGrammar> probe_grammar(int expr);
+  // Unnamed keys by the set of patterns they match (json_schema_keys.cc): class -> key expression.
+  std::map<uint32_t, int> key_classes(const std::vector<std::string>& patterns,
+                                      const std::vector<std::string>& named_texts, const std::string& path);
 
   // ---- merging (json_schema_merge.cc) --------------------------------------------------------------
   Json deref(const Json& s, const std::string& path);

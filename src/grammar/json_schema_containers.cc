@@ -257,32 +257,48 @@ int SchemaCompiler::gen_object(const Json& s, const std::string& path, int depth
     schemas[i] = parts.size() == 1 ? parts[0] : Json{{"allOf", parts}};
   }
   // The members whose key is none of the named ones: their key language and value.
-  int add_key = -1, add_val = -1;
+  int add_key = -1, add_val = -1, add_member = -1;
   bool addl_false = addl.is_boolean() && !addl.get<bool>();
   bool pats_free = true;
   for (auto& [p, v] : pats) pats_free = pats_free && is_assertion_free(v);
-  if (!pats.empty() && !(pats_free && is_assertion_free(addl))) {
-    if (!addl_false)
-      refuse("patternProperties", path,
-             "patternProperties with additionalProperties other than false is not supported (keys "
-             "that match no pattern would need the pattern's complement)");
-    if (!pn_free)
-      refuse("patternProperties", path, "patternProperties together with propertyNames is not supported");
-    for (size_t j = 0; j < pats.size(); ++j) {
-      if (pats[j].second != pats[0].second)
-        refuse("patternProperties", path,
-               "patterns with different schemas are not supported (a key matching two must satisfy both)");
-      for (size_t i = 0; i < n; ++i)
-        if (matches[j][i])
-          refuse("patternProperties", path,
-                 "the pattern \"" + pats[j].first + "\" matches the named property \"" + keys[i] +
-                     "\" (its other keys would have to exclude it)");
-    }
+  bool same_schema = true, named_match = false;
+  for (size_t j = 0; j < pats.size(); ++j) {
+    same_schema = same_schema && pats[j].second == pats[0].second;
+    for (size_t i = 0; i < n; ++i) named_match = named_match || matches[j][i];
+  }
+  if (!pats.empty() && !(pats_free && is_assertion_free(addl)) && !pn_free)
+    refuse("patternProperties", path, "patternProperties together with propertyNames is not supported");
+  if (!pats.empty() && !(pats_free && is_assertion_free(addl)) && addl_false && same_schema && !named_match) {
+    // The keys matching some pattern (no named key can): one string language, one schema.
     std::vector<int> alts;
     for (auto& [p, v] : pats)
       alts.push_back(gen_string(Json{{"pattern", p}}, join_path(path, "patternProperties")));
     add_key = g_.choice(std::move(alts));
     add_val = gen(pats[0].second, join_path(join_path(path, "patternProperties"), pats[0].first), depth + 1);
+  } else if (!pats.empty() && !(pats_free && is_assertion_free(addl))) {
+    // Keys by the set of patterns they match: none (additionalProperties), one, or several (all
+    // their schemas).
+    if (pats.size() > 4) refuse("patternProperties", path, "more than 4 patterns are not supported");
+    std::vector<std::string> ps;
+    for (auto& [p, v] : pats) ps.push_back(p);
+    std::vector<int> members;
+    for (auto& [c, keyexpr] : key_classes(ps, key_texts, path)) {
+      Json parts = Json::array();
+      for (size_t j = 0; j < pats.size(); ++j)
+        if ((c >> j) & 1) parts.push_back(pats[j].second);
+      if (c == 0) parts.push_back(addl);
+      Json vs = parts.size() == 1 ? parts[0] : Json{{"allOf", parts}};
+      if (vs.is_boolean() && !vs.get<bool>()) continue;
+      int v = is_assertion_free(vs)
+                  ? any_value()
+                  : gen(vs, join_path(path, "patternProperties:" + std::to_string(c)), depth + 1);
+      members.push_back(g_.seq({keyexpr, tokws(":"), v}));
+    }
+    if (!members.empty()) {
+      int r = g_.add_rule(join_path(path, "patternProperties"));
+      g_.define(r, g_.choice(std::move(members)));
+      add_member = g_.ref(r);
+    }
   } else if (!addl_false && !pn_none) {
     if (pn_free) {
       add_key = json_string_not_in(g_, keys, string_rest());
@@ -350,6 +366,7 @@ int SchemaCompiler::gen_object(const Json& s, const std::string& path, int depth
     g_.define(r, g_.seq({add_key, st.colon, add_val}));
     st.add = g_.ref(r);
   }
+  if (add_member >= 0) st.add = add_member;
   // Values used in many states become rules (one copy of their automaton).
   // Small ones (scalars) stay inline: a rule ending right after a number would make every token
   // that continues past the number "uncertain" (checked at mask time).

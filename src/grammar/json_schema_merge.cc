@@ -97,7 +97,9 @@ Json SchemaCompiler::merge(const Json& a0, const Json& b0, const std::string& pa
   auto has_patterns = [](const Json& x) {
     return x.contains("patternProperties") && !x["patternProperties"].empty();
   };
-  auto has_keys = [](const Json& x) { return x.contains("properties") || x.contains("additionalProperties"); };
+  auto has_keys = [](const Json& x) {
+    return x.contains("properties") || x.contains("additionalProperties");
+  };
   if ((has_patterns(a) && has_keys(b)) || (has_patterns(b) && has_keys(a)))
     refuse("allOf", path, "cannot combine patternProperties with the other side's properties");
   if (a.contains("properties") || b.contains("properties")) {

@@ -45,7 +45,7 @@ int SchemaCompiler::gen_enum(const Json& s, const std::string& path, int depth) 
   return g_.choice(std::move(alts));
 }
 
-std::vector<bool> SchemaCompiler::accepts(int expr, const std::vector<std::string>& texts) {
+std::shared_ptr<const CompiledGrammar> SchemaCompiler::probe_grammar(int expr) {
   Grammar probe = g_;
   for (auto& b : probe.rule_body)
     if (b < 0) b = probe.nothing();  // a rule still being defined (recursion): conservatively empty
@@ -54,6 +54,11 @@ std::vector<bool> SchemaCompiler::accepts(int expr, const std::vector<std::strin
   probe.root = r;
   auto cg = std::make_shared<CompiledGrammar>();
   cg->automaton = compile_automaton(probe);
+  return cg;
+}
+
+std::vector<bool> SchemaCompiler::accepts(int expr, const std::vector<std::string>& texts) {
+  auto cg = probe_grammar(expr);
   std::vector<bool> out;
   for (auto& t : texts) {
     Matcher m(cg);

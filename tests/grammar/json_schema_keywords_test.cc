@@ -115,19 +115,36 @@ TEST(JsonSchemaKeywords, PatternPropertiesWithClosedObjects) {
   EXPECT_TRUE(full(g, R"({"x-":3})"));
   EXPECT_FALSE(full(g, R"({"x-a":"s"})"));
   EXPECT_FALSE(full(g, R"({"y":1})"));
-  // Other keys matching the pattern would have to exclude the named key "ab".
-  EXPECT_EQ(refused(R"({"properties":{"ab":{"type":"integer"}},"patternProperties":{"^a":{"minimum":5}},
-                        "additionalProperties":false})"),
-            "patternProperties");
-  // A named key matching a pattern takes both schemas.
+  // A named key matching a pattern takes both schemas; the pattern's other keys exclude it.
+  auto both = schema(R"({"properties":{"ab":{"type":"integer"}},"patternProperties":{"^a":{"minimum":5}},
+                         "additionalProperties":false})");
+  EXPECT_TRUE(full(both, R"({"ab":5,"a":"s","abc":7})"));
+  EXPECT_FALSE(full(both, R"({"ab":4})"));    // minimum from the pattern
+  EXPECT_FALSE(full(both, R"({"ab":"s"})"));  // type from properties
+  EXPECT_FALSE(full(both, R"({"abc":4})"));   // an unnamed key matching the pattern
+  EXPECT_FALSE(full(both, R"({"b":1})"));     // matches nothing: additionalProperties false
   auto named =
       schema(R"({"properties":{"ab":{"type":"integer"}},"patternProperties":{"^a":true},"required":["ab"]})");
   EXPECT_TRUE(full(named, R"({"ab":1,"zz":"s"})"));
   EXPECT_FALSE(full(named, R"({"ab":"s"})"));
-  EXPECT_EQ(refused(R"({"patternProperties":{"f.*o":{"type":"integer"}}})"), "patternProperties");
+}
+
+TEST(JsonSchemaKeywords, PatternPropertiesSplitKeysByTheirPatterns) {
+  // Open additionalProperties: keys matching no pattern take it (the pattern's complement).
+  auto open =
+      schema(R"({"patternProperties":{"f.*o":{"type":"integer"}},"additionalProperties":{"type":"string"}})");
+  EXPECT_TRUE(full(open, R"({"foo":1,"xfooy":2,"bar":"s","of":"t"})"));
+  EXPECT_FALSE(full(open, R"({"foo":"s"})"));
+  EXPECT_FALSE(full(open, R"({"bar":1})"));
+  // Two patterns: a key matching both satisfies both schemas.
+  auto two = schema(R"({"patternProperties":{"a*":{"type":"integer"},"aaa*":{"maximum":20}}})");
+  EXPECT_TRUE(full(two, R"({"a":21,"aaaa":18})"));
+  EXPECT_FALSE(full(two, R"({"aaaa":31})"));
+  EXPECT_FALSE(full(two, R"({"aaa":"s"})"));
+  EXPECT_FALSE(full(two, R"({"b":"anything"})"));  // unanchored "a*" matches every key
   EXPECT_EQ(
       refused(
-          R"({"patternProperties":{"a":{"type":"integer"},"b":{"type":"string"}},"additionalProperties":false})"),
+          R"({"patternProperties":{"a":{}},"propertyNames":{"maxLength":3},"additionalProperties":false})"),
       "patternProperties");
 }
 
