@@ -138,6 +138,10 @@ TEST(GrammarMatcher, MaskMatchesTokenByTokenFeeding) {
                     {R"({"a":1,"x":"y"})", R"({"xy":[1]})"});
   expect_mask_exact(schema(R"({"contains":{"type":"string"},"maxContains":1})"),
                     {R"([1,"a",null])", R"(["a"])"});
+  // Keys split by a pattern (right-linear key rules from the product DFA).
+  expect_mask_exact(
+      schema(R"({"patternProperties":{"^a":{"type":"integer"}},"additionalProperties":{"type":"string"}})"),
+      {R"({"ab":1,"x":"y","\\a":"z"})", R"({"b":"a"})"});
 }
 
 TEST(GrammarMatcher, RefusesWhatItCannotEnforce) {
