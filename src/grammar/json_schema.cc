@@ -80,7 +80,18 @@ Kw classify(const std::string& k, Draft d) {
                                                      "oneOf",
                                                      "$ref",
                                                      "format",
-                                                     "pattern"};
+                                                     "pattern",
+                                                     "multipleOf",
+                                                     "minProperties",
+                                                     "maxProperties",
+                                                     "propertyNames",
+                                                     "patternProperties",
+                                                     "dependencies",
+                                                     "dependentRequired",
+                                                     "dependentSchemas",
+                                                     "contains",
+                                                     "minContains",
+                                                     "maxContains"};
   static const std::set<std::string> ignored = {"$schema",
                                                 "$id",
                                                 "$defs",
@@ -101,19 +112,8 @@ Kw classify(const std::string& k, Draft d) {
                                                 "then",
                                                 "else"};
   static const std::set<std::string> refused = {"not",
-                                                "patternProperties",
-                                                "propertyNames",
-                                                "dependencies",
-                                                "dependentRequired",
-                                                "dependentSchemas",
-                                                "contains",
-                                                "minContains",
-                                                "maxContains",
                                                 "if",
                                                 "uniqueItems",
-                                                "multipleOf",
-                                                "minProperties",
-                                                "maxProperties",
                                                 "unevaluatedProperties",
                                                 "unevaluatedItems",
                                                 "$dynamicRef",
@@ -238,8 +238,6 @@ int SchemaCompiler::gen(const Json& s, const std::string& path, int depth) {
         refuse(k, path, std::string("not a keyword of ") + draft_name(draft_));
       case Kw::kRefused:
         if (k == "uniqueItems" && v.is_boolean() && !v.get<bool>()) break;
-        if (k == "minProperties" && v.is_number() && v.get<double>() <= 0) break;
-        if (k == "patternProperties" && v.is_object() && v.empty()) break;
         if (k == "if" && !s.contains("then") && !s.contains("else")) break;
         refuse(k, path, "this keyword is not supported");
     }

@@ -6,9 +6,11 @@
 // subschemas for allOf and oneOf exclusivity (json_schema_merge.cc).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,6 +22,10 @@
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/refused.h"
+
+namespace beluga::grammar {
+struct CompiledGrammar;
+}
 
 namespace beluga::grammar::detail {
 
@@ -88,27 +94,43 @@ class SchemaCompiler {
   int int_range(std::optional<int64_t> lo, std::optional<int64_t> hi, bool zero_ok_negative = false);
   Bound bound(const Json& s, bool lower, const std::string& path);
   int gen_number(const Json& s, const std::string& path, bool integer);
+  // multipleOf (json_schema_multiple.cc): a digit automaton tracking the remainder.
+  int gen_multiple_of(const Json& s, const std::string& path, bool integer, bool zero_frac_ok);
 
   // ---- arrays and objects (json_schema_containers.cc) ----------------------------------------------
   struct ObjState {
     size_t n = 0;
     bool subset = true;
     std::vector<bool> req;
+    std::vector<uint32_t> dep_mask;  // per key: the keys its presence requires (subset mode)
     std::vector<int> key, val;
     int add = -1, colon = -1, comma = -1, close = -1;
-    std::map<uint32_t, int> t_rules;
+    // minProperties/maxProperties: members counted up to `cap` (max_p, or min_p when unbounded).
+    bool track = false;
+    int64_t min_p = 0, max_p = -1, cap = 0;
+    int64_t next(int64_t c) const { return track ? std::min(c + 1, cap) : 0; }
+    std::map<uint64_t, int> t_rules;  // (sigma, count) -> rule
   };
   int gen_array(const Json& s, const std::string& path, int depth);
+  int gen_contains(const Json& s, const Json& item, int64_t min, int64_t max, const std::string& path,
+                   int depth);
   int gen_object(const Json& s, const std::string& path, int depth);
-  bool can_close(const ObjState& st, uint32_t sigma);
-  int d_expr(ObjState& st, uint32_t sigma, const std::string& path);
-  int t_rule(ObjState& st, uint32_t sigma, const std::string& path);
+  bool can_close(const ObjState& st, uint32_t sigma, int64_t c);
+  int d_expr(ObjState& st, uint32_t sigma, int64_t c, const std::string& path);
+  int t_rule(ObjState& st, uint32_t sigma, int64_t c, const std::string& path);
   size_t expr_size(int e, size_t cap);
 
   // ---- enum / const (json_schema_values.cc) --------------------------------------------------------
   int gen_enum(const Json& s, const std::string& path, int depth);
   static bool json_equal(const Json& a, const Json& b);
   int value_expr(const Json& v, const std::string& path);
+  // Whether each text (a whole JSON value) matches expr: the grammar so far with expr as its root,
+  // rules still being defined (recursion) taken as empty, so only non-recursive uses are exact.
+  std::vector<bool> accepts(int expr, const std::vector<std::string>& texts);
+  std::shared_ptr<const CompiledGrammar> probe_grammar(int expr);
+  // Unnamed keys by the set of patterns they match (json_schema_keys.cc): class -> key expression.
+  std::map<uint32_t, int> key_classes(const std::vector<std::string>& patterns,
+                                      const std::vector<std::string>& named_texts, const std::string& path);
 
   // ---- merging (json_schema_merge.cc) --------------------------------------------------------------
   Json deref(const Json& s, const std::string& path);

@@ -54,9 +54,9 @@ Json SchemaCompiler::merge(const Json& a0, const Json& b0, const std::string& pa
       continue;  // below, with additionalProperties
     } else if (k == "additionalProperties") {
       out[k] = Json{{"allOf", Json::array({av, bv})}};
-    } else if (k == "minLength" || k == "minItems" || k == "minimum") {
+    } else if (k == "minLength" || k == "minItems" || k == "minimum" || k == "minProperties") {
       out[k] = std::max(av.get<double>(), bv.get<double>());
-    } else if (k == "maxLength" || k == "maxItems" || k == "maximum") {
+    } else if (k == "maxLength" || k == "maxItems" || k == "maximum" || k == "maxProperties") {
       out[k] = std::min(av.get<double>(), bv.get<double>());
     } else if ((k == "exclusiveMinimum" || k == "exclusiveMaximum") && draft_ != Draft::k4) {
       out[k] = k == "exclusiveMinimum" ? std::max(av.get<double>(), bv.get<double>())
@@ -92,6 +92,16 @@ Json SchemaCompiler::merge(const Json& a0, const Json& b0, const std::string& pa
   if (a.contains("maximum") && b.contains("maximum") && draft_ == Draft::k4 &&
       (a.value("exclusiveMaximum", false) != b.value("exclusiveMaximum", false)))
     refuse("allOf", path, "cannot combine draft-4 exclusiveMaximum flags");
+  // A key one side names, or leaves to additionalProperties, may match the other side's patterns:
+  // which schema applies to it is not expressible by combining the keywords.
+  auto has_patterns = [](const Json& x) {
+    return x.contains("patternProperties") && !x["patternProperties"].empty();
+  };
+  auto has_keys = [](const Json& x) {
+    return x.contains("properties") || x.contains("additionalProperties");
+  };
+  if ((has_patterns(a) && has_keys(b)) || (has_patterns(b) && has_keys(a)))
+    refuse("allOf", path, "cannot combine patternProperties with the other side's properties");
   if (a.contains("properties") || b.contains("properties")) {
     // A key declared on one side only is an "additional" property of the other side.
     Json props = Json::object();

@@ -103,6 +103,7 @@ int SchemaCompiler::gen_number(const Json& s, const std::string& path, bool inte
   Bound lo = bound(s, true, path), hi = bound(s, false, path);
   int zeros = g_.optional(g_.seq({lit("."), g_.repeat(lit("0"), 1, -1)}));
   bool zero_frac_ok = draft_ != Draft::k4 || !integer;
+  if (s.contains("multipleOf")) return gen_multiple_of(s, path, integer, zero_frac_ok);
   if (integer) {
     std::optional<int64_t> l, h;
     if (lo.v) {

@@ -33,23 +33,38 @@ int SchemaCompiler::gen_enum(const Json& s, const std::string& path, int depth) 
   if (!is_assertion_free(rest)) {
     // Keep the values the rest of the schema accepts (checked with the rest's own grammar).
     int other = gen(rest, path, depth + 1);
-    Grammar probe = g_;
-    for (auto& b : probe.rule_body)
-      if (b < 0) b = probe.nothing();  // a rule still being defined (recursion): conservatively empty
-    int r = probe.add_rule("probe");
-    probe.define(r, other);
-    probe.root = r;
-    auto cg = std::make_shared<CompiledGrammar>();
-    cg->automaton = compile_automaton(probe);
+    std::vector<std::string> texts;
+    for (auto& v : values) texts.push_back(v.dump());
+    std::vector<bool> ok = accepts(other, texts);
     std::vector<Json> kept;
-    for (auto& v : values) {
-      Matcher m(cg);
-      if (m.accept_bytes(v.dump()) && m.is_accepting()) kept.push_back(v);
-    }
+    for (size_t i = 0; i < values.size(); ++i)
+      if (ok[i]) kept.push_back(values[i]);
     values = std::move(kept);
   }
   for (auto& v : values) alts.push_back(value_expr(v, path));
   return g_.choice(std::move(alts));
+}
+
+std::shared_ptr<const CompiledGrammar> SchemaCompiler::probe_grammar(int expr) {
+  Grammar probe = g_;
+  for (auto& b : probe.rule_body)
+    if (b < 0) b = probe.nothing();  // a rule still being defined (recursion): conservatively empty
+  int r = probe.add_rule("probe");
+  probe.define(r, expr);
+  probe.root = r;
+  auto cg = std::make_shared<CompiledGrammar>();
+  cg->automaton = compile_automaton(probe);
+  return cg;
+}
+
+std::vector<bool> SchemaCompiler::accepts(int expr, const std::vector<std::string>& texts) {
+  auto cg = probe_grammar(expr);
+  std::vector<bool> out;
+  for (auto& t : texts) {
+    Matcher m(cg);
+    out.push_back(m.accept_bytes(t) && m.is_accepting());
+  }
+  return out;
 }
 
 bool SchemaCompiler::json_equal(const Json& a, const Json& b) {

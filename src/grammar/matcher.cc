@@ -135,4 +135,11 @@ void Matcher::fill_mask(uint32_t* mask) {
     for (int id : v.eos()) mask[id >> 5] |= uint32_t(1) << (id & 31);
 }
 
+std::vector<uint64_t> Matcher::state_key() const {
+  std::vector<uint64_t> k(threads_.begin() + set_begin_[pos()], threads_.begin() + set_begin_[pos() + 1]);
+  std::sort(k.begin(), k.end());
+  k.erase(std::unique(k.begin(), k.end()), k.end());
+  return k;
+}
+
 }  // namespace beluga::grammar

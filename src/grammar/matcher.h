@@ -33,6 +33,10 @@ class Matcher {
   bool is_accepting() const { return accepting_[pos()]; }
   bool is_dead() const { return set_begin_[pos() + 1] == set_begin_[pos()]; }  // nothing can follow
 
+  // The current thread set, sorted and without repeats: within one matcher, equal keys are equal
+  // states (stacks are hash-consed), which lets a front end explore a grammar as a DFA.
+  std::vector<uint64_t> state_key() const;
+
   // Writes vocab().mask_words() words at `mask`.
   void fill_mask(uint32_t* mask);
   // The slow reference for one token (feeds it, then rolls back); tests compare fill_mask to it.

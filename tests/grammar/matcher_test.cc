@@ -132,6 +132,16 @@ TEST(GrammarMatcher, MaskMatchesTokenByTokenFeeding) {
   expect_mask_exact(schema(R"({"type":"string"})"), {"\"a\\\"\xc3\xa9\"", "\"\""});
   expect_mask_exact(schema(R"({"anyOf":[{"type":"integer"},{"type":"array","items":{"type":"string"}}]})"),
                     {"12", R"(["abc","a"])", "[]"});
+  // Right-linear rules (multipleOf's digit automaton) and counted object states.
+  expect_mask_exact(schema(R"({"type":"number","multipleOf":1.5})"), {"12", "-4.5", "0.0"});
+  expect_mask_exact(schema(R"({"properties":{"a":{}},"minProperties":1,"maxProperties":2})"),
+                    {R"({"a":1,"x":"y"})", R"({"xy":[1]})"});
+  expect_mask_exact(schema(R"({"contains":{"type":"string"},"maxContains":1})"),
+                    {R"([1,"a",null])", R"(["a"])"});
+  // Keys split by a pattern (right-linear key rules from the product DFA).
+  expect_mask_exact(
+      schema(R"({"patternProperties":{"^a":{"type":"integer"}},"additionalProperties":{"type":"string"}})"),
+      {R"({"ab":1,"x":"y","\\a":"z"})", R"({"b":"a"})"});
 }
 
 TEST(GrammarMatcher, RefusesWhatItCannotEnforce) {

@@ -211,15 +211,15 @@ TEST_F(StructuredOutput, EverySequenceGetsItsOwnMatcher) {
 }
 
 TEST_F(StructuredOutput, RefusedKeywordIsA400NamingIt) {
-  Json schema = Json::parse(
-      R"({"type":"object","properties":{"zip":{"type":"object","patternProperties":{"^a":{}}}}})");
+  Json schema =
+      Json::parse(R"({"type":"object","properties":{"zip":{"type":"object","not":{"required":["a"]}}}})");
   recipe::ApiError e =
       error_of(ServerApi::kChat,
                chat({{"response_format",
                       {{"type", "json_schema"}, {"json_schema", {{"name", "z"}, {"schema", schema}}}}}}));
   EXPECT_EQ(e.status(), 400);
   EXPECT_EQ(e.body()["error"]["param"], "response_format.json_schema.schema");
-  EXPECT_NE(e.body()["error"]["message"].get<std::string>().find("'patternProperties'"), std::string::npos)
+  EXPECT_NE(e.body()["error"]["message"].get<std::string>().find("'not'"), std::string::npos)
       << e.body().dump();
   EXPECT_EQ(e.body()["error"]["code"], "unsupported_schema");
 
@@ -332,7 +332,7 @@ TEST_F(StructuredOutput, SchemaCompilesOncePerCanonicalText) {
   EXPECT_EQ(s.misses, 2u);
   EXPECT_EQ(s.entries, 2u);
   // A refusal is remembered too (a client retrying a bad schema costs no compile).
-  Json bad = {{"type", "object"}, {"patternProperties", {{"^a", Json::object()}}}};
+  Json bad = {{"type", "object"}, {"not", {{"required", {"a"}}}}};
   error_of(ServerApi::kChat, body(bad));
   error_of(ServerApi::kChat, body(bad));
   s = info_.grammars->stats();
@@ -448,14 +448,14 @@ TEST_F(StructuredOutput, ForcedToolCallFollowsTheMarkupAndTheSchema) {
             std::make_pair(true, true));
 
   // A tool schema that cannot be enforced: a 400 naming the keyword and the tool.
-  tools[0]["function"]["parameters"]["properties"]["city"]["patternProperties"] = {{"^A", Json::object()}};
+  tools[0]["function"]["parameters"]["properties"]["city"]["not"] = {{"type", "integer"}};
   recipe::ApiError e = error_of(ServerApi::kChat, chat({{"tools", tools}, {"tool_choice", "required"}}));
   EXPECT_EQ(e.body()["error"]["param"], "tools");
   const std::string m = e.body()["error"]["message"].get<std::string>();
-  EXPECT_NE(m.find("'patternProperties'"), std::string::npos) << m;
+  EXPECT_NE(m.find("'not'"), std::string::npos) << m;
   EXPECT_NE(m.find("get_weather"), std::string::npos) << m;
   // A second constraint besides the forced call.
-  tools[0]["function"]["parameters"]["properties"]["city"].erase("patternProperties");
+  tools[0]["function"]["parameters"]["properties"]["city"].erase("not");
   e = error_of(
       ServerApi::kChat,
       chat({{"tools", tools}, {"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}));
