@@ -1,5 +1,6 @@
 #include "engine/step_cost.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -13,7 +14,10 @@ StepCost::StepCost(double decay) : decay_(decay) {
 
 void StepCost::observe(int tokens, double seconds) {
   BELUGA_ASSERT(tokens > 0 && seconds >= 0);
-  const double x = tokens, y = seconds;
+  // Once fitted, a step is counted at no more than twice its prediction (plus 1 ms): on a shared
+  // machine a step now and then stalls for a descheduled thread, and least squares would let one such
+  // stall set the fixed cost. A machine that really slows down still moves the fit, at most 2x a step.
+  const double x = tokens, y = fitted_ ? std::min(seconds, 2 * predict(tokens) + 1e-3) : seconds;
   w_ = w_ * decay_ + 1;
   x_ = x_ * decay_ + x;
   y_ = y_ * decay_ + y;

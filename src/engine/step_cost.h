@@ -9,6 +9,8 @@
 //     distinct x values); before that a() and b() are 0 and tokens_within() says "unknown" (-1).
 //   - tokens_within(s): the largest token count whose predicted cost is <= s (0 when even the fixed
 //     cost a is over s; INT_MAX when the fitted slope is not positive and a <= s).
+//   - Once fitted, an observation is capped at 2·predict(tokens) + 1 ms (a stalled step on a shared
+//     machine does not set the fixed cost).
 //   - Exact on points that lie on a line, whatever the decay (tests rely on it).
 #pragma once
 
