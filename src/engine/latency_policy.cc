@@ -14,7 +14,11 @@ LatencyPolicy::LatencyPolicy(const LatencyConfig& cfg) : cfg_(cfg) {
 int LatencyPolicy::prefill_budget(int decode_tokens, int cap) const {
   const int room = std::max(0, cap - decode_tokens);
   if (!cfg_.budget_on() || decode_tokens == 0 || !cost_.fitted()) return room;
-  const int within = cost_.tokens_within(cfg_.itl_target_ms * 1e-3);
+  // Prefill always gets at least the decodes' own step time: when the decodes alone take over half
+  // the target (or more than all of it), the step may run to twice their cost instead of shrinking
+  // prefill to the minimum share for a target that is out of reach.
+  const double step = std::max(cfg_.itl_target_ms * 1e-3, 2 * cost_.predict(decode_tokens));
+  const int within = cost_.tokens_within(step);
   const int fit = within >= room + decode_tokens ? room : within - decode_tokens;
   return std::clamp(fit, std::min(cfg_.min_prefill_tokens, room), room);
 }

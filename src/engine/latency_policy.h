@@ -2,12 +2,16 @@
 // admitted, so that running decodes keep their inter-token latency while prompts arrive.
 //
 // Prefill budget (itl_target_ms > 0): decodes go first; the step's prefill tokens are what the fitted
-// step cost (StepCost) leaves under the ITL target after the decode tokens:
-//     budget = clamp(tokens_within(target) - decode_tokens, min(min_prefill_tokens, room), room)
-// with room = cap - decode_tokens (cap: --max-num-batched-tokens). Without decodes, before the cost is
-// fitted, or with the target off, the budget is `room`: today's behaviour. min_prefill_tokens is the
-// share prefill always gets while any prompt waits, so a prompt of P tokens behind Q queued prompt
-// tokens starts decoding within ceil((P + Q) / min_prefill_tokens) steps whatever the decode load.
+// step cost (StepCost) leaves under the step time after the decode tokens:
+//     step = max(target, 2 * cost(decode_tokens))
+//     budget = clamp(tokens_within(step) - decode_tokens, min(min_prefill_tokens, room), room)
+// with room = cap - decode_tokens (cap: --max-num-batched-tokens). The 2x term gives prefill at least
+// the decodes' own step time when the decodes alone take half the target or more (a target out of
+// reach would otherwise leave prefill the minimum share while ITL misses the target anyway). Without decodes,
+// before the cost is fitted, or with the target off, the budget is `room`: today's behaviour.
+// min_prefill_tokens is the share prefill always gets while any prompt waits, so a prompt of P tokens behind
+// Q queued prompt tokens starts decoding within ceil((P + Q) / min_prefill_tokens) steps whatever the decode
+// load.
 //
 // Admission (ttft_slo_ms > 0): waiting prompts are taken shortest first (fewest prompt tokens), except
 // that one which has waited ttft_slo_ms or more goes ahead of the others (those in arrival order).

@@ -56,12 +56,22 @@ TEST(LatencyPolicy, PrefillBudgetFromTheFittedCost) {
   EXPECT_EQ(p.prefill_budget(30, 2048), 2018);  // not fitted yet: the cap's room
   fit_exact(p.cost());
   EXPECT_EQ(p.prefill_budget(0, 2048), 2048);  // no decodes to protect
-  EXPECT_EQ(p.prefill_budget(30, 2048), 69);   // 99 - 30
-  EXPECT_EQ(p.prefill_budget(90, 2048), 16);   // 99 - 90 = 9, raised to the minimum share
-  EXPECT_EQ(p.prefill_budget(200, 2048), 16);  // decodes alone are over the target
-  EXPECT_EQ(p.prefill_budget(30, 60), 30);     // the cap's room is smaller
-  EXPECT_EQ(p.prefill_budget(50, 60), 10);     // room below the minimum share: the room
+  EXPECT_EQ(p.prefill_budget(10, 2048), 89);   // 99 - 10 (cost(10) = 4.52 ms: under half the target)
+  // cost(17) = 4.944 ms < 5 ms: the target holds, 99 - 17.
+  EXPECT_EQ(p.prefill_budget(17, 2048), 82);
+  // Over half the target the step may take twice the decodes' cost: tokens_within(2a + 2bD) =
+  // a/b + 2D = 64 + 2D, so the budget is 64 + D (a/b = 64 exactly).
+  EXPECT_EQ(p.prefill_budget(30, 2048), 94);
+  EXPECT_EQ(p.prefill_budget(200, 2048), 264);  // decodes alone are over the target
+  EXPECT_EQ(p.prefill_budget(30, 60), 30);      // the cap's room is smaller
+  EXPECT_EQ(p.prefill_budget(50, 60), 10);
   EXPECT_EQ(p.prefill_budget(70, 60), 0);
+  LatencyConfig big_share = lc;
+  big_share.min_prefill_tokens = 600;
+  LatencyPolicy m(big_share);
+  fit_exact(m.cost());
+  EXPECT_EQ(m.prefill_budget(100, 2048), 600);   // 64 + 100, raised to the minimum share
+  EXPECT_EQ(m.prefill_budget(1500, 2048), 548);  // room below the minimum share: the room
   LatencyConfig off;
   LatencyPolicy q(off);
   fit_exact(q.cost());
@@ -143,10 +153,13 @@ TEST(LatencyScheduler, DecodesFirstAndTheBudgetPerStep) {
 
 TEST(LatencyScheduler, APromptUnderASteadyDecodeLoadIsNotStarved) {
   LatencyConfig lc;
-  lc.itl_target_ms = 1;  // below the fixed cost: only the minimum share is left for prefill
+  // No fixed cost, b = 2^-14 s per token: the 8 decodes cost 0.49 ms, twice that (over the 0.5 ms
+  // target) leaves 8 prefill tokens, raised to the minimum share of 16.
+  lc.itl_target_ms = 0.5;
   lc.min_prefill_tokens = 16;
   LatencyPolicy p(lc);
-  fit_exact(p.cost());
+  for (int t : {8, 64, 200, 1000}) p.observe(t, kB * t);
+  ASSERT_EQ(p.prefill_budget(8, 2048), 16);
   Sim sim(2048, &p);
   for (int i = 0; i < 8; ++i) sim.add(20);
   sim.step();
