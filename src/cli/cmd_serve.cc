@@ -129,6 +129,12 @@ int cmd_serve(int argc, char** argv) {
   ecfg.max_num_seqs = int(args.get_int("max-num-seqs", ecfg.max_num_seqs));
   ecfg.max_num_batched_tokens = int(args.get_int("max-num-batched-tokens", ecfg.max_num_batched_tokens));
   ecfg.max_queue_len = int(args.get_int("max-queue-len", ecfg.max_queue_len));
+  ecfg.latency.itl_target_ms = args.get_double("itl-target-ms", 0);
+  ecfg.latency.ttft_slo_ms = args.get_double("ttft-slo-ms", 0);
+  ecfg.latency.min_prefill_tokens = int(args.get_int("min-prefill-tokens", ecfg.latency.min_prefill_tokens));
+  BELUGA_CHECK(ecfg.latency.itl_target_ms >= 0 && ecfg.latency.ttft_slo_ms >= 0,
+               "--itl-target-ms and --ttft-slo-ms must be >= 0 (0: off)");
+  BELUGA_CHECK(ecfg.latency.min_prefill_tokens > 0, "--min-prefill-tokens must be positive");
   ecfg.max_model_len = int(args.get_int("max-model-len", 0));
   ecfg.num_kv_blocks = int(args.get_int("num-kv-blocks", 0));
   ecfg.kv_cache_bytes = size_t(args.get_int("kv-cache-mb", long(ecfg.kv_cache_bytes >> 20))) << 20;

@@ -60,6 +60,16 @@ const std::vector<CommandUsage>& command_usages() {
              {{"max-num-seqs", "N", "sequences decoding at once (default 64)"},
               {"max-num-batched-tokens", "N",
                "tokens per engine step, prefill chunks and decodes (default 2048)"},
+              {"itl-target-ms", "MS",
+               "decode inter-token latency target: decodes go first and each step's prefill is what "
+               "the fitted step cost (a + b x tokens) leaves under MS, capped by "
+               "--max-num-batched-tokens (default 0: off, the whole cap)"},
+              {"min-prefill-tokens", "N",
+               "prefill tokens a step always carries under --itl-target-ms while prompts wait: no "
+               "starvation (default 64)"},
+              {"ttft-slo-ms", "MS",
+               "admission: waiting prompts shortest first, those waiting MS or more ahead of them in "
+               "arrival order (default 0: off, arrival order)"},
               {"max-queue-len", "N", "sequences waiting for the engine; past it, 429 (default 256)"},
               {"max-seqs-per-request", "N",
                "prompts x n one request may ask for; more is a 400 (default: "

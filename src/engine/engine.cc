@@ -71,8 +71,10 @@ struct Engine::Impl {
                            cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1))
                  : nullptr),
         blocks(num_blocks, cfg.enable_prefix_caching, cfg.kv_events),
+        policy(cfg.latency),
         scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector,
-                  spec ? spec->lookahead() : 0),
+                  spec ? spec->lookahead() : 0,
+                  cfg.latency.budget_on() || cfg.latency.admission_on() ? &policy : nullptr),
         kv(m.make_kv_cache(num_blocks)),
         kv_connector(cfg.kv_connector),
         trace(cfg.trace_path.empty() ? nullptr : std::make_unique<Tracer>(cfg.trace_path)),
@@ -85,6 +87,7 @@ struct Engine::Impl {
   Model& model;
   std::unique_ptr<SpecDecoder> spec;  // speculative decoding, or null
   BlockManager blocks;
+  LatencyPolicy policy;  // before scheduler, which keeps a pointer to it
   Scheduler scheduler;
   KvCache kv;
   KvConnector* kv_connector;
@@ -238,6 +241,11 @@ bool deliver(const EngineRequest& req, RequestOutput&& out) noexcept {
     std::fprintf(stderr, "beluga engine: the output callback of request %s threw\n", req.id.c_str());
   }
   return false;
+}
+
+// Seconds on a steady clock: Seq::arrival and the scheduler's `now` (the TTFT SLO's aging).
+double clock_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // A request's prefix-cache accounting, as its first sequence found it at first admission.
@@ -572,6 +580,7 @@ void Engine::loop() {
         s->tokens = rr.req.prompt;
         s->num_prompt = int(rr.req.prompt.size());
         s->max_length = std::min(s->num_prompt + rr.req.sampling.max_tokens, max_model_len_);
+        s->arrival = clock_seconds();
         Seq* raw = s.get();
         if (rr.req.logits_processor) rr.procs.push_back(rr.req.logits_processor());
         rr.seqs.push_back(std::move(s));
@@ -595,7 +604,7 @@ void Engine::loop() {
   auto schedule_next = [&] {
     TraceSpan span(tr, lane, "schedule");
     Seq* stuck = nullptr;
-    im.scheduler.schedule(im.chunks, &stuck);
+    im.scheduler.schedule(im.chunks, &stuck, clock_seconds());
     if (stuck) emit_final(stuck->request, FinishReason::kError, "the request does not fit in the KV cache");
   };
 
@@ -616,6 +625,8 @@ void Engine::loop() {
     }
     if (im.kv_connector) im.kv_connector->step_done(ok);
     im.stats.steps++;
+    if (ok && im.runner.last_tokens() > 0)
+      im.policy.observe(im.runner.last_tokens(), im.runner.last_seconds());
     if (ok) {
       TraceSpan span(tr, lane, "sample");
       apply_step();

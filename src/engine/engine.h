@@ -19,6 +19,7 @@
 
 #include "engine/kv_connector.h"
 #include "engine/kv_events.h"
+#include "engine/latency_policy.h"
 #include "engine/request.h"
 #include "engine/spec_config.h"
 #include "model/model.h"
@@ -33,6 +34,9 @@ struct EngineConfig {
   int max_model_len = 0;    // 0: the model's max positions
   int max_queue_len = 256;  // waiting sequences (each request counts n); beyond it submit() says kQueueFull
   bool enable_prefix_caching = true;
+  // The tail-latency policy (latency_policy.h): an ITL target that bounds each step's prefill by the
+  // fitted step cost, and a TTFT SLO that orders admission. Both off by default: today's scheduling.
+  LatencyConfig latency;
   // Speculative decoding (spec_decode.h); off unless enabled(). Needs a model with an MTP module and
   // no kv_connector (yet). While on, steps do not overlap: each one plans from the last one's accepts.
   SpecConfig speculative;

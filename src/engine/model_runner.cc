@@ -1,5 +1,6 @@
 #include "engine/model_runner.h"
 
+#include <chrono>
 #include <utility>
 
 #include "engine/spec_decode.h"
@@ -86,6 +87,7 @@ void ModelRunner::run() {
       has_work_ = false;
     }
     std::exception_ptr err = bind_error;
+    const auto started = std::chrono::steady_clock::now();
     if (!err) {
       TraceSpan span(trace_, trace_lane_, "forward", step_);
       try {
@@ -112,6 +114,8 @@ void ModelRunner::run() {
     ++step_;
     {
       std::lock_guard<std::mutex> lk(mu_);
+      last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      last_tokens_ = int(batch_.tokens.size());
       error_ = err;
       done_ = true;
     }

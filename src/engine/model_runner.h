@@ -13,6 +13,8 @@
 //   - A step's KV copies (KvStepCopies) run on the same thread, around its forward.
 //   - Destruction waits for a step in flight (its result is dropped) and joins the thread.
 //   - With a Tracer, each step is a "forward" span (KV copies included) on a lane of its own.
+//   - After wait(), last_seconds() is that step's duration on the thread (KV copies and forward, the
+//     results on the host) and last_tokens() its batch tokens: the samples of the step cost model.
 #pragma once
 
 #include <condition_variable>
@@ -68,6 +70,8 @@ class ModelRunner {
   // The last step's device-sampled rows (token, logprob bits, rank, 0 per row), when device_sampled().
   const int32_t* sampled() const { return sampled_.data(); }
   bool device_sampled() const { return device_sampled_; }
+  double last_seconds() const { return last_seconds_; }
+  int last_tokens() const { return last_tokens_; }
 
  private:
   void run();
@@ -88,7 +92,9 @@ class ModelRunner {
   DeviceSampling sampling_;
   std::vector<int32_t> sampled_;
   bool device_sampled_ = false;
-  bool in_flight_ = false;  // engine thread only
+  bool in_flight_ = false;   // engine thread only
+  double last_seconds_ = 0;  // written by the thread before done_, read after wait()
+  int last_tokens_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -8,11 +8,12 @@
 namespace beluga {
 
 Scheduler::Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens, KvConnector* kv,
-                     int lookahead)
+                     int lookahead, const LatencyPolicy* policy)
     : bm_(blocks),
       max_seqs_(max_num_seqs),
       max_tokens_(max_num_batched_tokens),
       lookahead_(lookahead),
+      policy_(policy),
       kv_(kv) {
   BELUGA_CHECK(max_seqs_ > 0 && max_tokens_ > 0, "max_num_seqs and max_num_batched_tokens must be positive");
 }
@@ -96,31 +97,63 @@ void Scheduler::take_loads(std::vector<KvCopy>& out) {
   loads_.clear();
 }
 
-void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck) {
+bool Scheduler::schedule_running(Seq* s, std::vector<Chunk>& chunks, int& budget, bool& preempted) {
+  if (s->max_length > 0 && s->length() >= s->max_length) return true;  // its pending token ends it
+  const int n = std::min(s->length() - s->num_computed, budget);
+  if (n <= 0) return true;
+  // The youngest makes room unless it has a chunk in this step already (decodes go first under the
+  // policy; in arrival order the youngest is never scheduled before s).
+  const auto scheduled = [&](const Seq* y) {
+    return std::any_of(chunks.begin(), chunks.end(), [&](const Chunk& c) { return c.seq == y; });
+  };
+  bool fits = grow(s, s->num_computed + n);
+  while (!fits && running_.back() != s && !scheduled(running_.back())) {
+    preempt(running_.back());
+    preempted = true;
+    fits = grow(s, s->num_computed + n);
+  }
+  if (!fits) {
+    preempt(s);
+    preempted = true;
+    return false;
+  }
+  chunks.push_back({s, s->num_computed, n, s->num_computed + n == s->length()});
+  budget -= n + int(s->draft.size());
+  return true;
+}
+
+void Scheduler::order_waiting(double now) {
+  // Sequences that ran before keep the front, in their order; the rest in the policy's order.
+  const auto fresh =
+      std::stable_partition(waiting_.begin(), waiting_.end(), [](const Seq* s) { return s->admitted_once; });
+  std::stable_sort(fresh, waiting_.end(), [&](const Seq* a, const Seq* b) {
+    return policy_->admits_before(now - a->arrival, int(a->tokens.size()), now - b->arrival,
+                                  int(b->tokens.size()));
+  });
+}
+
+void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck, double now) {
   *stuck = nullptr;
   chunks.clear();
   if (kv_ && !loading_.empty()) finish_loads();
   int budget = max_tokens_;
   bool preempted = false;
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    Seq* s = running_[i];
-    if (s->max_length > 0 && s->length() >= s->max_length) continue;  // its pending token ends it
-    const int n = std::min(s->length() - s->num_computed, budget);
-    if (n <= 0) continue;
-    bool fits = grow(s, s->num_computed + n);
-    while (!fits && running_.back() != s) {  // the youngest makes room; it has not been scheduled yet
-      preempt(running_.back());
-      preempted = true;
-      fits = grow(s, s->num_computed + n);
-    }
-    if (!fits) {
-      preempt(s);
-      preempted = true;
-      break;
-    }
-    chunks.push_back({s, s->num_computed, n, s->num_computed + n == s->length()});
-    budget -= n + int(s->draft.size());
+  if (policy_ && policy_->config().budget_on()) {
+    // Decodes first (every running sequence past its prompt), then the policy's prefill budget for the
+    // running prompts' next chunks and the waiting prompts.
+    bool go = true;
+    for (size_t i = 0; i < running_.size() && budget > 0 && go; ++i)
+      if (running_[i]->num_computed >= running_[i]->num_prompt)
+        go = schedule_running(running_[i], chunks, budget, preempted);
+    budget = std::min(budget, policy_->prefill_budget(max_tokens_ - budget, max_tokens_));
+    for (size_t i = 0; i < running_.size() && budget > 0 && go; ++i)
+      if (running_[i]->num_computed < running_[i]->num_prompt)
+        go = schedule_running(running_[i], chunks, budget, preempted);
+  } else {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i)
+      if (!schedule_running(running_[i], chunks, budget, preempted)) break;
   }
+  if (!preempted && policy_ && policy_->config().admission_on()) order_waiting(now);
   // New work only when nothing had to give way this step.
   while (!preempted && !waiting_.empty() && budget > 0 &&
          int(running_.size() + loading_.size()) < max_seqs_) {

@@ -8,6 +8,10 @@
 // queue, until the connector has fetched the blocks; then it goes back to the front of the queue with
 // those blocks computed (their host -> device copies run before the step's forward: take_loads()).
 //
+// With a LatencyPolicy (latency_policy.h) whose ITL target is on, decodes are scheduled first and
+// prefill chunks (running ones, then waiting prompts) share the budget the policy gives for this step;
+// with its TTFT SLO on, waiting prompts are admitted in the policy's order rather than by arrival.
+//
 // The engine schedules step N+1 while step N is still running, before N's samples are known. A
 // sequence's length is therefore tokens.size() + pending: a decode chunk may cover a token that step N
 // is still sampling; the engine appends it before it builds the batch.
@@ -20,6 +24,7 @@
 
 #include "engine/block_manager.h"
 #include "engine/kv_connector.h"
+#include "engine/latency_policy.h"
 #include "engine/request.h"
 
 namespace beluga {
@@ -42,6 +47,7 @@ struct Seq {
   int num_cached_below = 0;  // of which loaded from below the device pool
   int num_cached_disk = 0;   // of those, read from the file tier (the rest: host memory)
   bool admitted_once = false;
+  double arrival = 0;     // seconds on the engine's clock when it entered the queue (admission order)
   int64_t kv_load = -1;   // the connector's load in progress (the sequence is in the loading list)
   int kv_load_first = 0;  // the first block it loads
   std::vector<int> blocks;
@@ -63,8 +69,9 @@ class Scheduler {
  public:
   // `lookahead`: KV slots each sequence reserves past its length (speculative decoding writes the
   // draft tokens and the MTP chain there), capped at its max_length. Its drafts count in the budget.
+  // `policy` (may be null: today's order and budget) must outlive the scheduler.
   Scheduler(BlockManager& blocks, int max_num_seqs, int max_num_batched_tokens, KvConnector* kv = nullptr,
-            int lookahead = 0);
+            int lookahead = 0, const LatencyPolicy* policy = nullptr);
 
   void add(Seq* s);     // to the back of the waiting queue
   void remove(Seq* s);  // finished or aborted: releases its blocks
@@ -72,7 +79,8 @@ class Scheduler {
   // fit in the whole cache. A waiting sequence with a pending token is not admitted until the token is
   // applied (its prefix lookup needs all its tokens); a running one whose pending token is its last
   // (length() >= max_length) is not scheduled: it finishes when the token is applied.
-  void schedule(std::vector<Chunk>& chunks, Seq** stuck);
+  // `now`: seconds on the clock of Seq::arrival (the policy's aging); unused without a TTFT SLO.
+  void schedule(std::vector<Chunk>& chunks, Seq** stuck, double now = 0);
   // Once the step is launched (steps run in order, so the next one sees this one's KV): advances
   // num_computed and publishes newly full blocks to the prefix index; appends those blocks to
   // `published` when given. Every chunk's tokens must be known by then.
@@ -95,6 +103,11 @@ class Scheduler {
 
  private:
   void preempt(Seq* s);
+  // Running sequence s's next chunk of at most `budget` tokens, preempting younger unscheduled ones
+  // (or s) when blocks run out (setting `preempted`: the step takes no new work then); false when s
+  // itself was preempted.
+  bool schedule_running(Seq* s, std::vector<Chunk>& chunks, int& budget, bool& preempted);
+  void order_waiting(double now);
   void finish_loads();
   bool grow(Seq* s, int tokens);  // the table for `tokens` plus the lookahead
   // For a waiting sequence that just took its device prefix: starts loading what continues below;
@@ -103,6 +116,7 @@ class Scheduler {
 
   BlockManager& bm_;
   int max_seqs_, max_tokens_, lookahead_;
+  const LatencyPolicy* policy_;
   std::vector<Seq*> running_;  // admission order
   std::deque<Seq*> waiting_;
   KvConnector* kv_;
