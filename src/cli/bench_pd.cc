@@ -36,25 +36,26 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The link's rate: `bytes` over one loopback TCP connection, in writes of `chunk`, the reader only
-// recv()ing; best of `repeat`. GB/s.
-double loopback_rate(size_t bytes, size_t chunk, int repeat) {
-  double best = 0;
+// The link's rate: `bytes` over `conns` loopback TCP connections at once (an equal share each), in
+// writes of `chunk`, the readers only recv()ing. GB/s.
+double loopback_rate(size_t bytes, size_t chunk, int conns) {
   std::vector<char> src(chunk, 'x');
-  for (int r = 0; r < repeat; ++r) {
-    const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    BELUGA_CHECK(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(ls, 1) == 0 &&
-                     ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) == 0,
-                 "cannot listen on loopback");
-    std::thread reader([ls, bytes] {
+  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  BELUGA_CHECK(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(ls, conns) == 0 &&
+                   ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) == 0,
+               "cannot listen on loopback");
+  const size_t share = bytes / size_t(conns);
+  std::vector<std::thread> readers, writers;
+  for (int c = 0; c < conns; ++c)
+    readers.emplace_back([ls, share] {
       const int fd = ::accept(ls, nullptr, nullptr);
       std::vector<char> buf(1 << 20);
       size_t got = 0;
-      while (got < bytes) {
+      while (got < share) {
         const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
         if (n <= 0) break;
         got += size_t(n);
@@ -63,60 +64,86 @@ double loopback_rate(size_t bytes, size_t chunk, int repeat) {
       (void)::send(fd, &ack, 1, MSG_NOSIGNAL);
       ::close(fd);
     });
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    BELUGA_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0,
+  std::vector<int> fds;
+  for (int c = 0; c < conns; ++c) {
+    fds.push_back(::socket(AF_INET, SOCK_STREAM, 0));
+    BELUGA_CHECK(::connect(fds.back(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0,
                  "cannot connect on loopback");
-    const auto t0 = Clock::now();
-    for (size_t sent = 0; sent < bytes;) {
-      const ssize_t n = ::send(fd, src.data(), std::min(chunk, bytes - sent), MSG_NOSIGNAL);
-      BELUGA_CHECK(n > 0, "loopback send failed");
-      sent += size_t(n);
-    }
-    char ack = 0;
-    (void)::recv(fd, &ack, 1, 0);  // the reader has everything
-    const double s = since(t0);
-    ::close(fd);
-    reader.join();
-    ::close(ls);
-    best = std::max(best, double(bytes) / s / 1e9);
   }
-  return best;
+  const auto t0 = Clock::now();
+  for (int c = 0; c < conns; ++c)
+    writers.emplace_back([fd = fds[size_t(c)], share, chunk, &src] {
+      for (size_t sent = 0; sent < share;) {
+        const ssize_t n = ::send(fd, src.data(), std::min(chunk, share - sent), MSG_NOSIGNAL);
+        BELUGA_CHECK(n > 0, "loopback send failed");
+        sent += size_t(n);
+      }
+      char ack = 0;
+      (void)::recv(fd, &ack, 1, 0);  // the reader has everything
+    });
+  for (auto& t : writers) t.join();
+  const double s = since(t0);
+  for (int fd : fds) ::close(fd);
+  for (auto& t : readers) t.join();
+  ::close(ls);
+  return double(share * size_t(conns)) / s / 1e9;
 }
 
-// The transfer's rate: the same bytes as `n` blocks of `block_bytes` from one store's host tier to a
-// receiver's, over TcpKvTransfer (a new key set each repeat, so every block is stored). GB/s.
-double transfer_rate(size_t block_bytes, int n, int repeat) {
-  kv::StoreConfig c;
-  c.block_bytes = block_bytes;
-  c.fingerprint = {0xbe1, 0x9a};
-  c.host_bytes = size_t(n) * block_bytes;
-  kv::TieredStore from(c), to(c);
-  kv::ReceiverConfig rc;
-  rc.fingerprint = c.fingerprint;
-  rc.block_bytes = block_bytes;
-  kv::KvReceiver rx(rc, to);
-  kv::TcpTransferConfig tc;
-  tc.fingerprint = c.fingerprint;
-  tc.block_bytes = block_bytes;
-  kv::TcpKvTransfer tx(tc);
-  double best = 0;
-  for (int r = 0; r < repeat; ++r) {
+// The transfer: `n` blocks of `block_bytes` from one store's host tier to a receiver's, over
+// TcpKvTransfer in at most `conns` connections (a new key set each time, so every block is stored).
+class TransferRig {
+ public:
+  TransferRig(size_t block_bytes, int n, int conns) : n_(n), block_bytes_(block_bytes) {
+    kv::StoreConfig c;
+    c.block_bytes = block_bytes;
+    c.fingerprint = {0xbe1, 0x9a};
+    c.host_bytes = size_t(n) * block_bytes;
+    from_ = std::make_unique<kv::TieredStore>(c);
+    to_ = std::make_unique<kv::TieredStore>(c);
+    kv::ReceiverConfig rc;
+    rc.fingerprint = c.fingerprint;
+    rc.block_bytes = block_bytes;
+    rc.threads = std::max(conns, 1);
+    rx_ = std::make_unique<kv::KvReceiver>(rc, *to_);
+    kv::TcpTransferConfig tc;
+    tc.fingerprint = c.fingerprint;
+    tc.block_bytes = block_bytes;
+    tc.connections = conns;
+    tx_ = std::make_unique<kv::TcpKvTransfer>(tc);
+    run();  // unmeasured: both host tiers' pages are touched once, as in a serving engine's warm tier
+  }
+
+  // One transfer's rate, GB/s.
+  double run() {
     std::vector<BlockHash> keys;
-    for (int i = 0; i < n; ++i) {
-      keys.push_back({uint64_t(r) * 1000003u + uint64_t(i) + 1, 0x5eed});
-      auto slot = from.begin_import(keys.back(), "chat");
+    for (int i = 0; i < n_; ++i) {
+      keys.push_back({uint64_t(round_) * 1000003u + uint64_t(i) + 1, 0x5eed});
+      auto slot = from_->begin_import(keys.back(), "chat");
       BELUGA_CHECK(slot.dst, "the sender's host tier is full");
-      std::fill(slot.dst, slot.dst + block_bytes, std::byte(i & 0xff));
-      from.end_import(slot.slot, true);
+      std::fill(slot.dst, slot.dst + block_bytes_, std::byte(i & 0xff));
+      from_->end_import(slot.slot, true);
     }
-    auto pinned = from.pin_host_blocks(keys.data(), n);
+    ++round_;
+    auto pinned = from_->pin_host_blocks(keys.data(), n_);
     std::vector<kv::OutgoingBlock> out;
     for (int i = 0; i < pinned.size(); ++i) out.push_back({keys[size_t(i)], pinned.data(i)});
-    const kv::TransferResult t = tx.send(rx.address(), "chat", out);
-    BELUGA_CHECK(t.ok && t.accepted == n, "the transfer failed: ", t.error);
-    best = std::max(best, double(t.bytes) / t.seconds / 1e9);
+    const kv::TransferResult t = tx_->send(rx_->address(), "chat", out);
+    BELUGA_CHECK(t.ok && t.accepted == n_, "the transfer failed: ", t.error);
+    return double(t.bytes) / t.seconds / 1e9;
   }
-  return best;
+
+ private:
+  int n_, round_ = 0;
+  size_t block_bytes_;
+  std::unique_ptr<kv::TieredStore> from_, to_;
+  std::unique_ptr<kv::KvReceiver> rx_;
+  std::unique_ptr<kv::TcpKvTransfer> tx_;
+};
+
+Json spread(const std::vector<double>& v) {
+  return {{"best", *std::max_element(v.begin(), v.end())},
+          {"worst", *std::min_element(v.begin(), v.end())},
+          {"all", v}};
 }
 
 Json run_trace(const std::string& url, const std::vector<std::string>& trace) {
@@ -159,6 +186,7 @@ int bench_pd(int argc, char** argv) {
                "--cores needs two cores or more (prefill gets the first, decode the rest)");
   const long transfer_mb = args.get_int("transfer-mb", 256);
   const int repeat = int(args.get_int("repeat", 3));
+  const int conns = int(args.get_int("connections", 4));
   const std::string kv_mb = std::to_string(args.get_int("kv-cache-mb", 256));
   const std::string out_path = args.get_or("out", "");
   const bool transfer_only = args.has("transfer-only");
@@ -187,7 +215,8 @@ int bench_pd(int argc, char** argv) {
                                     std::to_string(args.get_int("max-concurrency", 16)),
                                     "--seed",
                                     std::to_string(args.get_int("seed", 0))};
-  BELUGA_CHECK(transfer_mb > 0 && repeat > 0, "--transfer-mb and --repeat must be positive");
+  BELUGA_CHECK(transfer_mb > 0 && repeat > 0 && conns > 0,
+               "--transfer-mb, --repeat and --connections must be positive");
   args.check_all_used();
 
   // 1. The transfer against the link, in the model's blocks.
@@ -201,18 +230,44 @@ int bench_pd(int argc, char** argv) {
   }
   const size_t bytes = size_t(transfer_mb) << 20;
   const int n = int(std::max<size_t>(1, bytes / block_bytes));
-  const double link = loopback_rate(size_t(n) * block_bytes, block_bytes, repeat);
-  const double kv = transfer_rate(block_bytes, n, repeat);
-  std::printf("KV transfer, %d blocks of %zu bytes (%.0f MiB), best of %d:\n", n, block_bytes,
+  // Each repeat measures all four, one after the other, so a busy machine's swings hit them alike.
+  std::vector<double> link1, linkn, kv1, kvn;
+  {
+    TransferRig one(block_bytes, n, 1), many(block_bytes, n, conns);
+    for (int r = 0; r < repeat; ++r) {
+      link1.push_back(loopback_rate(size_t(n) * block_bytes, block_bytes, 1));
+      linkn.push_back(loopback_rate(size_t(n) * block_bytes, block_bytes, conns));
+      kv1.push_back(one.run());
+      kvn.push_back(many.run());
+    }
+  }
+  const auto best = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  const auto worst = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  std::printf("KV transfer, %d blocks of %zu bytes (%.0f MiB), best (worst) of %d:\n", n, block_bytes,
               double(size_t(n) * block_bytes) / double(1 << 20), repeat);
-  std::printf("  loopback TCP (recv only)     %7.2f GB/s\n", link);
-  std::printf("  TcpKvTransfer -> KvReceiver  %7.2f GB/s  (%.0f%% of the link)\n", kv, 100 * kv / link);
+  std::printf("  loopback TCP (recv only), 1 connection     %7.2f (%5.2f) GB/s\n", best(link1), worst(link1));
+  std::printf("  loopback TCP (recv only), %d connections    %7.2f (%5.2f) GB/s\n", conns, best(linkn),
+              worst(linkn));
+  std::printf("  TcpKvTransfer -> KvReceiver, 1 connection  %7.2f (%5.2f) GB/s  (%.0f%% of 1 connection)\n",
+              best(kv1), worst(kv1), 100 * best(kv1) / best(link1));
+  std::printf(
+      "  TcpKvTransfer -> KvReceiver, %d connections %7.2f (%5.2f) GB/s  (%.0f%% of %d connections, %.0f%% "
+      "of "
+      "1)\n",
+      conns, best(kvn), worst(kvn), 100 * best(kvn) / best(linkn), conns, 100 * best(kvn) / best(link1));
   Json j{{"transfer",
           {{"blocks", n},
            {"block_bytes", block_bytes},
-           {"link_gbps", link},
-           {"kv_gbps", kv},
-           {"fraction", kv / link}}}};
+           {"connections", conns},
+           {"link_gbps", best(link1)},
+           {"link_n_gbps", best(linkn)},
+           {"kv_1_gbps", best(kv1)},
+           {"kv_gbps", best(kvn)},
+           {"fraction", best(kvn) / best(linkn)},
+           {"link_1", spread(link1)},
+           {"link_n", spread(linkn)},
+           {"kv_1", spread(kv1)},
+           {"kv_n", spread(kvn)}}}};
 
   if (!transfer_only) {
     // 2. The trace, colocated on all the cores, then prefill on the first and decode on the rest.

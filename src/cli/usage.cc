@@ -316,7 +316,10 @@ const std::vector<CommandUsage>& command_usages() {
                    {{"model", "DIR", "default: the built-in models/beluga-demo-coder-mtp"},
                     {"cores", "LIST", "the cores to pin to (default 0,1)"},
                     {"transfer-mb", "N", "bytes of the transfer measurement (default 256)"},
-                    {"repeat", "N", "transfer measurements, the best kept (default 3)"},
+                    {"repeat", "N", "transfer measurements, the best and worst reported (default 3)"},
+                    {"connections", "N",
+                     "the striped transfer's connections, and the loopback peer's (default 4; one connection "
+                     "is measured too)"},
                     {"transfer-only", "", "stop after the transfer measurement"},
                     {"block-bytes", "N",
                      "the transfer's block size (default: the model's, its weights loaded on the CPU)"},

@@ -1,10 +1,12 @@
 // KvReceiver: the decode engine's end of TCP KV transfers (tcp_kv_transfer.h sends). Listens on
-// host:port (port 0: a free one) with its own I/O thread; each connection's batches are verified block
-// by block (model fingerprint, block size, both checksums) and read straight into host slots of the
-// store (TieredStore::begin_import), where the decode engine's scheduler finds them as a cached prefix.
-// A malformed, foreign or corrupt stream is answered with its status and closed; the blocks before
-// it stay (each one verified). At most max_connections at once (more are closed at accept); a
-// connection silent for io_timeout_ms mid-batch is dropped.
+// host:port (port 0: a free one) with its own I/O threads (connections are served at once, each
+// on one thread at a time: a sender striping a transfer over several connections uses several cores
+// here, one per connection, for the copy out of the socket and the checksum); each connection's batches are
+// verified block by block (model fingerprint, block size, both checksums) and read straight into host slots
+// of the store (TieredStore::begin_import), where the decode engine's scheduler finds them as a cached
+// prefix. A malformed, foreign or corrupt stream is answered with its status and closed; the blocks before it
+// stay (each one verified). At most max_connections at once (more are closed at accept); a connection silent
+// for io_timeout_ms mid-batch is dropped.
 //
 // Trust: any peer that can connect can store blocks under any key. Listen on loopback (the default)
 // or a network only the engines share, as with vLLM's and Mooncake's KV transfer ports.
@@ -27,6 +29,7 @@ struct ReceiverConfig {
   size_t block_bytes = 0;
   int max_connections = 64;
   int io_timeout_ms = 30000;
+  int threads = 4;  // I/O threads (at most the machine's cores)
 };
 
 struct ReceiverCounters {
@@ -42,7 +45,7 @@ class KvReceiver {
  public:
   // Binds and starts listening (throws beluga::Error when the address is taken).
   KvReceiver(ReceiverConfig cfg, TieredStore& store);
-  ~KvReceiver();  // stops: closes every connection and joins the I/O thread
+  ~KvReceiver();  // stops: closes every connection and joins the I/O threads
   KvReceiver(const KvReceiver&) = delete;
   KvReceiver& operator=(const KvReceiver&) = delete;
 

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "kvstore/block_file.h"
 #include "kvstore/transfer_wire.h"
@@ -159,7 +160,7 @@ int TcpKvTransfer::take(const std::string& dest) {
 
 void TcpKvTransfer::keep(const std::string& dest, int fd) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (idle_.count(dest) >= 4) {
+  if (idle_.count(dest) >= size_t(std::max(4, 2 * cfg_.connections))) {
     ::close(fd);
     return;
   }
@@ -176,22 +177,35 @@ TransferResult TcpKvTransfer::send(const std::string& dest, const std::string& c
   } else if (blocks.size() > kMaxBatchBlocks) {
     r.error = "too many blocks in one transfer";
   } else {
-    for (int tries = 0; tries < 2; ++tries) {
-      bool kept = true;
-      int fd = take(dest);
-      if (fd < 0) {
-        kept = false;
-        fd = connect_to(host, port, cfg_.connect_timeout_ms, &r.error);
-        if (fd < 0) break;
+    const size_t total = blocks.size() * cfg_.block_bytes;
+    const size_t stripes = std::clamp<size_t>(
+        total / std::max<size_t>(cfg_.stripe_min_bytes, 1), 1,
+        std::min<size_t>(size_t(std::max(cfg_.connections, 1)), std::max<size_t>(blocks.size(), 1)));
+    if (stripes == 1) {
+      r = send_stripe(dest, host, port, cls, blocks, take(dest));
+    } else {
+      // Each stripe's connection is taken before any starts: one stripe's, kept when it is done, is
+      // not another's of the same transfer (the stripes run at once, not one after the other).
+      std::vector<int> fds(stripes);
+      for (int& fd : fds) fd = take(dest);
+      std::vector<TransferResult> parts(stripes);
+      const auto part = [&](size_t i) {
+        const size_t b = i * blocks.size() / stripes, e = (i + 1) * blocks.size() / stripes;
+        parts[i] = send_stripe(dest, host, port, cls, blocks.subspan(b, e - b), fds[i]);
+      };
+      std::vector<std::thread> threads;
+      for (size_t i = 1; i < stripes; ++i) threads.emplace_back(part, i);
+      part(0);
+      for (auto& t : threads) t.join();
+      r.ok = true;
+      for (const TransferResult& p : parts) {
+        r.accepted += p.accepted;
+        r.bytes += p.bytes;
+        if (!p.ok && r.ok) {
+          r.ok = false;
+          r.error = p.error;
+        }
       }
-      bool stale = false;
-      r = send_on(fd, cls, blocks, &stale);
-      if (r.ok) {
-        keep(dest, fd);
-        break;
-      }
-      ::close(fd);
-      if (!(kept && stale)) break;  // a kept connection closed by the receiver meanwhile: once more, fresh
     }
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -200,6 +214,28 @@ TransferResult TcpKvTransfer::send(const std::string& dest, const std::string& c
   counters_.blocks.fetch_add(r.accepted, std::memory_order_relaxed);
   counters_.bytes.fetch_add(r.bytes, std::memory_order_relaxed);
   counters_.micros.fetch_add(int64_t(r.seconds * 1e6), std::memory_order_relaxed);
+  return r;
+}
+
+TransferResult TcpKvTransfer::send_stripe(const std::string& dest, const std::string& host,
+                                          const std::string& port, const std::string& cls,
+                                          std::span<const OutgoingBlock> blocks, int fd) {
+  TransferResult r;
+  for (int tries = 0; tries < 2; ++tries, fd = -1) {
+    const bool kept = fd >= 0;
+    if (fd < 0) {
+      fd = connect_to(host, port, cfg_.connect_timeout_ms, &r.error);
+      if (fd < 0) break;
+    }
+    bool stale = false;
+    r = send_on(fd, cls, blocks, &stale);
+    if (r.ok) {
+      keep(dest, fd);
+      break;
+    }
+    ::close(fd);
+    if (!(kept && stale)) break;  // a kept connection closed by the receiver meanwhile: once more, fresh
+  }
   return r;
 }
 

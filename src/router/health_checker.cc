@@ -59,6 +59,9 @@ struct HealthChecker::Probe : std::enable_shared_from_this<HealthChecker::Probe>
     for (const char* any : {"0.0.0.0:", "[::]:"})
       if (a.starts_with(any)) a = replica.address().host + a.substr(std::string_view(any).size() - 1);
     replica.set_kv_address(std::move(a));
+    replica.kv_usage.store(
+        j.contains("kv_usage") && j["kv_usage"].is_number() ? j["kv_usage"].get<double>() : 0.0,
+        std::memory_order_relaxed);
   }
 
   void done(bool ok, const std::string& why) {

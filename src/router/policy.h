@@ -34,6 +34,10 @@ struct CostKnobs {
   // What loading one cached block from a lower tier costs, as a fraction of recomputing it.
   double host_block_cost = 0.1;
   double disk_block_cost = 0.4;
+  // Decode engines (decode_balance.h): what a full KV costs, in requests in flight, and the usage
+  // at which an engine is passed over while another has room.
+  double decode_kv_requests = 16;
+  double decode_kv_full = 0.95;
 };
 
 struct Candidate {
@@ -42,6 +46,7 @@ struct Candidate {
   int matched_blocks = 0;  // leading prompt blocks the prefix index says it holds
   int host_blocks = 0;     // of those, held only below the device: in host memory
   int disk_blocks = 0;     // ... in files
+  double kv_usage = 0;     // its KV blocks in use, 0..1 (a decode engine's /health)
 };
 
 // affinity: the chosen replica holds part of the prefix; spill: a replica holding more was passed

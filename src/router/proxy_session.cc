@@ -15,6 +15,7 @@
 #include <boost/beast/http.hpp>
 
 #include "router/cache_view.h"
+#include "router/decode_balance.h"
 #include "router/error_reply.h"
 #include "router/http_headers.h"
 #include "router/policy.h"
@@ -217,7 +218,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     for (size_t i = 0; i < n; ++i) {
       Replica& r = *ctx_.replicas[i];
       if (!eligible(r, leg) || !r.breaker().allows_traffic() || (tried_ >> i & 1)) continue;
-      candidates_.push_back(Candidate{r.id(), r.in_flight.load(std::memory_order_relaxed), 0});
+      Candidate c{r.id(), r.in_flight.load(std::memory_order_relaxed), 0};
+      c.kv_usage = r.kv_usage.load(std::memory_order_relaxed);
+      candidates_.push_back(c);
     }
     if (candidates_.empty()) return nullptr;
     // The decode engine the prompt's KV was sent to, while it takes traffic.
@@ -232,10 +235,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
     }
     const uint64_t ticket = ctx_.ticket.fetch_add(1, std::memory_order_relaxed);
     if (ctx_.disaggregated && leg == Leg::kMain && route_) {
-      // A decode engine: by requests in flight (DeepSeek's decode balancer), the KV comes with the request.
-      return ctx_
-          .replicas[size_t(
-              candidates_[choose(Policy::kLeastLoad, candidates_, 0, ctx_.cfg.knobs, ticket).index].replica)]
+      // A decode engine: by KV usage and requests in flight (decode_balance.h), the KV comes with the
+      // request.
+      return ctx_.replicas[size_t(candidates_[choose_decode(candidates_, ctx_.cfg.knobs, ticket)].replica)]
           .get();
     }
     if (!route_) {  // not a generation: the least loaded (round-robin under that policy)

@@ -57,6 +57,8 @@ class Replica {
   const ReplicaCounters& counters() const { return counters_; }
 
   std::atomic<int> in_flight{0};
+  // A decode engine's KV usage (0..1) as its last /health reported it.
+  std::atomic<double> kv_usage{0};
 
   // An idle keep-alive connection's descriptor (checked to be still open), or -1. The caller owns it.
   int take_idle();

@@ -253,6 +253,9 @@ void Session::route(Request& req) {
       return send_response(200, "application/json", R"({"status":"ok"})");
     Json h{{"status", "ok"}, {"role", serve_role_name(st_.info.pd.role)}};
     if (!st_.info.pd.kv_address.empty()) h["kv_listen"] = st_.info.pd.kv_address;
+    // The router's decode balancer weighs this (router/decode_balance.h).
+    const auto es = st_.engine->stats();
+    h["kv_usage"] = es.kv_blocks_total > 0 ? double(es.kv_blocks_used) / double(es.kv_blocks_total) : 0.0;
     return send_json(200, h);
   }
   if (path == "/ready") {

@@ -175,6 +175,118 @@ TEST(KvTransfer, DeliversBlocksBitExactAndReusesItsConnection) {
   EXPECT_TRUE(r.ok) << r.error;
 }
 
+// A transfer large enough for stripes goes over several connections at once, each its own batch;
+// every block arrives exactly once, and the connections are kept for the next transfer.
+TEST(KvTransfer, StripesGoOverSeveralConnectionsAndDeliverEveryBlock) {
+  Pair p;
+  TcpTransferConfig tc;
+  tc.fingerprint = kModel;
+  tc.block_bytes = kBlock;
+  tc.connections = 4;
+  tc.stripe_min_bytes = 1;  // every block would be worth a stripe: the connection count decides
+  p.tx = std::make_unique<TcpKvTransfer>(tc);
+  for (uint64_t i = 0; i < 41; ++i) put(*p.from, i);  // not a multiple of 4: uneven stripes
+  TransferResult r = p.send_leading(41);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.accepted, 41);
+  EXPECT_EQ(r.bytes, int64_t(41 * kBlock));
+  EXPECT_EQ(held_exact(*p.to, 41), 41);
+  EXPECT_EQ(p.rx->counters().batches.load(), 4);
+  EXPECT_EQ(p.rx->counters().blocks.load(), 41);
+  EXPECT_EQ(p.rx->counters().connections.load(), 4);
+  // Again, over the kept connections; fewer blocks than connections: a stripe each, no empty one.
+  r = p.send_leading(3);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.accepted, 3);
+  EXPECT_EQ(p.rx->counters().batches.load(), 7);
+  EXPECT_EQ(p.rx->counters().connections.load(), 4);
+  EXPECT_EQ(p.tx->counters().transfers.load(), 2);
+  expect_no_leaked_slots(*p.to, 64 - 41, 41);
+}
+
+// A stripe the receiver turns away (here: over its connection limit) fails the transfer; the
+// blocks of the stripes that arrived are stored, counted in `accepted`, and nothing leaks.
+TEST(KvTransfer, ARefusedStripeFailsTheTransferAndLeaksNothing) {
+  Pair p;
+  p.rx.reset();
+  ReceiverConfig rc;
+  rc.fingerprint = kModel;
+  rc.block_bytes = kBlock;
+  rc.max_connections = 2;  // and the sender keeps each connection open: two stripes of four get in
+  p.rx = std::make_unique<KvReceiver>(rc, *p.to);
+  TcpTransferConfig tc;
+  tc.fingerprint = kModel;
+  tc.block_bytes = kBlock;
+  tc.connections = 4;
+  tc.stripe_min_bytes = 1;
+  tc.io_timeout_ms = 5000;
+  p.tx = std::make_unique<TcpKvTransfer>(tc);
+  for (uint64_t i = 0; i < 40; ++i) put(*p.from, i);
+  const TransferResult r = p.send_leading(40);
+  EXPECT_FALSE(r.ok);
+  EXPECT_FALSE(r.error.empty());
+  EXPECT_EQ(r.accepted, 20);  // two stripes of ten
+  EXPECT_EQ(p.tx->counters().failures.load(), 1);
+  wait_for([&] { return p.rx->counters().connections.load() == 2; });
+  EXPECT_EQ(p.rx->counters().blocks.load(), 20);
+  expect_no_leaked_slots(*p.to, 64 - 20, 20);
+}
+
+// The receiver hashes a payload piece by piece as it arrives: a block of several pieces is stored
+// bit-exact, and one byte flipped in its last piece is still caught (the block before it stays).
+TEST(KvTransfer, ABlockOfSeveralPiecesIsVerifiedAcrossThem) {
+  constexpr size_t kBig = (size_t(5) << 19) + 24;  // 2.5 MiB and a bit: three pieces of 1 MiB
+  StoreConfig c;
+  c.block_bytes = kBig;
+  c.fingerprint = kModel;
+  c.host_bytes = 4 * kBig;
+  TieredStore to(c);
+  ReceiverConfig rc;
+  rc.fingerprint = kModel;
+  rc.block_bytes = kBig;
+  rc.io_timeout_ms = 5000;
+  KvReceiver rx(rc, to);
+  std::vector<std::vector<unsigned char>> framed_blocks;
+  for (uint64_t i = 0; i < 2; ++i) {
+    std::vector<std::byte> payload(kBig);
+    for (size_t j = 0; j < kBig; ++j) payload[j] = std::byte((i * 31 + j * 13 + (j >> 20)) & 0xff);
+    std::vector<unsigned char> f(kBlockFileHeaderBytes + kBig);
+    BlockFileHeader h;
+    h.fingerprint = kModel;
+    h.key = key(i);
+    h.cls = "chat";
+    h.payload_bytes = kBig;
+    encode_block_header(h, payload.data(), f.data());
+    if (i == 1) payload[kBig - 1] ^= std::byte(0x40);  // in the last piece
+    std::memcpy(f.data() + kBlockFileHeaderBytes, payload.data(), kBig);
+    framed_blocks.push_back(std::move(f));
+  }
+  const int fd = raw_connect(rx.port());
+  auto head = batch_head(3, kBig);
+  write_bytes(fd, head.data(), head.size());
+  std::thread writer([&] {  // larger than the socket buffers: written while the receiver reads
+    for (const auto& f : framed_blocks)
+      for (size_t off = 0; off < f.size();) {
+        const ssize_t w = ::send(fd, f.data() + off, f.size() - off, MSG_NOSIGNAL);
+        if (w <= 0) return;
+        off += size_t(w);
+      }
+  });
+  Answer a;
+  const bool answered = read_answer(fd, &a);
+  writer.join();
+  ::close(fd);
+  ASSERT_TRUE(answered);
+  EXPECT_EQ(a.status, TransferStatus::kCorrupt);
+  EXPECT_EQ(a.accepted, 1u);
+  const BlockHash k0 = key(0);
+  auto pinned = to.pin_host_blocks(&k0, 1);
+  ASSERT_EQ(pinned.size(), 1);
+  EXPECT_EQ(std::memcmp(pinned.data(0), framed_blocks[0].data() + kBlockFileHeaderBytes, kBig), 0);
+  wait_for([&] { return rx.counters().connections.load() == 0; });
+  EXPECT_EQ(to.stats().host.blocks, 1);
+}
+
 TEST(KvTransfer, AnotherModelsBlocksAreRefused) {
   Pair p;
   for (uint64_t i = 0; i < 4; ++i) put(*p.from, i);

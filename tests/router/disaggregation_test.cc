@@ -214,6 +214,57 @@ TEST(Disaggregation, ADeadDecodeEngineFailsItsTransferAndTheOtherServes) {
   EXPECT_EQ(metric(f.prefill->port(), "beluga_requests_in_flight"), 0);
 }
 
+// The decode balancer weighs each decode engine's KV usage (its /health): with no request of the
+// router's in flight on either, the one whose KV is nearly full (its own clients' streams) is
+// avoided, the other takes every request.
+TEST(Disaggregation, ADecodeEngineWithItsKvNearlyFullIsAvoided) {
+  auto prefill = start_replica(0, {"--role", "prefill", "--kv-host-gb", "0.25"});
+  auto full = start_replica(0, {"--role", "decode", "--kv-host-gb", "0.25", "--num-kv-blocks", "32"});
+  auto roomy = start_replica(0, {"--role", "decode", "--kv-host-gb", "0.25"});
+  auto router = start_router({}, {"--prefill", prefill->url(), "--decode", full->url(), "--decode",
+                                  roomy->url(), "--health-interval-ms", "100"});
+  ASSERT_TRUE(wait_for(
+      [&] {
+        const auto h = http_get(router->port(), "/health");
+        return h.status == 200 && h.json().value("decode_kv_known", 0) == 2;
+      },
+      20))
+      << router->log() << full->log() << roomy->log();
+  // Long streams straight to `full` (not through the router, so not in flight there) fill its KV.
+  const std::string body = Json{{"model", "beluga-demo-coder-mtp"},
+                                {"stream", true},
+                                {"max_tokens", 1000},
+                                {"ignore_eos", true},
+                                {"messages", Json::array({{{"role", "user"}, {"content", "Count on."}}})}}
+                               .dump();
+  std::vector<int> streams;
+  for (int i = 0; i < 4; ++i) streams.push_back(post_raw(full->port(), "/v1/chat/completions", body, 60000));
+  const auto usage_seen = [&] {
+    return replica_sample(router->port(), "beluga_router_replica_kv_usage", full->url());
+  };
+  ASSERT_TRUE(wait_for([&] { return usage_seen() >= 0.75; }, 60)) << usage_seen();
+  const double full_before =
+      replica_sample(router->port(), "beluga_router_replica_requests_total", full->url());
+  const double roomy_before =
+      replica_sample(router->port(), "beluga_router_replica_requests_total", roomy->url());
+  for (int i = 0; i < 4; ++i) {
+    const Call c{
+        "/v1/chat/completions",
+        Json{{"model", "beluga-demo-coder-mtp"},
+             {"max_tokens", 4},
+             {"messages", Json::array({{{"role", "user"}, {"content", "hi " + std::to_string(i)}}})}}};
+    const auto r = post(router->port(), c);
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  // Its KV was still that full when the last request was routed (else this proved nothing).
+  EXPECT_GE(usage_seen(), 0.75);
+  EXPECT_EQ(replica_sample(router->port(), "beluga_router_replica_requests_total", full->url()), full_before);
+  EXPECT_EQ(replica_sample(router->port(), "beluga_router_replica_requests_total", roomy->url()),
+            roomy_before + 4);
+  for (int fd : streams) close(fd);
+  EXPECT_TRUE(wait_for([&] { return metric(full->port(), "beluga_kv_blocks_used") == 0; }, 30));
+}
+
 // A streamed chat request written on a raw socket, then the socket closed after `wait_ms` (or once
 // `bytes` of the response arrived).
 void leave_early(int port, int wait_ms, size_t bytes, int max_tokens) {
