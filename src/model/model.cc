@@ -10,18 +10,22 @@
 
 namespace beluga {
 
-std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
+std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
+                                     const ExpertParallelism* ep);
 std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops,
                                         int max_positions);
 std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
 
 Model::Model(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {}
 
-std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) {
+std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
+                                  const ExpertParallelism* ep) {
   if (max_positions <= 0)
     max_positions = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096, 32768);
+  BELUGA_CHECK(!ep || (cfg.is_mla() && cfg.arch != Arch::kDeepseekV4 && cfg.n_routed_experts > 0),
+               "expert parallelism needs a DeepSeek V2/V3 mixture-of-experts model");
   if (cfg.arch == Arch::kDeepseekV4) return make_deepseek_v4(cfg, src, ops, max_positions);
-  if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions);
+  if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions, ep);
   return make_dense(cfg, src, ops, max_positions);
 }
 

@@ -12,6 +12,7 @@
 #include "loader/weight_source.h"
 #include "model/batch.h"
 #include "model/decode_graphs.h"
+#include "parallel/expert_parallel.h"
 
 namespace beluga {
 
@@ -150,8 +151,19 @@ class Model {
   std::unique_ptr<MtpWeights> mtp_;
 };
 
+// This rank's place in an expert-parallel group: its communicator and the group's expert sharding
+// (both outlive the model). The model then loads only the routed experts of the rank's slots and
+// its MoE layers run ExpertParallelMoe, so every rank of the group must step its model at the same
+// time (each with its own batch: attention is data parallel). DeepSeek V2/V3 only.
+struct ExpertParallelism {
+  Communicator* comm = nullptr;
+  const ExpertSharding* sharding = nullptr;
+};
+
 // Builds the model for `cfg` from `src` (a checkpoint or dummy weights) on `ops`.
 // `max_positions` bounds the rope tables (0: the config's max_position_embeddings, capped at 32768).
-std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions = 0);
+// `ep`: this rank's expert-parallel group (null: the model holds every expert).
+std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions = 0,
+                                  const ExpertParallelism* ep = nullptr);
 
 }  // namespace beluga
