@@ -15,6 +15,7 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "cli/bench_ep.h"
 #include "cli/bench_fleet.h"
 #include "cli/bench_grammar.h"
 #include "cli/bench_kv.h"
@@ -671,7 +672,9 @@ int cmd_bench(int argc, char** argv) {
   if (what == "sampler") return bench_sampler(argc - 1, argv + 1);
   if (what == "fleet") return bench_fleet(argc - 1, argv + 1);
   if (what == "pd") return bench_pd(argc - 1, argv + 1);
-  fail("unknown benchmark '", what, "' (model, tokenizer, serve, grammar, kv, router, sampler, fleet, pd)");
+  if (what == "ep") return bench_ep(argc - 1, argv + 1);
+  fail("unknown benchmark '", what,
+       "' (model, tokenizer, serve, grammar, kv, router, sampler, fleet, pd, ep)");
 }
 
 }  // namespace beluga::cli

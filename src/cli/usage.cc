@@ -198,7 +198,7 @@ const std::vector<CommandUsage>& command_usages() {
                     {"tokenize-threads", "N", "threads that render and tokenize prompts (default 1)"}}}}},
       {.command = "bench",
        .text =
-           "usage: beluga bench model|tokenizer|serve|router|fleet|pd|sampler|kv|grammar [options]\n"
+           "usage: beluga bench model|tokenizer|serve|router|fleet|pd|sampler|kv|grammar|ep [options]\n"
            "  model       prefill and decode throughput of one model on this machine\n"
            "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
            "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
@@ -209,6 +209,7 @@ const std::vector<CommandUsage>& command_usages() {
            "  sampler     the CPU sampler's cost per token\n"
            "  kv          the KV tiers' bandwidth and TTFT from each tier; --agent-trace: agent sessions\n"
            "  grammar     structured outputs: grammar compile time and per-token mask time\n"
+           "  ep          expert parallelism on CPU thread ranks: all-to-all rate against memcpy, MoE layer\n"
            "`beluga bench <name> --help` lists each one's options.\n"},
       {.command = "bench model",
        .synopsis = "[MODEL_DIR] [options]",
@@ -271,6 +272,21 @@ const std::vector<CommandUsage>& command_usages() {
        .groups = {{"",
                    {{"vocab", "LIST", "vocabulary sizes (default 8192,131072)"},
                     {"iters", "N", "timed calls per point (default 200)"},
+                    {"out", "FILE", "also write the results as JSON"}}}}},
+      {.command = "bench ep",
+       .synopsis = "[options]",
+       .summary =
+           "Expert parallelism on CPU thread ranks: LocalCommunicator's all_to_all_v against memcpy of the "
+           "same bytes, and one MoE layer expert parallel against one rank's Ops::moe.",
+       .groups = {{"",
+                   {{"ranks", "LIST", "group sizes (default 2,4)"},
+                    {"rows", "LIST", "rows each rank sends per all_to_all_v (default 64,1024,8192)"},
+                    {"hidden", "N", "floats per row (default 2048)"},
+                    {"iters", "N", "timed runs per point, median kept (default 20)"},
+                    {"moe-tokens", "N", "tokens of the MoE layer, split over the ranks (default 256)"},
+                    {"experts", "N", "routed experts (default 16)"},
+                    {"top-k", "N", "experts per token (default 4)"},
+                    {"moe-inter", "N", "expert intermediate size (default 256)"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench router",
        .synopsis = "[options]",
