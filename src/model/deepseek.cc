@@ -59,6 +59,7 @@ class DeepseekModel final : public Model {
       shard = std::make_unique<ShardWeightSource>(all, *ep->sharding, ep->comm->rank());
       held = ep->sharding->local_experts(ep->comm->rank());
       ep_moe_ = std::make_unique<ExpertParallelMoe>(ops, *ep->comm, *ep->sharding);
+      ep_replicated_ = ep->replicated_tokens;
     } else {
       for (int e = 0; e < c.n_routed_experts; ++e) held.push_back(e);
     }
@@ -265,9 +266,12 @@ class DeepseekModel final : public Model {
 
   void moe(const Layer& L, const NormedInput& in, Tensor out) {
     if (ep_moe_) {
-      ep_moe_->forward(out, in,
-                       {L.moe.router, L.moe.bias, router_, L.moe.experts,
-                        L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared});
+      const ExpertParallelLayer m{L.moe.router, L.moe.bias, router_, L.moe.experts,
+                                  L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared};
+      if (ep_replicated_)
+        ep_moe_->forward_replicated(out, in, m);
+      else
+        ep_moe_->forward(out, in, m);
       return;
     }
     ops_.moe(out, in,
@@ -279,6 +283,7 @@ class DeepseekModel final : public Model {
   float scale_ = 1.0f;
   RouterParams router_;
   std::unique_ptr<ExpertParallelMoe> ep_moe_;  // expert parallel: this rank's part of each MoE layer
+  bool ep_replicated_ = false;
 };
 
 }  // namespace

@@ -158,6 +158,9 @@ class Model {
 struct ExpertParallelism {
   Communicator* comm = nullptr;
   const ExpertSharding* sharding = nullptr;
+  // Every rank steps the same batch (its own copy of the KV cache) and the MoE layers split the
+  // tokens over the ranks (ExpertParallelMoe::forward_replicated), so rank 0 alone can serve.
+  bool replicated_tokens = false;
 };
 
 // Builds the model for `cfg` from `src` (a checkpoint or dummy weights) on `ops`.

@@ -33,21 +33,53 @@ Tensor upload_f32(Ops& ops, const std::vector<float>& v) {
 }  // namespace
 
 void ExpertParallelMoe::forward(Tensor out, const NormedInput& in, const ExpertParallelLayer& m) {
+  const int64_t T = in.out.shape[0], K = m.params.top_k;
+  Tensor d_ids = ops_.scratch(DType::kI32, {std::max<int64_t>(T, 1), K});
+  Tensor d_w = ops_.scratch(DType::kF32, {std::max<int64_t>(T, 1), K});
+  if (T > 0) ops_.norm_moe_gate(d_ids.rows(0, T), d_w.rows(0, T), in, m.router, m.bias, m.params);
+  routed(out, in.out, d_ids.rows(0, T), d_w.rows(0, T), m);
+}
+
+void ExpertParallelMoe::forward_replicated(Tensor out, const NormedInput& in, const ExpertParallelLayer& m) {
   const int N = comm_.size(), me = comm_.rank();
   const int64_t T = in.out.shape[0], D = in.out.shape[1], K = m.params.top_k;
+  if (T > 0) ops_.normalize(in);
+  const int64_t a = T * me / N, b = T * (me + 1) / N, n = b - a;
+  Tensor d_ids = ops_.scratch(DType::kI32, {std::max<int64_t>(n, 1), K});
+  Tensor d_w = ops_.scratch(DType::kF32, {std::max<int64_t>(n, 1), K});
+  const Tensor x = in.out.rows(a, b);
+  if (n > 0) ops_.moe_gate(d_ids.rows(0, n), d_w.rows(0, n), x, m.router, m.bias, m.params);
+  const DType act = ops_.act_dtype();
+  Tensor mine = ops_.scratch(act, {std::max<int64_t>(n, 1), D});
+  routed(mine.rows(0, n), x, d_ids.rows(0, n), d_w.rows(0, n), m);
+  // Every rank gets every rank's rows: the same rows to each peer, rank p's rows from rank p.
+  const size_t row_bytes = size_t(D) * dtype_size(act);
+  std::vector<size_t> send(size_t(N), size_t(n) * row_bytes), recv(static_cast<size_t>(N));
+  for (int p = 0; p < N; ++p) recv[size_t(p)] = size_t(T * (p + 1) / N - T * p / N) * row_bytes;
+  // A send buffer of N copies of this rank's rows (all_to_all_v reads one block per peer).
+  Tensor rep = ops_.scratch(act, {std::max<int64_t>(n * N, 1), D});
+  for (int p = 0; p < N && n > 0; ++p) ops_.copy(rep.rows(n * p, n * (p + 1)), mine.rows(0, n));
+  Tensor all = ops_.scratch(act, {std::max<int64_t>(T, 1), D});
+  comm_.all_to_all_v(rep.data, send, all.data, recv);
+  if (T > 0) ops_.copy(out, all.rows(0, T));
+  for (int p = 0; p < N; ++p)
+    if (p != me) traffic_.sent_bytes += send[size_t(p)];
+}
+
+void ExpertParallelMoe::routed(Tensor out, const Tensor& x, const Tensor& d_ids, const Tensor& d_w,
+                               const ExpertParallelLayer& m) {
+  const int N = comm_.size(), me = comm_.rank();
+  const int64_t T = x.shape[0], D = x.shape[1], K = m.params.top_k;
   const int first_slot = sharding_.slot_begin(me);
   BELUGA_CHECK(int(m.local_experts.size()) == sharding_.slot_end(me) - first_slot,
                "expert parallelism: rank ", me, " holds ", m.local_experts.size(), " experts for ",
                sharding_.slot_end(me) - first_slot, " slots");
   const DType act = ops_.act_dtype();
 
-  // 1. Routing of this rank's tokens (logical expert ids).
+  // 1. This rank's tokens' routing (logical expert ids) on the host: the plan is made there.
   std::vector<int32_t> ids(size_t(T * K));
   std::vector<float> weights(size_t(T * K));
   if (T > 0) {
-    Tensor d_ids = ops_.scratch(DType::kI32, {T, K});
-    Tensor d_w = ops_.scratch(DType::kF32, {T, K});
-    ops_.norm_moe_gate(d_ids, d_w, in, m.router, m.bias, m.params);
     ops_.copy_to_host(d_ids, ids.data());
     ops_.copy_to_host(d_w, weights.data());
     ops_.synchronize();
@@ -94,7 +126,7 @@ void ExpertParallelMoe::forward(Tensor out, const NormedInput& in, const ExpertP
   // 4. Dispatch: the token rows, their slot ids and their weights.
   Tensor x_send = ops_.scratch(act, {std::max<int64_t>(int64_t(S), 1), D});
   if (S > 0)
-    ops_.gather_rows(x_send.rows(0, int64_t(S)), in.out, upload_i32(ops_, send_token).rows(0, int64_t(S)));
+    ops_.gather_rows(x_send.rows(0, int64_t(S)), x, upload_i32(ops_, send_token).rows(0, int64_t(S)));
   Tensor slot_send = upload_i32(ops_, send_slot), w_send = upload_f32(ops_, send_w);
   Tensor x_recv = ops_.scratch(act, {std::max<int64_t>(int64_t(R), 1), D});
   Tensor slot_recv = ops_.scratch(DType::kI32, {std::max<int64_t>(int64_t(R), 1), 1});
@@ -131,7 +163,7 @@ void ExpertParallelMoe::forward(Tensor out, const NormedInput& in, const ExpertP
     if (m.shared) {
       Tensor zeros = upload_i32(ops_, std::vector<int32_t>(size_t(T), 0));
       Tensor ones = upload_f32(ops_, std::vector<float>(size_t(T), 1.0f));
-      ops_.moe_experts(part, in.out, zeros, ones, std::span<const ExpertWeights>(m.shared, 1), nullptr);
+      ops_.moe_experts(part, x, zeros, ones, std::span<const ExpertWeights>(m.shared, 1), nullptr);
       ops_.add(out, out, part);
     }
   }

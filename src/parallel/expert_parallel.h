@@ -35,6 +35,10 @@ class ExpertParallelMoe {
 
   // out [T, D] for this rank's T tokens (the normalized input in.out, formed here as Ops::moe does).
   void forward(Tensor out, const NormedInput& in, const ExpertParallelLayer& m);
+  // The same layer when every rank steps the same tokens (attention replicated, not data
+  // parallel): in and out hold all T tokens on every rank; rank r routes and dispatches the rows
+  // [T r / N, T (r + 1) / N), then every rank gets all ranks' rows of out (one more exchange).
+  void forward_replicated(Tensor out, const NormedInput& in, const ExpertParallelLayer& m);
 
   // Bytes this rank has sent to other ranks (token rows, slot ids, weights and results), and those
   // it kept (rows for its own experts), over all forward() calls.
@@ -45,6 +49,9 @@ class ExpertParallelMoe {
   const Traffic& traffic() const { return traffic_; }
 
  private:
+  // Dispatch, the local experts and combine for the tokens x (normalized) routed to d_ids / d_w.
+  void routed(Tensor out, const Tensor& x, const Tensor& d_ids, const Tensor& d_w,
+              const ExpertParallelLayer& m);
   Ops& ops_;
   Communicator& comm_;
   const ExpertSharding& sharding_;

@@ -101,6 +101,25 @@ struct MoeCase {
   }
 };
 
+// forward_replicated on `n` ranks: every rank has all tokens; returns each rank's output.
+std::vector<std::vector<float>> replicated(const MoeCase& c, int n) {
+  const ExpertSharding sharding = ExpertSharding::contiguous(int(c.experts.size()), n);
+  std::vector<std::vector<float>> outs(static_cast<size_t>(n), std::vector<float>(c.x.size(), NAN));
+  run_ranks(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    CpuOps ops(CpuOptions{1});
+    std::vector<ExpertWeights> mine;
+    for (int e : sharding.local_experts(r)) mine.push_back(c.experts[size_t(e)]);
+    std::vector<float> res(c.x), normed(res.size());
+    NormedInput in{Tensor::make(res.data(), DType::kF32, {c.T(), c.D}),    {},    c.norm,
+                   Tensor::make(normed.data(), DType::kF32, {c.T(), c.D}), 1e-6f, {}};
+    ExpertParallelMoe ep(ops, comm, sharding);
+    ep.forward_replicated(Tensor::make(outs[size_t(r)].data(), DType::kF32, {c.T(), c.D}), in,
+                          {c.router, c.bias, c.params, mine, c.has_shared ? &c.shared : nullptr});
+  });
+  return outs;
+}
+
 MoeCase random_case(Arena& a, int64_t T, int64_t D, int64_t I, int E, int K, uint32_t seed) {
   std::mt19937 rng(seed);
   MoeCase c;
@@ -153,6 +172,17 @@ TEST(ExpertParallelMoe, ReplicatedSlotsFromAPlacementMatchOneRank) {
   // 8 slots for 6 experts over 2 ranks (an EPLB-style placement: experts 1 and 4 twice, reordered).
   const ExpertSharding s(6, 2, {4, 1, 0, 2, 5, 3, 1, 4});
   expect_close(c.expert_parallel(s, {0, 9, 16}), c.reference(), "replicas");
+}
+
+// Every rank holds all tokens; each routes a share (3 tokens over 4 ranks: one rank has none).
+TEST(ExpertParallelMoe, ReplicatedTokensGiveEveryRankTheWholeOutput) {
+  Arena a;
+  for (int64_t T : {3, 13}) {
+    const MoeCase c = random_case(a, T, 32, 16, 8, 3, 21);
+    const std::vector<float> ref = c.reference();
+    for (int n : {2, 4})
+      for (const auto& out : replicated(c, n)) expect_close(out, ref, "replicated tokens");
+  }
 }
 
 TEST(ExpertParallelMoe, ResultDoesNotDependOnTheRun) {

@@ -94,6 +94,39 @@ TEST(ModelExpertParallel, Dsv2LiteTinyLogitsEqualOneRank) {
   }
 }
 
+// Replicated tokens: every rank steps every sequence (its own KV cache); each rank's logits equal EP=1.
+TEST(ModelExpertParallel, ReplicatedTokensGiveEveryRankTheLogitsOfOneRank) {
+  const ModelConfig cfg = ModelConfig::from_file(kDir + "/config.json");
+  Checkpoint ckpt(kDir);
+  const std::vector<std::vector<int>> prompts = {
+      {5, 9, 200, 31, 7}, {1000}, {44, 45, 46, 47, 48, 49, 50, 51, 52}};
+  CpuOps ref_ops(CpuOptions{1});
+  auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
+  const auto ref = run(*ref_model, prompts, 2);
+  for (int n : {2, 4}) {
+    const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, n);
+    std::vector<std::vector<std::vector<std::vector<float>>>> got(static_cast<size_t>(n));
+    test::run_ranks(n, [&](Communicator& comm) {
+      CpuOps ops(CpuOptions{1});
+      const ExpertParallelism ep{&comm, &sharding, /*replicated_tokens=*/true};
+      auto model = load_model(cfg, ckpt, ops, 256, &ep);
+      got[size_t(comm.rank())] = run(*model, prompts, 2);
+    });
+    for (int r = 0; r < n; ++r)
+      for (size_t s = 0; s < prompts.size(); ++s)
+        for (size_t step = 0; step < ref[s].size(); ++step) {
+          const auto& a = got[size_t(r)][s][step];
+          const auto& b = ref[s][step];
+          float mx = 0, diff = 0;
+          for (size_t i = 0; i < b.size(); ++i) {
+            mx = std::max(mx, std::fabs(b[i]));
+            diff = std::max(diff, std::fabs(a[i] - b[i]));
+          }
+          EXPECT_LE(diff, 1e-5f * mx) << "EP=" << n << " rank " << r << " sequence " << s << " step " << step;
+        }
+  }
+}
+
 TEST(ModelExpertParallel, RefusesAShardingOfAnotherExpertCount) {
   const ModelConfig cfg = ModelConfig::from_file(kDir + "/config.json");
   Checkpoint ckpt(kDir);
