@@ -8,15 +8,19 @@ namespace {
 
 // The options every command that loads a model takes (model_args.h reads them).
 FlagGroup model_options() {
-  return {"model options",
-          {{"model", "DIR",
-            "model directory (or its config.json); default: the built-in models/beluga-demo-coder-mtp", true},
-           {"load-format", "auto|safetensors|dummy", "dummy: random weights from config.json"},
-           {"threads", "N", "CPU threads (default: all cores)"},
-           {"dtype", "float32|bfloat16", "activation rounding for BF16 GEMMs (default float32)"},
-           {"max-model-len", "N", "context length (default: the model's)"},
-           {"device", "cpu|cuda", "cuda in builds with the CUDA backend"},
-           {"enforce-eager", "", "no CUDA graphs for decode steps"}}};
+  return {
+      "model options",
+      {{"model", "DIR",
+        "model directory (or its config.json); default: the built-in models/beluga-demo-coder-mtp", true},
+       {"load-format", "auto|safetensors|dummy", "dummy: random weights from config.json"},
+       {"threads", "N", "CPU threads (default: all cores)"},
+       {"dtype", "float32|bfloat16", "activation rounding for BF16 GEMMs (default float32)"},
+       {"max-model-len", "N", "context length (default: the model's)"},
+       {"device", "cpu|cuda", "cuda in builds with the CUDA backend"},
+       {"enforce-eager", "", "no CUDA graphs for decode steps"},
+       {"expert-parallel-size", "N",
+        "routed experts split over N ranks (CPU: thread ranks, each stepping every batch; DeepSeek V2/V3; "
+        "default 1)"}}};
 }
 
 // The server's and the router's log level (util/log.h).

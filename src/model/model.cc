@@ -254,6 +254,22 @@ Tensor Model::sample_logits(const Tensor& lg) {
 }
 
 void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
+  if (!peers_) return forward_local(b, kv, logits, opt);
+  peers_->begin(b, kv.num_blocks);
+  try {
+    forward_local(b, kv, logits, opt);
+  } catch (...) {
+    peers_->abort();
+    try {
+      peers_->end();
+    } catch (...) {  // the peers' errors follow from this rank's, which is the one to report
+    }
+    throw;
+  }
+  peers_->end();
+}
+
+void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   ops_.reset_scratch();
   const StepPlan p = plan_step(b, kv);
   // A verify step's final hidden states are written by the graph too, into the caller's persistent

@@ -39,6 +39,17 @@ struct ForwardOptions {
 
 struct MtpWeights;
 
+// Other ranks of an expert-parallel group that step with this model (replicated tokens: each runs
+// the same batch on its own copy of the KV cache). Model::forward hands them each batch before its
+// own layers run (their MoE layers exchange rows with this model's) and waits for them after.
+class StepPeers {
+ public:
+  virtual ~StepPeers() = default;
+  virtual void begin(const Batch& b, int num_blocks) = 0;
+  virtual void end() = 0;    // waits for the step; rethrows a peer's error
+  virtual void abort() = 0;  // this rank failed mid-step: the peers' collectives throw instead of waiting
+};
+
 class Model {
  public:
   virtual ~Model();
@@ -65,6 +76,9 @@ class Model {
   // `enforce_eager` is set (as vLLM's --enforce-eager); results are the same up to rounding.
   void forward(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt = {});
   void set_enforce_eager(bool on) { enforce_eager_ = on; }
+  // The group's other ranks (not owned; null: none). Not with MTP steps (mtp_forward refuses).
+  void set_step_peers(StepPeers* peers) { peers_ = peers; }
+  bool has_step_peers() const { return peers_ != nullptr; }
   // The backend's device sampler (backend/sample_rows.h; the CLI gives CUDA's), which
   // ForwardOptions::sampling needs; null: none (the CPU backend samples on the host).
   void set_sampler(std::unique_ptr<SampleRowsOp> sampler);
@@ -137,6 +151,8 @@ class Model {
   int64_t n_params_ = 0;
   int max_positions_ = 0;
   bool enforce_eager_ = false;
+  StepPeers* peers_ = nullptr;
+  void forward_local(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt);
   std::unique_ptr<DecodeGraphs> graphs_;      // made on the first step that qualifies
   std::unique_ptr<DecodeGraphs> mtp_graphs_;  // the MTP module's, likewise
   // Device sampling: the sampler, its inputs (persistent, so recorded graphs read this step's), and
