@@ -15,6 +15,7 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "cli/bench_ep.h"
 #include "cli/bench_eplb.h"
 #include "cli/bench_fleet.h"
 #include "cli/bench_grammar.h"
@@ -676,8 +677,9 @@ int cmd_bench(int argc, char** argv) {
   if (what == "fleet") return bench_fleet(argc - 1, argv + 1);
   if (what == "pd") return bench_pd(argc - 1, argv + 1);
   if (what == "eplb") return bench_eplb(argc - 1, argv + 1);
+  if (what == "ep") return bench_ep(argc - 1, argv + 1);
   fail("unknown benchmark '", what,
-       "' (model, tokenizer, serve, grammar, kv, router, sampler, fleet, pd, eplb)");
+       "' (model, tokenizer, serve, grammar, kv, router, sampler, fleet, pd, ep, eplb)");
 }
 
 }  // namespace beluga::cli

@@ -70,6 +70,10 @@ ModelArgs parse_model_args(const Args& args) {
   ma.cpu.deterministic = args.has("deterministic");
   BELUGA_CHECK(!ma.cpu.deterministic || ma.device == "cpu",
                "--deterministic is CPU only for now (docs/deterministic.md says what CUDA still needs)");
+  ma.expert_parallel_size = int(args.get_int("expert-parallel-size", 1));
+  BELUGA_CHECK(ma.expert_parallel_size >= 1, "--expert-parallel-size must be >= 1");
+  BELUGA_CHECK(ma.expert_parallel_size == 1 || ma.device == "cpu",
+               "--expert-parallel-size runs on the CPU only (thread ranks) in this build");
   return ma;
 }
 
@@ -101,7 +105,20 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
                     Progress::Unit::kBytes, progress_out);
   ProgressSource counted(*m.weights, progress);
   kv::FingerprintingSource recorded(counted);  // the KV tiers' model fingerprint
-  m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len);
+  if (ma.expert_parallel_size > 1) {
+    const int n = ma.expert_parallel_size;
+    BELUGA_CHECK(m.cfg.n_routed_experts >= n, "--expert-parallel-size ", n, " needs at least ", n,
+                 " routed experts; the model has ", m.cfg.n_routed_experts);
+    m.ep_group = std::make_unique<LocalGroup>(n);
+    m.ep_sharding = std::make_unique<ExpertSharding>(ExpertSharding::contiguous(m.cfg.n_routed_experts, n));
+    const ExpertParallelism ep{&m.ep_group->communicator(0), m.ep_sharding.get(), true};
+    m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len, &ep);
+    m.ep_peers = std::make_unique<ExpertParallelPeers>(m.cfg, *m.weights, m.model->max_positions(),
+                                                       *m.ep_group, *m.ep_sharding, ma.cpu);
+    m.model->set_step_peers(m.ep_peers.get());
+  } else {
+    m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len);
+  }
   progress.finish();
   m.weights_digest = recorded.digest();
   m.config_path = ma.config_path;

@@ -8,18 +8,24 @@
 #include "backend/cpu/cpu_ops.h"
 #include "cli/args.h"
 #include "engine/block_manager.h"
+#include "engine/expert_parallel_peers.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
 
 namespace beluga::cli {
 
 struct LoadedModel {
+  // --expert-parallel-size N > 1 (CPU): the thread ranks' group and sharding; `model` is rank 0 and
+  // `peers` the others (declared before `model`: the peers stop after it).
+  std::unique_ptr<LocalGroup> ep_group;
+  std::unique_ptr<ExpertSharding> ep_sharding;
   std::string dir;
   ModelConfig cfg;
   std::unique_ptr<WeightSource> weights;
   std::unique_ptr<Ops> ops;
   CpuOps* cpu = nullptr;  // ops, when the backend is the CPU's (null on other devices)
   std::string device = "cpu";
+  std::unique_ptr<ExpertParallelPeers> ep_peers;
   std::unique_ptr<Model> model;
   double load_seconds = 0;
   std::string config_path;
@@ -43,6 +49,9 @@ struct ModelArgs {
   CpuOptions cpu;
   int max_model_len = 0;
   bool enforce_eager = false;
+  // --expert-parallel-size N: the routed experts split over N thread ranks (CPU, DeepSeek V2/V3),
+  // every rank stepping every batch; 1: one model holds all experts.
+  int expert_parallel_size = 1;
   // Loading progress on stderr: a bar when stderr is a terminal; plain lines otherwise only when set
   // (serve sets it: its stderr is a log), so commands whose output is parsed stay quiet.
   bool progress_lines = false;

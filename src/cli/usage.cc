@@ -8,19 +8,23 @@ namespace {
 
 // The options every command that loads a model takes (model_args.h reads them).
 FlagGroup model_options() {
-  return {"model options",
-          {{"model", "DIR",
-            "model directory (or its config.json); default: the built-in models/beluga-demo-coder-mtp", true},
-           {"load-format", "auto|safetensors|dummy", "dummy: random weights from config.json"},
-           {"threads", "N", "CPU threads (default: all cores)"},
-           {"dtype", "float32|bfloat16", "activation rounding for BF16 GEMMs (default float32)"},
-           {"max-model-len", "N", "context length (default: the model's)"},
-           {"device", "cpu|cuda", "cuda in builds with the CUDA backend"},
-           {"enforce-eager", "", "no CUDA graphs for decode steps"},
-           {"deterministic", "",
-            "batch-invariant results: a request gives the same token ids and logprobs alone or in any "
-            "batch, with prefix hits and chunked prefill; unseeded requests use seed 0; CPU only for now, "
-            "not with --speculative-config (docs/deterministic.md)"}}};
+  return {
+      "model options",
+      {{"model", "DIR",
+        "model directory (or its config.json); default: the built-in models/beluga-demo-coder-mtp", true},
+       {"load-format", "auto|safetensors|dummy", "dummy: random weights from config.json"},
+       {"threads", "N", "CPU threads (default: all cores)"},
+       {"dtype", "float32|bfloat16", "activation rounding for BF16 GEMMs (default float32)"},
+       {"max-model-len", "N", "context length (default: the model's)"},
+       {"device", "cpu|cuda", "cuda in builds with the CUDA backend"},
+       {"enforce-eager", "", "no CUDA graphs for decode steps"},
+       {"deterministic", "",
+        "batch-invariant results: a request gives the same token ids and logprobs alone or in any "
+        "batch, with prefix hits and chunked prefill; unseeded requests use seed 0; CPU only for now, "
+        "not with --speculative-config (docs/deterministic.md)"},
+       {"expert-parallel-size", "N",
+        "routed experts split over N ranks (CPU: thread ranks, each stepping every batch; DeepSeek V2/V3; "
+        "default 1)"}}};
 }
 
 // The server's and the router's log level (util/log.h).
@@ -215,7 +219,7 @@ const std::vector<CommandUsage>& command_usages() {
                     {"tokenize-threads", "N", "threads that render and tokenize prompts (default 1)"}}}}},
       {.command = "bench",
        .text =
-           "usage: beluga bench model|tokenizer|serve|router|fleet|pd|sampler|kv|grammar|eplb [options]\n"
+           "usage: beluga bench model|tokenizer|serve|router|fleet|pd|sampler|kv|grammar|ep|eplb [options]\n"
            "  model       prefill and decode throughput of one model on this machine\n"
            "  tokenizer   tokenizer throughput next to Hugging Face tokenizers\n"
            "  serve       load test of a running server (TTFT, TPOT, throughput, goodput)\n"
@@ -226,6 +230,7 @@ const std::vector<CommandUsage>& command_usages() {
            "  sampler     the CPU sampler's cost per token\n"
            "  kv          the KV tiers' bandwidth and TTFT from each tier; --agent-trace: agent sessions\n"
            "  grammar     structured outputs: grammar compile time and per-token mask time\n"
+           "  ep          expert parallelism on CPU thread ranks: all-to-all rate against memcpy, MoE layer\n"
            "  eplb        expert-parallel load balancing: max/mean expert load per GPU before and after "
            "EPLB\n"
            "`beluga bench <name> --help` lists each one's options.\n"},
@@ -290,6 +295,21 @@ const std::vector<CommandUsage>& command_usages() {
        .groups = {{"",
                    {{"vocab", "LIST", "vocabulary sizes (default 8192,131072)"},
                     {"iters", "N", "timed calls per point (default 200)"},
+                    {"out", "FILE", "also write the results as JSON"}}}}},
+      {.command = "bench ep",
+       .synopsis = "[options]",
+       .summary =
+           "Expert parallelism on CPU thread ranks: LocalCommunicator's all_to_all_v against memcpy of the "
+           "same bytes, and one MoE layer expert parallel against one rank's Ops::moe.",
+       .groups = {{"",
+                   {{"ranks", "LIST", "group sizes (default 2,4)"},
+                    {"rows", "LIST", "rows each rank sends per all_to_all_v (default 64,1024,8192)"},
+                    {"hidden", "N", "floats per row (default 2048)"},
+                    {"iters", "N", "timed runs per point, median kept (default 20)"},
+                    {"moe-tokens", "N", "tokens of the MoE layer, split over the ranks (default 256)"},
+                    {"experts", "N", "routed experts (default 16)"},
+                    {"top-k", "N", "experts per token (default 4)"},
+                    {"moe-inter", "N", "expert intermediate size (default 256)"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench router",
        .synopsis = "[options]",

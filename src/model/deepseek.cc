@@ -8,6 +8,7 @@
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/rope.h"
+#include "parallel/shard_weight_source.h"
 #include "util/error.h"
 
 namespace beluga {
@@ -44,8 +45,25 @@ struct Layer {
 
 class DeepseekModel final : public Model {
  public:
-  DeepseekModel(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) : Model(cfg, ops) {
+  DeepseekModel(const ModelConfig& cfg, WeightSource& all, Ops& ops, int max_positions,
+                const ExpertParallelism* ep)
+      : Model(cfg, ops) {
     const auto& c = cfg_;
+    // Expert parallel: this rank's experts only (the source refuses the others').
+    std::unique_ptr<ShardWeightSource> shard;
+    std::vector<int> held;  // logical experts in slot order
+    if (ep) {
+      BELUGA_CHECK(ep->comm && ep->sharding, "expert parallelism: no communicator or sharding");
+      BELUGA_CHECK(ep->sharding->num_logical() == c.n_routed_experts, "expert parallelism: a sharding of ",
+                   ep->sharding->num_logical(), " experts for a model with ", c.n_routed_experts);
+      shard = std::make_unique<ShardWeightSource>(all, *ep->sharding, ep->comm->rank());
+      held = ep->sharding->local_experts(ep->comm->rank());
+      ep_moe_ = std::make_unique<ExpertParallelMoe>(ops, *ep->comm, *ep->sharding);
+      ep_replicated_ = ep->replicated_tokens;
+    } else {
+      for (int e = 0; e < c.n_routed_experts; ++e) held.push_back(e);
+    }
+    WeightSource& src = shard ? *shard : all;
     const int64_t D = c.hidden_size, H = c.num_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
                   v = c.v_head_dim, r = c.kv_lora_rank;
     embed_ = ops.upload(src.get("model.embed_tokens.weight", {c.vocab_size, D}));
@@ -82,7 +100,7 @@ class DeepseekModel final : public Model {
           Tensor b = src.get(p + "mlp.gate.e_score_correction_bias", {E}, DType::kF32);
           L.moe.bias = ops.upload(b);  // a buffer, not a parameter (as transformers counts)
         }
-        for (int64_t e = 0; e < E; ++e) {
+        for (int e : held) {
           const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
           L.moe.experts.push_back({load_linear(src, ep + "gate_proj", I, D),
                                    load_linear(src, ep + "up_proj", I, D),
@@ -247,6 +265,15 @@ class DeepseekModel final : public Model {
   }
 
   void moe(const Layer& L, const NormedInput& in, Tensor out) {
+    if (ep_moe_) {
+      const ExpertParallelLayer m{L.moe.router, L.moe.bias, router_, L.moe.experts,
+                                  L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared};
+      if (ep_replicated_)
+        ep_moe_->forward_replicated(out, in, m);
+      else
+        ep_moe_->forward(out, in, m);
+      return;
+    }
     ops_.moe(out, in,
              {L.moe.router, L.moe.bias, router_, L.moe.experts,
               L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared});
@@ -255,12 +282,15 @@ class DeepseekModel final : public Model {
   std::vector<Layer> layers_;
   float scale_ = 1.0f;
   RouterParams router_;
+  std::unique_ptr<ExpertParallelMoe> ep_moe_;  // expert parallel: this rank's part of each MoE layer
+  bool ep_replicated_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) {
-  return std::make_unique<DeepseekModel>(cfg, src, ops, max_positions);
+std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
+                                     const ExpertParallelism* ep) {
+  return std::make_unique<DeepseekModel>(cfg, src, ops, max_positions, ep);
 }
 
 }  // namespace beluga

@@ -10,18 +10,22 @@
 
 namespace beluga {
 
-std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
+std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
+                                     const ExpertParallelism* ep);
 std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops,
                                         int max_positions);
 std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
 
 Model::Model(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {}
 
-std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) {
+std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
+                                  const ExpertParallelism* ep) {
   if (max_positions <= 0)
     max_positions = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096, 32768);
+  BELUGA_CHECK(!ep || (cfg.is_mla() && cfg.arch != Arch::kDeepseekV4 && cfg.n_routed_experts > 0),
+               "expert parallelism needs a DeepSeek V2/V3 mixture-of-experts model");
   if (cfg.arch == Arch::kDeepseekV4) return make_deepseek_v4(cfg, src, ops, max_positions);
-  if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions);
+  if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions, ep);
   return make_dense(cfg, src, ops, max_positions);
 }
 
@@ -250,6 +254,22 @@ Tensor Model::sample_logits(const Tensor& lg) {
 }
 
 void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
+  if (!peers_) return forward_local(b, kv, logits, opt);
+  peers_->begin(b, kv.num_blocks);
+  try {
+    forward_local(b, kv, logits, opt);
+  } catch (...) {
+    peers_->abort();
+    try {
+      peers_->end();
+    } catch (...) {  // the peers' errors follow from this rank's, which is the one to report
+    }
+    throw;
+  }
+  peers_->end();
+}
+
+void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   ops_.reset_scratch();
   const StepPlan p = plan_step(b, kv);
   // A verify step's final hidden states are written by the graph too, into the caller's persistent

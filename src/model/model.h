@@ -12,6 +12,7 @@
 #include "loader/weight_source.h"
 #include "model/batch.h"
 #include "model/decode_graphs.h"
+#include "parallel/expert_parallel.h"
 
 namespace beluga {
 
@@ -37,6 +38,17 @@ struct ForwardOptions {
 };
 
 struct MtpWeights;
+
+// Other ranks of an expert-parallel group that step with this model (replicated tokens: each runs
+// the same batch on its own copy of the KV cache). Model::forward hands them each batch before its
+// own layers run (their MoE layers exchange rows with this model's) and waits for them after.
+class StepPeers {
+ public:
+  virtual ~StepPeers() = default;
+  virtual void begin(const Batch& b, int num_blocks) = 0;
+  virtual void end() = 0;    // waits for the step; rethrows a peer's error
+  virtual void abort() = 0;  // this rank failed mid-step: the peers' collectives throw instead of waiting
+};
 
 class Model {
  public:
@@ -64,6 +76,9 @@ class Model {
   // `enforce_eager` is set (as vLLM's --enforce-eager); results are the same up to rounding.
   void forward(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt = {});
   void set_enforce_eager(bool on) { enforce_eager_ = on; }
+  // The group's other ranks (not owned; null: none). Not with MTP steps (mtp_forward refuses).
+  void set_step_peers(StepPeers* peers) { peers_ = peers; }
+  bool has_step_peers() const { return peers_ != nullptr; }
   // The backend's device sampler (backend/sample_rows.h; the CLI gives CUDA's), which
   // ForwardOptions::sampling needs; null: none (the CPU backend samples on the host).
   void set_sampler(std::unique_ptr<SampleRowsOp> sampler);
@@ -136,6 +151,8 @@ class Model {
   int64_t n_params_ = 0;
   int max_positions_ = 0;
   bool enforce_eager_ = false;
+  StepPeers* peers_ = nullptr;
+  void forward_local(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt);
   std::unique_ptr<DecodeGraphs> graphs_;      // made on the first step that qualifies
   std::unique_ptr<DecodeGraphs> mtp_graphs_;  // the MTP module's, likewise
   // Device sampling: the sampler, its inputs (persistent, so recorded graphs read this step's), and
@@ -150,8 +167,22 @@ class Model {
   std::unique_ptr<MtpWeights> mtp_;
 };
 
+// This rank's place in an expert-parallel group: its communicator and the group's expert sharding
+// (both outlive the model). The model then loads only the routed experts of the rank's slots and
+// its MoE layers run ExpertParallelMoe, so every rank of the group must step its model at the same
+// time (each with its own batch: attention is data parallel). DeepSeek V2/V3 only.
+struct ExpertParallelism {
+  Communicator* comm = nullptr;
+  const ExpertSharding* sharding = nullptr;
+  // Every rank steps the same batch (its own copy of the KV cache) and the MoE layers split the
+  // tokens over the ranks (ExpertParallelMoe::forward_replicated), so rank 0 alone can serve.
+  bool replicated_tokens = false;
+};
+
 // Builds the model for `cfg` from `src` (a checkpoint or dummy weights) on `ops`.
 // `max_positions` bounds the rope tables (0: the config's max_position_embeddings, capped at 32768).
-std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions = 0);
+// `ep`: this rank's expert-parallel group (null: the model holds every expert).
+std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions = 0,
+                                  const ExpertParallelism* ep = nullptr);
 
 }  // namespace beluga

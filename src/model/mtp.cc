@@ -23,6 +23,7 @@ void Model::load_mtp(WeightSource& src) {
 
 KvCache Model::make_mtp_kv_cache(int num_blocks) const {
   BELUGA_CHECK(mtp_, "the model has no MTP module");
+  BELUGA_CHECK(!peers_, "MTP steps do not run expert parallel yet");
   KvCache kv;
   kv.num_blocks = num_blocks;
   kv.layers.push_back(

@@ -53,6 +53,26 @@ TEST(Cli, GenerateOnDeepseekV4MatchesTransformers) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["output_tokens"].get<std::vector<int>>(), expect);
 }
 
+// --expert-parallel-size N: the routed experts on N CPU thread ranks; the same greedy tokens as one rank
+// (dsv2-lite-tiny: 8 experts), and a refusal for a model without routed experts.
+TEST(Cli, GenerateExpertParallelMatchesOneRank) {
+  const std::string cmd =
+      "generate " + kFixtures + "dsv2-lite-tiny --prompt-ids 5,9,200,31,7 --max-tokens 12 --threads 1";
+  CmdResult one = run_beluga(cmd);
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto expect = nlohmann::json::parse(one.out)["output_tokens"].get<std::vector<int>>();
+  ASSERT_EQ(expect.size(), 12u);
+  for (int n : {2, 4}) {
+    CmdResult r = run_beluga(cmd + " --expert-parallel-size " + std::to_string(n));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["output_tokens"].get<std::vector<int>>(), expect) << "EP=" << n;
+  }
+  CmdResult dense =
+      run_beluga("generate " + kFixtures + "qwen3-tiny --prompt-ids 1,2 --expert-parallel-size 2");
+  EXPECT_NE(dense.code, 0);
+  EXPECT_NE(dense.out.find("routed experts"), std::string::npos) << dense.out;
+}
+
 // Dummy weights for a V4 shape (the hash layers' token -> experts table included): the model
 // loads and decodes; inspect reports the hybrid cache's bytes per token.
 TEST(Cli, DeepseekV4DummyWeightsRun) {

@@ -56,10 +56,10 @@ TEST(ConfigurationDoc, EveryListedOptionIsInTheCommandsHelpAndNothingElseIsAccep
   ASSERT_EQ(r.code, 0) << r.out;
   const auto commands = options_by_command(r.out);
   for (const char* c :
-       {"serve",           "router",        "generate",      "logits",        "inspect",     "bench model",
-        "bench tokenizer", "bench serve",   "bench sampler", "bench router",  "bench fleet", "bench pd",
-        "bench kv",        "bench grammar", "bench eplb",    "grammar check", "kv stats",    "kv gc",
-        "tokenize",        "detokenize",    "render",        "help"})
+       {"serve",           "router",        "generate",      "logits",       "inspect",       "bench model",
+        "bench tokenizer", "bench serve",   "bench sampler", "bench router", "bench fleet",   "bench pd",
+        "bench kv",        "bench grammar", "bench ep",      "bench eplb",   "grammar check", "kv stats",
+        "kv gc",           "tokenize",      "detokenize",    "render",       "help"})
     EXPECT_TRUE(commands.count(c)) << c << " has no option table";
   for (const auto& [command, options] : commands) {
     const auto help = run_beluga(command + " --help", /*stdout_only=*/true);
@@ -96,6 +96,7 @@ TEST(ConfigurationDoc, EveryTableOptionIsReadOnEveryPath) {
       {"bench tokenizer", "--tokenizer " + file + " --input " + file},
       {"bench serve", ""},
       {"bench sampler", ""},
+      {"bench ep", ""},
       {"bench router", ""},
       {"bench fleet", ""},
       {"bench pd", ""},

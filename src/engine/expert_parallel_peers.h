@@ -1,0 +1,55 @@
+// ExpertParallelPeers: ranks 1 .. N-1 of a CPU expert-parallel group (thread ranks over a
+// LocalGroup), each with its own backend, model (its experts only, replicated tokens) and KV cache,
+// stepping every batch that rank 0's model steps (Model::set_step_peers). Rank 0 is the caller's
+// model, so the engine and the generator run unchanged on top of it; the KV cache is kept on every
+// rank (each writes the same blocks), so the prefix cache's block reuse stays valid.
+// A peer that fails aborts the group: rank 0's step throws, and so do the later ones.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "model/model.h"
+#include "parallel/local_communicator.h"
+
+namespace beluga {
+
+class ExpertParallelPeers final : public StepPeers {
+ public:
+  // Loads ranks 1 .. group.size()-1 from `src` (which may be dropped after) with `cpu` each.
+  ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
+                      const ExpertSharding& sharding, CpuOptions cpu);
+  ~ExpertParallelPeers() override;
+
+  void begin(const Batch& b, int num_blocks) override;
+  void end() override;
+  void abort() override;
+
+ private:
+  struct Peer {
+    std::unique_ptr<CpuOps> ops;
+    std::unique_ptr<ExpertParallelism> ep;
+    std::unique_ptr<Model> model;
+    KvCache kv;
+    std::thread thread;
+    std::exception_ptr error;
+  };
+  void run(Peer& p);
+
+  LocalGroup& group_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Batch batch_;  // the step's batch, without logit rows (only rank 0 computes logits)
+  int num_blocks_ = 0;
+  uint64_t step_ = 0;  // begun steps
+  int done_ = 0;       // peers done with step_
+  bool stop_ = false;
+};
+
+}  // namespace beluga

@@ -1,0 +1,121 @@
+#include "parallel/local_communicator.h"
+
+#include <cstring>
+#include <string>
+
+#include "util/error.h"
+
+namespace beluga {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(LocalGroup& g, int rank) : g_(g), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return g_.size_; }
+  using Communicator::all_to_all_v;
+
+  void all_to_all_v(const void* send, std::span<const size_t> send_bytes, void* recv,
+                    std::span<const size_t> recv_bytes) override {
+    const int n = g_.size_;
+    BELUGA_CHECK(int(send_bytes.size()) == n && int(recv_bytes.size()) == n, "all_to_all_v: counts for ", n,
+                 " ranks expected");
+    post({send, recv, send_bytes.data(), 0});
+    // Rank p's block for this rank starts after its blocks for ranks below this one.
+    std::string error;
+    auto* out = static_cast<unsigned char*>(recv);
+    for (int p = 0; p < n; ++p) {
+      const LocalGroup::Post& src = g_.posts_[size_t(p)];
+      size_t off = 0;
+      for (int q = 0; q < rank_; ++q) off += src.send_bytes[q];
+      const size_t len = src.send_bytes[rank_];
+      if (len != recv_bytes[size_t(p)]) {
+        error = "all_to_all_v: rank " + std::to_string(p) + " sends " + std::to_string(len) +
+                " bytes to rank " + std::to_string(rank_) + ", which expects " +
+                std::to_string(recv_bytes[size_t(p)]);
+        break;
+      }
+      if (len) std::memcpy(out, static_cast<const unsigned char*>(src.send) + off, len);
+      out += len;
+    }
+    g_.wait_all();  // peers may reuse their send buffers only after everyone has read them
+    if (!error.empty()) fail(error);
+  }
+
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    post({send, recv, nullptr, bytes});
+    std::string error;
+    for (int p = 0; p < g_.size_; ++p) {
+      const LocalGroup::Post& src = g_.posts_[size_t(p)];
+      if (src.bytes != bytes)
+        error = "all_gather: ranks disagree on the size";
+      else if (bytes)
+        std::memcpy(static_cast<unsigned char*>(recv) + size_t(p) * bytes, src.send, bytes);
+    }
+    g_.wait_all();
+    if (!error.empty()) fail(error);
+  }
+
+  void all_reduce_sum(float* data, size_t n) override {
+    post({data, nullptr, nullptr, n});
+    std::string error;
+    std::vector<float> sum(n, 0.0f);
+    for (int p = 0; p < g_.size_; ++p) {
+      const LocalGroup::Post& src = g_.posts_[size_t(p)];
+      if (src.bytes != n) {
+        error = "all_reduce_sum: ranks disagree on the size";
+        break;
+      }
+      const auto* x = static_cast<const float*>(src.send);
+      for (size_t i = 0; i < n; ++i) sum[i] += x[i];
+    }
+    g_.wait_all();  // everyone has read every rank's data: now it may be overwritten
+    if (!error.empty()) fail(error);
+    if (n) std::memcpy(data, sum.data(), n * sizeof(float));
+  }
+
+  void barrier() override { g_.wait_all(); }
+  void abort() override { g_.abort(); }
+
+ private:
+  // Publishes this rank's buffers and waits until every rank has published its own.
+  void post(const LocalGroup::Post& p) {
+    g_.posts_[size_t(rank_)] = p;
+    g_.wait_all();
+  }
+  LocalGroup& g_;
+  int rank_;
+};
+
+LocalGroup::LocalGroup(int size) : size_(size), posts_(size_t(size)) {
+  BELUGA_CHECK(size >= 1, "LocalGroup: size must be at least 1, got ", size);
+  for (int r = 0; r < size; ++r) comms_.push_back(std::make_unique<LocalCommunicator>(*this, r));
+}
+
+LocalGroup::~LocalGroup() = default;
+
+Communicator& LocalGroup::communicator(int r) {
+  BELUGA_CHECK(r >= 0 && r < size_, "LocalGroup: no rank ", r, " in a group of ", size_);
+  return *comms_[size_t(r)];
+}
+
+void LocalGroup::wait_all() {
+  std::unique_lock<std::mutex> lock(mu_);
+  BELUGA_CHECK(!aborted_, "communicator: the group was aborted by a failed rank");
+  const uint64_t gen = generation_;
+  if (++arrived_ == size_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+  BELUGA_CHECK(generation_ != gen, "communicator: the group was aborted by a failed rank");
+}
+
+void LocalGroup::abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace beluga

@@ -1,0 +1,50 @@
+// LocalCommunicator: the ranks of a group are threads of one process over shared memory (CPU
+// expert parallelism, and tests of the parallel code without GPUs). LocalGroup holds the shared
+// state; communicator(r) is rank r's handle, used by one thread. Each collective posts the rank's
+// buffers, waits for all ranks, copies what this rank receives from the peers' buffers (pull), and
+// waits again so no rank reuses a buffer a peer still reads. Sums run in rank order, so every rank
+// gets the same bits on every run.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace beluga {
+
+class LocalGroup {
+ public:
+  explicit LocalGroup(int size);
+  ~LocalGroup();
+  int size() const { return size_; }
+  // Rank r's communicator (owned by the group; one thread uses it).
+  Communicator& communicator(int r);
+
+ private:
+  friend class LocalCommunicator;
+  // What a rank posts for the collective in flight.
+  struct Post {
+    const void* send = nullptr;
+    void* recv = nullptr;
+    const size_t* send_bytes = nullptr;  // all_to_all_v: size() counts
+    size_t bytes = 0;                    // all_gather, all_reduce_sum
+  };
+  // Waits until every rank has arrived; throws when the group was aborted.
+  void wait_all();
+  void abort();
+
+  int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
+  std::vector<Post> posts_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace beluga

@@ -1,0 +1,141 @@
+// Whole-model expert parallelism on the CPU: dsv2-lite-tiny with EP=2 and EP=4 (thread ranks, each
+// with its own backend, KV cache and sequences: attention data parallel) gives the logits of EP=1
+// (one model, all sequences in one batch), over a prefill step and two decode steps. Tolerance:
+// max |ep - ref| <= 1e-5 * max |ref| over each sequence's logits (the MoE layers' float rounding,
+// expert_parallel_test.cc, carried through the layers; observed: 3e-7 of max |ref|).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "loader/model_config.h"
+#include "loader/weight_source.h"
+#include "model/model.h"
+#include "run_ranks.h"
+
+namespace beluga {
+namespace {
+
+const std::string kDir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv2-lite-tiny";
+
+// Steps `prompts` (each in its own cache blocks) through a prefill and `decode` greedy-free steps
+// that feed token 7 + step; returns every step's logits per sequence, [seq][step][vocab].
+std::vector<std::vector<std::vector<float>>> run(Model& m, const std::vector<std::vector<int>>& prompts,
+                                                 int decode) {
+  const int V = m.config().vocab_size, S = int(prompts.size());
+  KvCache kv = m.make_kv_cache(S);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(S));
+  std::vector<int> len(static_cast<size_t>(S), 0);
+  for (int step = 0; step <= decode; ++step) {
+    Batch b;
+    for (int s = 0; s < S; ++s) {
+      const std::vector<int> toks = step == 0 ? prompts[size_t(s)] : std::vector<int>{7 + step};
+      b.seqs.push_back({len[size_t(s)], int(toks.size()), {s}});
+      b.tokens.insert(b.tokens.end(), toks.begin(), toks.end());
+      b.logit_rows.push_back(int(b.tokens.size()) - 1);
+      len[size_t(s)] += int(toks.size());
+    }
+    std::vector<float> lg(size_t(S) * size_t(V));
+    m.forward(b, kv, lg.data());
+    for (int s = 0; s < S; ++s) out[size_t(s)].emplace_back(lg.begin() + s * V, lg.begin() + (s + 1) * V);
+  }
+  return out;
+}
+
+TEST(ModelExpertParallel, Dsv2LiteTinyLogitsEqualOneRank) {
+  const ModelConfig cfg = ModelConfig::from_file(kDir + "/config.json");
+  Checkpoint ckpt(kDir);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> tok(2, cfg.vocab_size - 1);
+  std::vector<std::vector<int>> prompts;
+  for (int n : {5, 17, 1, 9, 12, 3, 30, 2}) {
+    prompts.emplace_back();
+    for (int i = 0; i < n; ++i) prompts.back().push_back(tok(rng));
+  }
+  CpuOps ref_ops(CpuOptions{1});
+  auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
+  const auto ref = run(*ref_model, prompts, 2);
+
+  for (int n : {2, 4}) {
+    const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, n);
+    std::vector<std::vector<std::vector<float>>> got(prompts.size());
+    std::vector<int64_t> params(static_cast<size_t>(n));
+    test::run_ranks(n, [&](Communicator& comm) {
+      const int r = comm.rank();
+      CpuOps ops(CpuOptions{1});
+      const ExpertParallelism ep{&comm, &sharding};
+      auto model = load_model(cfg, ckpt, ops, 256, &ep);
+      params[size_t(r)] = model->num_parameters();
+      std::vector<std::vector<int>> mine;  // sequences r, r + n, ...
+      for (size_t s = size_t(r); s < prompts.size(); s += size_t(n)) mine.push_back(prompts[s]);
+      const auto out = run(*model, mine, 2);
+      for (size_t i = 0; i < out.size(); ++i) got[size_t(r) + i * size_t(n)] = out[i];
+    });
+    // Each rank holds the shared weights and its share of the routed experts.
+    EXPECT_LT(params[0], ref_model->num_parameters());
+    for (size_t s = 0; s < prompts.size(); ++s)
+      for (size_t step = 0; step < ref[s].size(); ++step) {
+        const auto& a = got[s][step];
+        const auto& b = ref[s][step];
+        float mx = 0, diff = 0;
+        for (size_t i = 0; i < b.size(); ++i) {
+          mx = std::max(mx, std::fabs(b[i]));
+          diff = std::max(diff, std::fabs(a[i] - b[i]));
+        }
+        EXPECT_LE(diff, 1e-5f * mx) << "EP=" << n << " sequence " << s << " step " << step << ": max |diff| "
+                                    << diff << " of max |logit| " << mx;
+        EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(),
+                  std::max_element(b.begin(), b.end()) - b.begin());
+      }
+  }
+}
+
+// Replicated tokens: every rank steps every sequence (its own KV cache); each rank's logits equal EP=1.
+TEST(ModelExpertParallel, ReplicatedTokensGiveEveryRankTheLogitsOfOneRank) {
+  const ModelConfig cfg = ModelConfig::from_file(kDir + "/config.json");
+  Checkpoint ckpt(kDir);
+  const std::vector<std::vector<int>> prompts = {
+      {5, 9, 200, 31, 7}, {1000}, {44, 45, 46, 47, 48, 49, 50, 51, 52}};
+  CpuOps ref_ops(CpuOptions{1});
+  auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
+  const auto ref = run(*ref_model, prompts, 2);
+  for (int n : {2, 4}) {
+    const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, n);
+    std::vector<std::vector<std::vector<std::vector<float>>>> got(static_cast<size_t>(n));
+    test::run_ranks(n, [&](Communicator& comm) {
+      CpuOps ops(CpuOptions{1});
+      const ExpertParallelism ep{&comm, &sharding, /*replicated_tokens=*/true};
+      auto model = load_model(cfg, ckpt, ops, 256, &ep);
+      got[size_t(comm.rank())] = run(*model, prompts, 2);
+    });
+    for (int r = 0; r < n; ++r)
+      for (size_t s = 0; s < prompts.size(); ++s)
+        for (size_t step = 0; step < ref[s].size(); ++step) {
+          const auto& a = got[size_t(r)][s][step];
+          const auto& b = ref[s][step];
+          float mx = 0, diff = 0;
+          for (size_t i = 0; i < b.size(); ++i) {
+            mx = std::max(mx, std::fabs(b[i]));
+            diff = std::max(diff, std::fabs(a[i] - b[i]));
+          }
+          EXPECT_LE(diff, 1e-5f * mx) << "EP=" << n << " rank " << r << " sequence " << s << " step " << step;
+        }
+  }
+}
+
+TEST(ModelExpertParallel, RefusesAShardingOfAnotherExpertCount) {
+  const ModelConfig cfg = ModelConfig::from_file(kDir + "/config.json");
+  Checkpoint ckpt(kDir);
+  const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts + 2, 1);
+  LocalGroup group(1);
+  CpuOps ops(CpuOptions{1});
+  const ExpertParallelism ep{&group.communicator(0), &sharding};
+  EXPECT_THROW(load_model(cfg, ckpt, ops, 256, &ep), Error);
+}
+
+}  // namespace
+}  // namespace beluga
