@@ -22,10 +22,13 @@ class PrefixIndex {
   explicit PrefixIndex(size_t capacity_blocks);
 
   // matched[r] = how many leading blocks of `hashes` were routed to replica r (matched is resized to
-  // `num_replicas` and overwritten).
-  void match(const std::vector<BlockHash>& hashes, int num_replicas, std::vector<int>& matched) const;
-  // Every block of `hashes` is now (also) on `replica`; they become the most recently used.
-  void record(const std::vector<BlockHash>& hashes, int replica);
+  // `num_replicas` and overwritten), counting only blocks last routed at or after `since_ms` (on the
+  // caller's clock, as given to record()).
+  void match(const std::vector<BlockHash>& hashes, int num_replicas, std::vector<int>& matched,
+             int64_t since_ms = INT64_MIN) const;
+  // Every block of `hashes` is now (also) on `replica`, routed at `now_ms`; they become the most
+  // recently used.
+  void record(const std::vector<BlockHash>& hashes, int replica, int64_t now_ms = 0);
   // The replica lost its cache (it was ejected, so probably restarted): no block points to it.
   void forget(int replica);
   size_t size() const;
@@ -33,6 +36,7 @@ class PrefixIndex {
  private:
   struct Entry {
     uint64_t replicas = 0;  // bit r: routed to replica r
+    int64_t last_ms = 0;    // when a request holding it was last routed (to any replica)
     std::list<BlockHash>::iterator lru;
   };
   const size_t capacity_;

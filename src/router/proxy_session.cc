@@ -31,6 +31,18 @@ using tcp = net::ip::tcp;
 
 namespace {
 
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// How long a routing decision stands in for the replica's block events: two polls (the blocks appear
+// in an event page only after the prompt is computed and the next poll reads them) and a margin.
+int64_t recent_routing_ms(const RouterConfig& cfg) {
+  return 2 * int64_t(cfg.kv_events_interval_ms) + 250;
+}
+
 std::string_view sv(beast::string_view s) {
   return std::string_view(s.data(), s.size());
 }
@@ -247,7 +259,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
           .get();
     }
     if (prompt_tokens_ > 0) keep_bucket(ctx_.buckets, prompt_tokens_, candidates_);
-    if (!hashes_.empty()) match_candidates(ctx_, hashes_, candidates_, matched_by_id_);
+    if (!hashes_.empty())
+      match_candidates(ctx_, hashes_, candidates_, matched_by_id_, recent_by_id_, now_ms(),
+                       recent_routing_ms(ctx_.cfg));
     const Choice ch = choose(ctx_.cfg.policy, candidates_, prompt_tokens_, ctx_.cfg.knobs, ticket);
     ctx_.metrics.decision(ctx_.cfg.policy, ch.decision);
     matched_ = candidates_[ch.index].matched_blocks;
@@ -281,7 +295,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
       r->counters().prompt_tokens.fetch_add(uint64_t(prompt_tokens_), std::memory_order_relaxed);
       r->counters().hit_tokens.fetch_add(uint64_t(matched_ * ctx_.cfg.knobs.block_size),
                                          std::memory_order_relaxed);
-      ctx_.index.record(hashes_, r->id());
+      ctx_.index.record(hashes_, r->id(), now_ms());
     }
     connect();
   }
@@ -312,7 +326,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
       p->counters().prompt_tokens.fetch_add(uint64_t(prompt_tokens_), std::memory_order_relaxed);
       p->counters().hit_tokens.fetch_add(uint64_t(matched_ * ctx_.cfg.knobs.block_size),
                                          std::memory_order_relaxed);
-      ctx_.index.record(hashes_, p->id());
+      ctx_.index.record(hashes_, p->id(), now_ms());
     }
     prefill_ = PrefillCall::start(
         exec_, ctx_.endpoints[size_t(p->id())], p->address(), req_, kv, ctx_.cfg.connect_timeout_ms,
@@ -733,7 +747,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   int prompt_tokens_ = 0;
   std::string pinned_;  // a Responses id whose replica the request should reach
   std::vector<Candidate> candidates_;
-  std::vector<int> matched_by_id_;
+  std::vector<int> matched_by_id_, recent_by_id_;
   int matched_ = 0;
   uint64_t tried_ = 0;  // bit per replica id
   int attempts_ = 0;

@@ -104,6 +104,26 @@ TEST(RouterPrefixIndex, MatchesLeadingBlocksPerReplica) {
   EXPECT_EQ(m, (std::vector<int>{0, 0, 2}));
 }
 
+// match(since) counts only blocks routed at or after `since`: a prompt routed at t=1000 whose second
+// half was routed again (to the same or another replica) at t=5000 matches 2 of 4 blocks from t=2000.
+TEST(RouterPrefixIndex, SinceCountsOnlyRecentlyRoutedLeadingBlocks) {
+  PrefixIndex idx(1000);
+  std::vector<int> a(64 * 4);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = int(i % 89);
+  const auto h = chain(a, "t");
+  idx.record(h, 0, 1000);
+  std::vector<int> m;
+  idx.match(h, 2, m, 1000);
+  EXPECT_EQ(m, (std::vector<int>{4, 0}));
+  idx.match(h, 2, m, 1001);
+  EXPECT_EQ(m, (std::vector<int>{0, 0})) << "routed before `since`";
+  idx.record({h[0], h[1]}, 1, 5000);  // the leading two blocks again, to replica 1
+  idx.match(h, 2, m, 2000);
+  EXPECT_EQ(m, (std::vector<int>{2, 2})) << "recent leading blocks only; the stamp is per block";
+  idx.match(h, 2, m);
+  EXPECT_EQ(m, (std::vector<int>{4, 2})) << "no bound: everything routed";
+}
+
 TEST(RouterPrefixIndex, BoundedLeastRecentlyUsedFirst) {
   PrefixIndex idx(8);
   std::vector<std::vector<int>> prompts;
