@@ -3,7 +3,8 @@
 # K=1, 2, each loaded by `beluga bench serve` (greedy, ignore_eos) at the given concurrencies.
 # usage: [BELUGA=build/beluga] [CONCURRENCIES="1 4"] [PROMPTS_PER_SLOT=4] [OUTPUT_LEN=64] [THREADS=1] \
 #        [SPECS="none 1 2"] [DEVICE=cuda] bench/spec_cpu.sh   (DEVICE: serve --device, default cpu)
-# SPECS entries: none, K (cost-gated, the default gating) or K/fixed (always K drafts).
+# SPECS entries: none, K (cost-gated, the default gating) or K/fixed (always K drafts); ngramK or
+# ngramK/fixed: prompt lookup instead of MTP (prompt_lookup_max 3, prompt_lookup_min 1).
 set -euo pipefail
 BELUGA=${BELUGA:-build/beluga}
 CONCURRENCIES=${CONCURRENCIES:-"1 4"}
@@ -16,9 +17,12 @@ trap 'rm -f "$log"' EXIT
 for spec in $SPECS; do
   extra=()
   if [ "$spec" != none ]; then
-    k=${spec%%/*} gating=cost
+    k=${spec%%/*} gating=cost method=mtp lookup=
     [ "$spec" != "$k" ] && gating=${spec#*/}
-    extra=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$k,\"gating\":\"$gating\"}")
+    if [ "${k#ngram}" != "$k" ]; then
+      k=${k#ngram} method=ngram lookup=',"prompt_lookup_min":1,"prompt_lookup_max":3'
+    fi
+    extra=(--speculative-config "{\"method\":\"$method\",\"num_speculative_tokens\":$k,\"gating\":\"$gating\"$lookup}")
   fi
   "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb 256 --device "${DEVICE:-cpu}" "${extra[@]}" >"$log" 2>&1 &
   pid=$!
