@@ -30,7 +30,10 @@ void SpecDecoder::begin_step(int num_seqs) {
 }
 
 int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sample_row, Batch& b) {
-  if (i == 0) plan_.clear();
+  if (i == 0) {
+    plan_.clear();
+    plan_k_ = step_k_;
+  }
   BELUGA_ASSERT(int(plan_.size()) == i);
   Plan& p = plan_.emplace_back();
   p.slot = s.request;
@@ -194,9 +197,13 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
 
 int SpecDecoder::steady_shape() const {
   if (plan_.empty()) return -1;
-  const int k = plan_[0].mtp ? plan_[0].num_draft : 0;
-  for (const Plan& p : plan_)
-    if (!p.decode || p.num_draft != k || p.mtp != (k > 0) || (k > 0 && p.sample_row < 0)) return -1;
+  // Prompt lookup finds fewer than k drafts (or none) for some sequences: its step's shape is the
+  // gate's choice, and the step's cost, whatever was found, is what choosing k costs.
+  const int k = ngram() ? plan_k_ : plan_[0].mtp ? plan_[0].num_draft : 0;
+  for (const Plan& p : plan_) {
+    const bool drafts_ok = ngram() ? p.num_draft <= k : p.num_draft == k;
+    if (!p.decode || !drafts_ok || p.mtp != (k > 0) || (k > 0 && p.sample_row < 0)) return -1;
+  }
   return k;
 }
 
@@ -217,8 +224,11 @@ void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& fi
     Seq* s = find(p.slot, p.index);
     if (!s) continue;  // aborted while the step ran
     const int a = accepted_[i];
+    // Prompt lookup: a decode that found fewer drafts than the gate asked for counts the missing
+    // ones as rejected, so the gate's expected tokens include how often a lookup finds nothing.
+    if (ngram() && p.decode && plan_k_ > 0) gate_.observe_acceptance(plan_k_, a);
     if (p.num_draft > 0) {
-      gate_.observe_acceptance(p.num_draft, a);
+      if (!ngram()) gate_.observe_acceptance(p.num_draft, a);
       stats_.drafts++;
       stats_.draft_tokens += p.num_draft;
       stats_.accepted_tokens += a;

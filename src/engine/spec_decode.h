@@ -120,6 +120,7 @@ class SpecDecoder {
   SpecStats stats_;
   SpecGate gate_;
   int step_k_ = 0;  // drafts of the step being planned / in flight (gate's choice)
+  int plan_k_ = 0;  // the gate's choice for the step in plan_
   std::chrono::steady_clock::time_point last_apply_{};
 };
 
