@@ -1,7 +1,5 @@
 #include "cli/bench_fleet.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -121,23 +119,11 @@ Json run_policy(const std::string& policy, int replicas, const std::string& mode
   BenchProcess router(router_args, "beluga router: routing to ");
   wait_for_kv_index(router.port(), replicas);
 
-  char tmpl[] = "/tmp/beluga_bench_fleet_out_XXXXXX";
-  const int fd = mkstemp(tmpl);
-  BELUGA_CHECK(fd >= 0, "cannot create a file in /tmp");
-  close(fd);
-  const std::string out = tmpl;
-  std::vector<std::string> a = {"--url", router.url(), "--dataset", "multi-turn", "--out", out};
+  std::vector<std::string> a = {"--dataset", "multi-turn"};
   a.insert(a.end(), trace_args.begin(), trace_args.end());
-  std::vector<char*> argv;
-  for (auto& s : a) argv.push_back(s.data());
   std::fprintf(stderr, "bench fleet: policy %s, %d replicas, router %s\n", policy.c_str(), replicas,
                router.url().c_str());
-  std::fflush(stdout);
-  const int rc = bench_serve(int(argv.size()), argv.data());
-  std::ifstream f(out);
-  Json j = Json::parse(f, nullptr, false);
-  unlink(out.c_str());
-  BELUGA_CHECK(rc == 0 && !j.is_discarded(), "bench serve through the ", policy, " router failed");
+  Json j = bench_serve_report(router.url(), a);
   j["router"] = router_counters(router.port());
   router.stop();
   for (auto& p : fleet) p->stop();

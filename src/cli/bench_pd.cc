@@ -146,24 +146,6 @@ Json spread(const std::vector<double>& v) {
           {"all", v}};
 }
 
-Json run_trace(const std::string& url, const std::vector<std::string>& trace) {
-  char tmpl[] = "/tmp/beluga_bench_pd_out_XXXXXX";
-  const int fd = mkstemp(tmpl);
-  BELUGA_CHECK(fd >= 0, "cannot create a file in /tmp");
-  close(fd);
-  const std::string out = tmpl;
-  std::vector<std::string> a = {"--url", url, "--out", out};
-  a.insert(a.end(), trace.begin(), trace.end());
-  std::vector<char*> argv;
-  for (auto& s : a) argv.push_back(s.data());
-  const int rc = bench_serve(int(argv.size()), argv.data());
-  std::ifstream f(out);
-  Json j = Json::parse(f, nullptr, false);
-  unlink(out.c_str());
-  BELUGA_CHECK(rc == 0 && !j.is_discarded(), "bench serve against ", url, " failed");
-  return j;
-}
-
 std::vector<int> parse_cores(const std::string& s) {
   std::vector<int> out;
   for (size_t p = 0; p < s.size();) {
@@ -286,7 +268,7 @@ int bench_pd(int argc, char** argv) {
     {
       auto c = serve({"--threads", all_threads}, cores);
       std::fprintf(stderr, "bench pd: colocated on %zu cores\n", cores.size());
-      colocated = run_trace(c->url(), trace);
+      colocated = bench_serve_report(c->url(), trace);
       c->stop();
     }
     {
@@ -297,7 +279,7 @@ int bench_pd(int argc, char** argv) {
                           "beluga router: routing to ");
       std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the decode engine's KV address learned
       std::fprintf(stderr, "bench pd: prefill on core %d, decode on %zu core(s)\n", cores[0], rest.size());
-      disaggregated = run_trace(router.url(), trace);
+      disaggregated = bench_serve_report(router.url(), trace);
       router.stop();
       d->stop();
       p->stop();

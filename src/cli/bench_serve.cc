@@ -19,6 +19,8 @@
 // belongs to one of N tenants, each with its own system prompt and API key, the prefix-cache salt).
 #include "cli/bench_serve.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -531,6 +533,25 @@ int bench_serve(int argc, char** argv) {
     f << j.dump(2) << "\n";
   }
   return ok > 0 ? 0 : 1;
+}
+
+nlohmann::json bench_serve_report(const std::string& url, const std::vector<std::string>& args) {
+  char tmpl[] = "/tmp/beluga_bench_serve_report_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  BELUGA_CHECK(fd >= 0, "cannot create a file in /tmp");
+  close(fd);
+  const std::string out = tmpl;
+  std::vector<std::string> a = {"--url", url, "--out", out};
+  a.insert(a.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  std::fflush(stdout);
+  const int rc = bench_serve(int(argv.size()), argv.data());
+  std::ifstream f(out);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  unlink(out.c_str());
+  BELUGA_CHECK(rc == 0 && !j.is_discarded(), "bench serve against ", url, " failed");
+  return j;
 }
 
 }  // namespace beluga::cli
