@@ -1,6 +1,6 @@
 // Active health checks: GET /health on every replica, now and then every interval, each on its own
-// connection with a timeout. A 200 counts as a success for the replica's circuit breaker (an open
-// one rejoins), anything else (refused, timed out, non-200) as a failure.
+// connection with a timeout (router/periodic_get.h). A 200 counts as a success for the replica's circuit
+// breaker (an open one rejoins), anything else (refused, timed out, non-200) as a failure.
 #pragma once
 
 #include <memory>
@@ -15,8 +15,6 @@ class HealthChecker {
   ~HealthChecker();
   void start();
   void stop();  // no probe starts after it
-
-  struct Probe;  // one replica's loop (health_checker.cc)
 
  private:
   boost::asio::io_context& ioc_;

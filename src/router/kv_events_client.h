@@ -20,8 +20,6 @@ class KvEventsClient {
   void start();
   void stop();  // no read starts after it
 
-  struct Poll;  // one replica's loop (kv_events_client.cc)
-
  private:
   boost::asio::io_context& ioc_;
   RouterContext& ctx_;
