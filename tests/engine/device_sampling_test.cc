@@ -188,10 +188,14 @@ class DeviceSampling : public EngineTest {
           [](SamplingParams& s, EngineRequest&) { s.temperature = 1.0f, s.presence_penalty = 0.5f; });
     return rs;
   }
+  // What the "device" sampler did in a run (read before the model drops it).
+  struct SamplerCounts {
+    int calls = 0, masked_rows = 0;
+  };
   // Tokens and logprobs of the requests with and without device sampling.
-  void run(bool device, bool with_penalty, Got& g, ReferenceSampleRows** sampler) {
+  void run(bool device, bool with_penalty, Got& g, SamplerCounts& counts) {
     auto s = std::make_unique<ReferenceSampleRows>();
-    *sampler = s.get();
+    const ReferenceSampleRows* sampler = s.get();
     if (device) model_->set_sampler(std::move(s));
     EngineConfig ec;
     ec.num_kv_blocks = 256;
@@ -204,6 +208,7 @@ class DeviceSampling : public EngineTest {
       for (auto& r : rs) ASSERT_EQ(engine.submit(std::move(r)), SubmitStatus::kOk);
       ASSERT_TRUE(g.wait(n));
     }
+    counts = {sampler->calls, sampler->masked_rows};  // `sampler` is the model's until the next line
     model_->set_sampler(nullptr);
   }
 };
@@ -211,9 +216,9 @@ class DeviceSampling : public EngineTest {
 TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
   for (const bool with_penalty : {false, true}) {
     Got host, dev;
-    ReferenceSampleRows *unused = nullptr, *sampler = nullptr;
-    run(false, with_penalty, host, &unused);
-    run(true, with_penalty, dev, &sampler);
+    SamplerCounts unused, sampler;
+    run(false, with_penalty, host, unused);
+    run(true, with_penalty, dev, sampler);
     EXPECT_TRUE(host.error.empty() && dev.error.empty());
     EXPECT_EQ(dev.tokens, host.tokens) << "with_penalty " << with_penalty;
     ASSERT_EQ(dev.lps.size(), host.lps.size());
@@ -235,8 +240,8 @@ TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
     // Without the penalty row every sampling step runs on the "device", masks included; with it, the
     // steps that hold that row fall back to the host (and still agree).
     if (!with_penalty) {
-      EXPECT_GT(sampler->calls, 0);
-      EXPECT_GT(sampler->masked_rows, 0);
+      EXPECT_GT(sampler.calls, 0);
+      EXPECT_GT(sampler.masked_rows, 0);
     }
   }
 }
