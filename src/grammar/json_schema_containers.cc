@@ -106,7 +106,8 @@ int SchemaCompiler::gen_contains(const Json& c, const Json& item, int64_t minc, 
                  (draft_ != Draft::k4 && (k == "exclusiveMinimum" || k == "exclusiveMaximum"));
     if ((bound || k == "const") && v.is_number() && std::floor(v.get<double>()) == v.get<double>()) {
       // Its complement among numbers (integral bounds, as gen_number takes them).
-      auto num = [&](const char* kw) { return Json{{"type", "number"}, {kw, v}}; };
+      const Json& value = v;  // a structured binding cannot be captured (C++20 as clang 14 has it)
+      auto num = [&](const char* kw) { return Json{{"type", "number"}, {kw, value}}; };
       if (k == "minimum") fails.push_back(num("exclusiveMaximum"));
       if (k == "exclusiveMinimum") fails.push_back(num("maximum"));
       if (k == "maximum") fails.push_back(num("exclusiveMinimum"));
