@@ -337,12 +337,18 @@ TEST(SpecConfigTest, NgramLookupLengthsDefaultAsVllm) {
 }
 
 // A model without MTP layers (the dsv3-tiny fixture) cannot speculate with "mtp".
-TEST(SpecConfigTest, ModelWithoutMtpIsRefused) {
-  const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny";
+// The dsv3-tiny fixture: a DeepSeek-V3 model without MTP layers.
+struct TinyModel {
+  std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny";
   ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
-  Checkpoint ckpt(dir);
-  CpuOps ops(CpuOptions{1});
-  auto model = load_model(cfg, ckpt, ops, 256);
+  Checkpoint ckpt{dir};
+  CpuOps ops{CpuOptions{1}};
+  std::unique_ptr<Model> model = load_model(cfg, ckpt, ops, 256);
+};
+
+TEST(SpecConfigTest, ModelWithoutMtpIsRefused) {
+  TinyModel tiny;
+  Model* model = tiny.model.get();
   EXPECT_FALSE(model->has_mtp());
   EngineConfig ec;
   ec.num_kv_blocks = 8;
@@ -355,19 +361,10 @@ TEST(SpecConfigTest, ModelWithoutMtpIsRefused) {
   }
 }
 
-}  // namespace
-}  // namespace beluga
-
-namespace beluga {
-namespace {
-
 // Prompt lookup on a model without an MTP module (dsv3-tiny): it builds and keeps greedy output.
 TEST(SpecConfigTest, NgramNeedsNoMtpModule) {
-  const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny";
-  ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
-  Checkpoint ckpt(dir);
-  CpuOps ops(CpuOptions{1});
-  auto model = load_model(cfg, ckpt, ops, 256);
+  TinyModel tiny;
+  Model* model = tiny.model.get();
   ASSERT_FALSE(model->has_mtp());
   std::map<int, std::vector<int>> out[2];
   for (int spec = 0; spec < 2; ++spec) {
