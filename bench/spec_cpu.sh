@@ -3,6 +3,9 @@
 # K=1, 2, each loaded by `beluga bench serve` (greedy, ignore_eos) at the given concurrencies.
 # usage: [BELUGA=build/beluga] [CONCURRENCIES="1 4"] [PROMPTS_PER_SLOT=4] [OUTPUT_LEN=64] [THREADS=1] \
 #        [SPECS="none 1 2"] [DEVICE=cuda] bench/spec_cpu.sh   (DEVICE: serve --device, default cpu)
+#        [MODEL=DIR] [LOAD=dummy] [TOKENIZER=DIR] [KV_MB=256] [SYNTHETIC=P] [INPUT_LEN=64]
+# MODEL/LOAD/TOKENIZER: serve another model (default the built-in demo); SYNTHETIC=P adds
+# "synthetic_acceptance": P to every speculative config (benchmarks only: drafts accepted with probability P).
 # SPECS entries: none, K (cost-gated, the default gating) or K/fixed (always K drafts); ngramK or
 # ngramK/fixed: prompt lookup instead of MTP (prompt_lookup_max 3, prompt_lookup_min 1).
 set -euo pipefail
@@ -12,6 +15,14 @@ PROMPTS_PER_SLOT=${PROMPTS_PER_SLOT:-4}
 OUTPUT_LEN=${OUTPUT_LEN:-64}
 THREADS=${THREADS:-1}
 SPECS=${SPECS:-"none 1 2"}
+KV_MB=${KV_MB:-256}
+INPUT_LEN=${INPUT_LEN:-64}
+model_args=()
+[ -n "${MODEL:-}" ] && model_args+=(--model "$MODEL")
+[ -n "${LOAD:-}" ] && model_args+=(--load-format "$LOAD")
+[ -n "${TOKENIZER:-}" ] && model_args+=(--tokenizer "$TOKENIZER")
+synthetic=
+[ -n "${SYNTHETIC:-}" ] && synthetic=",\"synthetic_acceptance\":$SYNTHETIC"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for spec in $SPECS; do
@@ -22,9 +33,9 @@ for spec in $SPECS; do
     if [ "${k#ngram}" != "$k" ]; then
       k=${k#ngram} method=ngram lookup=',"prompt_lookup_min":1,"prompt_lookup_max":3'
     fi
-    extra=(--speculative-config "{\"method\":\"$method\",\"num_speculative_tokens\":$k,\"gating\":\"$gating\"$lookup}")
+    extra=(--speculative-config "{\"method\":\"$method\",\"num_speculative_tokens\":$k,\"gating\":\"$gating\"$lookup$synthetic}")
   fi
-  "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb 256 --device "${DEVICE:-cpu}" "${extra[@]}" >"$log" 2>&1 &
+  "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb "$KV_MB" --device "${DEVICE:-cpu}" "${model_args[@]}" "${extra[@]}" >"$log" 2>&1 &
   pid=$!
   port=
   for _ in $(seq 600); do
@@ -36,7 +47,7 @@ for spec in $SPECS; do
   for c in $CONCURRENCIES; do
     echo "== speculative K=$spec, concurrency $c"
     "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts $((c * PROMPTS_PER_SLOT)) \
-      --max-concurrency "$c" --input-len 64 --output-len "$OUTPUT_LEN" --seed 1
+      --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1
   done
   if [ "$spec" != none ]; then
     curl -s "http://127.0.0.1:$port/metrics" | grep '^beluga_spec_decode' || true

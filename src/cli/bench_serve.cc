@@ -159,6 +159,10 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
             }
           }
         if (chunk_count >= 0) r.counted = true;
+        // Tokens the server counted but that made no text yet (a partial UTF-8 sequence, or ids a
+        // benchmark's foreign tokenizer has no bytes for) are output too: a request of only those is
+        // not "no output", and its first token is its TTFT.
+        if (chunk_count > count) content = true;
         if (content) {
           if (first) {
             r.ttft = std::chrono::duration<double>(now - t0).count();
@@ -209,7 +213,7 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
 }
 
 struct Stat {
-  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0, p999 = 0, max = 0;  // p99.9 and max: the tail that users see
 };
 Stat stats(std::vector<double> v) {
   Stat s;
@@ -226,6 +230,8 @@ Stat stats(std::vector<double> v) {
   s.p50 = pct(0.5);
   s.p90 = pct(0.9);
   s.p99 = pct(0.99);
+  s.p999 = pct(0.999);
+  s.max = v.back();
   return s;
 }
 
@@ -481,8 +487,8 @@ int bench_serve(int argc, char** argv) {
               "Prefix cache hit rate (%):", in_tok ? 100.0 * double(cached) / double(in_tok) : 0.0);
   if (!slo_s.empty()) std::printf("%-40s %.2f\n", "Request goodput (req/s):", good / duration);
   auto row = [](const char* name, const Stat& s) {
-    std::printf("%-12s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  (ms)\n", name, s.mean * 1e3, s.p50 * 1e3,
-                s.p90 * 1e3, s.p99 * 1e3);
+    std::printf("%-12s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f  p99.9 %9.2f  max %9.2f  (ms)\n", name,
+                s.mean * 1e3, s.p50 * 1e3, s.p90 * 1e3, s.p99 * 1e3, s.p999 * 1e3, s.max * 1e3);
   };
   row("TTFT", s_ttft);
   row("TPOT", s_tpot);
@@ -500,6 +506,8 @@ int bench_serve(int argc, char** argv) {
                   {"p50_ms", s.p50 * 1e3},
                   {"p90_ms", s.p90 * 1e3},
                   {"p99_ms", s.p99 * 1e3},
+                  {"p99_9_ms", s.p999 * 1e3},
+                  {"max_ms", s.max * 1e3},
                   {"n", n}};
     };
     Json j{{"url", url.host + ":" + url.port},

@@ -232,7 +232,8 @@ int cmd_serve(int argc, char** argv) {
   info.max_seqs_per_request = max_seqs_per_request;
   // The grammar's end-of-sequence ids are the engine's stop ids (the model's EOS).
   info.grammars = std::make_shared<server::GrammarCache>(
-      std::make_shared<const grammar::TokenVocab>(tokenizer, m.cfg.eos_token_ids), gopt);
+      std::make_shared<const grammar::TokenVocab>(tokenizer, m.cfg.eos_token_ids, size_t(m.cfg.vocab_size)),
+      gopt);
   generation_defaults(m.dir, info);
   info.traffic_classes = kv.retention.classes();
   info.kv_events = kv_events.get();

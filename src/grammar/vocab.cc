@@ -7,10 +7,11 @@
 
 namespace beluga::grammar {
 
-TokenVocab::TokenVocab(const tok::Tokenizer& tokenizer, std::vector<int> eos) : eos_(std::move(eos)) {
-  size_t n = tokenizer.vocab_size();
-  bytes_.resize(n);
-  std::vector<uint8_t> forbidden(n, 0);
+TokenVocab::TokenVocab(const tok::Tokenizer& tokenizer, std::vector<int> eos, size_t model_vocab)
+    : eos_(std::move(eos)) {
+  const size_t n = tokenizer.vocab_size();
+  bytes_.resize(std::max(n, model_vocab));
+  std::vector<uint8_t> forbidden(bytes_.size(), 0);
   for (size_t id = 0; id < n; ++id) {
     bytes_[id] = std::string(tokenizer.token_bytes(int(id)));
     if (tokenizer.is_special(int(id))) forbidden[id] = 1;

@@ -27,8 +27,11 @@ class TokenVocab {
     uint32_t node;
   };
 
-  // `eos` are the ids that end generation (allowed only in accepting states).
-  TokenVocab(const tok::Tokenizer& tokenizer, std::vector<int> eos);
+  // `eos` are the ids that end generation (allowed only in accepting states). `model_vocab`: the model's
+  // logit count when it exceeds the tokenizer's (padded embeddings, or a benchmark serving a model with
+  // another model's tokenizer): ids past the tokenizer have no bytes and are never allowed, but an EOS
+  // id among them still ends generation.
+  TokenVocab(const tok::Tokenizer& tokenizer, std::vector<int> eos, size_t model_vocab = 0);
   // A vocabulary from raw byte strings (index = id); `special` ids are never allowed. For tests.
   TokenVocab(std::vector<std::string> bytes, std::vector<int> special, std::vector<int> eos);
 

@@ -605,6 +605,7 @@ class Parser {
           break;
         }
         expect_op("]");
+        if (!slice && !parts[0]) error("empty subscript");  // `x[]`: Jinja's parser refuses it too
         e = slice ? make(Expr::Kind::kSlice, {e, parts[0], parts[1], parts[2]})
                   : make(Expr::Kind::kItem, {e, parts[0]});
       } else if (at_op("(")) {

@@ -44,6 +44,14 @@ TEST(JinjaLimits, DeepExpressionsAreRefusedWhenParsed) {
   expect_error(repeat("{% for x in [1] %}", n) + repeat("{% endfor %}", n), "nested deeper than 100 levels");
 }
 
+// fuzz_jinja found it (bench/NOTES.md run 220): `x[]` parsed to an item lookup with no index, and
+// evaluating it dereferenced the missing expression (UBSan: reference binding to null pointer).
+TEST(JinjaLimits, EmptySubscriptIsAParseError) {
+  expect_error("{%if m[]%}{%endif%}", "empty subscript");
+  expect_error("{{ [1, 2][] }}", "empty subscript");
+  EXPECT_EQ(render("{{ [1, 2, 3][:] | length }}"), "3");  // slices with no bounds stay valid
+}
+
 TEST(JinjaLimits, NestingWithinTheLimitStillWorks) {
   EXPECT_EQ(render("{{ " + repeat("(", 40) + "7" + repeat(")", 40) + " }}"), "7");
   EXPECT_EQ(render("{{ 1" + repeat(" + 1", 60) + " }}"), "61");
