@@ -47,7 +47,7 @@ std::string DiskTier::path_of(const BlockHash& key) const {
 }
 
 void DiskTier::add(const BlockHash& key, uint64_t bytes, int64_t last_used, const std::string& cls) {
-  auto [it, inserted] = index_.try_emplace(key, Entry{bytes, last_used, last_used, cls});
+  auto [it, inserted] = index_.try_emplace(key, Entry{bytes, last_used, last_used, cls, std::nullopt});
   if (inserted) {
     bytes_ += bytes;
   } else {
@@ -61,10 +61,19 @@ void DiskTier::add(const BlockHash& key, uint64_t bytes, int64_t last_used, cons
 void DiskTier::forget(const BlockHash& key) {
   auto it = index_.find(key);
   if (it == index_.end()) return;
+  if (it->second.reported) cfg_.events->removed(KvEventTier::kDisk, *it->second.reported);
   bytes_ -= it->second.bytes;
   index_.erase(it);
   stats_.blocks = int64_t(index_.size());
   stats_.bytes = int64_t(bytes_);
+}
+
+void DiskTier::report(const BlockHash& key, const std::optional<BlockHash>& engine) {
+  if (!cfg_.events || !engine) return;
+  auto it = index_.find(key);
+  if (it == index_.end() || it->second.reported) return;
+  it->second.reported = engine;
+  cfg_.events->stored(KvEventTier::kDisk, *engine);
 }
 
 void DiskTier::scan() {
@@ -191,11 +200,12 @@ std::map<std::string, DiskTier::ClassUsage> DiskTier::by_class() const {
 }
 
 void DiskTier::read(const BlockHash& key, std::byte* dst, const std::string& cls,
-                    std::function<void(bool)> done) {
+                    std::function<void(bool)> done, std::optional<BlockHash> report_as) {
   const auto t0 = std::chrono::steady_clock::now();
   std::string path = path_of(key);
   io_->read(path, cfg_.fingerprint, key, cfg_.block_bytes, dst,
-            [this, key, cls, t0, path, done = std::move(done)](BlockFileStatus s, const BlockFileHeader&) {
+            [this, key, cls, t0, path, report_as, done = std::move(done)](BlockFileStatus s,
+                                                                          const BlockFileHeader&) {
               const bool ok = s == BlockFileStatus::kOk;
               if (!ok && s != BlockFileStatus::kIoError && s != BlockFileStatus::kMissing) {
                 ::unlink(path.c_str());  // truncated, corrupt or foreign: never served, not kept
@@ -208,10 +218,11 @@ void DiskTier::read(const BlockHash& key, std::byte* dst, const std::string& cls
                   stats_.bytes_read += int64_t(cfg_.block_bytes);
                   stats_.load_seconds += dt;
                   touch_locked(key, cls);
+                  report(key, report_as);
                 } else {
                   stats_.misses++;
                   if (s != BlockFileStatus::kMissing) stats_.errors++;
-                  forget(key);
+                  forget(key);  // gone (deleted behind our back) or bad: reported removed
                 }
               }
               done(ok);
@@ -256,16 +267,19 @@ void DiskTier::shrink_to_free_space() {
 }
 
 void DiskTier::write(const BlockHash& key, const std::byte* src, const std::string& cls,
-                     std::function<void()> done) {
+                     std::function<void()> done, std::optional<BlockHash> report_as) {
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // There already (saved before, or by another server): known by its engine key from now on.
+    // Being written: that write names the same block.
     if (index_.count(key) || !writing_.insert(key).second) {
+      report(key, report_as);
       done();
       return;
     }
   }
   // Room and the shard directory on a worker (unlinks and mkdir block), then the file on the I/O path.
-  io_->job([this, key, src, cls, done = std::move(done)]() mutable {
+  io_->job([this, key, src, cls, report_as, done = std::move(done)]() mutable {
     BlockFileHeader h;
     h.fingerprint = cfg_.fingerprint;
     h.key = key;
@@ -285,13 +299,15 @@ void DiskTier::write(const BlockHash& key, const std::byte* src, const std::stri
     std::string path = path_of(key);
     ::mkdir(path.substr(0, path.rfind('/')).c_str(), 0755);  // its shard, made on first use
     io_->write(std::move(path), h, src,
-               [this, key, cls, bytes, last_used = h.last_used, done = std::move(done)](BlockFileStatus s) {
+               [this, key, cls, bytes, report_as, last_used = h.last_used,
+                done = std::move(done)](BlockFileStatus s) {
                  {
                    std::lock_guard<std::mutex> lk(mu_);
                    writing_.erase(key);
                    writing_bytes_ -= bytes;
                    if (s == BlockFileStatus::kOk) {
                      add(key, bytes, last_used, cls);
+                     report(key, report_as);
                      stats_.bytes_written += int64_t(cfg_.block_bytes);
                    } else {
                      stats_.errors++;  // a full disk or an I/O error: the block is simply not saved

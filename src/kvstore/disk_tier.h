@@ -13,6 +13,13 @@
 // beyond it the least recently used files go. A write the file system refuses for lack of space (ENOSPC,
 // EDQUOT) lowers the capacity to what the tier holds plus the space free then, so later writes make
 // room by eviction; temporary files of writers killed mid-write are removed by the scan.
+//
+// Block events (cfg.events): a block is reported stored (tier disk) under the engine key its write or
+// read named (`report_as`) once it is in the index, and removed when it leaves the index for any reason —
+// eviction, retention, or a read that found its file gone (another server or `beluga kv gc` deleted it),
+// truncated, corrupt or foreign. Blocks the start scan or a stat found but that no write or read named
+// are not reported (their engine key is unknown: the file holds the tier key only). Events are emitted
+// with mu_ held, so a block's stored and removed reach the sink in the order the index saw them.
 #pragma once
 
 #include <atomic>
@@ -22,12 +29,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "engine/block_manager.h"
+#include "engine/kv_events.h"
 #include "kvstore/block_io.h"
 #include "kvstore/retention.h"
 #include "kvstore/tier_stats.h"
@@ -42,7 +51,8 @@ struct DiskConfig {
   int threads = 4;   // the thread path's I/O threads
   DiskIoOptions io;  // the I/O path and the sync of block files
   Retention retention;
-  std::function<int64_t()> now;  // unix seconds; default: the system clock
+  std::function<int64_t()> now;   // unix seconds; default: the system clock
+  KvEventSink* events = nullptr;  // null: no events; not owned, outlives the tier
 };
 
 class DiskTier {
@@ -55,8 +65,9 @@ class DiskTier {
   // Whether block `key` is in the tier (the index, else a stat of its file) and not expired. Any thread.
   bool contains(const BlockHash& key);
   // Reads and verifies block `key` into `dst` (block_bytes) on an I/O thread, then calls done(ok);
-  // a hit is a use by class `cls`.
-  void read(const BlockHash& key, std::byte* dst, const std::string& cls, std::function<void(bool ok)> done);
+  // a hit is a use by class `cls`, and reports the block under `report_as` (its engine key) if not yet.
+  void read(const BlockHash& key, std::byte* dst, const std::string& cls, std::function<void(bool ok)> done,
+            std::optional<BlockHash> report_as = std::nullopt);
   // Block `key` (if here) is used now by class `cls`: its last use moves, and its class becomes cls
   // when cls keeps blocks longer (a block shared by several classes keeps the longest retention).
   void touch(const BlockHash& key, const std::string& cls);
@@ -67,7 +78,9 @@ class DiskTier {
   };
   std::map<std::string, ClassUsage> by_class() const;
   // Writes block `key` from `src` unless it is there already, on an I/O thread; then done() (always).
-  void write(const BlockHash& key, const std::byte* src, const std::string& cls, std::function<void()> done);
+  // The block, once there (written now or before), is reported under `report_as` if not yet.
+  void write(const BlockHash& key, const std::byte* src, const std::string& cls, std::function<void()> done,
+             std::optional<BlockHash> report_as = std::nullopt);
 
   void drain() { io_->drain(); }  // waits for the I/O submitted so far
   // The I/O path in use, and why when io_uring was asked for (auto) but not taken.
@@ -84,6 +97,7 @@ class DiskTier {
     int64_t last_used = 0;
     int64_t persisted_use = 0;  // the last use the file's mtime says
     std::string cls;
+    std::optional<BlockHash> reported;  // the engine key it was reported stored under (cfg_.events)
   };
   bool expired(const Entry& e, int64_t t) const { return t - e.last_used > cfg_.retention.of(e.cls); }
   // mu_ held: an expired entry whose file another server has used since stays (with that use);
@@ -92,9 +106,10 @@ class DiskTier {
   void touch_locked(const BlockHash& key, const std::string& cls);  // mu_ held
   void scan();
   void add(const BlockHash& key, uint64_t bytes, int64_t last_used, const std::string& cls);  // mu_ held
-  void forget(const BlockHash& key);                                                          // mu_ held
-  void make_room(uint64_t incoming);  // mu_ held: evicts LRU files
-  void shrink_to_free_space();        // mu_ held: after ENOSPC
+  void forget(const BlockHash& key);                                          // mu_ held; reports it removed
+  void report(const BlockHash& key, const std::optional<BlockHash>& engine);  // mu_ held: if in the index
+  void make_room(uint64_t incoming);                                          // mu_ held: evicts LRU files
+  void shrink_to_free_space();                                                // mu_ held: after ENOSPC
   int64_t now() const { return cfg_.now ? cfg_.now() : int64_t(::time(nullptr)); }
 
   DiskConfig cfg_;

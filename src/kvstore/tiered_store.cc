@@ -29,6 +29,7 @@ TieredStore::TieredStore(StoreConfig cfg)
     dc.io = cfg_.disk_io;
     dc.retention = cfg_.retention;
     dc.now = cfg_.now;
+    dc.events = cfg_.events;
     disk_ = std::make_unique<DiskTier>(std::move(dc));
   }
 }
@@ -118,6 +119,7 @@ KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* bl
     size_t part;
     BlockHash key;
     std::byte* dst;
+    std::optional<BlockHash> engine;  // for the disk tier's events
   };
   std::vector<Read> reads;
   const int64_t t = now();
@@ -144,7 +146,8 @@ KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* bl
         if (p.slot < 0) break;  // every host slot is busy: the rest is computed
         note_key(k, keys[i]);
         p.from_disk = true;
-        reads.push_back({ld.parts.size(), k, host_.data(p.slot)});
+        reads.push_back(
+            {ld.parts.size(), k, host_.data(p.slot), cfg_.events ? std::optional(keys[i]) : std::nullopt});
         ld.pending++;
       }
       ld.parts.push_back(p);
@@ -152,7 +155,8 @@ KvConnector::LoadId TieredStore::start_load(const BlockHash* keys, const int* bl
   }
   // Outside the lock: a read may complete (and take mu_) at once.
   for (const Read& r : reads)
-    disk_->read(r.key, r.dst, cls, [this, id, part = r.part](bool ok) { on_read(id, part, ok); });
+    disk_->read(
+        r.key, r.dst, cls, [this, id, part = r.part](bool ok) { on_read(id, part, ok); }, r.engine);
   return id;
 }
 
@@ -275,15 +279,13 @@ void TieredStore::step_done(bool ok) {
   for (size_t i = 0; i < to_disk.size(); ++i) {
     const auto& sv = to_disk[i];
     if (sv.slot < 0) continue;
-    disk_->write(sv.key, host_.data(sv.slot), *sv.cls,
-                 [this, slot = sv.slot, key = sv.key, ek = engine_key[i]] {
-                   {
-                     std::lock_guard<std::mutex> lk(mu_);
-                     host_.unpin(slot);
-                   }
-                   // done() comes after a failed write too: report only a block that is there.
-                   if (ek && disk_->contains(key)) cfg_.events->stored(KvEventTier::kDisk, *ek);
-                 });
+    disk_->write(
+        sv.key, host_.data(sv.slot), *sv.cls,
+        [this, slot = sv.slot] {
+          std::lock_guard<std::mutex> lk(mu_);
+          host_.unpin(slot);
+        },
+        engine_key[i]);  // the disk tier reports the block once it is there, and when it goes
   }
 }
 

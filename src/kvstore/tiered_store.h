@@ -62,9 +62,10 @@ struct StoreConfig {
   DiskIoOptions disk_io;         // io_uring or threads, and the sync of block files (block_io.h)
   Retention retention;           // of both tiers' blocks, per traffic class
   std::function<int64_t()> now;  // unix seconds (tests inject a clock); default: the system clock
-  // Hears the blocks (by engine key) entering and leaving the host tier and those written to the
-  // file tier (engine/kv_events.h); null: none. Not owned; outlives the store. Files removed by
-  // eviction, retention or another replica sharing the directory are not reported.
+  // Hears the blocks (by engine key) entering and leaving the host tier and the file tier
+  // (engine/kv_events.h); null: none. Not owned; outlives the store. A file is reported once this
+  // store wrote or loaded it, and removed when the file tier evicts or expires it or a load finds it
+  // gone or bad (disk_tier.h); files only another replica sharing the directory used are not.
   KvEventSink* events = nullptr;
 };
 

@@ -1,7 +1,7 @@
 // The router's exact cache view and what it feeds: KvIndex (snapshots replace, events apply, tiers
-// matched per leading block, a reset or another epoch's events force a snapshot, restarts counted),
-// the cost function's tier prices changing the choice, and prefill-length buckets (parsing, the
-// bucket of a length, keeping its members).
+// matched per leading block, file-tier removals end a disk match, a reset or another epoch's events
+// force a snapshot, restarts counted), the cost function's tier prices changing the choice, and
+// prefill-length buckets (parsing, the bucket of a length, keeping its members).
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -72,6 +72,33 @@ TEST(RouterKvIndex, FollowsAReplicasLogPageByPage) {
   EXPECT_EQ(idx.match(0, chain(6)).blocks, 0);
   EXPECT_EQ(idx.blocks(0), 2u);
   EXPECT_EQ(idx.epochs_seen(0), 1u);
+}
+
+TEST(RouterKvIndex, FileTierRemovalsEndTheDiskMatch) {
+  // A replica's blocks 0-3 left its device and host memory and are files; the file tier then evicts
+  // block 2 (or a load found its file gone): the match stops before it, and no longer prices it.
+  KvEventLog log(1024, 8);
+  KvIndex idx(1);
+  for (uint64_t i = 0; i < 4; ++i) {
+    log.stored(KvEventTier::kHost, h(i));
+    log.stored(KvEventTier::kDisk, h(i));
+    log.removed(KvEventTier::kHost, h(i));
+  }
+  idx.apply(0, log.read(0, 0, 1024));
+  TierMatch m = idx.match(0, chain(4));
+  EXPECT_EQ(m.blocks, 4);
+  EXPECT_EQ(m.disk, 4);
+  log.removed(KvEventTier::kDisk, h(2));
+  idx.apply(0, log.read(8, idx.cursor(0).seq, 1024));
+  m = idx.match(0, chain(4));
+  EXPECT_EQ(m.blocks, 2);
+  EXPECT_EQ(m.disk, 2);
+  EXPECT_EQ(idx.blocks(0), 3u);
+  // A router that starts now rebuilds the same view from the snapshot.
+  KvIndex fresh(1);
+  fresh.apply(0, log.read(0, 0, 1024));
+  EXPECT_EQ(fresh.match(0, chain(4)).blocks, 2);
+  EXPECT_EQ(fresh.blocks(0), 3u);
 }
 
 TEST(RouterKvIndex, SnapshotReplacesAndRestartsAreCounted) {

@@ -7,11 +7,17 @@
 //  - with a host-memory tier on one replica, the price of a host block decides between a long
 //    match in host memory and a shorter one on the device (two routers, one knob apart);
 //  - the replica serves its events in the documented shape, with a snapshot for a new reader;
+//  - with a small file tier, the files it evicts leave the replica's snapshot and the router's index;
 //  - with prefill-length buckets, short and long prompts go to their buckets' replicas.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <functional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -199,6 +205,60 @@ TEST(RouterKvEventsE2E, HostTierPriceDecidesBetweenALongerMatchBelowAndAShorterO
       << http_get(cheap->port(), "/metrics").body;
   EXPECT_EQ(routed_to(dear->port(), a_port, b_port, "dear", text("dear-sys", 6), q1), 1)
       << http_get(dear->port(), "/metrics").body;
+}
+
+// A replica's tier gauge (beluga_kv_tier_blocks, ...) for `tier`, whatever its model label; -1: absent.
+double tier_sample(int replica_port, const std::string& family, const std::string& tier) {
+  std::istringstream in(http_get(replica_port, "/metrics").body);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(family + "{", 0) == 0 && line.find("tier=\"" + tier + "\"}") != std::string::npos)
+      return std::stod(line.substr(line.rfind(' ') + 1));
+  return -1;
+}
+
+// The replica's snapshot: the distinct blocks it holds in some tier, and those in `tier`.
+std::pair<size_t, size_t> snapshot_blocks(int replica_port, const std::string& tier) {
+  const Json j = Json::parse(http_get(replica_port, "/v1/kv/events").body);
+  std::set<std::string> all;
+  size_t in_tier = 0;
+  for (const auto& e : j["events"]) {
+    all.insert(e["block"].get<std::string>());
+    in_tier += e["tier"] == tier;
+  }
+  return {all.size(), in_tier};
+}
+
+TEST(RouterKvEventsE2E, FilesTheFileTierEvictsLeaveTheReplicasEventsAndTheRoutersIndex) {
+  namespace fs = std::filesystem;
+  const std::string dir =
+      fs::temp_directory_path().string() + "/beluga_e2e_kvdisk_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  // Room for about ten of the demo model's 120 KiB block files.
+  std::vector<std::string> with_disk = kSmallPool;
+  with_disk.insert(with_disk.end(), {"--kv-disk-dir", dir, "--kv-disk-gb", "0.0012"});
+  auto a = start_replica(0, with_disk);
+  ASSERT_GT(a->port(), 0) << a->log();
+  const int a_port = a->port();
+  auto router = start_router({a->url()}, {"--kv-events-interval-ms", "50"});
+  ASSERT_GT(router->port(), 0) << router->log();
+  flood(a_port, "files");  // some 50 blocks, each written through to a file
+  // The replica's own view: its snapshot lists as many files as its file tier holds, no more.
+  ASSERT_TRUE(wait_for(
+      [&] {
+        const double held = tier_sample(a_port, "beluga_kv_tier_blocks", "disk");
+        return held > 0 && double(snapshot_blocks(a_port, "disk").second) == held;
+      },
+      20))
+      << http_get(a_port, "/metrics").body;
+  EXPECT_GT(tier_sample(a_port, "beluga_kv_tier_evictions_total", "disk"), 0);
+  EXPECT_LE(snapshot_blocks(a_port, "disk").second, 10u);
+  // The router's index follows: the blocks it counts are those the snapshot lists.
+  ASSERT_TRUE(settled(router->port(), {a->url()}));
+  EXPECT_EQ(replica_sample(router->port(), "beluga_router_replica_kv_blocks", a->url()),
+            double(snapshot_blocks(a_port, "disk").first))
+      << http_get(router->port(), "/metrics").body;
+  a->kill_now();
+  fs::remove_all(dir);
 }
 
 TEST(RouterKvEventsE2E, BucketsRoutePromptsByLength) {
