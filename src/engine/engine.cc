@@ -59,7 +59,7 @@ struct Engine::Impl {
     int slot, index;
     int prompt_pos;  // -1: samples the sequence's next token; else scores prompt token prompt_pos + 1
     int draft = 0;   // speculative: the row after the draft-th draft token of batch sequence `bseq`
-    int bseq = -1;
+    int bseq = -1;   // >= 0: that batch sequence's verification sampled this row (SpecDecoder::token)
   };
 
   Impl(Model& m, const EngineConfig& cfg, int num_blocks)
@@ -345,8 +345,10 @@ void Engine::loop() {
         ctx.allowed = im.allowed.data();
       }
       SampleResult res{};
-      if (proc_error.empty()) {  // else the sequence fails below
-        if (on_device) {
+      if (proc_error.empty()) {      // else the sequence fails below
+        if (im.rows[r].bseq >= 0) {  // speculating: verification sampled it (draft_verifier.h)
+          res.token = im.spec->token(im.rows[r].bseq, im.rows[r].draft);
+        } else if (on_device) {
           const int32_t* o = im.runner.sampled() + r * size_t(kSampleOutCols);
           res.token = o[0];
           if (rq.req.sampling.logprobs >= 0) {
@@ -507,9 +509,11 @@ void Engine::loop() {
           device = false;
         }
       }
-      const bool raw_argmax =
-          rq.procs.empty() && samples_raw_argmax({&rq.req.sampling, &rq.req.prompt, &s->output_counts,
-                                                  s->num_output(), &rq.stop_ids, rq.seed, s->index});
+      const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
+                              &rq.stop_ids,     rq.seed,        s->index};
+      // Speculation needs a distribution each row fixes alone: nothing edits the logits as tokens come.
+      const bool spec_ok = rq.procs.empty() && samples_speculatively(ctx);
+      const bool raw_argmax = spec_ok && rq.req.sampling.temperature <= 0.0f;
       if (c.sample) {
         b.logit_rows.push_back(int(b.tokens.size()) - 1);
         im.rows.push_back({s->request, s->index, -1});
@@ -517,7 +521,9 @@ void Engine::loop() {
         if (device) device = add_device_row(rq, *s);
       }
       if (im.spec) {  // this sequence's drafts, verified as extra rows
-        const int k = im.spec->plan_chunk(int(i), *c.seq, c, raw_argmax, int(b.logit_rows.size()) - 1, b);
+        const int k =
+            im.spec->plan_chunk(int(i), *c.seq, c, spec_ok ? &ctx : nullptr, int(b.logit_rows.size()) - 1, b);
+        if (im.spec->verifies(int(i))) im.rows.back().bseq = int(i);  // its sample row: the verifier's token
         for (int j = 1; j <= k; ++j) im.rows.push_back({s->request, s->index, -1, j, int(i)});
       }
       im.step_slots.push_back(s->request);

@@ -187,11 +187,15 @@ std::vector<int> distinct_tokens(const std::vector<int>& prompt) {
   return v;
 }
 
-bool samples_raw_argmax(const SampleContext& ctx) {
+bool samples_speculatively(const SampleContext& ctx) {
   const SamplingParams& p = *ctx.params;
-  return !ctx.allowed && p.temperature <= 0.0f && p.logprobs < 0 && p.logit_bias.empty() &&
-         p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+  return !ctx.allowed && p.logprobs < 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
          (ctx.num_output >= p.min_tokens || ctx.stop_ids->empty());
+}
+
+bool samples_raw_argmax(const SampleContext& ctx) {
+  return ctx.params->temperature <= 0.0f && samples_speculatively(ctx);
 }
 
 bool samples_on_device(const SampleContext& ctx) {

@@ -46,6 +46,12 @@ SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vec
 TokenLogprob token_logprob(const float* logits, int vocab, int token, int k, std::vector<float>& scratch,
                            std::vector<int>& index_scratch);
 
+// Whether sample() draws from the raw logits alone (any temperature, top_k, top_p, min_p): no logprobs
+// and nothing that edits the logits (logit bias, penalties, structured output, min_tokens' masking of
+// stop ids). Its distribution at a later position then depends on nothing sampled in between, so
+// drafts can be verified against several rows at once (speculative decoding: draft_verifier.h).
+bool samples_speculatively(const SampleContext& ctx);
+
 // Whether sample() would return the argmax of the raw logits (ties: the lowest id): greedy with no
 // logprobs and nothing that edits the logits. Such rows can be sampled on the device (the engine then
 // copies one id per row instead of the logits).

@@ -1,11 +1,19 @@
 #include "engine/spec_decode.h"
 
 #include <algorithm>
+#include <unordered_map>
 
+#include "engine/draft_verifier.h"
 #include "engine/ngram_proposer.h"
 #include "util/error.h"
 
 namespace beluga {
+
+namespace {
+// A verified row's sampler reads no prompt, counts or stop ids (samples_speculatively).
+const std::vector<int> kNone;
+const std::unordered_map<int, int> kNoCounts;
+}  // namespace
 
 SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows)
     : model_(model), cfg_(cfg), gate_(cfg.num_speculative_tokens, cfg.fixed_gating) {
@@ -29,7 +37,9 @@ void SpecDecoder::begin_step(int num_seqs) {
   step_k_ = gate_.choose(num_seqs);
 }
 
-int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sample_row, Batch& b) {
+int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* sampling, int sample_row,
+                            Batch& b) {
+  const bool eligible = sampling != nullptr;
   if (i == 0) {
     plan_.clear();
     plan_k_ = step_k_;
@@ -41,6 +51,15 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sa
   p.mtp = eligible;
   p.length = int(s.tokens.size());
   p.max_length = s.max_length > 0 ? s.max_length : model_.max_positions();
+  if (eligible) {
+    const SamplingParams& sp = *sampling->params;
+    p.sampling.temperature = sp.temperature;
+    p.sampling.top_p = sp.top_p;
+    p.sampling.top_k = sp.top_k;
+    p.sampling.min_p = sp.min_p;
+    p.seed = sampling->seed;
+    p.num_output = sampling->num_output;
+  }
   int k = 0;
   if (eligible && !c.sample) {
     p.next_token = s.tokens[size_t(c.start + c.len)];
@@ -71,15 +90,6 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sa
   return k;
 }
 
-int SpecDecoder::argmax(const float* logits, int row) const {
-  const int V = model_.config().vocab_size;
-  const float* x = logits + size_t(row) * size_t(V);
-  int best = 0;
-  for (int t = 1; t < V; ++t)
-    if (x[t] > x[best]) best = t;  // ties: the lowest id, as the sampler
-  return best;
-}
-
 void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   BELUGA_CHECK(ngram() || int64_t(b.tokens.size()) <= hidden_.shape[0], "speculative step of ",
                b.tokens.size(), " tokens exceeds its buffers");
@@ -90,6 +100,7 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   const int S = int(b.seqs.size()), K = cfg_.num_speculative_tokens;
   BELUGA_ASSERT(int(plan_.size()) == S);
   accepted_.assign(size_t(S), 0);
+  tokens_.resize(size_t(S) * size_t(K + 1));
   draft_len_.assign(size_t(S), 0);
   drafts_.resize(size_t(S) * size_t(K));
   mb_.tokens.clear();
@@ -111,14 +122,31 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
     const int k = p.num_draft, chunk_len = sc.query_len - k;
     int a = 0, next = p.next_token;
     if (p.sample_row >= 0) {
-      auto target = [&](int j) {
-        return opt.greedy_tokens ? int(opt.greedy_tokens[p.sample_row + j])
-                                 : argmax(logits, p.sample_row + j);
+      const int* draft = b.tokens.data() + row0 + chunk_len;
+      int* out = tokens_.data() + size_t(i) * size_t(K + 1);
+      // The sequence's sampler at row j (sampler.h; nothing but these fields: samples_speculatively).
+      const SampleContext ctx{&p.sampling, &kNone, &kNoCounts, p.num_output, &kNone, p.seed, p.index};
+      // Verification of `n` drafts from row j on: rows j..j+n's tokens into out[j..], the drafts accepted.
+      auto verify = [&](int j, int n) {
+        if (opt.greedy_tokens) {  // every row greedy: the device took the argmaxes
+          int m = 0;
+          for (; m < n && draft[j + m] == opt.greedy_tokens[p.sample_row + j + m]; ++m)
+            out[j + m] = draft[j + m];
+          out[j + m] = opt.greedy_tokens[p.sample_row + j + m];
+          return m;
+        }
+        SampleContext at = ctx;
+        at.num_output += j;
+        return verify_drafts(logits + size_t(p.sample_row + j) * size_t(model_.config().vocab_size),
+                             model_.config().vocab_size, at, draft + j, n, out + j, scratch_, index_scratch_);
       };
-      while (a < k && (cfg_.synthetic_acceptance >= 0 ? synthetic(rng_)
-                                                      : b.tokens[size_t(row0 + chunk_len + a)] == target(a)))
-        ++a;
-      next = target(a);
+      if (cfg_.synthetic_acceptance >= 0) {  // accepted at the synthetic rate; the target's token after
+        for (; a < k && synthetic(rng_); ++a) out[a] = draft[a];
+        verify(a, 0);
+      } else {
+        a = verify(0, k);
+      }
+      next = out[a];
     }
     accepted_[size_t(i)] = a;
     if (ngram()) continue;      // no MTP pass: the next drafts come from the tokens at the next plan

@@ -1,12 +1,14 @@
 // SpecDecoder: speculative decoding with the model's MTP module as proposer, or prompt lookup
 // (method "ngram", engine/ngram_proposer.h: drafts from the sequence's own tokens, no MTP pass; the
-// rest below is the same) (DESIGN.md §3, the proposer/verifier seam). Each sequence that samples greedily
-// from raw logits verifies the draft tokens proposed for it in the previous step as extra query tokens of its
-// decode chunk (one batched forward, prefill-style rows), accepts the longest prefix equal to the target's
-// argmaxes, and gets the target's token after it as a bonus: 1 + accepted tokens per step, the same tokens as
-// without speculation. The MTP module then runs over the step's accepted positions (its KV lives in a cache
-// of its own that shares the main cache's block tables, so rolling back a sequence's length rolls back both)
-// and, chained on its own output, proposes the next step's drafts.
+// rest below is the same) (DESIGN.md §3, the proposer/verifier seam). Each sequence that samples from raw
+// logits (samples_speculatively: greedy or temperature > 0 with top_k / top_p / min_p) verifies the draft
+// tokens proposed for it in the previous step as extra query tokens of its decode chunk (one batched
+// forward, prefill-style rows) by speculative sampling (draft_verifier.h: greedy, the longest prefix equal
+// to the target's argmaxes; sampled, rejection sampling with one-hot drafts), and gets the target's token
+// after the accepted ones: 1 + accepted tokens per step, the tokens decoding without speculation gives
+// (greedy; sampled with the same seed). The MTP module then runs over the step's accepted positions (its KV
+// lives in a cache of its own that shares the main cache's block tables, so rolling back a sequence's length
+// rolls back both) and, chained on its own output, proposes the next step's drafts.
 //
 // Gating (SpecGate): before each step the engine calls begin_step(); the gate picks how many drafts the
 // step's decode sequences verify and propose (0: they decode plainly, without the MTP pass, and the
@@ -36,6 +38,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/spec_config.h"
 #include "engine/spec_gate.h"
@@ -60,9 +63,11 @@ class SpecDecoder {
 
   // Engine thread, building a step: called for batch sequence `i` (in order, i = 0 first) right after
   // its chunk's tokens and sample row (logit row `sample_row`, -1 when the chunk does not sample) went
-  // into `b`. For an eligible sequence (greedy on raw logits) whose chunk is the decode of its last
-  // token, appends its drafts to the chunk's query and their logit rows; returns how many.
-  int plan_chunk(int i, Seq& s, const Chunk& c, bool eligible, int sample_row, Batch& b);
+  // into `b`. `sampling`: the sequence's context if it is eligible (samples_speculatively() and no
+  // logits processor), else null; what verification needs of it is copied. For an eligible sequence
+  // whose chunk is the decode of its last token, appends its drafts to the chunk's query and their
+  // logit rows; returns how many.
+  int plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* sampling, int sample_row, Batch& b);
   // Engine thread, before plan_chunk() for a step of `num_seqs` sequences: asks the gate for its draft
   // count.
   void begin_step(int num_seqs);
@@ -71,9 +76,15 @@ class SpecDecoder {
   const SpecGate& gate() const { return gate_; }
   // Runner thread: the step's forward, the verification and the MTP pass (proposals for the next step).
   void run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt);
-  // Engine thread, after the step's rows were applied: drafts accepted by batch sequence i (its rows
-  // past 1 + accepted must be skipped).
+  // Whether batch sequence i (of the step planned last) is sampled by the verifier: its rows' tokens
+  // are token(i, j), not the engine's sampler's.
+  bool verifies(int i) const { return plan_[size_t(i)].mtp && plan_[size_t(i)].sample_row >= 0; }
+  // Engine thread, after the step ran: drafts accepted by batch sequence i (its rows past 1 + accepted
+  // must be skipped), and the token its row j (0..accepted) emits.
   int accepted(int i) const { return accepted_[size_t(i)]; }
+  int token(int i, int j) const {
+    return tokens_[size_t(i) * size_t(cfg_.num_speculative_tokens + 1) + size_t(j)];
+  }
   // Engine thread, after the rows were applied: commits the accepted positions of the step's
   // sequences that are still running (`find` maps a (request slot, index) to its Seq, or null once
   // aborted), stores the next drafts in each Seq, counts the statistics.
@@ -95,11 +106,14 @@ class SpecDecoder {
     int length = 0;       // the sequence's tokens before this step
     int max_length = 0;
     bool decode = false;  // the chunk decodes the sequence's last token and samples
+    // What its rows sample from (eligible sequences: samples_speculatively, so only these fields).
+    SamplingParams sampling;
+    uint64_t seed = 0;
+    int num_output = 0;
   };
   // The draft count of the step just applied if it was a steady decode step (every sequence a decode
   // verifying that many drafts, or all plain for 0), else -1.
   int steady_shape() const;
-  int argmax(const float* logits, int row) const;
 
   Model& model_;
   SpecConfig cfg_;
@@ -110,12 +124,15 @@ class SpecDecoder {
   std::vector<Plan> plan_;  // per batch sequence of the step being built / in flight
   // Runner-thread results, read by the engine after wait().
   std::vector<int> accepted_;
+  std::vector<int> tokens_;  // [seq, K + 1] flat: the tokens each row emits, 1 + accepted_ of each valid
   std::vector<int> drafts_;  // [seq, K] flat: next drafts, draft_len_ of each valid
   std::vector<int> draft_len_;
   // Runner-thread scratch, reused every step.
   Batch mb_;
   std::vector<int32_t> gather_, ids_, seq_of_, last_pos_, out_row_;
-  std::vector<Chunk> commit_;  // engine thread
+  std::vector<Chunk> commit_;   // engine thread
+  std::vector<float> scratch_;  // the verifier's sampler (runner thread)
+  std::vector<int> index_scratch_;
   std::mt19937_64 rng_{0x5eed};
   SpecStats stats_;
   SpecGate gate_;

@@ -253,17 +253,71 @@ TEST_F(SpecDecodeTest, PreemptionKeepsOutput) {
   EXPECT_EQ(spec.tokens, base.tokens);
 }
 
-// Sampled requests do not speculate; a seeded one gives the same tokens beside speculating ones.
-TEST_F(SpecDecodeTest, SampledRequestsAreUnaffected) {
-  auto reqs = [&](Collector& c) {
-    std::vector<EngineRequest> v{greedy("g", prompt(20, 4), 30, c)};
-    EngineRequest r = greedy("t", prompt(20, 5), 30, c);
+// Sampled requests (temperature > 0 with top_p / top_k / min_p, n > 1) speculate too, verified by
+// rejection sampling (draft_verifier.h): drafts are accepted, a seeded request gives the same tokens
+// run to run and the same as without speculation (each position draws with the uniform plain sampling
+// uses), whatever the gate chose; top_k 1 is the greedy output.
+TEST_F(SpecDecodeTest, SampledRequestsSpeculate) {
+  auto sampled = [&](const std::string& id, int seed, Collector& c) {
+    EngineRequest r = greedy(id, prompt(20, seed), 32, c);
     r.sampling.temperature = 0.8f;
-    r.sampling.seed = 7;
-    v.push_back(std::move(r));
+    r.sampling.seed = uint64_t(seed);
+    return r;
+  };
+  auto reqs = [&](Collector& c) {
+    std::vector<EngineRequest> v{greedy("g", prompt(20, 4), 30, c), sampled("t", 5, c)};
+    v.push_back(sampled("top_p", 6, c));
+    v.back().sampling.top_p = 0.9f;
+    v.push_back(sampled("top_k", 7, c));
+    v.back().sampling.top_k = 20;
+    v.push_back(sampled("min_p", 8, c));
+    v.back().sampling.min_p = 0.05f;
+    v.back().sampling.temperature = 1.2f;
+    v.push_back(sampled("n2", 9, c));
+    v.back().sampling.n = 2;
+    v.push_back(sampled("cold", 10, c));
+    v.back().sampling.temperature = 0.3f;
     return v;
   };
-  EXPECT_EQ(run(config(2), reqs).tokens, run(config(0), reqs).tokens);
+  Outcome base = run(config(0), reqs);
+  for (const char* method : {"mtp", "ngram"})
+    for (const char* gating : {"fixed", "cost"}) {
+      SCOPED_TRACE(std::string(method) + " " + gating);
+      EngineStats st;
+      const Outcome o = run(config(2, 64, gating, method), reqs, &st);
+      EXPECT_EQ(o.tokens, base.tokens);
+      EXPECT_EQ(o.finish, base.finish);
+      if (std::string(gating) == "cost") {  // the gate's choices follow timing; the tokens do not
+        EXPECT_EQ(run(config(2, 64, gating, method), reqs).tokens, o.tokens) << "seeded: the same run to run";
+      }
+      EXPECT_GT(st.spec_draft_tokens, 0);
+      EXPECT_GT(st.spec_accepted_tokens, 0);
+    }
+  // Sampled requests alone: their own drafts are verified and accepted (MTP, fixed K = 2).
+  auto only_sampled = [&](Collector& c) {
+    std::vector<EngineRequest> v = reqs(c);
+    v.erase(v.begin());  // "g"
+    return v;
+  };
+  EngineStats st;
+  const Outcome o = run(config(2), only_sampled, &st);
+  base.tokens.erase("g");
+  EXPECT_EQ(o.tokens, base.tokens);
+  EXPECT_GT(st.spec_drafts, 20);
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+  EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens);
+  // top_k 1 at temperature 0.8 speculates and gives the greedy tokens without speculation.
+  auto top1 = [&](Collector& c) {
+    EngineRequest r = sampled("k1", 11, c);
+    r.sampling.top_k = 1;
+    return std::vector<EngineRequest>{std::move(r)};
+  };
+  auto greedy_ref = [&](Collector& c) {
+    return std::vector<EngineRequest>{greedy("k1", prompt(20, 11), 32, c)};
+  };
+  EngineStats st1;
+  EXPECT_EQ(run(config(2), top1, &st1).tokens, run(config(0), greedy_ref).tokens);
+  EXPECT_GT(st1.spec_accepted_tokens, 0);
 }
 
 // "synthetic_acceptance" (benchmarks): P = 0 rejects every draft (the output stays the model's), P = 1
