@@ -170,7 +170,7 @@ class SchemaCompiler {
   std::map<std::string, int> ref_rule_;
   std::map<std::string, int> expansions_;
   std::map<std::string, int> lexemes_;
-  size_t ticks_ = 0, merges_ = 0;
+  size_t ticks_ = 0, merges_ = 0, negations_ = 0;
 };
 
 }  // namespace beluga::grammar::detail

@@ -63,7 +63,10 @@ Json SchemaCompiler::lower(const Json& s, const std::string& path) {
 }
 
 Json SchemaCompiler::negate(const Json& s0, const std::string& path, int depth) {
-  if (depth > 32) refuse("not", path, "negations nest too deeply (a recursive $ref?)");
+  // A recursive $ref has no finite complement; a branching one would take exponential time.
+  if (depth > 32 || ++negations_ > 10000)
+    refuse("not", path, "negations nest too deeply (a recursive $ref?)");
+  tick();
   Json s = deref(s0, path);
   if (s.is_boolean()) return !s.get<bool>();
   BELUGA_CHECK(s.is_object(), "schema at ", path, " must be an object or a boolean");

@@ -105,6 +105,7 @@ int SchemaCompiler::gen_number_not_in(const Json& s, const std::vector<double>& 
     refuse("not", path, "excluding numbers together with multipleOf is not supported");
   std::vector<double> vs;
   for (double v : out) {
+    if (integer && std::floor(v) != v) continue;  // not an integer anyway
     if (std::floor(v) != v) refuse("not", path, "excluding a non-integral number is not supported");
     vs.push_back(v);
   }

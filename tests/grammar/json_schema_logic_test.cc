@@ -90,6 +90,7 @@ TEST(JsonSchemaNot, ConstAndEnumOverScalars) {
   expect(R"({"type":"boolean","not":{"const":true}})", {"false"}, {"true"});
   expect(R"({"not":{"enum":[null,1,"x"]}})", {R"("y")", "true", "2", "[]", "{}"}, {"1", "null", R"("x")"});
   expect(R"({"type":"null","not":{"const":null}})", {}, {"null"});
+  expect(R"({"type":"integer","not":{"enum":[1.5,2]}})", {"1", "3"}, {"2", "1.5"});
   EXPECT_EQ(refused(R"({"type":"string","minLength":2,"not":{"const":"ab"}})"), "not");
   EXPECT_EQ(refused(R"({"type":"number","not":{"const":1.5}})"), "not");
   EXPECT_EQ(refused(R"({"not":{"const":[1]}})"), "not");
@@ -103,6 +104,10 @@ TEST(JsonSchemaNot, RefusedComplements) {
   EXPECT_EQ(refused(R"({"not":{"uniqueItems":true}})"), "not");
   EXPECT_EQ(refused(R"({"not":{"properties":{"a":{}},"additionalProperties":false}})"), "not");
   EXPECT_EQ(refused(R"({"$beluga:notIn":[1]})"), "$beluga:notIn");  // reserved for the compiler
+  // A recursive reference has no finite complement (and branching recursion must not take forever).
+  EXPECT_EQ(refused(R"({"$defs":{"t":{"properties":{"a":{"$ref":"#/$defs/t"},"b":{"$ref":"#/$defs/t"}}}},)"
+                    R"("not":{"$ref":"#/$defs/t"}})"),
+            "not");
 }
 
 TEST(JsonSchemaIfThenElse, NumericConditions) {
