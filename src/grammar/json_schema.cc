@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "grammar/json_schema_compiler.h"
+#include "grammar/json_string.h"
 #include "grammar/refused.h"
 #include "util/error.h"
 
@@ -91,7 +93,10 @@ Kw classify(const std::string& k, Draft d) {
                                                      "dependentSchemas",
                                                      "contains",
                                                      "minContains",
-                                                     "maxContains"};
+                                                     "maxContains",
+                                                     "not",
+                                                     "if",
+                                                     "uniqueItems"};
   static const std::set<std::string> ignored = {"$schema",
                                                 "$id",
                                                 "$defs",
@@ -111,16 +116,10 @@ Kw classify(const std::string& k, Draft d) {
                                                 "$vocabulary",
                                                 "then",
                                                 "else"};
-  static const std::set<std::string> refused = {"not",
-                                                "if",
-                                                "uniqueItems",
-                                                "unevaluatedProperties",
-                                                "unevaluatedItems",
-                                                "$dynamicRef",
-                                                "$dynamicAnchor",
-                                                "$recursiveRef",
-                                                "$recursiveAnchor"};
-  if (enforced_all.count(k)) return Kw::kEnforced;
+  static const std::set<std::string> refused = {"unevaluatedProperties", "unevaluatedItems",
+                                                "$dynamicRef",           "$dynamicAnchor",
+                                                "$recursiveRef",         "$recursiveAnchor"};
+  if (enforced_all.count(k) || k == kNotIn || k == kNonIntegral) return Kw::kEnforced;
   if (k == "const") return d == Draft::k4 ? Kw::kOtherDraft : Kw::kEnforced;
   if (k == "prefixItems") return d == Draft::k2020 ? Kw::kEnforced : Kw::kOtherDraft;
   if (k == "additionalItems") return d == Draft::k2020 ? Kw::kOtherDraft : Kw::kEnforced;
@@ -151,6 +150,16 @@ SchemaCompiler::SchemaCompiler(const Json& root, const JsonSchemaOptions& o) : r
     if (d) draft_ = *d;
   }
   if (o.draft) draft_ = *o.draft;
+  std::function<void(const Json&)> reserved = [&](const Json& x) {
+    if (x.is_array())
+      for (auto& y : x) reserved(y);
+    if (!x.is_object()) return;
+    for (auto& [k, v] : x.items()) {
+      if (k.rfind("$beluga:", 0) == 0) throw Refused(k, k + ": a keyword reserved for the compiler");
+      reserved(v);
+    }
+  };
+  reserved(root);
   has_ref_ = root.dump().find("\"$ref\"") != std::string::npos;
   ws_ = o.max_whitespace > 0 ? g_.repeat(g_.bytes(ByteSet::of(" \t\n\r")), 0, o.max_whitespace) : -1;
 }
@@ -229,6 +238,12 @@ int SchemaCompiler::gen(const Json& s, const std::string& path, int depth) {
     return gen(merge(rest, target, path), path, depth + 1);
   }
 
+  if (s.contains("not") || s.contains("if") || s.contains("then") || s.contains("else") ||
+      dependent_schemas(s, nullptr, nullptr)) {
+    for (auto& [k, v] : s.items())
+      if (classify(k, draft_) == Kw::kRefused) refuse(k, path, "this keyword is not supported");
+    return gen(lower(s, path), path, depth + 1);  // lower() drops these keywords: no loop
+  }
   for (auto& [k, v] : s.items()) {
     switch (classify(k, draft_)) {
       case Kw::kEnforced:
@@ -237,8 +252,6 @@ int SchemaCompiler::gen(const Json& s, const std::string& path, int depth) {
       case Kw::kOtherDraft:
         refuse(k, path, std::string("not a keyword of ") + draft_name(draft_));
       case Kw::kRefused:
-        if (k == "uniqueItems" && v.is_boolean() && !v.get<bool>()) break;
-        if (k == "if" && !s.contains("then") && !s.contains("else")) break;
         refuse(k, path, "this keyword is not supported");
     }
   }
@@ -267,7 +280,28 @@ int SchemaCompiler::gen(const Json& s, const std::string& path, int depth) {
     std::vector<Json> branches;
     for (size_t i = 0; i < br.size(); ++i)
       branches.push_back(plain ? br[i] : merge(rest, br[i], join_path(path, kw)));
-    if (one) check_exclusive(branches, path);
+    if (one) {
+      try {
+        check_exclusive(branches, path);
+      } catch (const Refused& r) {
+        // Branches that may overlap: exactly one matches, i.e. branch i and the complement of every
+        // other one (disjoint by construction), when those complements can be built.
+        if (br.size() > 4) throw;
+        std::vector<Json> negs;
+        try {
+          for (size_t i = 0; i < br.size(); ++i)
+            negs.push_back(negate(br[i], join_path(join_path(path, kw), std::to_string(i)), 0));
+        } catch (const Refused&) {
+          throw r;
+        }
+        for (size_t i = 0; i < br.size(); ++i) {
+          Json parts = Json::array({branches[i]});
+          for (size_t j = 0; j < br.size(); ++j)
+            if (j != i) parts.push_back(negs[j]);
+          branches[i] = Json{{"allOf", parts}};
+        }
+      }
+    }
     std::vector<int> alts;
     for (size_t i = 0; i < branches.size(); ++i)
       alts.push_back(gen(branches[i], join_path(join_path(path, kw), std::to_string(i)), depth + 1));
@@ -317,14 +351,45 @@ std::set<std::string> SchemaCompiler::types_of(const Json& s, const std::string&
 
 int SchemaCompiler::gen_types(const Json& s, const std::string& path, int depth) {
   std::set<std::string> types = types_of(s, path);
+  // kNotIn (a complement of enum/const): its values are taken out of each type's language.
+  std::vector<Json> out;
+  if (s.contains(kNotIn))
+    for (auto& v : s[kNotIn]) out.push_back(v);
+  auto excluded = [&](const Json& v) {
+    return std::any_of(out.begin(), out.end(), [&](const Json& x) { return json_equal(x, v); });
+  };
+  std::vector<double> nums;
+  std::vector<std::string> strs;
+  bool containers = false;
+  for (auto& v : out) {
+    if (v.is_number()) nums.push_back(v.get<double>());
+    if (v.is_string()) strs.push_back(v.get<std::string>());
+    containers = containers || v.is_array() || v.is_object();
+  }
   std::vector<int> alts;
-  if (types.count("null")) alts.push_back(lit("null"));
-  if (types.count("boolean")) alts.push_back(g_.choice({lit("true"), lit("false")}));
-  if (types.count("number"))
-    alts.push_back(gen_number(s, path, false));
-  else if (types.count("integer"))
-    alts.push_back(gen_number(s, path, true));
-  if (types.count("string")) alts.push_back(gen_string(s, path));
+  if (types.count("null") && !excluded(nullptr)) alts.push_back(lit("null"));
+  if (types.count("boolean")) {
+    std::vector<int> b;
+    if (!excluded(true)) b.push_back(lit("true"));
+    if (!excluded(false)) b.push_back(lit("false"));
+    alts.push_back(g_.choice(std::move(b)));
+  }
+  bool integer = !types.count("number");
+  if ((types.count("number") || types.count("integer")) && !(integer && s.contains(kNonIntegral)))
+    alts.push_back(nums.empty() ? gen_number(s, path, integer) : gen_number_not_in(s, nums, path, integer));
+  if (types.count("string")) {
+    if (strs.empty()) {
+      alts.push_back(gen_string(s, path));
+    } else {
+      for (const char* k : {"minLength", "maxLength", "pattern", "format"})
+        if (s.contains(k))
+          refuse("not", path,
+                 std::string("excluding string values together with ") + k + " is not supported");
+      alts.push_back(json_string_not_in(g_, strs, string_rest()));
+    }
+  }
+  if (containers && (types.count("array") || types.count("object")))
+    refuse("not", path, "excluding array or object values (not of enum/const) is not supported");
   if (types.count("array")) alts.push_back(gen_array(s, path, depth));
   if (types.count("object")) alts.push_back(gen_object(s, path, depth));
   return g_.choice(std::move(alts));

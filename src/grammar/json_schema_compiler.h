@@ -2,8 +2,9 @@
 // schema walks it and writes the grammar of its canonical instances. Internal to src/grammar; its
 // members are defined by concept: the walker and $ref resolution (json_schema.cc), strings and
 // formats (json_schema_strings.cc), numbers and numeric ranges (json_schema_numbers.cc), arrays and
-// objects (json_schema_containers.cc), enum/const values (json_schema_values.cc), and merging of
-// subschemas for allOf and oneOf exclusivity (json_schema_merge.cc).
+// objects (json_schema_containers.cc), uniqueItems (json_schema_unique.cc), enum/const values
+// (json_schema_values.cc), merging of subschemas for allOf and oneOf exclusivity
+// (json_schema_merge.cc), and not / if-then-else as schemas the rest can build (json_schema_not.cc).
 #pragma once
 
 #include <algorithm>
@@ -36,6 +37,10 @@ enum class Kw { kEnforced, kIgnored, kRefused, kOtherDraft };
 Kw classify(const std::string& k, Draft d);
 const char* draft_name(Draft d);
 bool is_assertion_free(const Json& s);
+// Keywords the compiler writes for itself (a complement has no JSON Schema spelling); a schema that
+// uses them is refused. kNotIn: the value is none of these; kNonIntegral: a number is not an integer.
+inline constexpr const char* kNotIn = "$beluga:notIn";
+inline constexpr const char* kNonIntegral = "$beluga:nonIntegral";
 inline std::string join_path(const std::string& p, const std::string& k) {
   return p + "/" + k;
 }
@@ -93,7 +98,11 @@ class SchemaCompiler {
   int nonneg_range(int64_t lo, int64_t hi);
   int int_range(std::optional<int64_t> lo, std::optional<int64_t> hi, bool zero_ok_negative = false);
   Bound bound(const Json& s, bool lower, const std::string& path);
+  // Numbers the schema accepts; `extra_lo`/`extra_hi` tighten its bounds (kNotIn's open intervals).
   int gen_number(const Json& s, const std::string& path, bool integer);
+  int gen_number(const Json& s, const std::string& path, bool integer, Bound extra_lo, Bound extra_hi);
+  // Numbers other than the numeric values of kNotIn: the open intervals between them.
+  int gen_number_not_in(const Json& s, const std::vector<double>& out, const std::string& path, bool integer);
   // multipleOf (json_schema_multiple.cc): a digit automaton tracking the remainder.
   int gen_multiple_of(const Json& s, const std::string& path, bool integer, bool zero_frac_ok);
 
@@ -119,6 +128,10 @@ class SchemaCompiler {
   int d_expr(ObjState& st, uint32_t sigma, int64_t c, const std::string& path);
   int t_rule(ObjState& st, uint32_t sigma, int64_t c, const std::string& path);
   size_t expr_size(int e, size_t cap);
+  // uniqueItems over finite item domains (json_schema_unique.cc).
+  std::optional<std::vector<Json>> finite_values(const Json& s, const std::string& path, int depth);
+  int gen_unique(const std::vector<const Json*>& prefix, const Json& rest, int64_t min, int64_t max,
+                 const std::string& path, int depth);
 
   // ---- enum / const (json_schema_values.cc) --------------------------------------------------------
   int gen_enum(const Json& s, const std::string& path, int depth);
@@ -137,6 +150,15 @@ class SchemaCompiler {
   Json merge(const Json& a0, const Json& b0, const std::string& path);
   void check_exclusive(const std::vector<Json>& branches, const std::string& path);
 
+  // ---- not, if/then/else (json_schema_not.cc) ------------------------------------------------------
+  // s with not / if-then-else / dependent schemas rewritten as allOf/anyOf of schemas the rest builds
+  // (lone if, then and else dropped); other schemas unchanged.
+  Json lower(const Json& s, const std::string& path);
+  // Whether s has dependent schemas lower() rewrites; with rest/parts: moves them from *rest to *parts.
+  bool dependent_schemas(const Json& s, Json* rest, Json* parts);
+  // A schema for the complement of s (de Morgan over its keywords); refuses what has none.
+  Json negate(const Json& s, const std::string& path, int depth);
+
   const Json& root_;
   JsonSchemaOptions opt_;
   Draft draft_;
@@ -148,7 +170,7 @@ class SchemaCompiler {
   std::map<std::string, int> ref_rule_;
   std::map<std::string, int> expansions_;
   std::map<std::string, int> lexemes_;
-  size_t ticks_ = 0, merges_ = 0;
+  size_t ticks_ = 0, merges_ = 0, negations_ = 0;
 };
 
 }  // namespace beluga::grammar::detail

@@ -38,6 +38,7 @@ int SchemaCompiler::gen_array(const Json& s, const std::string& path, int depth)
   int64_t min = 0, max = -1;
   if (s.contains("minItems")) min = int64_t(s["minItems"].get<double>());
   if (s.contains("maxItems")) max = int64_t(s["maxItems"].get<double>());
+  bool unique = s.contains("uniqueItems") && s["uniqueItems"].is_boolean() && s["uniqueItems"].get<bool>();
   if (s.contains("contains")) {
     const Json& c = s["contains"];
     int64_t minc = 1, maxc = -1;
@@ -50,6 +51,7 @@ int SchemaCompiler::gen_array(const Json& s, const std::string& path, int depth)
     } else if (c.is_boolean()) {  // no item matches
       if (minc > 0) return g_.nothing();
     } else {
+      if (unique) refuse("uniqueItems", path, "uniqueItems together with contains is not supported");
       if (!prefix.empty() || s.contains("minItems") || s.contains("maxItems"))
         refuse("contains", path, "contains together with prefix items or minItems/maxItems is not supported");
       return gen_contains(c, *rest, minc, maxc, path, depth);
@@ -59,6 +61,7 @@ int SchemaCompiler::gen_array(const Json& s, const std::string& path, int depth)
     max = max < 0 ? int64_t(prefix.size()) : std::min<int64_t>(max, prefix.size());
   if (max >= 0 && max < min) return g_.nothing();
   if (min > 100000 || max > 100000) refuse("maxItems", path, "item counts above 100000 are not supported");
+  if (unique && !(max >= 0 && max <= 1)) return gen_unique(prefix, *rest, min, max, path, depth);
   int p = int(prefix.size());
   std::vector<int> items;
   for (int i = 0; i < p; ++i) items.push_back(gen(*prefix[i], join_path(path, std::to_string(i)), depth + 1));

@@ -19,7 +19,8 @@ Json SchemaCompiler::deref(const Json& s, const std::string& path) {
 
 Json SchemaCompiler::merge(const Json& a0, const Json& b0, const std::string& path) {
   if (++merges_ > 10000) refuse("allOf", path, "merging subschemas does not terminate (recursive $ref?)");
-  Json a = deref(a0, path), b = deref(b0, path);
+  // not and if/then/else become allOf/anyOf first: an if of one part never meets another's then.
+  Json a = lower(deref(a0, path), path), b = lower(deref(b0, path), path);
   if (a.is_boolean()) return a.get<bool>() ? b : a;
   if (b.is_boolean()) return b.get<bool>() ? a : b;
   BELUGA_CHECK(a.is_object() && b.is_object(), "subschemas at ", path, " must be objects or booleans");
@@ -76,6 +77,20 @@ Json SchemaCompiler::merge(const Json& a0, const Json& b0, const std::string& pa
       Json all = av;
       for (auto& x : bv) all.push_back(x);
       out[k] = all;
+    } else if (k == "anyOf") {
+      // (a1 or a2) and (b1 or b2): every pair.
+      if (av.size() * bv.size() > 64)
+        refuse("allOf", path, "combining two anyOf would need over 64 branches");
+      Json pairs = Json::array();
+      for (auto& x : av)
+        for (auto& y : bv) pairs.push_back(Json{{"allOf", Json::array({x, y})}});
+      out[k] = pairs;
+    } else if (k == kNotIn) {
+      Json all = av;
+      for (auto& x : bv) all.push_back(x);
+      out[k] = all;
+    } else if (k == "uniqueItems") {
+      out[k] = av.get<bool>() || bv.get<bool>();
     } else if (k == "items" && !av.is_array() && !bv.is_array()) {
       out[k] = Json{{"allOf", Json::array({av, bv})}};
     } else if (classify(k, draft_) == Kw::kIgnored) {

@@ -51,9 +51,13 @@ bool as_decimal(const Json& v, int64_t& p, int& q) {
 int SchemaCompiler::gen_multiple_of(const Json& s, const std::string& path, bool integer, bool zero_frac_ok) {
   const Json& m = s["multipleOf"];
   BELUGA_CHECK(m.is_number() && m.get<double>() > 0, "multipleOf at ", path, " must be a number above 0");
-  for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-    if (s.contains(k) && !(draft_ == Draft::k4 && k[0] == 'e'))
-      refuse("multipleOf", path, std::string("multipleOf together with ") + k + " is not supported");
+  // Bounds: only an inclusive 0 (the sign), which is what "not x < 0" (if/else) leaves.
+  Bound lo = bound(s, true, path), hi = bound(s, false, path);
+  for (const Bound* b : {&lo, &hi})
+    if (b->v && (*b->v != 0 || b->excl))
+      refuse("multipleOf", path,
+             std::string("multipleOf together with ") + (b == &lo ? "a lower" : "an upper") +
+                 " bound other than an inclusive 0 is not supported");
   int64_t p = 0;
   int q = 0;
   if (!as_decimal(m, p, q))
@@ -117,7 +121,11 @@ int SchemaCompiler::gen_multiple_of(const Json& s, const std::string& path, bool
   // "0", or a first digit 1-9 (no leading zeros).
   int first = g_.choice({g_.seq({lit("0"), after_int(0)}),
                          g_.choice(step(0, ByteSet::range('1', '9'), [&](int64_t t) { return irule[t]; }))});
-  return g_.seq({g_.optional(lit("-")), first});
+  if (!lo.v && !hi.v) return g_.seq({g_.optional(lit("-")), first});
+  if (!hi.v) return first;  // x >= 0: no sign
+  int zero = g_.seq(
+      {lit("0"), zero_frac_ok ? g_.optional(g_.seq({lit("."), g_.repeat(lit("0"), 1, -1)})) : g_.empty()});
+  return lo.v ? zero : g_.choice({g_.seq({lit("-"), first}), zero});  // x <= 0: negative or zero
 }
 
 }  // namespace beluga::grammar::detail

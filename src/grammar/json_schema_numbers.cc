@@ -99,11 +99,56 @@ SchemaCompiler::Bound SchemaCompiler::bound(const Json& s, bool lower, const std
   return b;
 }
 
+int SchemaCompiler::gen_number_not_in(const Json& s, const std::vector<double>& out, const std::string& path,
+                                      bool integer) {
+  if (s.contains("multipleOf"))
+    refuse("not", path, "excluding numbers together with multipleOf is not supported");
+  std::vector<double> vs;
+  for (double v : out) {
+    if (integer && std::floor(v) != v) continue;  // not an integer anyway
+    if (std::floor(v) != v) refuse("not", path, "excluding a non-integral number is not supported");
+    vs.push_back(v);
+  }
+  std::sort(vs.begin(), vs.end());
+  vs.erase(std::unique(vs.begin(), vs.end()), vs.end());
+  // The open intervals (-inf, v0), (v0, v1), ..., (vk, inf).
+  std::vector<int> alts;
+  for (size_t i = 0; i <= vs.size(); ++i) {
+    Bound lo, hi;
+    if (i > 0) lo = {vs[i - 1], true};
+    if (i < vs.size()) hi = {vs[i], true};
+    alts.push_back(gen_number(s, path, integer, lo, hi));
+  }
+  return g_.choice(std::move(alts));
+}
+
 int SchemaCompiler::gen_number(const Json& s, const std::string& path, bool integer) {
+  return gen_number(s, path, integer, Bound(), Bound());
+}
+
+int SchemaCompiler::gen_number(const Json& s, const std::string& path, bool integer, Bound extra_lo,
+                               Bound extra_hi) {
   Bound lo = bound(s, true, path), hi = bound(s, false, path);
+  // The tighter of two bounds (at equal values, the exclusive one).
+  auto tighter = [](const Bound& a, const Bound& b, bool lower) {
+    if (!a.v) return b;
+    if (!b.v) return a;
+    if (*a.v == *b.v) return a.excl ? a : b;
+    return (*b.v > *a.v) == lower ? b : a;
+  };
+  lo = tighter(lo, extra_lo, true);
+  hi = tighter(hi, extra_hi, false);
   int zeros = g_.optional(g_.seq({lit("."), g_.repeat(lit("0"), 1, -1)}));
   bool zero_frac_ok = draft_ != Draft::k4 || !integer;
-  if (s.contains("multipleOf")) return gen_multiple_of(s, path, integer, zero_frac_ok);
+  // kNonIntegral (a complement of "integer"): draft 4 integers are the spellings without fraction or
+  // exponent; in later drafts an integer is a value, and the non-integral ones are written without an
+  // exponent (whose value is integral is not a regular property of the digits).
+  bool nonint = !integer && s.contains(kNonIntegral);
+  if (s.contains("multipleOf")) {
+    if (nonint) refuse("not", path, "not \"integer\" together with multipleOf is not supported");
+    return gen_multiple_of(s, path, integer, zero_frac_ok);
+  }
+  if (nonint) zeros = draft_ == Draft::k4 ? g_.seq({lit("."), g_.repeat(lit("0"), 1, -1)}) : g_.nothing();
   if (integer) {
     std::optional<int64_t> l, h;
     if (lo.v) {
@@ -118,10 +163,20 @@ int SchemaCompiler::gen_number(const Json& s, const std::string& path, bool inte
     int base = int_range(l, h);
     return zero_frac_ok ? g_.seq({base, zeros}) : base;
   }
-  if (!lo.v && !hi.v) return number_expr();
+  if (!lo.v && !hi.v && !nonint) return number_expr();
   for (const Bound* b : {&lo, &hi})
     if (b->v && std::floor(*b->v) != *b->v)
       refuse(b == &lo ? "minimum" : "maximum", path, "a non-integer bound on a number is not supported");
+  if (!lo.v && !hi.v && draft_ == Draft::k4) {  // a fraction or an exponent
+    int digit = g_.bytes(ByteSet::range('0', '9'));
+    int frac = g_.seq({lit("."), g_.repeat(digit, 1, -1)});
+    int exp = g_.seq(
+        {g_.bytes(ByteSet::of("eE")), g_.optional(g_.bytes(ByteSet::of("+-"))), g_.repeat(digit, 1, -1)});
+    int intpart = g_.seq(
+        {g_.optional(lit("-")),
+         g_.choice({lit("0"), g_.seq({g_.bytes(ByteSet::range('1', '9')), g_.repeat(digit, 0, -1)})})});
+    return g_.seq({intpart, g_.choice({g_.seq({frac, g_.optional(exp)}), exp})});
+  }
   std::optional<int64_t> L, H;
   if (lo.v) L = checked_int(*lo.v, "minimum");
   if (hi.v) H = checked_int(*hi.v, "maximum");

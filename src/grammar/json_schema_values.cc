@@ -29,6 +29,14 @@ int SchemaCompiler::gen_enum(const Json& s, const std::string& path, int depth) 
   Json rest = s;
   rest.erase("enum");
   rest.erase("const");
+  if (s.contains(kNotIn)) {  // a complement of another enum/const: drop its values
+    std::vector<Json> kept;
+    for (auto& v : values)
+      if (std::none_of(s[kNotIn].begin(), s[kNotIn].end(), [&](const Json& x) { return json_equal(x, v); }))
+        kept.push_back(v);
+    values = std::move(kept);
+    rest.erase(kNotIn);
+  }
   std::vector<int> alts;
   if (!is_assertion_free(rest)) {
     // Keep the values the rest of the schema accepts (checked with the rest's own grammar).

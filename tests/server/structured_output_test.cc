@@ -212,7 +212,7 @@ TEST_F(StructuredOutput, EverySequenceGetsItsOwnMatcher) {
 
 TEST_F(StructuredOutput, RefusedKeywordIsA400NamingIt) {
   Json schema =
-      Json::parse(R"({"type":"object","properties":{"zip":{"type":"object","not":{"required":["a"]}}}})");
+      Json::parse(R"({"type":"object","properties":{"zip":{"type":"string","not":{"pattern":"^9"}}}})");
   recipe::ApiError e =
       error_of(ServerApi::kChat,
                chat({{"response_format",
@@ -227,7 +227,7 @@ TEST_F(StructuredOutput, RefusedKeywordIsA400NamingIt) {
       {"model", "demo"},
       {"input", "hi"},
       {"text",
-       {{"format", {{"type", "json_schema"}, {"name", "p"}, {"schema", {{"not", {{"type", "null"}}}}}}}}}};
+       {{"format", {{"type", "json_schema"}, {"name", "p"}, {"schema", {{"not", {{"multipleOf", 2}}}}}}}}}};
   e = error_of(ServerApi::kResponses, body);
   EXPECT_EQ(e.body()["error"]["param"], "text.format.schema");
   EXPECT_NE(e.body()["error"]["message"].get<std::string>().find("'not'"), std::string::npos);
@@ -332,7 +332,7 @@ TEST_F(StructuredOutput, SchemaCompilesOncePerCanonicalText) {
   EXPECT_EQ(s.misses, 2u);
   EXPECT_EQ(s.entries, 2u);
   // A refusal is remembered too (a client retrying a bad schema costs no compile).
-  Json bad = {{"type", "object"}, {"not", {{"required", {"a"}}}}};
+  Json bad = {{"type", "string"}, {"not", {{"pattern", "^a"}}}};
   error_of(ServerApi::kChat, body(bad));
   error_of(ServerApi::kChat, body(bad));
   s = info_.grammars->stats();
@@ -448,7 +448,7 @@ TEST_F(StructuredOutput, ForcedToolCallFollowsTheMarkupAndTheSchema) {
             std::make_pair(true, true));
 
   // A tool schema that cannot be enforced: a 400 naming the keyword and the tool.
-  tools[0]["function"]["parameters"]["properties"]["city"]["not"] = {{"type", "integer"}};
+  tools[0]["function"]["parameters"]["properties"]["city"]["not"] = {{"pattern", "^x"}};
   recipe::ApiError e = error_of(ServerApi::kChat, chat({{"tools", tools}, {"tool_choice", "required"}}));
   EXPECT_EQ(e.body()["error"]["param"], "tools");
   const std::string m = e.body()["error"]["message"].get<std::string>();

@@ -173,7 +173,7 @@ async function testAnthropic(anthropic) {
   validate('sentiment', streamed, final.stop_reason === 'end_turn' ? 'stop' : 'length', 'messages stream output_format');
   try {
     await anthropic.messages.create({ model: MODEL, max_tokens: 8, messages: msgs(),
-      output_config: { format: { type: 'json_schema', schema: { type: 'object', not: { required: ['a'] } } } } });
+      output_config: { format: { type: 'json_schema', schema: { type: 'string', not: { pattern: '^a' } } } } });
     check(false, 'messages: refused keyword is an error');
   } catch (e) {
     check(e.status === 400 && /'not'/.test(e.message), 'messages: refused keyword is a 400 naming it', e.message);
@@ -246,7 +246,7 @@ async function testLimitsAndErrors(openai) {
   check(r.choices[0].message.content.startsWith('{'), 'max_tokens: the cut reply is the start of an object', r.choices[0].message.content);
   try {
     await openai.chat.completions.create({ model: MODEL, messages: msgs(), max_tokens: 8,
-      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: { required: ['a'] } } } } });
+      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', not: { pattern: '^a' } } } } });
     check(false, 'chat: refused keyword is an error');
   } catch (e) {
     check(e.status === 400 && /'not'/.test(e.message) && e.param === 'response_format.json_schema.schema',
