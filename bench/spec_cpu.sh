@@ -3,11 +3,10 @@
 # K=1, 2, each loaded by `beluga bench serve` (greedy unless REQUEST_EXTRA says otherwise, ignore_eos)
 # at the given concurrencies.
 # usage: [BELUGA=build/beluga] [CONCURRENCIES="1 4"] [PROMPTS_PER_SLOT=4] [OUTPUT_LEN=64] [THREADS=1] \
-#        [SPECS="none 1 2"] [DEVICE=cuda] bench/spec_cpu.sh   (DEVICE: serve --device, default cpu)
-#        [MODEL=DIR] [LOAD=dummy] [TOKENIZER=DIR] [KV_MB=256] [SYNTHETIC=P] [INPUT_LEN=64]
+#        [SPECS="none 1 2"] [DEVICE=cuda] [REQUEST_EXTRA='{"temperature":0.8,"seed":1}'] \
+#        [MODEL=DIR] [LOAD=dummy] [TOKENIZER=DIR] [KV_MB=256] [SYNTHETIC=P] [INPUT_LEN=64] bench/spec_cpu.sh
 # MODEL/LOAD/TOKENIZER: serve another model (default the built-in demo); SYNTHETIC=P adds
 # "synthetic_acceptance": P to every speculative config (benchmarks only: drafts accepted with probability P).
-#        [SPECS="none 1 2"] [DEVICE=cuda] [REQUEST_EXTRA='{"temperature":0.8,"seed":1}'] bench/spec_cpu.sh
 # DEVICE: serve --device, default cpu. REQUEST_EXTRA: bench serve --request-extra, merged into every
 # request (sampled requests speculate through rejection sampling; default {}: greedy).
 # SPECS entries: none, K (cost-gated, the default gating) or K/fixed (always K drafts); ngramK or
@@ -52,8 +51,7 @@ for spec in $SPECS; do
   for c in $CONCURRENCIES; do
     echo "== speculative K=$spec, concurrency $c"
     "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts $((c * PROMPTS_PER_SLOT)) \
-      --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1
-      --max-concurrency "$c" --input-len 64 --output-len "$OUTPUT_LEN" --seed 1 --request-extra "$REQUEST_EXTRA"
+      --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1 --request-extra "$REQUEST_EXTRA"
   done
   if [ "$spec" != none ]; then
     curl -s "http://127.0.0.1:$port/metrics" | grep '^beluga_spec_decode' || true
