@@ -98,13 +98,23 @@ bool of_dead_process(const std::string& s, char sep) {
   return kill(static_cast<pid_t>(std::atol(s.c_str())), 0) != 0 && errno == ESRCH;
 }
 
-// Deletes what test processes that died before their destructors ran left behind.
+// SIGKILLs what runs in namespace `ns`: a namespace lives on, unnamed, while a process runs in it.
+void kill_inside(const std::string& ip, const std::string& ns) {
+  std::stringstream pids(run({ip, "netns", "pids", ns}).out);
+  for (long pid; pids >> pid;)
+    if (pid > 0) kill(static_cast<pid_t>(pid), SIGKILL);
+}
+
+// Deletes what test processes that died before their destructors ran left behind (and ends the
+// replicas they left running in it).
 void sweep_stale(const std::string& ip) {
   if (DIR* d = opendir("/run/netns")) {
     while (dirent* e = readdir(d)) {
       const std::string n = e->d_name;
-      if (n.rfind(kNsPrefix, 0) == 0 && of_dead_process(n.substr(std::strlen(kNsPrefix)), '-'))
+      if (n.rfind(kNsPrefix, 0) == 0 && of_dead_process(n.substr(std::strlen(kNsPrefix)), '-')) {
+        kill_inside(ip, n);
         run({ip, "netns", "del", n});
+      }
     }
     closedir(d);
   }
@@ -250,12 +260,8 @@ ReplicaHosts::~ReplicaHosts() {
 }
 
 void ReplicaHosts::tear_down() {
-  // A namespace lives on while a process runs in it (and its veth with it): kill what is left.
-  for (const auto& ns : namespaces_) {
-    std::stringstream pids(run({ip_, "netns", "pids", ns}).out);
-    for (long pid; pids >> pid;)
-      if (pid > 0) kill(static_cast<pid_t>(pid), SIGKILL);
-  }
+  // What still runs inside first: the namespace (and its veth) would outlive its name otherwise.
+  for (const auto& ns : namespaces_) kill_inside(ip_, ns);
   for (const auto& l : links_) run({ip_, "link", "del", l});  // takes its peer inside along
   for (const auto& ns : namespaces_) run({ip_, "netns", "del", ns});
   links_.clear();

@@ -6,8 +6,8 @@
 // them up, and connecting from here to a socket listening inside; any failure (not root, no `ip`, a
 // container without the capability), or BELUGA_TEST_NO_NETNS=1, and every replica is on 127.0.0.1
 // instead. The constructor prints which. The destructor deletes the namespaces and links (after
-// killing anything still running in them); namespaces left by a test process that died (SIGKILL) are
-// deleted by the next one.
+// killing anything still running in them); namespaces left by a test process that died (SIGKILL), and
+// the replicas still running in them, are deleted by the next one.
 #pragma once
 
 #include <memory>
