@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -103,8 +104,15 @@ ChildProcess::ChildProcess(std::vector<std::string> args, ChildOptions options) 
     const std::string l = log();
     const size_t at = l.find(options.ready_marker);
     if (at != std::string::npos) {
-      const size_t p = l.find("http://127.0.0.1:", at);
-      if (p != std::string::npos) port_ = std::atoi(l.c_str() + p + 17);
+      // "http://HOST:PORT", read once the port's digits are followed by something (a whole line).
+      const size_t h = l.find("http://", at);
+      const size_t colon = h == std::string::npos ? h : l.find(':', h + 7);
+      size_t end = colon == std::string::npos ? colon : colon + 1;
+      while (end < l.size() && std::isdigit(static_cast<unsigned char>(l[end]))) ++end;
+      if (end != std::string::npos && end < l.size() && end > colon + 1) {
+        host_ = l.substr(h + 7, colon - h - 7);
+        port_ = std::atoi(l.c_str() + colon + 1);
+      }
     }
     if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

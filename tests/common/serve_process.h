@@ -1,6 +1,6 @@
 // Child processes for tests: `beluga serve` (or `beluga router`, or any binary) started with its
-// stdout and stderr in a log file the test can read, on the loopback port it prints on its ready line
-// ("... http://127.0.0.1:PORT", so `--port 0` works), and killed (SIGKILL) when the object goes away
+// stdout and stderr in a log file the test can read, on the address and port it prints on its ready
+// line ("... http://HOST:PORT", so `--port 0` works), and killed (SIGKILL) when the object goes away
 // unless the test ended it. free_port() is for a process that must be told its port in advance.
 #pragma once
 
@@ -40,14 +40,15 @@ struct ChildOptions {
 class ChildProcess {
  public:
   // Runs `args` (args[0]: the binary's path) and waits until its log shows `ready_marker` followed
-  // by "http://127.0.0.1:PORT", until it exits, or for `ready_timeout`; port() is 0 unless it got ready.
+  // by "http://HOST:PORT", until it exits, or for `ready_timeout`; port() is 0 unless it got ready.
   explicit ChildProcess(std::vector<std::string> args, ChildOptions options = {});
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   int port() const { return port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  const std::string& host() const { return host_; }  // as its ready line says (--host; 127.0.0.1)
+  std::string url() const { return "http://" + host_ + ":" + std::to_string(port_); }
   pid_t pid() const { return pid_; }
   std::string log() const;  // all it printed so far
   bool alive();             // false once it has exited (it is reaped then)
@@ -60,6 +61,7 @@ class ChildProcess {
  private:
   pid_t pid_ = -1;
   int port_ = 0;
+  std::string host_ = "127.0.0.1";
   bool exited_ = false;
   int status_ = 0;
   std::string log_;

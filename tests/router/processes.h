@@ -1,7 +1,7 @@
 // Child processes for the router tests (tests/common/serve_process.h starts them): `beluga serve`
 // replicas on the built-in demo model (one CPU thread each) and `beluga router` in front of them, on
-// free loopback ports, with passive OpenMP waiting (no spinning threads on a small shared machine)
-// and up to 90 s to get ready.
+// free loopback ports (netns.h puts replicas on hosts of their own), with passive OpenMP waiting (no
+// spinning threads on a small shared machine) and up to 90 s to get ready.
 #pragma once
 
 #include <arpa/inet.h>
@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../common/serve_process.h"
@@ -36,12 +37,16 @@ inline beluga::testing::ChildOptions child_options(const std::string& ready_mark
   return o;
 }
 
-// `beluga serve` on the demo model; `port` 0: any free one.
-inline std::unique_ptr<ChildProcess> start_replica(int port = 0, std::vector<std::string> extra = {}) {
+// The argv of `beluga serve` on the demo model; `port` 0: any free one.
+inline std::vector<std::string> replica_args(int port = 0, std::vector<std::string> extra = {}) {
   extra.insert(extra.begin(), "--no-access-log");
-  return std::make_unique<ChildProcess>(
-      beluga::testing::beluga_args("serve", beluga::testing::serve_flags(demo_model(), 64, extra, port)),
-      child_options("beluga serve: serving "));
+  return beluga::testing::beluga_args("serve", beluga::testing::serve_flags(demo_model(), 64, extra, port));
+}
+
+// `beluga serve` on the demo model, on loopback; `port` 0: any free one.
+inline std::unique_ptr<ChildProcess> start_replica(int port = 0, std::vector<std::string> extra = {}) {
+  return std::make_unique<ChildProcess>(replica_args(port, std::move(extra)),
+                                        child_options("beluga serve: serving "));
 }
 
 // `beluga router` on the demo model and any free port, in front of `replica_urls`.

@@ -1,5 +1,6 @@
 // `beluga router` in front of real `beluga serve` replicas (the built-in demo model, one CPU thread
-// each, loopback, free ports):
+// each, free ports; in the multi-replica tests each replica is a host of its own in a network
+// namespace where the machine allows it, netns.h, else all are on loopback):
 //  - on a multi-tenant shared-prefix workload across 4 replicas, the cache-aware policy's prefix hit
 //    rate (the replicas' own usage.cached_tokens) is at least 1.5x round-robin's (both printed);
 //  - a replica killed mid-run loses no request that had not started streaming (every non-streamed
@@ -27,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../server/http_client.h"
+#include "netns.h"
 #include "processes.h"
 
 namespace beluga::router::testing {
@@ -99,11 +101,14 @@ HitRate run_workload(int router_port, const std::string& tag, int tenants, int r
 }
 
 TEST(RouterE2E, CacheAwareHitRateAtLeastOneAndAHalfTimesRoundRobin) {
+  const ReplicaHosts hosts(4);  // before the replicas: they end first
+  RecordProperty("replica_hosts", hosts.mode());
   std::vector<std::unique_ptr<ChildProcess>> replicas;
   std::vector<std::string> urls;
   for (int i = 0; i < 4; ++i) {
-    replicas.push_back(start_replica());
+    replicas.push_back(hosts.start_replica(i));
     ASSERT_GT(replicas.back()->port(), 0) << replicas.back()->log();
+    EXPECT_EQ(hosts.not_its_own_host(*replicas.back(), i), "");
     urls.push_back(replicas.back()->url());
   }
   // Both routers front the same replicas; their tenants' keys differ, so neither run reuses the
@@ -118,10 +123,10 @@ TEST(RouterE2E, CacheAwareHitRateAtLeastOneAndAHalfTimesRoundRobin) {
   const HitRate rr = run_workload(round_robin->port(), "rr", tenants, rounds);
   const HitRate ca = run_workload(cache_aware->port(), "ca", tenants, rounds);
   std::printf(
-      "[figures] prefix hit rate over %d requests on 4 replicas: cache-aware %.3f (%ld/%ld tokens), "
+      "[figures] prefix hit rate over %d requests on 4 replicas (%s): cache-aware %.3f (%ld/%ld tokens), "
       "round-robin %.3f (%ld/%ld tokens), ratio %.2f\n",
-      tenants * rounds, ca.rate(), ca.cached, ca.prompt, rr.rate(), rr.cached, rr.prompt,
-      rr.rate() > 0 ? ca.rate() / rr.rate() : 0.0);
+      tenants * rounds, hosts.in_namespaces() ? "network namespaces" : "loopback", ca.rate(), ca.cached,
+      ca.prompt, rr.rate(), rr.cached, rr.prompt, rr.rate() > 0 ? ca.rate() / rr.rate() : 0.0);
   EXPECT_EQ(ca.ok, tenants * rounds);
   EXPECT_EQ(rr.ok, tenants * rounds);
   EXPECT_GT(ca.rate(), 0.0);
@@ -142,19 +147,23 @@ TEST(RouterE2E, CacheAwareHitRateAtLeastOneAndAHalfTimesRoundRobin) {
 }
 
 // Requests served by a replica, from its own /metrics.
-double served_by(int replica_port) {
-  const std::string page = http_get(replica_port, "/metrics").body;
+double served_by(const ChildProcess& replica) {
+  const std::string page = http_get(replica.host(), replica.port(), "/metrics").body;
   return sample(page, "beluga_requests_total{api=\"chat\",status=\"200\"}");
 }
 
 TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
-  auto a = start_replica();
-  auto b = start_replica();
+  const ReplicaHosts hosts(3);  // A, B and the late one; before the replicas: they end first
+  RecordProperty("replica_hosts", hosts.mode());
+  auto a = hosts.start_replica(0);
+  auto b = hosts.start_replica(1);
   ASSERT_GT(a->port(), 0) << a->log();
   ASSERT_GT(b->port(), 0) << b->log();
+  EXPECT_EQ(hosts.not_its_own_host(*a, 0), "");
+  EXPECT_EQ(hosts.not_its_own_host(*b, 1), "");
   const int a_port = a->port();
   const int late_port = free_port();  // a replica that starts after the router
-  const std::string late_url = "http://127.0.0.1:" + std::to_string(late_port);
+  const std::string late_url = hosts.url(2, late_port);
   auto router = start_router({a->url(), b->url(), late_url},
                              {"--policy", "least-load", "--health-interval-ms", "200", "--eject-after", "2"});
   ASSERT_GT(router->port(), 0) << router->log();
@@ -221,10 +230,13 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   EXPECT_GE(replica_sample(rp, "beluga_router_replica_failures_total", a->url()), 1);
 
   // The late replica starts, A comes back on its port: both receive traffic once probed healthy.
-  auto late = start_replica(late_port);
+  auto late = hosts.start_replica(2, late_port);
   ASSERT_EQ(late->port(), late_port) << late->log();
-  auto a2 = start_replica(a_port);
+  EXPECT_EQ(late->url(), late_url);
+  EXPECT_EQ(hosts.not_its_own_host(*late, 2), "");
+  auto a2 = hosts.start_replica(0, a_port);
   ASSERT_EQ(a2->port(), a_port) << a2->log();
+  EXPECT_EQ(a2->url(), a->url());
   EXPECT_TRUE(wait_for(
       [&] {
         return replica_sample(rp, "beluga_router_replica_breaker_state", late_url) != 1 &&
@@ -236,8 +248,8 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
     Json messages = Json::array({{{"role", "user"}, {"content", "print " + std::to_string(i)}}});
     EXPECT_EQ(chat(rp, "fault-tenant", messages, 2).status, 200);
   }
-  EXPECT_GE(served_by(late_port), 1) << "the replica that started late got no request";
-  EXPECT_GE(served_by(a_port), 1) << "the restarted replica got no request";
+  EXPECT_GE(served_by(*late), 1) << "the replica that started late got no request";
+  EXPECT_GE(served_by(*a2), 1) << "the restarted replica got no request";
 
   // A stream whose replica dies after it began: the client gets what was streamed, then the error
   // event and [DONE], in a well-formed chunked response.

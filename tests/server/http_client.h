@@ -21,9 +21,10 @@ struct HttpReply {
   nlohmann::json json() const { return nlohmann::json::parse(body, nullptr, false); }
 };
 
-// One request on a fresh connection, with a deadline for the whole exchange.
-inline HttpReply http_request(int port, boost::beast::http::verb verb, const std::string& target,
-                              const std::string& body = "",
+// One request to `host` (an IPv4 or IPv6 address) on a fresh connection, with a deadline for the
+// whole exchange.
+inline HttpReply http_request(const std::string& host, int port, boost::beast::http::verb verb,
+                              const std::string& target, const std::string& body = "",
                               const std::vector<std::pair<std::string, std::string>>& headers = {},
                               std::chrono::seconds timeout = std::chrono::seconds(30)) {
   namespace beast = boost::beast;
@@ -33,12 +34,12 @@ inline HttpReply http_request(int port, boost::beast::http::verb verb, const std
   HttpReply r;
   beast::error_code ec;
   stream.expires_after(timeout);
-  stream.connect(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"),
-                                                static_cast<unsigned short>(port)),
-                 ec);
+  const auto address = boost::asio::ip::make_address(host, ec);
+  if (ec) return r;
+  stream.connect(boost::asio::ip::tcp::endpoint(address, static_cast<unsigned short>(port)), ec);
   if (ec) return r;
   http::request<http::string_body> req(verb, target, 11);
-  req.set(http::field::host, "127.0.0.1");
+  req.set(http::field::host, host);
   req.set(http::field::content_type, "application/json");
   for (const auto& [k, v] : headers) req.set(k, v);
   req.body() = body;
@@ -60,6 +61,18 @@ inline HttpReply http_request(int port, boost::beast::http::verb verb, const std
   return r;
 }
 
+// The same on loopback (127.0.0.1).
+inline HttpReply http_request(int port, boost::beast::http::verb verb, const std::string& target,
+                              const std::string& body = "",
+                              const std::vector<std::pair<std::string, std::string>>& headers = {},
+                              std::chrono::seconds timeout = std::chrono::seconds(30)) {
+  return http_request("127.0.0.1", port, verb, target, body, headers, timeout);
+}
+
+inline HttpReply http_get(const std::string& host, int port, const std::string& target,
+                          std::chrono::seconds timeout = std::chrono::seconds(30)) {
+  return http_request(host, port, boost::beast::http::verb::get, target, "", {}, timeout);
+}
 inline HttpReply http_get(int port, const std::string& target,
                           std::chrono::seconds timeout = std::chrono::seconds(30)) {
   return http_request(port, boost::beast::http::verb::get, target, "", {}, timeout);
