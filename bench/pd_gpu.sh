@@ -25,6 +25,7 @@ start() {  # name, marker, args...: starts it, waits for "MARKER ... http://127.
   for _ in $(seq 1800); do
     port=$(grep "$marker" "$logs/$name" | sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' | head -1 || true)
     [ -n "$port" ] && return 0
+    kill -0 "${pids[-1]}" 2>/dev/null || break  # it exited (a bad flag, a model it refuses)
     sleep 0.1
   done
   cat "$logs/$name"

@@ -38,6 +38,7 @@ for setting in $SETTINGS; do
   for _ in $(seq 1800); do
     port=$(grep "serving " "$logs/serve-$setting" | sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' | head -1 || true)
     [ -n "$port" ] && break
+    kill -0 "$pid" 2>/dev/null || break  # it exited: say why at once rather than after 180 s
     sleep 0.1
   done
   [ -n "$port" ] || { cat "$logs/serve-$setting"; exit 1; }

@@ -45,6 +45,7 @@ for spec in $SPECS; do
   for _ in $(seq 600); do
     port=$(sed -n 's/.*serving .* on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log")
     [ -n "$port" ] && break
+    kill -0 "$pid" 2>/dev/null || break  # it exited: say why at once
     sleep 0.1
   done
   [ -n "$port" ] || { cat "$log"; kill "$pid"; exit 1; }

@@ -39,6 +39,7 @@ run() {  # name, serve args...
   for _ in $(seq 1800); do
     port=$(sed -n 's/.*serving .*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$logs/serve" | head -1 || true)
     [ -n "$port" ] && break
+    kill -0 "$pid" 2>/dev/null || break  # it exited: say why at once rather than after 180 s
     sleep 0.1
   done
   [ -n "$port" ] || { cat "$logs/serve"; exit 1; }
