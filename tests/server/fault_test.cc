@@ -340,6 +340,9 @@ TEST(Fault, SigtermDrainsStreamsThenExitsZero) {
     const bool ok = b.find("\"finish_reason\":\"length\"") != std::string::npos &&
                     b.find("data: [DONE]") != std::string::npos && b.find("\"error\"") == std::string::npos;
     complete += ok;
+    if (!ok)
+      ADD_FAILURE() << "incomplete stream (" << b.size()
+                    << " bytes), its end: " << b.substr(b.size() - std::min<size_t>(b.size(), 600));
   }
   EXPECT_EQ(complete, kStreams);
   EXPECT_NE(srv.log().find("every request finished"), std::string::npos) << srv.log();
