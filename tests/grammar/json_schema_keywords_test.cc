@@ -13,18 +13,8 @@ namespace {
 
 using testing::full;
 
-std::shared_ptr<const CompiledGrammar> schema(const char* text) {
-  return testing::automaton_only(json_schema_grammar(nlohmann::ordered_json::parse(text)));
-}
-
-std::string refused(const char* text) {
-  try {
-    schema(text);
-  } catch (const Refused& r) {
-    return r.keyword();
-  }
-  return "";
-}
+using testing::refused;
+using testing::schema;
 
 TEST(JsonSchemaKeywords, MultipleOfIntegerTracksTheRemainder) {
   auto g = schema(R"({"type":"integer","multipleOf":7})");

@@ -14,18 +14,8 @@ namespace {
 
 using testing::full;
 
-std::shared_ptr<const CompiledGrammar> schema(const char* text) {
-  return testing::automaton_only(json_schema_grammar(nlohmann::ordered_json::parse(text)));
-}
-
-std::string refused(const char* text) {
-  try {
-    schema(text);
-  } catch (const Refused& r) {
-    return r.keyword();
-  }
-  return "";
-}
+using testing::refused;
+using testing::schema;
 
 void expect(const char* text, std::initializer_list<const char*> ok, std::initializer_list<const char*> bad) {
   auto g = schema(text);
