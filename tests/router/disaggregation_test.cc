@@ -24,7 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../server/http_client.h"
+#include "../common/http_client.h"
 #include "processes.h"
 
 namespace beluga::router::testing {
@@ -34,7 +34,7 @@ using Json = nlohmann::json;
 using beluga::server::testing::http_get;
 using beluga::server::testing::http_request;
 using beluga::server::testing::metric_value;
-namespace http = boost::beast::http;
+using beluga::server::testing::Verb;
 
 double metric(int port, const std::string& name) {
   return metric_value(http_get(port, "/metrics").body, name);
@@ -115,7 +115,7 @@ Outcome outcome(const std::string& path, const Json& j) {
 }
 
 beluga::server::testing::HttpReply post(int port, const Call& c) {
-  return http_request(port, http::verb::post, c.path, c.body.dump(), {}, std::chrono::seconds(120));
+  return http_request(port, Verb::post, c.path, c.body.dump(), {}, std::chrono::seconds(120));
 }
 
 // P, D (or two), the router and a colocated replica.

@@ -21,7 +21,7 @@
 #include <sstream>
 #include <utility>
 
-#include "../server/http_client.h"
+#include "../common/http_client.h"
 
 namespace beluga::router::testing {
 namespace {

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "../common/http_client.h"
 #include "../common/serve_process.h"
-#include "../server/http_client.h"
 
 namespace beluga::router::testing {
 

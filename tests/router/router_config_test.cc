@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../server/http_client.h"
+#include "../common/http_client.h"
 #include "processes.h"
 #include "router/config_file.h"
 #include "util/error.h"
@@ -23,7 +23,7 @@ namespace beluga::router::testing {
 namespace {
 
 using Json = nlohmann::json;
-namespace http = boost::beast::http;
+using beluga::server::testing::Verb;
 
 const std::set<std::string> kKnown = {"policy", "port", "balance-window", "load-cost-tokens"};
 
@@ -123,8 +123,8 @@ TEST(RouterConfigFile, RouterRunsFromTheFileWithCommandLineOverrides) {
   const Json body{{"model", "beluga-demo-coder-mtp"},
                   {"messages", {{{"role", "user"}, {"content", "def add(a, b):"}}}},
                   {"max_tokens", 4}};
-  const auto r = beluga::server::testing::http_request(router.port(), http::verb::post,
-                                                       "/v1/chat/completions", body.dump());
+  const auto r =
+      beluga::server::testing::http_request(router.port(), Verb::post, "/v1/chat/completions", body.dump());
   EXPECT_EQ(r.status, 200) << r.body;
   const std::string metrics = beluga::server::testing::http_get(router.port(), "/metrics").body;
   EXPECT_NE(metrics.find("policy=\"least-load\""), std::string::npos) << metrics;

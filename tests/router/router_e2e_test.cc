@@ -27,7 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../server/http_client.h"
+#include "../common/http_client.h"
 #include "netns.h"
 #include "processes.h"
 
@@ -37,7 +37,7 @@ namespace {
 using Json = nlohmann::json;
 using beluga::server::testing::http_get;
 using beluga::server::testing::http_request;
-namespace http = boost::beast::http;
+using beluga::server::testing::Verb;
 
 beluga::server::testing::HttpReply chat(int port, const std::string& key, const Json& messages,
                                         int max_tokens, bool stream = false) {
@@ -46,7 +46,7 @@ beluga::server::testing::HttpReply chat(int port, const std::string& key, const 
             {"max_tokens", max_tokens},
             {"temperature", 0}};
   if (stream) body["stream"] = true;
-  return http_request(port, http::verb::post, "/v1/chat/completions", body.dump(),
+  return http_request(port, Verb::post, "/v1/chat/completions", body.dump(),
                       {{"Authorization", "Bearer " + key}}, std::chrono::seconds(60));
 }
 
@@ -263,8 +263,8 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
                 {"max_tokens", 1500},
                 {"ignore_eos", true},
                 {"messages", Json::array({{{"role", "user"}, {"content", "Write a long Python module."}}})}};
-      streamed = http_request(rp, http::verb::post, "/v1/chat/completions", body.dump(), {},
-                              std::chrono::seconds(60));
+      streamed =
+          http_request(rp, Verb::post, "/v1/chat/completions", body.dump(), {}, std::chrono::seconds(60));
     });
     ChildProcess* serving = nullptr;
     wait_for(

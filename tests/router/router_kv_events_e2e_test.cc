@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../server/http_client.h"
+#include "../common/http_client.h"
 #include "processes.h"
 
 namespace beluga::router::testing {
@@ -32,7 +32,7 @@ namespace {
 using Json = nlohmann::json;
 using beluga::server::testing::http_get;
 using beluga::server::testing::http_request;
-namespace http = boost::beast::http;
+using beluga::server::testing::Verb;
 
 // Chat requests a replica answered 200, from its own /metrics.
 double served_by(int replica_port) {
@@ -56,7 +56,7 @@ int chat(int port, const std::string& key, const std::string& system, const std:
                                       {{"role", "user"}, {"content", question}}})},
             {"max_tokens", 1},
             {"temperature", 0}};
-  return http_request(port, http::verb::post, "/v1/chat/completions", body.dump(),
+  return http_request(port, Verb::post, "/v1/chat/completions", body.dump(),
                       {{"Authorization", "Bearer " + key}}, std::chrono::seconds(60))
       .status;
 }
@@ -124,7 +124,7 @@ TEST(RouterKvEventsE2E, ReplicaServesItsEvents) {
     EXPECT_EQ(e["block"].get<std::string>().size(), 32u);
   }
   EXPECT_EQ(http_get(a->port(), "/v1/kv/events?after=x").status, 400);
-  EXPECT_EQ(http_request(a->port(), http::verb::post, "/v1/kv/events", "{}").status, 405);
+  EXPECT_EQ(http_request(a->port(), Verb::post, "/v1/kv/events", "{}").status, 405);
   // Off: 404, so a router keeps its approximate index for this replica.
   auto off = start_replica(0, {"--kv-events-ring", "0"});
   ASSERT_GT(off->port(), 0) << off->log();

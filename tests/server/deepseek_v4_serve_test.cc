@@ -10,8 +10,8 @@
 #include <tuple>
 #include <vector>
 
+#include "../common/http_client.h"
 #include "../common/serve_process.h"
-#include "http_client.h"
 #include "loader/safetensors.h"
 #include "recipe/chat_format.h"
 #include "tokenizer/tokenizer.h"
@@ -31,7 +31,7 @@ testing::ChildProcess serve(const std::string& model, const std::vector<std::str
 
 // POST `body` to `path`, with a minute for the reply.
 server::testing::HttpReply post(int port, const std::string& path, const Json& body) {
-  return server::testing::http_request(port, boost::beast::http::verb::post, path, body.dump(), {},
+  return server::testing::http_request(port, server::testing::Verb::post, path, body.dump(), {},
                                        std::chrono::seconds(60));
 }
 

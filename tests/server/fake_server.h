@@ -5,21 +5,22 @@
 #include <gtest/gtest.h>
 
 #include <sys/socket.h>
+#include <sys/time.h>
+
 #include <cerrno>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "../common/http_client.h"
 #include "fake_engine.h"
-#include "http_client.h"
 #include "recipe/chat_format.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
 namespace beluga::server::testing {
 
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
 using Json = nlohmann::json;
 
 inline const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
@@ -84,20 +85,17 @@ class FakeServerTest : public ::testing::Test {
     for (auto& [k, v] : extra.items()) b[k] = v;
     return b;
   }
-  tcp::socket connect_raw(net::io_context& ioc) {
-    tcp::socket s(ioc);
-    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
-    return s;
-  }
+  // A raw connection to the server (throws when connecting fails).
+  RawConnection connect_raw() { return RawConnection::connect(port_); }
   // Reads until the server closes the connection or `limit` passes; true when it closed.
-  static bool closed_by_server_within(tcp::socket& s, std::chrono::seconds limit,
+  static bool closed_by_server_within(RawConnection& s, std::chrono::seconds limit,
                                       std::string* got = nullptr) {
     timeval tv{static_cast<time_t>(limit.count()), 0};
-    setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(s.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     char buf[4096];
     const auto deadline = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < deadline) {
-      ssize_t n = ::recv(s.native_handle(), buf, sizeof(buf), 0);
+      ssize_t n = ::recv(s.fd(), buf, sizeof(buf), 0);
       if (n == 0) return true;
       if (n < 0) return errno == ECONNRESET;
       if (got) got->append(buf, size_t(n));

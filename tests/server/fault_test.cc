@@ -21,8 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/http_client.h"
 #include "../common/serve_process.h"
-#include "http_client.h"
 
 namespace {
 
@@ -89,8 +89,8 @@ HttpReply get(int port, const std::string& path, int timeout_s = 30) {
   return beluga::server::testing::http_get(port, path, std::chrono::seconds(timeout_s));
 }
 HttpReply post(int port, const std::string& path, const Json& body, int timeout_s = 60) {
-  return beluga::server::testing::http_request(port, boost::beast::http::verb::post, path, body.dump(), {},
-                                               std::chrono::seconds(timeout_s));
+  return beluga::server::testing::http_request(port, beluga::server::testing::Verb::post, path, body.dump(),
+                                               {}, std::chrono::seconds(timeout_s));
 }
 
 // Waits up to `limit` for the engine and the server to hold nothing: no KV blocks in use, no

@@ -9,9 +9,6 @@
 #include <regex>
 #include <set>
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
 #include "server/server.h"
@@ -20,34 +17,32 @@
 namespace beluga::server {
 namespace {
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
 using Json = nlohmann::json;
 using testing::http_post;
 using testing::http_request;
 using testing::kToolText;
 using testing::parse_sse;
+using testing::RawConnection;
 using testing::Reply;
 using testing::ServerTest;
+using testing::Verb;
 
 TEST_F(ServerTest, HealthModelsMetricsAndUnknownRoutes) {
   start();
-  EXPECT_EQ(http_request(port_, http::verb::get, "/health").status, 200);
-  Reply m = http_request(port_, http::verb::get, "/v1/models");
+  EXPECT_EQ(http_request(port_, Verb::get, "/health").status, 200);
+  Reply m = http_request(port_, Verb::get, "/v1/models");
   ASSERT_EQ(m.status, 200);
   EXPECT_EQ(m.json()["data"][0]["id"], "demo");
-  EXPECT_EQ(http_request(port_, http::verb::get, "/v1/models/demo").status, 200);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/v1/models/other").status, 404);
-  Reply met = http_request(port_, http::verb::get, "/metrics");
+  EXPECT_EQ(http_request(port_, Verb::get, "/v1/models/demo").status, 200);
+  EXPECT_EQ(http_request(port_, Verb::get, "/v1/models/other").status, 404);
+  Reply met = http_request(port_, Verb::get, "/metrics");
   ASSERT_EQ(met.status, 200);
   EXPECT_NE(met.body.find("beluga_kv_blocks_used"), std::string::npos);
   EXPECT_NE(met.body.find("beluga_time_to_first_token_seconds_bucket"), std::string::npos);
-  Reply nf = http_request(port_, http::verb::get, "/v1/nope");
+  Reply nf = http_request(port_, Verb::get, "/v1/nope");
   EXPECT_EQ(nf.status, 404);
   EXPECT_TRUE(nf.json()["error"].is_object());
-  EXPECT_EQ(http_request(port_, http::verb::get, "/v1/chat/completions").status, 405);
+  EXPECT_EQ(http_request(port_, Verb::get, "/v1/chat/completions").status, 405);
 }
 
 // vLLM's metric names (what vLLM's Grafana dashboards query) carry the same values as Beluga's own,
@@ -57,7 +52,7 @@ TEST_F(ServerTest, VllmMetricNamesMirrorBelugasOwn) {
   start();
   for (int i = 0; i < 2; ++i) ASSERT_EQ(http_post(port_, "/v1/chat/completions", chat("hi")).status, 200);
   ASSERT_EQ(http_post(port_, "/v1/chat/completions", chat("hi", Json{{"stream", true}})).status, 200);
-  const std::string page = http_request(port_, http::verb::get, "/metrics").body;
+  const std::string page = http_request(port_, Verb::get, "/metrics").body;
   using testing::metric_value;
   const std::pair<const char*, const char*> same[] = {
       {"vllm:prompt_tokens_total", "beluga_prompt_tokens_total"},
@@ -92,7 +87,7 @@ TEST_F(ServerTest, VllmMetricNamesMirrorBelugasOwn) {
 // `vllm:` name it uses, a histogram's _bucket / _sum / _count by its family).
 TEST_F(ServerTest, GrafanaDashboardQueriesOnlyServedMetrics) {
   start();
-  const std::string page = http_request(port_, http::verb::get, "/metrics").body;
+  const std::string page = http_request(port_, Verb::get, "/metrics").body;
   std::ifstream in(std::string(BELUGA_SOURCE_DIR) + "/docs/grafana-dashboard.json");
   ASSERT_TRUE(in) << "docs/grafana-dashboard.json";
   const std::string dash((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -343,10 +338,10 @@ TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {
     Json j = r.json();
     return j.is_object() && j["type"] == "error" && j["error"]["type"].is_string();
   };
-  Reply a = http_request(port_, http::verb::post, "/v1/chat/completions", "{\"model\": ");
+  Reply a = http_request(port_, Verb::post, "/v1/chat/completions", "{\"model\": ");
   EXPECT_EQ(a.status, 400);
   EXPECT_TRUE(openai_shape(a)) << a.body;
-  Reply b = http_request(port_, http::verb::post, "/v1/messages", "not json");
+  Reply b = http_request(port_, Verb::post, "/v1/messages", "not json");
   EXPECT_EQ(b.status, 400);
   EXPECT_TRUE(anthropic_shape(b)) << b.body;
   Reply c = http_post(port_, "/v1/chat/completions", Json{{"model", "demo"}, {"messages", Json::array()}});
@@ -359,7 +354,7 @@ TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {
   EXPECT_EQ(e.status, 404);
   EXPECT_TRUE(openai_shape(e));
   Reply f = http_request(
-      port_, http::verb::post, "/v1/chat/completions",
+      port_, Verb::post, "/v1/chat/completions",
       std::string("{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}"));
   EXPECT_EQ(f.status, 400);
   Reply g =
@@ -404,16 +399,12 @@ TEST_F(ServerTest, ErrorsHaveEachApisShapeAndStatus) {
 
 TEST_F(ServerTest, MalformedHttpGets400AndServerSurvives) {
   start();
-  net::io_context ioc;
-  tcp::socket sock(ioc);
-  sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
-  net::write(sock, net::buffer(std::string("GARBAGE\x01\x02 / HTTP/9\r\n\r\n")));
-  std::string got(256, '\0');
-  beast::error_code ec;
-  size_t n = sock.read_some(net::buffer(got), ec);
-  got.resize(n);
+  RawConnection sock = RawConnection::connect(port_);
+  sock.send(std::string("GARBAGE\x01\x02 / HTTP/9\r\n\r\n"));
+  std::error_code ec;
+  const std::string got = sock.read_some(256, ec);
   EXPECT_NE(got.find(" 400 "), std::string::npos) << got;
-  EXPECT_EQ(http_request(port_, http::verb::get, "/health").status, 200);
+  EXPECT_EQ(http_request(port_, Verb::get, "/health").status, 200);
 }
 
 TEST_F(ServerTest, BodyLimitAndApiKey) {
@@ -439,7 +430,7 @@ TEST_F(ServerTest, BodyLimitAndApiKey) {
   EXPECT_EQ(m.json()["error"]["type"], "authentication_error");
   EXPECT_EQ(http_post(port_, "/v1/chat/completions", chat("hi"), auth).status, 200);
   EXPECT_EQ(http_post(port_, "/v1/chat/completions", chat("hi"), {{"x-api-key", "sekret"}}).status, 200);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/health").status, 200);  // no key needed
+  EXPECT_EQ(http_request(port_, Verb::get, "/health").status, 200);  // no key needed
   auto salts = engine_->salts();
   ASSERT_FALSE(salts.empty());
   EXPECT_EQ(salts.back(), "sekret");  // per-tenant prefix-cache salt = the API key
@@ -451,19 +442,14 @@ TEST_F(ServerTest, ClientDisconnectAbortsTheRequest) {
   set_text(std::string(4000, 'a'));
   start({}, 8192);  // room for max_tokens 4000
   for (int round = 0; round < 20; ++round) {
-    net::io_context ioc;
-    tcp::socket sock(ioc);
-    sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
+    RawConnection sock = RawConnection::connect(port_);
     std::string body = chat("hi", {{"stream", round % 2 == 0}, {"max_tokens", 4000}}).dump();
     std::string req =
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
         "application/json\r\nContent-Length: " +
         std::to_string(body.size()) + "\r\n\r\n" + body;
-    net::write(sock, net::buffer(req));
-    if (round % 2 == 0) {
-      std::string got(64, '\0');
-      sock.read_some(net::buffer(got));  // the stream started
-    }
+    sock.send(req);
+    if (round % 2 == 0) sock.read_some(64);  // the stream started
     // Leave only once the engine has the request: a close before the server has read it is not a
     // disconnect mid-request.
     for (int i = 0; i < 1000 && engine_->submitted_count() < size_t(round + 1); ++i)
@@ -474,28 +460,22 @@ TEST_F(ServerTest, ClientDisconnectAbortsTheRequest) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(engine_->active(), 0);
   EXPECT_EQ(engine_->aborted().size(), 20u);
-  Reply met = http_request(port_, http::verb::get, "/metrics");
+  Reply met = http_request(port_, Verb::get, "/metrics");
   EXPECT_NE(met.body.find("beluga_client_disconnects_total{model_name=\"demo\"} 20"), std::string::npos)
       << met.body;
-  EXPECT_EQ(http_request(port_, http::verb::get, "/health").status, 200);
+  EXPECT_EQ(http_request(port_, Verb::get, "/health").status, 200);
 }
 
 TEST_F(ServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
   start();
-  net::io_context ioc;
-  tcp::socket sock(ioc);
-  sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
-  beast::flat_buffer buf;
+  RawConnection sock = RawConnection::connect(port_);
   for (int i = 0; i < 3; ++i) {
-    http::request<http::string_body> req(http::verb::post, "/v1/chat/completions", 11);
-    req.set(http::field::host, "x");
-    req.body() = chat("hi", {{"stream", i == 1}}).dump();
-    req.prepare_payload();
-    http::write(sock, req);
-    http::response<http::string_body> res;
-    http::read(sock, buf, res);
-    EXPECT_EQ(res.result_int(), 200u);
-    EXPECT_NE(res.body().find(i == 1 ? "[DONE]" : "Hello world"), std::string::npos) << res.body();
+    const std::string body = chat("hi", {{"stream", i == 1}}).dump();
+    sock.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n" + body);
+    const Reply res = sock.read_response();
+    EXPECT_EQ(res.status, 200);
+    EXPECT_NE(res.body.find(i == 1 ? "[DONE]" : "Hello world"), std::string::npos) << res.body;
   }
 }
 
@@ -565,7 +545,7 @@ TEST_F(ServerTest, DeeplyNestedJsonIsA400AndTheServerKeepsServing) {
            objects + "}]}"},
   };
   for (const auto& [route, body] : cases) {
-    Reply r = http_request(port_, http::verb::post, route, body);
+    Reply r = http_request(port_, Verb::post, route, body);
     EXPECT_EQ(r.status, 400) << route << " " << body.substr(0, 120);
     EXPECT_NE(r.body.find("deeper than 128 levels"), std::string::npos) << route << ": " << r.body;
     if (route == "/v1/messages") {
@@ -578,11 +558,11 @@ TEST_F(ServerTest, DeeplyNestedJsonIsA400AndTheServerKeepsServing) {
   }
   // Nesting up to the limit is fine: a tool schema 100 levels deep is accepted and served.
   Reply ok =
-      http_request(port_, http::verb::post, "/v1/chat/completions",
+      http_request(port_, Verb::post, "/v1/chat/completions",
                    user + R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"p": )" +
                        nest(100, "[", "]", "") + "}}}]}");
   EXPECT_EQ(ok.status, 200) << ok.body;
-  EXPECT_EQ(http_request(port_, http::verb::get, "/health").status, 200);
+  EXPECT_EQ(http_request(port_, Verb::get, "/health").status, 200);
 }
 
 }  // namespace

@@ -14,9 +14,6 @@
 namespace beluga::server {
 namespace {
 
-namespace http = boost::beast::http;
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
 using testing::http_get;
 using testing::http_post;
 using testing::metric_value;
@@ -122,7 +119,7 @@ TEST_F(LifecycleTest, LargeRequestsAreBuiltOffTheIoThreadsInABoundedQueue) {
   const std::string text = b.dump();
   big.clear();
   auto send_big = [&] {
-    return testing::http_request(port_, http::verb::post, "/v1/chat/completions", text);
+    return testing::http_request(port_, testing::Verb::post, "/v1/chat/completions", text);
   };
   auto first = std::async(std::launch::async, send_big);
   ASSERT_TRUE(eventually(
@@ -147,28 +144,20 @@ TEST_F(LifecycleTest, LargeRequestsAreBuiltOffTheIoThreadsInABoundedQueue) {
 // arrives on an open connection meanwhile gets 503s, and new connections are refused.
 TEST_F(LifecycleTest, DrainLetsStreamsFinishWithinTheGracePeriod) {
   start({}, 128, std::string(40, 'a') + " done", std::chrono::milliseconds(20));
-  net::io_context ioc;
-  tcp::socket pending = connect_raw(ioc);  // headers started before the drain
-  net::write(pending, net::buffer(std::string("GET /ready HTTP/1.1\r\nHost: x\r\n")));
+  testing::RawConnection pending = connect_raw();  // headers started before the drain
+  pending.send("GET /ready HTTP/1.1\r\nHost: x\r\n");
   auto stream = std::async(std::launch::async, [&] {
     return http_post(port_, "/v1/chat/completions", chat({{"stream", true}}));
   });
   ASSERT_TRUE(eventually([&] { return engine_->active() >= 1; }));
   auto drained = std::async(std::launch::async, [&] { return server_->drain(std::chrono::seconds(20)); });
   // The listener closes: wait until connecting fails.
-  ASSERT_TRUE(eventually([&] {
-    tcp::socket s(ioc);
-    boost::beast::error_code ec;
-    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)), ec);
-    return bool(ec);
-  }));
-  net::write(pending, net::buffer(std::string("\r\n")));
-  boost::beast::flat_buffer buf;
-  http::response<http::string_body> ready;
-  http::read(pending, buf, ready);
-  EXPECT_EQ(ready.result_int(), 503u);
-  EXPECT_NE(ready.body().find("draining"), std::string::npos) << ready.body();
-  EXPECT_FALSE(ready.keep_alive());
+  ASSERT_TRUE(eventually([&] { return !testing::RawConnection::try_connect(port_); }));
+  pending.send("\r\n");
+  const testing::HttpReply ready = pending.read_response();
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_NE(ready.body.find("draining"), std::string::npos) << ready.body;
+  EXPECT_FALSE(ready.keep_alive);
   EXPECT_TRUE(drained.get());  // everything finished in time
   auto r = stream.get();
   ASSERT_EQ(r.status, 200);

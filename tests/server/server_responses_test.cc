@@ -3,7 +3,6 @@
 // round trip through the store, the store's capacity and the store turned off.
 #include <gtest/gtest.h>
 
-#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
 #include "server/server.h"
@@ -12,7 +11,6 @@
 namespace beluga::server {
 namespace {
 
-namespace http = boost::beast::http;
 using Json = nlohmann::json;
 using testing::Headers;
 using testing::http_post;
@@ -21,6 +19,7 @@ using testing::kToolText;
 using testing::parse_sse;
 using testing::Reply;
 using testing::ServerTest;
+using testing::Verb;
 
 const Headers kAlice{{"authorization", "Bearer alice"}};
 const Headers kBob{{"authorization", "Bearer bob"}};
@@ -53,7 +52,7 @@ TEST_F(ServerTest, ResponsesPreviousResponseIdGetAndDelete) {
   EXPECT_TRUE(j1["previous_response_id"].is_null());
   const std::string id1 = j1["id"];
 
-  Reply g = http_request(port_, http::verb::get, "/v1/responses/" + id1, "", kAlice);
+  Reply g = http_request(port_, Verb::get, "/v1/responses/" + id1, "", kAlice);
   ASSERT_EQ(g.status, 200) << g.body;
   EXPECT_EQ(g.json(), j1);
 
@@ -78,21 +77,21 @@ TEST_F(ServerTest, ResponsesPreviousResponseIdGetAndDelete) {
   EXPECT_NE(tokenizer_->decode(prompts[0]).find("Be brief."), std::string::npos);
 
   // Another tenant (API key) sees no such response.
-  expect_not_found(http_request(port_, http::verb::get, "/v1/responses/" + id1, "", kBob), "");
+  expect_not_found(http_request(port_, Verb::get, "/v1/responses/" + id1, "", kBob), "");
   Reply other = http_post(port_, "/v1/responses", responses_body("x", {{"previous_response_id", id1}}), kBob);
   expect_not_found(other, "previous_response_id");
   EXPECT_EQ(other.json()["error"]["message"], "Previous response with id '" + id1 + "' not found.");
   EXPECT_EQ(other.json()["error"]["code"], "previous_response_not_found");
-  expect_not_found(http_request(port_, http::verb::delete_, "/v1/responses/" + id1, "", kBob), "");
+  expect_not_found(http_request(port_, Verb::delete_, "/v1/responses/" + id1, "", kBob), "");
   expect_not_found(http_post(port_, "/v1/responses",
                              responses_body("x", {{"previous_response_id", "resp_unknown"}}), kAlice),
                    "previous_response_id");
 
-  Reply d = http_request(port_, http::verb::delete_, "/v1/responses/" + id1, "", kAlice);
+  Reply d = http_request(port_, Verb::delete_, "/v1/responses/" + id1, "", kAlice);
   ASSERT_EQ(d.status, 200) << d.body;
   EXPECT_EQ(d.json(), Json({{"id", id1}, {"object", "response"}, {"deleted", true}}));
-  expect_not_found(http_request(port_, http::verb::get, "/v1/responses/" + id1, "", kAlice), "");
-  expect_not_found(http_request(port_, http::verb::delete_, "/v1/responses/" + id1, "", kAlice), "");
+  expect_not_found(http_request(port_, Verb::get, "/v1/responses/" + id1, "", kAlice), "");
+  expect_not_found(http_request(port_, Verb::delete_, "/v1/responses/" + id1, "", kAlice), "");
   expect_not_found(
       http_post(port_, "/v1/responses", responses_body("x", {{"previous_response_id", id1}}), kAlice),
       "previous_response_id");
@@ -105,7 +104,7 @@ TEST_F(ServerTest, ResponsesPreviousResponseIdGetAndDelete) {
   EXPECT_NE(tokenizer_->decode(engine_->prompts().back()).find("hi"), std::string::npos);
 
   EXPECT_EQ(http_post(port_, "/v1/responses/" + id2, Json::object(), kAlice).status, 405);
-  expect_not_found(http_request(port_, http::verb::get, "/v1/responses/" + id2 + "/x", "", kAlice), "");
+  expect_not_found(http_request(port_, Verb::get, "/v1/responses/" + id2 + "/x", "", kAlice), "");
 }
 
 TEST_F(ServerTest, ResponsesStoreFalseAndStreamedResponses) {
@@ -114,7 +113,7 @@ TEST_F(ServerTest, ResponsesStoreFalseAndStreamedResponses) {
   ASSERT_EQ(a.status, 200) << a.body;
   EXPECT_EQ(a.json()["store"], false);
   const std::string ida = a.json()["id"];
-  expect_not_found(http_request(port_, http::verb::get, "/v1/responses/" + ida), "");
+  expect_not_found(http_request(port_, Verb::get, "/v1/responses/" + ida), "");
   expect_not_found(http_post(port_, "/v1/responses", responses_body("x", {{"previous_response_id", ida}})),
                    "previous_response_id");
   Reply bad = http_post(port_, "/v1/responses", responses_body("hi", {{"store", "yes"}}));
@@ -131,7 +130,7 @@ TEST_F(ServerTest, ResponsesStoreFalseAndStreamedResponses) {
   EXPECT_EQ(fin["store"], true);
   EXPECT_EQ(Json::parse(evs.front().data)["response"]["store"], true);
   const std::string ids = fin["id"];
-  Reply g = http_request(port_, http::verb::get, "/v1/responses/" + ids);
+  Reply g = http_request(port_, Verb::get, "/v1/responses/" + ids);
   ASSERT_EQ(g.status, 200) << g.body;
   EXPECT_EQ(g.json(), fin);
   // And continued, streamed too.
@@ -141,8 +140,7 @@ TEST_F(ServerTest, ResponsesStoreFalseAndStreamedResponses) {
   const Json fin2 = Json::parse(parse_sse(s2.body).back().data)["response"];
   EXPECT_EQ(fin2["previous_response_id"], ids);
   EXPECT_GT(fin2["usage"]["input_tokens"].get<int>(), fin["usage"]["input_tokens"].get<int>());
-  EXPECT_EQ(http_request(port_, http::verb::get, "/v1/responses/" + fin2["id"].get<std::string>()).status,
-            200);
+  EXPECT_EQ(http_request(port_, Verb::get, "/v1/responses/" + fin2["id"].get<std::string>()).status, 200);
 }
 
 // A response that ended with a function call, continued with the call's output, is the same prompt
@@ -188,9 +186,9 @@ TEST_F(ServerTest, ResponsesStoreCapacity) {
     ASSERT_EQ(r.status, 200) << r.body;
     ids.push_back(r.json()["id"]);
   }
-  expect_not_found(http_request(port_, http::verb::get, "/v1/responses/" + ids[0]), "");  // evicted
-  EXPECT_EQ(http_request(port_, http::verb::get, "/v1/responses/" + ids[1]).status, 200);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/v1/responses/" + ids[2]).status, 200);
+  expect_not_found(http_request(port_, Verb::get, "/v1/responses/" + ids[0]), "");  // evicted
+  EXPECT_EQ(http_request(port_, Verb::get, "/v1/responses/" + ids[1]).status, 200);
+  EXPECT_EQ(http_request(port_, Verb::get, "/v1/responses/" + ids[2]).status, 200);
 }
 
 TEST_F(ServerTest, ResponsesStoreDisabled) {
@@ -200,8 +198,7 @@ TEST_F(ServerTest, ResponsesStoreDisabled) {
   Reply r = http_post(port_, "/v1/responses", responses_body("hi"));
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json()["store"], false);  // what happened, not what was asked
-  expect_not_found(http_request(port_, http::verb::get, "/v1/responses/" + r.json()["id"].get<std::string>()),
-                   "");
+  expect_not_found(http_request(port_, Verb::get, "/v1/responses/" + r.json()["id"].get<std::string>()), "");
 }
 
 }  // namespace

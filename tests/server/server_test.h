@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "../common/http_client.h"
 #include "fake_server.h"
-#include "http_client.h"
 
 namespace beluga::server::testing {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/http_client.h"
 #include "../common/serve_process.h"
-#include "http_client.h"
 
 namespace beluga::server::testing {
 namespace {

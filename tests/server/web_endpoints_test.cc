@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include "fake_server.h"
-#include "http_client.h"
 #include "server/access_log.h"
 #include "server/server.h"
 #include "server/version.h"
@@ -13,9 +12,9 @@
 namespace beluga::server {
 namespace {
 
-namespace http = boost::beast::http;
 using testing::http_post;
 using testing::http_request;
+using testing::Verb;
 using Json = nlohmann::json;
 using Reply = testing::HttpReply;
 using Headers = std::vector<std::pair<std::string, std::string>>;
@@ -134,25 +133,25 @@ TEST_F(EndpointsTest, CountTokensEqualsTheMessagesPrompt) {
   Reply bad = http_post(port_, "/v1/messages/count_tokens", Json{{"messages", "nope"}});
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(bad.json()["type"], "error") << bad.body;
-  Reply notjson = http_request(port_, http::verb::post, "/v1/messages/count_tokens", "{");
+  Reply notjson = http_request(port_, Verb::post, "/v1/messages/count_tokens", "{");
   EXPECT_EQ(notjson.status, 400);
   EXPECT_EQ(notjson.json()["type"], "error");
 }
 
 TEST_F(EndpointsTest, VersionAndErrors) {
   start();
-  Reply v = http_request(port_, http::verb::get, "/version");
+  Reply v = http_request(port_, Verb::get, "/version");
   ASSERT_EQ(v.status, 200);
   EXPECT_EQ(v.json(), (Json{{"version", kVersion}}));
-  EXPECT_EQ(http_request(port_, http::verb::post, "/version").status, 405);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/tokenize").status, 405);
+  EXPECT_EQ(http_request(port_, Verb::post, "/version").status, 405);
+  EXPECT_EQ(http_request(port_, Verb::get, "/tokenize").status, 405);
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}, {"messages", Json::array()}}).status, 400);
   EXPECT_EQ(http_post(port_, "/tokenize", Json::object()).status, 400);
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", 3}}).status, 400);
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}, {"model", "other"}}).status, 404);
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}, {"return_token_strs", true}}).status, 400);
-  EXPECT_EQ(http_request(port_, http::verb::post, "/tokenize", "[1]").status, 400);
-  EXPECT_EQ(http_request(port_, http::verb::post, "/tokenize", "{\"prompt\": \"\xff\"}").status, 400);
+  EXPECT_EQ(http_request(port_, Verb::post, "/tokenize", "[1]").status, 400);
+  EXPECT_EQ(http_request(port_, Verb::post, "/tokenize", "{\"prompt\": \"\xff\"}").status, 400);
   Reply bad_msgs = http_post(port_, "/tokenize", Json{{"messages", Json::array({Json{{"role", "nobody"}}})}});
   EXPECT_EQ(bad_msgs.status, 400);
   EXPECT_TRUE(bad_msgs.json()["error"]["message"].is_string()) << bad_msgs.body;
@@ -160,7 +159,7 @@ TEST_F(EndpointsTest, VersionAndErrors) {
 
 TEST_F(EndpointsTest, WhileLoadingOnlyVersionAnswers) {
   start({}, /*ready=*/false);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/version").status, 200);
+  EXPECT_EQ(http_request(port_, Verb::get, "/version").status, 200);
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 503);
   EXPECT_EQ(http_post(port_, "/v1/messages/count_tokens", Json::object()).status, 503);
 }
@@ -171,25 +170,25 @@ TEST_F(EndpointsTest, AllBehindTheApiKey) {
   start(cfg);
   const Headers auth{{"authorization", "Bearer sekret"}};
   const Json msgs{{"model", "demo"}, {"messages", Json::array({Json{{"role", "user"}, {"content", "x"}}})}};
-  EXPECT_EQ(http_request(port_, http::verb::get, "/version").status, 401);
+  EXPECT_EQ(http_request(port_, Verb::get, "/version").status, 401);
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 401);
   EXPECT_EQ(http_post(port_, "/detokenize", Json{{"tokens", {1}}}, {{"authorization", "Bearer nope"}}).status,
             401);
   Reply c = http_post(port_, "/v1/messages/count_tokens", msgs);
   EXPECT_EQ(c.status, 401);
   EXPECT_EQ(c.json()["error"]["type"], "authentication_error");
-  EXPECT_EQ(http_request(port_, http::verb::get, "/version", "", auth).status, 200);
+  EXPECT_EQ(http_request(port_, Verb::get, "/version", "", auth).status, 200);
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}, auth).status, 200);
   EXPECT_EQ(http_post(port_, "/detokenize", Json{{"tokens", {1}}}, auth).status, 200);
   EXPECT_EQ(http_post(port_, "/v1/messages/count_tokens", msgs, {{"x-api-key", "sekret"}}).status, 200);
   // The web page itself is public (it asks for the key); what it calls is not.
-  Reply page = http_request(port_, http::verb::get, "/");
+  Reply page = http_request(port_, Verb::get, "/");
   EXPECT_EQ(page.status, 200);
   EXPECT_EQ(page.content_type, "text/html; charset=utf-8");
   EXPECT_NE(page.body.find("<script src=\"app.js\">"), std::string::npos);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/app.js").content_type, "text/javascript; charset=utf-8");
-  EXPECT_EQ(http_request(port_, http::verb::post, "/").status, 405);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/nope").status, 404);
+  EXPECT_EQ(http_request(port_, Verb::get, "/app.js").content_type, "text/javascript; charset=utf-8");
+  EXPECT_EQ(http_request(port_, Verb::post, "/").status, 405);
+  EXPECT_EQ(http_request(port_, Verb::get, "/nope").status, 404);
 }
 
 TEST(AccessLog, LineFormat) {
@@ -226,7 +225,7 @@ TEST_F(EndpointsTest, AccessLogLinePerRequest) {
       http_post(port_, "/v1/chat/completions", Json{{"messages", msgs}, {"max_tokens", 4}, {"stream", true}})
           .status,
       200);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/nope?api_key=secret").status, 404);
+  EXPECT_EQ(http_request(port_, Verb::get, "/nope?api_key=secret").status, 404);
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 200);
   const std::string log = ::testing::internal::GetCapturedStderr();
   const std::string gen =
@@ -247,7 +246,7 @@ TEST_F(EndpointsTest, AccessLogOff) {
   start();  // access_log_ false, as `beluga serve --no-access-log`
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(http_post(port_, "/tokenize", Json{{"prompt", "a"}}).status, 200);
-  EXPECT_EQ(http_request(port_, http::verb::get, "/nope").status, 404);
+  EXPECT_EQ(http_request(port_, Verb::get, "/nope").status, 404);
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("access:"), std::string::npos);
 }
 
