@@ -21,15 +21,19 @@ test: build
 	bash scripts/setup-test-tools.sh
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (a separate build tree).
-# -O1 -g1 (line tables are enough for ASan's stack traces): half the compile time of -O2 -g, which
-# made this build most of the CI run (measured: 12.7 of 20.7 min).
+# The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, in the clang tree that
+# also holds the fuzz targets (scripts/sanitizer-tree.sh). ASAN_SKIP: tests that repeat, many times
+# over, code the rest of the suite (and the fuzz targets) already run under ASan: statistical
+# comparisons, load and kill-restart loops, determinism sweeps, corpus-wide parity checks against a
+# reference implementation. Under ASan these took 1160 of the suite's 2620 test-seconds (GCC tree,
+# 2 cores); they run, unsanitized, in `make test`.
+ASAN_SKIP ?= ^(KvCrash\.ServeKilledUnderLoad|Models/DeterministicTest\.SameIdsAndLogprobsAloneAndInMixedBatches/DemoCoder|RouterE2E\.CacheAwareHitRate|SpecDecodeTest\.(SampledRequestsSpeculate|CostGated|Ngram|PrefixCache)|RouterKvEventsE2E\.(HostTierPrice|EvictedOrRestarted)|HfParity\.|Regex\.AgreesWithStdRegexOnRandomPatterns|SamplerEquivalence\.)
 test-asan: setup
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBELUGA_SANITIZE=ON -DBELUGA_CUDA=OFF \
-	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+	bash scripts/sanitizer-tree.sh build-asan
 	cmake --build build-asan -j $(JOBS)
 	bash scripts/setup-test-tools.sh
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS) -E '$(ASAN_SKIP)'
 
 # The engine and server tests (the threaded parts: engine loop, model runner, Asio I/O threads) under
 # ThreadSanitizer. GCC's libgomp is not instrumented (its barriers look like races), so in this build
@@ -43,9 +47,9 @@ test-tsan: setup
 	cd build-tsan && OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS) -L "engine|server"
 
-# libFuzzer targets (tests/fuzz) in a clang ASan+UBSan tree of their own (build-fuzz), one at a time:
-# `make fuzz` runs each FUZZ_TIME seconds (a campaign; findings stay in build-fuzz/corpus and
-# build-fuzz/artifacts), `make fuzz-ci` 20,000 inputs each with a fixed seed (reproducible: the same verdict on any machine)
+# libFuzzer targets (tests/fuzz) in the sanitizer tree (build-asan), one at a time:
+# `make fuzz` runs each FUZZ_TIME seconds (a campaign; findings stay in build-asan/corpus and
+# build-asan/artifacts), `make fuzz-ci` 20,000 inputs each with a fixed seed (reproducible: the same verdict on any machine)
 # and fails on any crash, leak or timeout.
 FUZZ_TIME ?= 600
 fuzz: setup

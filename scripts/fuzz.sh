@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 TIME=60
 RUNS=""
 SEED=""
-BUILD=build-fuzz
+BUILD=build-asan
 TARGETS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,11 +30,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bash scripts/setup-fuzz.sh
-if [ ! -f "$BUILD/build.ninja" ]; then
-  CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DBELUGA_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" >/dev/null
-fi
+bash scripts/sanitizer-tree.sh "$BUILD"
 cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target fuzz_all
 
 if [ ${#TARGETS[@]} -eq 0 ]; then

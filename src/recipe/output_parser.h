@@ -120,7 +120,6 @@ class OutputParser {
   bool args_emitted_ = false;
   bool first_param_ = true;
   bool string_value_ = false;
-  bool reasoning_tools_ = false;
   std::string matched_stop_;
   bool think_open_ = true;  // kStart may still take `<think>`
   std::string matched_;     // the text of the last marker matched (with the newlines it took)

@@ -5,7 +5,9 @@
 // GCC 12's AVX-512 headers build some intrinsics on _mm512_undefined_*(), which -Wuninitialized
 // reports at every use; the values are fully written before they are read.
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // a GCC-only group
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
