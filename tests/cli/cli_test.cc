@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../common/command.h"
+#include "cli_test_support.h"
 #include "loader/safetensors.h"
 
 namespace beluga {
@@ -18,7 +19,7 @@ namespace {
 using testing::CmdResult;
 using testing::run_beluga;
 
-const std::string kFixtures = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
+using testing::kFixtures;
 
 std::string ids_of(const TensorInfo& t) {
   std::string s;

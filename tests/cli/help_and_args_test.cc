@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../common/command.h"
+#include "cli_test_support.h"
 #include "server/version.h"
 
 extern char** environ;
@@ -30,7 +31,7 @@ using testing::CmdResult;
 using testing::run_beluga;
 
 const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
-const std::string kFixtures = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
+using testing::kFixtures;
 
 TEST(CliArgs, Version) {
   CmdResult r = run_beluga("--version", /*stdout_only=*/true);

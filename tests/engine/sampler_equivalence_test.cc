@@ -88,7 +88,7 @@ std::vector<float> model_like_logits(std::mt19937_64& rng, int vocab, float spre
   return l;
 }
 
-struct Case {
+struct FilterCase {
   float temperature, top_p;
   int top_k;
   float min_p, rep, presence, frequency;
@@ -97,7 +97,7 @@ struct Case {
 // Every filter alone and combined, with and without penalties: the same token as the full sort for
 // each of many seeds and steps.
 TEST(SamplerEquivalence, SameTokensAsFullSortForEverySeed) {
-  const std::vector<Case> cases = {
+  const std::vector<FilterCase> cases = {
       {1.0f, 1.0f, 0, 0.0f, 1.0f, 0.0f, 0.0f},   {0.7f, 0.9f, 0, 0.0f, 1.0f, 0.0f, 0.0f},
       {1.3f, 0.5f, 0, 0.0f, 1.0f, 0.0f, 0.0f},   {1.0f, 0.999f, 0, 0.0f, 1.0f, 0.0f, 0.0f},
       {1.0f, 1.0f, 40, 0.0f, 1.0f, 0.0f, 0.0f},  {0.8f, 0.95f, 50, 0.0f, 1.0f, 0.0f, 0.0f},
@@ -111,7 +111,7 @@ TEST(SamplerEquivalence, SameTokensAsFullSortForEverySeed) {
   std::vector<int> idx;
   for (int vocab : {257, 8192}) {
     for (size_t ci = 0; ci < cases.size(); ++ci) {
-      const Case& c = cases[ci];
+      const FilterCase& c = cases[ci];
       SamplingParams p;
       p.temperature = c.temperature;
       p.top_p = c.top_p;

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "engine/generator.h"
+#include "golden_test_support.h"
 #include "loader/safetensors.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
@@ -17,25 +18,13 @@
 namespace beluga {
 namespace {
 
-std::vector<int64_t> ints(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo& t = f.get(name);
-  const int64_t* p = static_cast<const int64_t*>(t.data);
-  return std::vector<int64_t>(p, p + t.nbytes / 8);
-}
+using testing::ints;
+using testing::rel_l2;
 
 const float* floats(const SafetensorsFile& f, const std::string& name) {
   const TensorInfo& t = f.get(name);
   EXPECT_EQ(t.dtype, DType::kF32) << name;
   return static_cast<const float*>(t.data);
-}
-
-double rel_l2(const float* a, const float* ref, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 struct Loaded {

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "backend/cpu/cpu_ops.h"
+#include "golden_test_support.h"
 #include "loader/safetensors.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
@@ -15,22 +16,10 @@
 namespace beluga {
 namespace {
 
+using testing::ints;
+using testing::rel_l2;
+
 const std::string kDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
-
-std::vector<int64_t> ints(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo& t = f.get(name);
-  const int64_t* p = static_cast<const int64_t*>(t.data);
-  return std::vector<int64_t>(p, p + t.nbytes / 8);
-}
-
-double rel_l2(const float* a, const float* ref, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 struct Demo {
   ModelConfig cfg = ModelConfig::from_file(kDir + "/config.json");

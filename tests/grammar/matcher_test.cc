@@ -26,8 +26,8 @@ std::shared_ptr<const TokenVocab> small_vocab() {
   return std::make_shared<TokenVocab>(v, std::vector<int>{0, 1}, std::vector<int>{1});
 }
 
-std::shared_ptr<const CompiledGrammar> schema(const char* text,
-                                              std::shared_ptr<const TokenVocab> v = small_vocab()) {
+std::shared_ptr<const CompiledGrammar> vocab_schema(const char* text,
+                                                    std::shared_ptr<const TokenVocab> v = small_vocab()) {
   return compile(json_schema_grammar(nlohmann::ordered_json::parse(text)), v);
 }
 
@@ -37,7 +37,7 @@ bool matches(std::shared_ptr<const CompiledGrammar> g, std::string_view s) {
 }
 
 TEST(GrammarMatcher, AcceptsExactlyTheSchemaLanguage) {
-  auto g = schema(R"({"type":"object","properties":{"a":{"type":"integer","minimum":-5,"maximum":120},
+  auto g = vocab_schema(R"({"type":"object","properties":{"a":{"type":"integer","minimum":-5,"maximum":120},
                       "b":{"enum":["x",null,1.5]}},"required":["a"],"additionalProperties":false})");
   EXPECT_TRUE(matches(g, R"({"a":7})"));
   EXPECT_TRUE(matches(g, R"({"a":-5,"b":"x"})"));
@@ -52,7 +52,7 @@ TEST(GrammarMatcher, AcceptsExactlyTheSchemaLanguage) {
 }
 
 TEST(GrammarMatcher, StringsAreCanonicalUtf8AndCountCharacters) {
-  auto g = schema(R"({"type":"string","minLength":2,"maxLength":3})");
+  auto g = vocab_schema(R"({"type":"string","minLength":2,"maxLength":3})");
   EXPECT_TRUE(matches(g, "\"ab\""));
   EXPECT_TRUE(matches(g, "\"a\xc3\xa9\""));  // é is one character
   EXPECT_TRUE(matches(g, "\"\\n\\\"x\""));   // escapes count as one
@@ -65,13 +65,14 @@ TEST(GrammarMatcher, StringsAreCanonicalUtf8AndCountCharacters) {
 }
 
 TEST(GrammarMatcher, AdditionalKeysExcludeDeclaredOnes) {
-  auto g = schema(R"({"properties":{"ab":{"type":"string"}},"additionalProperties":{"type":"integer"}})");
+  auto g =
+      vocab_schema(R"({"properties":{"ab":{"type":"string"}},"additionalProperties":{"type":"integer"}})");
   EXPECT_TRUE(matches(g, R"({"ab":"s","a":1,"abc":2,"b":3})"));
   EXPECT_FALSE(matches(g, R"({"ab":1})"));  // "ab" is declared: its schema applies, not the additional one
 }
 
 TEST(GrammarMatcher, RollbackRestoresEarlierStates) {
-  auto g = schema(R"({"type":"array","items":{"type":"boolean"},"maxItems":2})");
+  auto g = vocab_schema(R"({"type":"array","items":{"type":"boolean"},"maxItems":2})");
   auto v = g->vocab;
   Matcher m(g);
   auto id = [&](std::string_view s) {
@@ -126,28 +127,31 @@ void expect_mask_exact(std::shared_ptr<const CompiledGrammar> g, const std::vect
 }
 
 TEST(GrammarMatcher, MaskMatchesTokenByTokenFeeding) {
-  expect_mask_exact(schema(R"({"type":"object","properties":{"x":{"type":"array","items":{"type":"number"}},
+  expect_mask_exact(
+      vocab_schema(R"({"type":"object","properties":{"x":{"type":"array","items":{"type":"number"}},
                                "y":{"$ref":"#/$defs/t"}},"$defs":{"t":{"type":"object","properties":{"y":{"$ref":"#/$defs/t"}}}}})"),
-                    {R"({"x":[1.5,-0,12e+3],"y":{"y":{}}})", R"({"y":{},"x":[]})", "{}"});
-  expect_mask_exact(schema(R"({"type":"string"})"), {"\"a\\\"\xc3\xa9\"", "\"\""});
-  expect_mask_exact(schema(R"({"anyOf":[{"type":"integer"},{"type":"array","items":{"type":"string"}}]})"),
-                    {"12", R"(["abc","a"])", "[]"});
+      {R"({"x":[1.5,-0,12e+3],"y":{"y":{}}})", R"({"y":{},"x":[]})", "{}"});
+  expect_mask_exact(vocab_schema(R"({"type":"string"})"), {"\"a\\\"\xc3\xa9\"", "\"\""});
+  expect_mask_exact(
+      vocab_schema(R"({"anyOf":[{"type":"integer"},{"type":"array","items":{"type":"string"}}]})"),
+      {"12", R"(["abc","a"])", "[]"});
   // Right-linear rules (multipleOf's digit automaton) and counted object states.
-  expect_mask_exact(schema(R"({"type":"number","multipleOf":1.5})"), {"12", "-4.5", "0.0"});
-  expect_mask_exact(schema(R"({"properties":{"a":{}},"minProperties":1,"maxProperties":2})"),
+  expect_mask_exact(vocab_schema(R"({"type":"number","multipleOf":1.5})"), {"12", "-4.5", "0.0"});
+  expect_mask_exact(vocab_schema(R"({"properties":{"a":{}},"minProperties":1,"maxProperties":2})"),
                     {R"({"a":1,"x":"y"})", R"({"xy":[1]})"});
-  expect_mask_exact(schema(R"({"contains":{"type":"string"},"maxContains":1})"),
+  expect_mask_exact(vocab_schema(R"({"contains":{"type":"string"},"maxContains":1})"),
                     {R"([1,"a",null])", R"(["a"])"});
   // Keys split by a pattern (right-linear key rules from the product DFA).
   expect_mask_exact(
-      schema(R"({"patternProperties":{"^a":{"type":"integer"}},"additionalProperties":{"type":"string"}})"),
+      vocab_schema(
+          R"({"patternProperties":{"^a":{"type":"integer"}},"additionalProperties":{"type":"string"}})"),
       {R"({"ab":1,"x":"y","\\a":"z"})", R"({"b":"a"})"});
 }
 
 TEST(GrammarMatcher, RefusesWhatItCannotEnforce) {
   auto refused = [](const char* s) -> std::string {
     try {
-      schema(s);
+      vocab_schema(s);
     } catch (const Refused& r) {
       return r.keyword();
     }

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <random>
 
+#include "kv_test_support.h"
 #include "kvstore/block_file.h"
 #include "kvstore/block_io.h"
 #include "kvstore/disk_tier.h"
@@ -37,24 +38,8 @@ namespace fs = std::filesystem;
 constexpr size_t kBytes = 3000;
 const BlockHash kFp{11, 22};
 
-std::string temp_dir(const std::string& what) {
-  std::string d =
-      fs::temp_directory_path().string() + "/beluga_kvio_" + what + "_" + std::to_string(::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::vector<std::byte> pattern(int seed, size_t n = kBytes) {
-  std::vector<std::byte> v(n);
-  std::mt19937 g{uint32_t(seed)};
-  for (auto& b : v) b = std::byte(g());
-  return v;
-}
-
-BlockHash key(uint64_t i) {
-  return {i * 1000003 + 5, ~i};
-}
+using testing::key;
+using testing::pattern;
 
 BlockFileHeader header(uint64_t i, size_t n = kBytes) {
   BlockFileHeader h;
@@ -134,13 +119,13 @@ class BlockIoPath : public ::testing::TestWithParam<IoMode> {
 };
 
 TEST_P(BlockIoPath, WritesTheSameFilesAsTheThreadPathForEverySyncMode) {
-  const std::string dir = temp_dir("same");
+  const std::string dir = testing::temp_dir("kvio", "same");
   for (BlockSync sync : {BlockSync::kNone, BlockSync::kData, BlockSync::kFull}) {
     auto io = open(sync);
     if (!io) break;
     EXPECT_EQ(io->sync(), sync);
     for (uint64_t i = 0; i < 6; ++i) {
-      const auto data = pattern(int(i));
+      const auto data = pattern(int(i), kBytes);
       const std::string a = dir + "/" + block_sync_name(sync) + "_path_" + std::to_string(i) + ".kvb";
       const std::string b = dir + "/" + block_sync_name(sync) + "_ref_" + std::to_string(i) + ".kvb";
       ASSERT_EQ(write_one(*io, a, header(i), data.data()), BlockFileStatus::kOk);
@@ -162,8 +147,8 @@ TEST_P(BlockIoPath, WritesTheSameFilesAsTheThreadPathForEverySyncMode) {
 TEST_P(BlockIoPath, JudgesBadFilesAsTheThreadPathDoes) {
   auto io = open();
   if (!io) return;
-  const std::string dir = temp_dir("bad");
-  const auto data = pattern(3);
+  const std::string dir = testing::temp_dir("kvio", "bad");
+  const auto data = pattern(3, kBytes);
   auto make = [&](const std::string& name, const BlockFileHeader& h) {
     const std::string p = dir + "/" + name;
     EXPECT_EQ(write_block_file(p, h, data.data()), BlockFileStatus::kOk);
@@ -219,7 +204,7 @@ TEST_P(BlockIoPath, JudgesBadFilesAsTheThreadPathDoes) {
 TEST_P(BlockIoPath, ManyFilesInFlightRoundTripBitExact) {
   auto io = open();
   if (!io) return;
-  const std::string dir = temp_dir("many");
+  const std::string dir = testing::temp_dir("kvio", "many");
   constexpr int kN = 200;                           // far more than the queue depth of 8
   constexpr size_t kBig = (size_t(1) << 20) + 123;  // every tenth file: a large, odd-sized transfer
   std::vector<std::vector<std::byte>> data, got(kN, std::vector<std::byte>(kBig));
@@ -271,7 +256,7 @@ TEST_P(BlockIoPath, ManyFilesInFlightRoundTripBitExact) {
 TEST_P(BlockIoPath, FullDiskIsReportedAsTheThreadPathReportsIt) {
   auto io = open();
   if (!io) return;
-  const std::string dir = temp_dir("full");
+  const std::string dir = testing::temp_dir("kvio", "full");
   const bool mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") == 0;
   struct rlimit old {};
   ::getrlimit(RLIMIT_FSIZE, &old);
@@ -285,7 +270,7 @@ TEST_P(BlockIoPath, FullDiskIsReportedAsTheThreadPathReportsIt) {
   const BlockFileStatus want = mounted ? BlockFileStatus::kNoSpace : BlockFileStatus::kIoError;
   int ok = 0, full = 0, other = 0;
   std::vector<std::vector<std::byte>> data;
-  for (int i = 0; i < 40; ++i) data.push_back(pattern(i));
+  for (int i = 0; i < 40; ++i) data.push_back(pattern(i, kBytes));
   for (int i = 0; i < 40; ++i) {  // one at a time: the same sequence of space as the thread path's
     const BlockFileStatus s =
         write_one(*io, dir + "/" + std::to_string(i) + ".kvb", header(uint64_t(i)), data[size_t(i)].data());
@@ -308,7 +293,7 @@ TEST_P(BlockIoPath, FullDiskIsReportedAsTheThreadPathReportsIt) {
 
 TEST_P(BlockIoPath, DiskTierCountsNoSpaceAndGoesOnByEviction) {
   if (!open()) return;
-  const std::string dir = temp_dir("tierfull");
+  const std::string dir = testing::temp_dir("kvio", "tierfull");
   const bool mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") == 0;
   struct rlimit old {};
   ::getrlimit(RLIMIT_FSIZE, &old);
@@ -329,7 +314,7 @@ TEST_P(BlockIoPath, DiskTierCountsNoSpaceAndGoesOnByEviction) {
     DiskTier disk(dc);
     EXPECT_EQ(disk.io_uring(), GetParam() == IoMode::kUring) << disk.io_description();
     std::vector<std::vector<std::byte>> data;
-    for (int i = 0; i < 60; ++i) data.push_back(pattern(i));
+    for (int i = 0; i < 60; ++i) data.push_back(pattern(i, kBytes));
     for (int round = 0; round < 3; ++round) {  // after the first failures, the lowered capacity evicts
       for (int i = round * 20; i < round * 20 + 20; ++i)
         disk.write(key(uint64_t(i)), data[size_t(i)].data(), "chat", [] {});
@@ -397,7 +382,7 @@ TEST(BlockIo, FallsBackToThreadsWhenIoUringSetupIsRefused) {
   std::string why;
   const bool uring_here = uring_available(&why);
   std::printf("io_uring in this process: %s\n", uring_here ? "available" : why.c_str());
-  const std::string dir = temp_dir("seccomp");
+  const std::string dir = testing::temp_dir("kvio", "seccomp");
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -444,7 +429,7 @@ TEST(BlockIo, FallsBackToThreadsWhenIoUringSetupIsRefused) {
     {
       DiskTier disk(dc);
       check(!disk.io_uring(), "the tier runs on the threads");
-      const auto data = pattern(5);
+      const auto data = pattern(5, kBytes);
       disk.write(key(5), data.data(), "chat", [] {});
       disk.drain();
       std::vector<std::byte> got(kBytes);

@@ -9,11 +9,10 @@
 #include <cstring>
 #include <string>
 
+#include "kv_test_support.h"
 #include "kvstore/tiered_store.h"
 
 namespace beluga::kv::testing {
-
-constexpr int64_t kDay = 86400, kT0 = 1'800'000'000;
 
 class ClockedStore : public ::testing::Test {
  protected:

@@ -22,6 +22,7 @@
 
 #include "engine/block_manager.h"
 #include "kv_serve.h"
+#include "kv_test_support.h"
 #include "kvstore/block_file.h"
 #include "kvstore/disk_tier.h"
 #include "kvstore/fingerprint.h"
@@ -33,14 +34,6 @@ namespace fs = std::filesystem;
 using testing::complete;
 using testing::sample;
 using testing::serve;
-
-std::string temp_dir(const std::string& tag) {
-  const std::string d =
-      fs::temp_directory_path().string() + "/beluga_kvcrash_" + tag + "_" + std::to_string(::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 std::string run_cli(const std::string& args, int* rc) {
   const std::string cmd = std::string(BELUGA_BINARY) + " " + args + " 2>&1";
@@ -91,7 +84,7 @@ void fill_pattern(const BlockHash& key, std::byte* p, size_t n) {
 }
 
 TEST(KvCrash, WriterKilledAtRandomPointsLeavesOnlyWholeBlocks) {
-  const std::string dir = temp_dir("writer");
+  const std::string dir = testing::temp_dir("kvcrash", "writer");
   // Large blocks: a write takes tens of milliseconds, so most kills land inside one.
   constexpr size_t kBytes = size_t(24) << 20;
   const BlockHash fp{0xc4a5, 0x11};
@@ -219,7 +212,7 @@ std::string text_of(const nlohmann::json& j) {
 }
 
 TEST(KvCrash, ServeKilledUnderLoadRestartsOnIntactBlocks) {
-  const std::string dir = temp_dir("serve");
+  const std::string dir = testing::temp_dir("kvcrash", "serve");
   const auto prompts = random_prompts(24, 6 * 64 + 10, 1234);
   // What a server without tiers answers.
   std::vector<std::string> want;

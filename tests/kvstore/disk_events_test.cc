@@ -24,11 +24,11 @@ namespace fs = std::filesystem;
 using testing::kDay;
 using testing::kT0;
 
-constexpr size_t kBlockBytes = 1500;
+constexpr size_t kEventBlockBytes = 1500;
 const BlockHash kFingerprint{7, 9};
 constexpr uint64_t kEpoch = 1;
 
-BlockHash key(uint64_t i) {
+BlockHash event_key(uint64_t i) {
   return {i * 7919 + 11, ~i};
 }
 
@@ -62,9 +62,9 @@ class DiskEvents : public testing::ClockedStore {
   // One host slot (a second save pushes the first block down to its file only); `disk_blocks`
   // files at most (0: the file system's free space).
   StoreConfig config(KvEventLog* log, size_t disk_blocks = 0) {
-    StoreConfig sc = clocked_config(kBlockBytes, kFingerprint, 1);
+    StoreConfig sc = clocked_config(kEventBlockBytes, kFingerprint, 1);
     sc.disk_dir = dir_;
-    sc.disk_bytes = disk_blocks * (kBlockBytes + kBlockFileHeaderBytes);
+    sc.disk_bytes = disk_blocks * (kEventBlockBytes + kBlockFileHeaderBytes);
     sc.disk_threads = 1;
     sc.events = log;
     return sc;
@@ -94,26 +94,26 @@ TEST_F(DiskEvents, EvictionForRoomReportsTheEvictedFilesRemoved) {
   TieredStore st(config(&log, 4));
   for (uint64_t i = 0; i < 8; ++i) {
     now_ = kT0 + int64_t(i);  // distinct last uses: the oldest files go first
-    save(st, key(i), "chat");
+    save(st, event_key(i), "chat");
   }
   const std::vector<BlockHash> snap = disk_snapshot(log);
   ASSERT_GT(st.stats().disk->evictions, 0);
   EXPECT_EQ(int64_t(snap.size()), st.stats().disk->blocks);
   EXPECT_LE(snap.size(), 4u);
   for (uint64_t i = 0; i < 8; ++i) {
-    const bool on_disk = fs::exists(path(st, key(i)));
-    EXPECT_EQ(listed(snap, key(i)), on_disk) << i;
-    EXPECT_EQ(disk_events(log, key(i), true), 1) << i;  // each was written once
-    EXPECT_EQ(disk_events(log, key(i), false), on_disk ? 0 : 1) << i;
+    const bool on_disk = fs::exists(path(st, event_key(i)));
+    EXPECT_EQ(listed(snap, event_key(i)), on_disk) << i;
+    EXPECT_EQ(disk_events(log, event_key(i), true), 1) << i;  // each was written once
+    EXPECT_EQ(disk_events(log, event_key(i), false), on_disk ? 0 : 1) << i;
   }
-  EXPECT_FALSE(listed(snap, key(0))) << "the least recently used file went first";
-  EXPECT_TRUE(listed(snap, key(7)));
+  EXPECT_FALSE(listed(snap, event_key(0))) << "the least recently used file went first";
+  EXPECT_TRUE(listed(snap, event_key(7)));
 }
 
 TEST_F(DiskEvents, RetentionReportsTheExpiredFilesRemoved) {
   KvEventLog log(1024, kEpoch);
   TieredStore st(config(&log));
-  const BlockHash a = key(1), b = key(2), c = key(3);
+  const BlockHash a = event_key(1), b = event_key(2), c = event_key(3);
   save(st, a, "agent");  // 3 days
   save(st, b, "chat");   // 7 days
   save(st, c, "agent");
@@ -136,7 +136,7 @@ TEST_F(DiskEvents, RetentionReportsTheExpiredFilesRemoved) {
 TEST_F(DiskEvents, ALoadThatFindsAFileDeletedOrCorruptReportsItRemoved) {
   KvEventLog log(1024, kEpoch);
   TieredStore st(config(&log));
-  const BlockHash a = key(1), b = key(2), c = key(3);
+  const BlockHash a = event_key(1), b = event_key(2), c = event_key(3);
   save(st, a, "chat");
   save(st, b, "chat");
   save(st, c, "chat");  // the host tier holds c only
@@ -163,7 +163,7 @@ TEST_F(DiskEvents, ALoadThatFindsAFileDeletedOrCorruptReportsItRemoved) {
 }
 
 TEST_F(DiskEvents, ABlockAnotherStoreWroteIsReportedOnceLoaded) {
-  const BlockHash a = key(1), b = key(2);
+  const BlockHash a = event_key(1), b = event_key(2);
   {
     TieredStore writer(config(nullptr));  // another replica on the same directory, no events
     save(writer, a, "chat");

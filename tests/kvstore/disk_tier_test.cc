@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 
+#include "kv_test_support.h"
 #include "kvstore/block_file.h"
 #include "kvstore/disk_tier.h"
 #include "kvstore/fingerprint.h"
@@ -22,32 +23,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr size_t kBlockBytes = 3000;
+constexpr size_t kDiskBlockBytes = 3000;
 
-std::string temp_dir(const std::string& what) {
-  std::string d =
-      fs::temp_directory_path().string() + "/beluga_kv_" + what + "_" + std::to_string(::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::vector<std::byte> pattern(int seed) {
-  std::vector<std::byte> v(kBlockBytes);
-  std::mt19937 g{uint32_t(seed)};
-  for (auto& b : v) b = std::byte(g());
-  return v;
-}
-
-BlockHash key(uint64_t i) {
-  return {i * 1000003 + 5, ~i};
-}
+using testing::key;
+using testing::pattern;
 
 StoreConfig disk_store(const std::string& dir, size_t host_blocks = 16) {
   StoreConfig sc;
-  sc.block_bytes = kBlockBytes;
+  sc.block_bytes = kDiskBlockBytes;
   sc.fingerprint = {11, 22};
-  sc.host_bytes = host_blocks * kBlockBytes;
+  sc.host_bytes = host_blocks * kDiskBlockBytes;
   sc.disk_dir = dir;
   sc.disk_threads = 2;
   return sc;
@@ -60,7 +45,7 @@ void save(TieredStore& st, const std::vector<BlockHash>& keys,
   for (const auto& k : keys) dst.push_back(st.start_save(k, cls));
   st.step_launched();
   for (size_t i = 0; i < keys.size(); ++i)
-    if (dst[i]) std::memcpy(dst[i], data[i].data(), kBlockBytes);
+    if (dst[i]) std::memcpy(dst[i], data[i].data(), kDiskBlockBytes);
   st.step_done(true);
   st.drain();
 }
@@ -76,14 +61,14 @@ std::vector<std::vector<std::byte>> load(TieredStore& st, const std::vector<Bloc
   std::vector<KvCopy> copies;
   st.finish_load(id, copies, nullptr);
   std::vector<std::vector<std::byte>> out;
-  for (const KvCopy& c : copies) out.emplace_back(c.host, c.host + kBlockBytes);
+  for (const KvCopy& c : copies) out.emplace_back(c.host, c.host + kDiskBlockBytes);
   st.step_launched();
   st.step_done(true);
   return out;
 }
 
 TEST(BlockFile, RoundTripAndRejections) {
-  const std::string dir = temp_dir("file");
+  const std::string dir = testing::temp_dir("kv", "file");
   const std::string path = dir + "/a.kvb";
   BlockFileHeader h;
   h.fingerprint = {1, 2};
@@ -91,31 +76,32 @@ TEST(BlockFile, RoundTripAndRejections) {
   h.tokens = 64;
   h.cls = "agent";
   h.created = h.last_used = 1700000000;
-  h.payload_bytes = kBlockBytes;
-  const auto data = pattern(1);
+  h.payload_bytes = kDiskBlockBytes;
+  const auto data = pattern(1, kDiskBlockBytes);
   ASSERT_EQ(write_block_file(path, h, data.data()), BlockFileStatus::kOk);
-  std::vector<std::byte> got(kBlockBytes);
+  std::vector<std::byte> got(kDiskBlockBytes);
   BlockFileHeader r;
-  ASSERT_EQ(read_block_file(path, h.fingerprint, h.key, kBlockBytes, got.data(), &r), BlockFileStatus::kOk);
+  ASSERT_EQ(read_block_file(path, h.fingerprint, h.key, kDiskBlockBytes, got.data(), &r),
+            BlockFileStatus::kOk);
   EXPECT_EQ(got, data);
   EXPECT_EQ(r.cls, "agent");
   EXPECT_EQ(r.created, 1700000000);
-  EXPECT_EQ(read_block_file(path, {1, 3}, h.key, kBlockBytes, got.data(), &r), BlockFileStatus::kForeign);
-  EXPECT_EQ(read_block_file(path, h.fingerprint, key(2), kBlockBytes, got.data(), &r),
+  EXPECT_EQ(read_block_file(path, {1, 3}, h.key, kDiskBlockBytes, got.data(), &r), BlockFileStatus::kForeign);
+  EXPECT_EQ(read_block_file(path, h.fingerprint, key(2), kDiskBlockBytes, got.data(), &r),
             BlockFileStatus::kCorrupt);
   {  // one payload byte flipped
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(std::streamoff(kBlockFileHeaderBytes + 100));
     f.put(char(~char(data[100])));
   }
-  EXPECT_EQ(read_block_file(path, h.fingerprint, h.key, kBlockBytes, got.data(), &r),
+  EXPECT_EQ(read_block_file(path, h.fingerprint, h.key, kDiskBlockBytes, got.data(), &r),
             BlockFileStatus::kCorrupt);
   ASSERT_EQ(write_block_file(path, h, data.data()), BlockFileStatus::kOk);
-  fs::resize_file(path, kBlockFileHeaderBytes + kBlockBytes - 1);
-  EXPECT_EQ(read_block_file(path, h.fingerprint, h.key, kBlockBytes, got.data(), &r),
+  fs::resize_file(path, kBlockFileHeaderBytes + kDiskBlockBytes - 1);
+  EXPECT_EQ(read_block_file(path, h.fingerprint, h.key, kDiskBlockBytes, got.data(), &r),
             BlockFileStatus::kShort);
   fs::resize_file(path, 10);
-  EXPECT_EQ(read_block_file(path, h.fingerprint, h.key, kBlockBytes, got.data(), &r),
+  EXPECT_EQ(read_block_file(path, h.fingerprint, h.key, kDiskBlockBytes, got.data(), &r),
             BlockFileStatus::kShort);
   // No temporary files are left behind.
   size_t files = 0;
@@ -125,14 +111,15 @@ TEST(BlockFile, RoundTripAndRejections) {
 }
 
 TEST(DiskTier, RestartServesTheBlocksBitExact) {
-  const std::string dir = temp_dir("restart");
+  const std::string dir = testing::temp_dir("kv", "restart");
   std::vector<BlockHash> keys = {key(1), key(2), key(3)};
-  std::vector<std::vector<std::byte>> data = {pattern(1), pattern(2), pattern(3)};
+  std::vector<std::vector<std::byte>> data = {pattern(1, kDiskBlockBytes), pattern(2, kDiskBlockBytes),
+                                              pattern(3, kDiskBlockBytes)};
   {
     TieredStore st(disk_store(dir));
     save(st, keys, data);
     ASSERT_TRUE(st.stats().disk);
-    EXPECT_EQ(st.stats().disk->bytes_written, int64_t(3 * kBlockBytes));
+    EXPECT_EQ(st.stats().disk->bytes_written, int64_t(3 * kDiskBlockBytes));
   }
   TieredStore st(disk_store(dir));  // a fresh host tier: only the files know these blocks
   KvTier tiers[3];
@@ -150,11 +137,11 @@ TEST(DiskTier, RestartServesTheBlocksBitExact) {
 }
 
 TEST(DiskTier, TwoStoresShareOneDirectory) {
-  const std::string dir = temp_dir("shared");
+  const std::string dir = testing::temp_dir("kv", "shared");
   TieredStore a(disk_store(dir)), b(disk_store(dir));
   for (int i = 0; i < 200 && !b.disk()->scan_done(); ++i) ::usleep(5000);
   const std::vector<BlockHash> keys = {key(7), key(8)};
-  const std::vector<std::vector<std::byte>> data = {pattern(7), pattern(8)};
+  const std::vector<std::vector<std::byte>> data = {pattern(7, kDiskBlockBytes), pattern(8, kDiskBlockBytes)};
   save(a, keys, data);
   ASSERT_EQ(b.lookup(keys.data(), 2, nullptr), 2) << "b sees a's blocks after its own scan finished";
   EXPECT_EQ(load(b, keys), data);
@@ -167,9 +154,10 @@ TEST(DiskTier, TwoStoresShareOneDirectory) {
 }
 
 TEST(DiskTier, BadFilesAreMissesAndRemoved) {
-  const std::string dir = temp_dir("bad");
+  const std::string dir = testing::temp_dir("kv", "bad");
   const std::vector<BlockHash> keys = {key(1), key(2), key(3), key(4)};
-  const std::vector<std::vector<std::byte>> data = {pattern(1), pattern(2), pattern(3), pattern(4)};
+  const std::vector<std::vector<std::byte>> data = {pattern(1, kDiskBlockBytes), pattern(2, kDiskBlockBytes),
+                                                    pattern(3, kDiskBlockBytes), pattern(4, kDiskBlockBytes)};
   std::string paths[4];
   {
     TieredStore st(disk_store(dir));
@@ -187,7 +175,7 @@ TEST(DiskTier, BadFilesAreMissesAndRemoved) {
     BlockFileHeader h;
     h.fingerprint = {99, 99};
     h.key = tier_key(keys[3], {11, 22});
-    h.payload_bytes = kBlockBytes;
+    h.payload_bytes = kDiskBlockBytes;
     ASSERT_EQ(write_block_file(paths[3], h, data[3].data()), BlockFileStatus::kOk);
   }
   TieredStore st(disk_store(dir));
@@ -209,14 +197,14 @@ TEST(DiskTier, BadFilesAreMissesAndRemoved) {
 // A full file system: a 64 KiB tmpfs when this process may mount one (root), else writes capped by
 // RLIMIT_FSIZE (each block file fails with EFBIG, SIGXFSZ ignored): a quota-free simulation.
 TEST(DiskTier, FullDiskDropsSavesAndKeepsServing) {
-  const std::string dir = temp_dir("full");
+  const std::string dir = testing::temp_dir("kv", "full");
   const bool mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") == 0;
   struct rlimit old {};
   ::getrlimit(RLIMIT_FSIZE, &old);
   if (!mounted) {
     std::signal(SIGXFSZ, SIG_IGN);
     struct rlimit lim = old;
-    lim.rlim_cur = kBlockBytes;  // smaller than any block file
+    lim.rlim_cur = kDiskBlockBytes;  // smaller than any block file
     ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
   }
   std::printf("full disk: %s\n", mounted ? "64 KiB tmpfs" : "RLIMIT_FSIZE simulation");
@@ -228,7 +216,7 @@ TEST(DiskTier, FullDiskDropsSavesAndKeepsServing) {
     std::vector<std::vector<std::byte>> data;
     for (int i = 0; i < 40; ++i) {
       keys.push_back(key(uint64_t(100 + i)));
-      data.push_back(pattern(100 + i));
+      data.push_back(pattern(100 + i, kDiskBlockBytes));
     }
     for (size_t i = 0; i < keys.size(); i += 4)  // a step at a time: the host tier holds 4 blocks
       save(st, {keys.begin() + int64_t(i), keys.begin() + int64_t(i + 4)},

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_ops.h"
+#include "kv_test_support.h"
 #include "kvstore/fingerprint.h"
 #include "kvstore/host_pool.h"
 #include "kvstore/tiered_store.h"
@@ -16,39 +17,37 @@
 namespace beluga::kv {
 namespace {
 
-BlockHash key(uint64_t i) {
-  return {i * 7 + 1, i ^ 0xabcdefull};
-}
+using testing::xor_key;
 
 TEST(HostPool, EvictsLeastRecentlyUsedAndNeverPinned) {
   constexpr int64_t t = 1000;
   HostPool pool(3 * 100, 100, HostAllocator::plain());
   ASSERT_EQ(pool.capacity(), 3);
-  for (uint64_t i = 0; i < 3; ++i) pool.publish(pool.reserve(key(i), "chat", t));
+  for (uint64_t i = 0; i < 3; ++i) pool.publish(pool.reserve(xor_key(i), "chat", t));
   EXPECT_EQ(pool.size(), 3);
-  pool.use(pool.find(key(0), t), "chat", t);  // 0 becomes the most recent: 1 is the LRU
-  pool.pin(pool.find(key(2), t));             // 2 is being copied
+  pool.use(pool.find(xor_key(0), t), "chat", t);  // 0 becomes the most recent: 1 is the LRU
+  pool.pin(pool.find(xor_key(2), t));             // 2 is being copied
   HostPool::Reclaimed why{};
-  const int s = pool.reserve(key(3), "chat", t, &why);
+  const int s = pool.reserve(xor_key(3), "chat", t, &why);
   ASSERT_GE(s, 0);
   EXPECT_EQ(why, HostPool::Reclaimed::kEvicted);
-  EXPECT_LT(pool.find(key(1), t), 0);  // the LRU went
+  EXPECT_LT(pool.find(xor_key(1), t), 0);  // the LRU went
   pool.publish(s);
-  const int s4 = pool.reserve(key(4), "chat", t, &why);  // next LRU: 0 (2 is pinned)
+  const int s4 = pool.reserve(xor_key(4), "chat", t, &why);  // next LRU: 0 (2 is pinned)
   pool.publish(s4);
-  EXPECT_LT(pool.find(key(0), t), 0);
-  EXPECT_GE(pool.find(key(2), t), 0);
+  EXPECT_LT(pool.find(xor_key(0), t), 0);
+  EXPECT_GE(pool.find(xor_key(2), t), 0);
   // Everything pinned: no slot.
-  pool.pin(pool.find(key(3), t));
-  pool.pin(pool.find(key(4), t));
-  EXPECT_EQ(pool.reserve(key(5), "chat", t), -1);
+  pool.pin(pool.find(xor_key(3), t));
+  pool.pin(pool.find(xor_key(4), t));
+  EXPECT_EQ(pool.reserve(xor_key(5), "chat", t), -1);
   // A reservation that is dropped is never findable.
-  pool.unpin(pool.find(key(4), t));
-  const int s5 = pool.reserve(key(5), "chat", t);
+  pool.unpin(pool.find(xor_key(4), t));
+  const int s5 = pool.reserve(xor_key(5), "chat", t);
   ASSERT_GE(s5, 0);
-  EXPECT_LT(pool.find(key(5), t), 0);
+  EXPECT_LT(pool.find(xor_key(5), t), 0);
   pool.drop(s5);
-  EXPECT_LT(pool.find(key(5), t), 0);
+  EXPECT_LT(pool.find(xor_key(5), t), 0);
   EXPECT_EQ(pool.expirations(), 0);
 }
 
@@ -109,7 +108,7 @@ TEST_F(HostTier, SaveThenLoadIsBitExact) {
   fill(1, 2);
   const std::vector<uint8_t> want0 = image(0), want1 = image(1);
   // One step saves blocks 0 and 1 (as the runner does: device -> host after the forward).
-  const BlockHash k[2] = {key(10), key(11)};
+  const BlockHash k[2] = {xor_key(10), xor_key(11)};
   KvStepCopies step;
   for (int b = 0; b < 2; ++b) step.saves.push_back({b, store.start_save(k[b], "chat")});
   ASSERT_TRUE(step.saves[0].host && step.saves[1].host);
@@ -147,7 +146,7 @@ TEST_F(HostTier, FailedStepSavesNothing) {
   sc.block_bytes = block_bytes_;
   sc.host_bytes = 2 * block_bytes_;
   TieredStore store(sc);
-  const BlockHash k = key(1);
+  const BlockHash k = xor_key(1);
   ASSERT_NE(store.start_save(k, "chat"), nullptr);
   store.step_launched();
   store.step_done(false);
@@ -171,7 +170,7 @@ TEST(Fingerprint, SameModelSameKeyOtherModelsDiffer) {
   EXPECT_EQ(a, fingerprint_of("dsv3-tiny"));
   EXPECT_FALSE(a == fingerprint_of("dsv3-tiny-fp8"));
   EXPECT_FALSE(a == fingerprint_of("qwen3-tiny"));
-  const BlockHash b = key(3);
+  const BlockHash b = xor_key(3);
   EXPECT_FALSE(tier_key(b, a) == tier_key(b, fingerprint_of("qwen3-tiny")));
   // The KV layout is part of it.
   EXPECT_FALSE(model_fingerprint("{}", a, DType::kF32, 100, 64) ==

@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "kv_test_support.h"
 #include "kvstore/tiered_store.h"
 
 namespace beluga::kv {
 namespace {
 
-constexpr int64_t kT0 = 1'800'000'000, kDay = 86400;
+using testing::kDay;
+using testing::kT0;
 
 std::string run(const std::string& args, int* rc) {
   const std::string cmd = std::string(BELUGA_BINARY) + " " + args + " 2>&1";

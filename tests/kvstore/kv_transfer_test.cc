@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "kv_test_support.h"
 #include "kvstore/block_file.h"
 #include "kvstore/kv_receiver.h"
 #include "kvstore/tcp_kv_transfer.h"
@@ -26,9 +27,7 @@ namespace {
 constexpr size_t kBlock = 4096 + 24;  // not a power of two: offsets are exercised
 const BlockHash kModel{0x1234, 0x5678};
 
-BlockHash key(uint64_t i) {
-  return {i * 7 + 1, i ^ 0xabcdefull};
-}
+using testing::xor_key;
 
 std::unique_ptr<TieredStore> make_store(int blocks) {
   StoreConfig c;
@@ -39,16 +38,16 @@ std::unique_ptr<TieredStore> make_store(int blocks) {
 }
 
 // Block i's bytes: a pattern of its own.
-std::vector<std::byte> pattern(uint64_t i) {
+std::vector<std::byte> block_pattern(uint64_t i) {
   std::vector<std::byte> b(kBlock);
   for (size_t j = 0; j < kBlock; ++j) b[j] = std::byte((i * 131 + j * 7) & 0xff);
   return b;
 }
 
 void put(TieredStore& s, uint64_t i) {
-  auto slot = s.begin_import(key(i), "chat");
+  auto slot = s.begin_import(xor_key(i), "chat");
   ASSERT_NE(slot.dst, nullptr);
-  const auto p = pattern(i);
+  const auto p = block_pattern(i);
   std::memcpy(slot.dst, p.data(), kBlock);
   s.end_import(slot.slot, true);
 }
@@ -56,10 +55,10 @@ void put(TieredStore& s, uint64_t i) {
 // How many leading blocks 0..n-1 `s` holds with exactly their pattern.
 int held_exact(TieredStore& s, int n) {
   std::vector<BlockHash> keys;
-  for (int i = 0; i < n; ++i) keys.push_back(key(uint64_t(i)));
+  for (int i = 0; i < n; ++i) keys.push_back(xor_key(uint64_t(i)));
   auto pinned = s.pin_host_blocks(keys.data(), n);
   for (int i = 0; i < pinned.size(); ++i) {
-    const auto p = pattern(uint64_t(i));
+    const auto p = block_pattern(uint64_t(i));
     if (std::memcmp(pinned.data(i), p.data(), kBlock) != 0) return -1;
   }
   return pinned.size();
@@ -84,7 +83,7 @@ struct Pair {
   }
   TransferResult send_leading(int n) {
     std::vector<BlockHash> keys;
-    for (int i = 0; i < n; ++i) keys.push_back(key(uint64_t(i)));
+    for (int i = 0; i < n; ++i) keys.push_back(xor_key(uint64_t(i)));
     auto pinned = from->pin_host_blocks(keys.data(), n);
     std::vector<OutgoingBlock> out;
     for (int i = 0; i < pinned.size(); ++i) out.push_back({keys[size_t(i)], pinned.data(i)});
@@ -121,10 +120,10 @@ bool read_answer(int fd, Answer* a) {
 
 std::vector<unsigned char> framed(uint64_t i, const BlockHash& model, bool corrupt_payload) {
   std::vector<unsigned char> f(kBlockFileHeaderBytes + kBlock);
-  auto p = pattern(i);
+  auto p = block_pattern(i);
   BlockFileHeader h;
   h.fingerprint = model;
-  h.key = key(i);
+  h.key = xor_key(i);
   h.cls = "chat";
   h.payload_bytes = kBlock;
   encode_block_header(h, p.data(), f.data());
@@ -144,7 +143,7 @@ std::vector<unsigned char> batch_head(uint32_t blocks, uint64_t block_bytes) {
 void expect_no_leaked_slots(TieredStore& s, int capacity, int blocks) {
   EXPECT_EQ(s.stats().host.blocks, blocks);
   for (int i = 0; i < capacity; ++i) {
-    auto slot = s.begin_import(key(uint64_t(1000 + i)), "chat");
+    auto slot = s.begin_import(xor_key(uint64_t(1000 + i)), "chat");
     ASSERT_NE(slot.dst, nullptr) << "slot " << i << " of " << capacity << " is still held";
     s.end_import(slot.slot, false);
   }
@@ -253,7 +252,7 @@ TEST(KvTransfer, ABlockOfSeveralPiecesIsVerifiedAcrossThem) {
     std::vector<unsigned char> f(kBlockFileHeaderBytes + kBig);
     BlockFileHeader h;
     h.fingerprint = kModel;
-    h.key = key(i);
+    h.key = xor_key(i);
     h.cls = "chat";
     h.payload_bytes = kBig;
     encode_block_header(h, payload.data(), f.data());
@@ -279,7 +278,7 @@ TEST(KvTransfer, ABlockOfSeveralPiecesIsVerifiedAcrossThem) {
   ASSERT_TRUE(answered);
   EXPECT_EQ(a.status, TransferStatus::kCorrupt);
   EXPECT_EQ(a.accepted, 1u);
-  const BlockHash k0 = key(0);
+  const BlockHash k0 = xor_key(0);
   auto pinned = to.pin_host_blocks(&k0, 1);
   ASSERT_EQ(pinned.size(), 1);
   EXPECT_EQ(std::memcmp(pinned.data(0), framed_blocks[0].data() + kBlockFileHeaderBytes, kBig), 0);
@@ -294,7 +293,7 @@ TEST(KvTransfer, AnotherModelsBlocksAreRefused) {
   tc.fingerprint = {0x9999, 0x1};
   tc.block_bytes = kBlock;
   TcpKvTransfer other(tc);
-  std::vector<BlockHash> keys{key(0), key(1), key(2), key(3)};
+  std::vector<BlockHash> keys{xor_key(0), xor_key(1), xor_key(2), xor_key(3)};
   auto pinned = p.from->pin_host_blocks(keys.data(), 4);
   std::vector<OutgoingBlock> out;
   for (int i = 0; i < pinned.size(); ++i) out.push_back({keys[size_t(i)], pinned.data(i)});
@@ -425,7 +424,7 @@ TEST(KvTransfer, AFullHostTierDropsBlocksButAnswers) {
   // Pin both slots of the small store: nothing can be stored.
   put(*p.to, 100);
   put(*p.to, 101);
-  std::vector<BlockHash> mine{key(100), key(101)};
+  std::vector<BlockHash> mine{xor_key(100), xor_key(101)};
   auto held = p.to->pin_host_blocks(mine.data(), 2);
   ASSERT_EQ(held.size(), 2);
   for (uint64_t i = 0; i < 3; ++i) put(*p.from, i);

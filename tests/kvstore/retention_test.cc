@@ -15,7 +15,7 @@ namespace beluga::kv {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr size_t kBlockBytes = 2000;
+constexpr size_t kRetentionBlockBytes = 2000;
 using testing::kDay;
 using testing::kT0;
 
@@ -44,9 +44,9 @@ class RetentionStore : public testing::ClockedStore {
   }
   void TearDown() override { fs::remove_all(dir_); }
   StoreConfig config(size_t disk_blocks = 0) {
-    StoreConfig sc = clocked_config(kBlockBytes, {5, 6}, 8);
+    StoreConfig sc = clocked_config(kRetentionBlockBytes, {5, 6}, 8);
     sc.disk_dir = dir_;
-    sc.disk_bytes = disk_blocks * (kBlockBytes + kBlockFileHeaderBytes);
+    sc.disk_bytes = disk_blocks * (kRetentionBlockBytes + kBlockFileHeaderBytes);
     return sc;
   }
   bool on_disk(TieredStore& st, const BlockHash& k) { return st.disk()->contains(tier_key(k, {5, 6})); }

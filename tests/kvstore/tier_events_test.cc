@@ -11,7 +11,7 @@
 namespace beluga::kv {
 namespace {
 
-BlockHash key(uint64_t i) {
+BlockHash step_key(uint64_t i) {
   return {i * 5 + 3, i ^ 0x1234567ull};
 }
 
@@ -32,26 +32,26 @@ TEST(TierEvents, HostStoresAndEvictionsUnderEngineKeys) {
   sc.now = [] { return int64_t(1000); };
   TieredStore store(std::move(sc));
 
-  save(store, key(0), true);
-  save(store, key(1), false);  // the step failed: nothing was saved
-  save(store, key(2), true);
+  save(store, step_key(0), true);
+  save(store, step_key(1), false);  // the step failed: nothing was saved
+  save(store, step_key(2), true);
   KvEventPage p = log.read(1, 0, 16);
   ASSERT_EQ(p.events.size(), 2u);
   for (const auto& e : p.events) {
     EXPECT_TRUE(e.stored);
     EXPECT_EQ(e.tier, KvEventTier::kHost);
   }
-  EXPECT_TRUE(p.events[0].block == key(0));
-  EXPECT_TRUE(p.events[1].block == key(2));
+  EXPECT_TRUE(p.events[0].block == step_key(0));
+  EXPECT_TRUE(p.events[1].block == step_key(2));
 
   // A third block evicts the least recently used (key 0).
-  save(store, key(3), true);
+  save(store, step_key(3), true);
   p = log.read(1, 2, 16);
   ASSERT_EQ(p.events.size(), 2u);
   EXPECT_FALSE(p.events[0].stored);
-  EXPECT_TRUE(p.events[0].block == key(0));
+  EXPECT_TRUE(p.events[0].block == step_key(0));
   EXPECT_TRUE(p.events[1].stored);
-  EXPECT_TRUE(p.events[1].block == key(3));
+  EXPECT_TRUE(p.events[1].block == step_key(3));
   EXPECT_EQ(log.held_blocks(), 2u);
 }
 

@@ -3,6 +3,7 @@
 // (beluga::Error naming the limit), never a stack overflow. Each 100,000-level case used to crash.
 #include <gtest/gtest.h>
 
+#include "jinja_test_support.h"
 #include "recipe/jinja_ast.h"
 #include "recipe/jinja_template.h"
 #include "util/error.h"
@@ -10,15 +11,12 @@
 namespace beluga::recipe {
 namespace {
 
+using test::render;
+
 std::string repeat(const std::string& s, int n) {
   std::string out;
   for (int i = 0; i < n; ++i) out += s;
   return out;
-}
-
-std::string render(const std::string& tmpl) {
-  jinja::Dict ctx;
-  return jinja::Template(tmpl).render(ctx).s;
 }
 
 void expect_error(const std::string& tmpl, const std::string& needle) {

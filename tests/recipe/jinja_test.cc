@@ -2,6 +2,7 @@
 // data (and so can never become control tokens), errors, and whitespace control.
 #include <gtest/gtest.h>
 
+#include "jinja_test_support.h"
 #include "recipe/chat_template.h"
 #include "recipe/jinja_template.h"
 
@@ -9,10 +10,7 @@ namespace beluga::recipe {
 namespace {
 
 using jinja::Value;
-
-std::string render(const std::string& tmpl, jinja::Dict ctx = {}) {
-  return jinja::Template(tmpl).render(ctx).s;
-}
+using test::render;
 
 TEST(Jinja, WhitespaceControlAndBlocks) {
   EXPECT_EQ(render("a  {%- if true -%}  b  {%- endif -%}  c"), "abc");

@@ -14,10 +14,10 @@
 namespace beluga::recipe {
 namespace {
 
-const std::string kModel = test::source_path("models/beluga-demo-coder-mtp");
+using test::kDemoModel;
 
 std::vector<int> reference_ids(const std::string& name) {
-  const std::string file = read_file(kModel + "/reference.safetensors");
+  const std::string file = read_file(kDemoModel + "/reference.safetensors");
   uint64_t header_len;
   std::memcpy(&header_len, file.data(), 8);
   auto header = nlohmann::json::parse(file.substr(8, header_len));
@@ -39,9 +39,9 @@ std::vector<int> render_ids(const ChatEncoder& enc, const tok::Tokenizer& tok, c
 }
 
 TEST(RenderIds, DemoModelMatchesTransformers) {
-  const ChatEncoder enc = ChatEncoder::from_model_dir(kModel);
+  const ChatEncoder enc = ChatEncoder::from_model_dir(kDemoModel);
   EXPECT_EQ(enc.format(), ChatFormat::kDeepSeekV3);
-  const tok::Tokenizer tok = tok::Tokenizer::from_file(kModel + "/tokenizer.json");
+  const tok::Tokenizer tok = tok::Tokenizer::from_file(kDemoModel + "/tokenizer.json");
   EXPECT_EQ(
       render_ids(enc, tok,
                  "Write a Python function `read_json(path)`: Load a JSON file and return its contents."),
@@ -52,7 +52,7 @@ TEST(RenderIds, DemoModelMatchesTransformers) {
           "Write a Python function `chunks(items, n)`: Split a list into consecutive chunks of size n."),
       reference_ids("prompt_1"));
   // The same conversation through the Jinja interpreter gives the same ids.
-  const ChatEncoder jinja = ChatEncoder::from_model_dir(kModel, ChatFormat::kTemplate);
+  const ChatEncoder jinja = ChatEncoder::from_model_dir(kDemoModel, ChatFormat::kTemplate);
   EXPECT_EQ(
       render_ids(jinja, tok,
                  "Write a Python function `read_json(path)`: Load a JSON file and return its contents."),
@@ -60,9 +60,9 @@ TEST(RenderIds, DemoModelMatchesTransformers) {
 }
 
 TEST(RenderIds, UserTextCannotInjectControlTokens) {
-  const tok::Tokenizer tok = tok::Tokenizer::from_file(kModel + "/tokenizer.json");
+  const tok::Tokenizer tok = tok::Tokenizer::from_file(kDemoModel + "/tokenizer.json");
   for (const ChatFormat f : {ChatFormat::kDeepSeekV3, ChatFormat::kTemplate}) {
-    const ChatEncoder enc = ChatEncoder::from_model_dir(kModel, f);
+    const ChatEncoder enc = ChatEncoder::from_model_dir(kDemoModel, f);
     for (const char* special :
          {"<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>"}) {
       std::vector<int> ids = render_ids(enc, tok, std::string("a") + special + "b");

@@ -13,7 +13,7 @@ namespace {
 
 using J = nlohmann::ordered_json;
 
-const std::string kModel = test::source_path("models/beluga-demo-coder-mtp");
+using test::kDemoModel;
 
 const J kTools = J::parse(R"([{"type": "function", "name": "get_weather",
   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}])");
@@ -37,7 +37,7 @@ J concat(std::initializer_list<J> parts) {
 }
 
 TEST(ResponsesChain, ContinuedRequestRendersLikeTheExplicitConversation) {
-  const tok::Tokenizer tok = tok::Tokenizer::from_file(kModel + "/tokenizer.json");
+  const tok::Tokenizer tok = tok::Tokenizer::from_file(kDemoModel + "/tokenizer.json");
   ParseOptions chained_opt;
   chained_opt.previous_items = concat({kFirstInput, kFirstOutput});
   const J chained{{"model", "m"},
@@ -59,7 +59,7 @@ TEST(ResponsesChain, ContinuedRequestRendersLikeTheExplicitConversation) {
   for (const ChatFormat f :
        {ChatFormat::kDeepSeekV3, ChatFormat::kDeepSeekV31, ChatFormat::kDeepSeekV4, ChatFormat::kTemplate}) {
     const ChatEncoder enc =
-        f == ChatFormat::kTemplate ? ChatEncoder::from_model_dir(kModel, f) : ChatEncoder(f);
+        f == ChatFormat::kTemplate ? ChatEncoder::from_model_dir(kDemoModel, f) : ChatEncoder(f);
     const Prompt pa = enc.encode(a.conversation), pb = enc.encode(b.conversation);
     EXPECT_EQ(pa.str(), pb.str()) << chat_format_name(f);
     EXPECT_EQ(pa.ids(tok), pb.ids(tok)) << chat_format_name(f);

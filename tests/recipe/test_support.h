@@ -19,6 +19,9 @@ inline std::string source_path(const std::string& rel) {
   return std::string(BELUGA_SOURCE_DIR) + "/" + rel;
 }
 
+// The demo model's directory (its tokenizer, chat template and reference ids).
+inline const std::string kDemoModel = source_path("models/beluga-demo-coder-mtp");
+
 // Runs tests/tools/render_chat_template.mjs (@huggingface/jinja): one rendering per case.
 // Each result is {"text": ...} or {"error": ...}.
 inline nlohmann::json reference_render(const std::string& tmpl, const nlohmann::ordered_json& context,

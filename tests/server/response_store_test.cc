@@ -11,7 +11,7 @@
 namespace beluga::server {
 namespace {
 
-using Json = nlohmann::ordered_json;
+using OJson = nlohmann::ordered_json;
 
 // "prefix" + n (spelled so that GCC 12 does not warn: its -Wrestrict misfires on "literal" + string).
 std::string id_of(const char* prefix, int n) {
@@ -27,15 +27,15 @@ std::shared_ptr<StoredResponse> make(const std::string& id, const std::string& t
                                      std::shared_ptr<const StoredResponse> previous = nullptr) {
   auto r = std::make_shared<StoredResponse>();
   r->tenant = tenant;
-  r->input = Json::array({Json{{"type", "message"}, {"role", "user"}, {"content", in}}});
-  r->response =
-      Json{{"id", id},
-           {"object", "response"},
-           {"instructions", std::string("sys of ").append(id)},
-           {"output",
-            Json::array({Json{{"type", "message"},
-                              {"role", "assistant"},
-                              {"content", Json::array({Json{{"type", "output_text"}, {"text", out}}})}}})}};
+  r->input = OJson::array({OJson{{"type", "message"}, {"role", "user"}, {"content", in}}});
+  r->response = OJson{
+      {"id", id},
+      {"object", "response"},
+      {"instructions", std::string("sys of ").append(id)},
+      {"output",
+       OJson::array({OJson{{"type", "message"},
+                           {"role", "assistant"},
+                           {"content", OJson::array({OJson{{"type", "output_text"}, {"text", out}}})}}})}};
   r->previous = std::move(previous);
   return r;
 }
@@ -93,7 +93,7 @@ TEST(ResponseStore, ChainConversationAndInput) {
   auto b = s.get("b", "t");
   ASSERT_TRUE(b);
   // Input items then output items, turn by turn; no instructions.
-  const Json conv = b->conversation();
+  const OJson conv = b->conversation();
   ASSERT_EQ(conv.size(), 4u) << conv.dump();
   EXPECT_EQ(conv[0]["content"], "q1");
   EXPECT_EQ(conv[1]["content"][0]["text"], "a1");
@@ -110,7 +110,7 @@ TEST(ResponseStore, LongChainsDoNotRecurse) {
     std::shared_ptr<const StoredResponse> prev;
     for (int i = 0; i < 200000; ++i) {
       auto r = std::make_shared<StoredResponse>();
-      r->response = Json{{"id", id_of("r", i)}};
+      r->response = OJson{{"id", id_of("r", i)}};
       r->previous = std::move(prev);
       prev = r;
       s.put(std::move(r));

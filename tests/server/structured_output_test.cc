@@ -19,7 +19,7 @@
 namespace beluga::server {
 namespace {
 
-using Json = nlohmann::ordered_json;
+using OJson = nlohmann::ordered_json;
 
 const std::string kModelDir = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 
@@ -47,9 +47,9 @@ class StructuredOutput : public ::testing::Test {
     info.grammars = std::make_shared<GrammarCache>(*vocab_, opt);
     return info;
   }
-  BuiltRequest build(ServerApi api, const Json& body) { return build_request(api, body.dump(), info_); }
+  BuiltRequest build(ServerApi api, const OJson& body) { return build_request(api, body.dump(), info_); }
   // The ApiError a body gets (fails the test when it builds).
-  recipe::ApiError error_of(ServerApi api, const Json& body, const ModelInfo* info = nullptr) {
+  recipe::ApiError error_of(ServerApi api, const OJson& body, const ModelInfo* info = nullptr) {
     try {
       build_request(api, body.dump(), info ? *info : info_);
     } catch (const recipe::ApiError& e) {
@@ -76,13 +76,13 @@ class StructuredOutput : public ::testing::Test {
       EXPECT_FALSE((mask[size_t(id) >> 5] >> (id & 31)) & 1) << "padding id " << id << " allowed";
     return {true, p->is_accepting()};
   }
-  static Json chat(Json extra) {
-    Json b = {{"model", "demo"}, {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})}};
+  static OJson chat(OJson extra) {
+    OJson b = {{"model", "demo"}, {"messages", OJson::array({OJson{{"role", "user"}, {"content", "hi"}}})}};
     for (auto& [k, v] : extra.items()) b[k] = v;
     return b;
   }
-  static Json person_schema() {
-    return Json::parse(R"({"type":"object","properties":{"name":{"type":"string"},
+  static OJson person_schema() {
+    return OJson::parse(R"({"type":"object","properties":{"name":{"type":"string"},
       "age":{"type":"integer","minimum":0},"role":{"enum":["admin","user"]}},
       "required":["name","age"],"additionalProperties":false})");
   }
@@ -144,7 +144,7 @@ TEST_F(StructuredOutput, VllmRegexAndGrammarAreEnforced) {
   EXPECT_FALSE(run(r, "cow 1").first);
   EXPECT_FALSE(run(r, "cat 1234").first);
   const char* gbnf = "root ::= item (\",\" item)*\nitem ::= [a-c]+";
-  Json body = {{"model", "demo"}, {"prompt", "x"}, {"structured_outputs", {{"grammar", gbnf}}}};
+  OJson body = {{"model", "demo"}, {"prompt", "x"}, {"structured_outputs", {{"grammar", gbnf}}}};
   BuiltRequest g = build(ServerApi::kCompletions, body);
   EXPECT_EQ(run(g, "ab,c,abc"), std::make_pair(true, true));
   EXPECT_EQ(run(g, "ab,"), std::make_pair(true, false));
@@ -163,9 +163,10 @@ TEST_F(StructuredOutput, VllmJsonAcceptsSchemaTextToo) {
 }
 
 TEST_F(StructuredOutput, ResponsesTextFormat) {
-  Json body = {{"model", "demo"},
-               {"input", "hi"},
-               {"text", {{"format", {{"type", "json_schema"}, {"name", "p"}, {"schema", person_schema()}}}}}};
+  OJson body = {
+      {"model", "demo"},
+      {"input", "hi"},
+      {"text", {{"format", {{"type", "json_schema"}, {"name", "p"}, {"schema", person_schema()}}}}}};
   BuiltRequest b = build(ServerApi::kResponses, body);
   EXPECT_EQ(run(b, R"({"name":"A","age":2})"), std::make_pair(true, true));
   EXPECT_FALSE(run(b, R"([])").first);
@@ -174,10 +175,10 @@ TEST_F(StructuredOutput, ResponsesTextFormat) {
 }
 
 TEST_F(StructuredOutput, MessagesOutputConfigAndBetaOutputFormat) {
-  Json body = {{"model", "demo"},
-               {"max_tokens", 64},
-               {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})},
-               {"output_config", {{"format", {{"type", "json_schema"}, {"schema", person_schema()}}}}}};
+  OJson body = {{"model", "demo"},
+                {"max_tokens", 64},
+                {"messages", OJson::array({OJson{{"role", "user"}, {"content", "hi"}}})},
+                {"output_config", {{"format", {{"type", "json_schema"}, {"schema", person_schema()}}}}}};
   EXPECT_EQ(run(build(ServerApi::kMessages, body), R"({"name":"A","age":2})"), std::make_pair(true, true));
   body.erase("output_config");
   body["output_format"] = {{"type", "json_schema"}, {"schema", person_schema()}};
@@ -187,7 +188,7 @@ TEST_F(StructuredOutput, MessagesOutputConfigAndBetaOutputFormat) {
 }
 
 TEST_F(StructuredOutput, CompletionsTakeResponseFormatAndStructuredOutputs) {
-  Json body = {{"model", "demo"}, {"prompt", "x"}, {"structured_outputs", {{"choice", {"yes", "no"}}}}};
+  OJson body = {{"model", "demo"}, {"prompt", "x"}, {"structured_outputs", {{"choice", {"yes", "no"}}}}};
   EXPECT_EQ(run(build(ServerApi::kCompletions, body), "no"), std::make_pair(true, true));
   body.erase("structured_outputs");
   body["response_format"] = {{"type", "json_object"}};
@@ -211,8 +212,8 @@ TEST_F(StructuredOutput, EverySequenceGetsItsOwnMatcher) {
 }
 
 TEST_F(StructuredOutput, RefusedKeywordIsA400NamingIt) {
-  Json schema =
-      Json::parse(R"({"type":"object","properties":{"zip":{"type":"string","not":{"pattern":"^9"}}}})");
+  OJson schema =
+      OJson::parse(R"({"type":"object","properties":{"zip":{"type":"string","not":{"pattern":"^9"}}}})");
   recipe::ApiError e =
       error_of(ServerApi::kChat,
                chat({{"response_format",
@@ -223,7 +224,7 @@ TEST_F(StructuredOutput, RefusedKeywordIsA400NamingIt) {
       << e.body().dump();
   EXPECT_EQ(e.body()["error"]["code"], "unsupported_schema");
 
-  Json body = {
+  OJson body = {
       {"model", "demo"},
       {"input", "hi"},
       {"text",
@@ -232,10 +233,10 @@ TEST_F(StructuredOutput, RefusedKeywordIsA400NamingIt) {
   EXPECT_EQ(e.body()["error"]["param"], "text.format.schema");
   EXPECT_NE(e.body()["error"]["message"].get<std::string>().find("'not'"), std::string::npos);
 
-  Json msg = {
+  OJson msg = {
       {"model", "demo"},
       {"max_tokens", 8},
-      {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})},
+      {"messages", OJson::array({OJson{{"role", "user"}, {"content", "hi"}}})},
       {"output_config",
        {{"format", {{"type", "json_schema"}, {"schema", {{"type", "array"}, {"uniqueItems", true}}}}}}}};
   e = error_of(ServerApi::kMessages, msg);
@@ -246,7 +247,7 @@ TEST_F(StructuredOutput, RefusedKeywordIsA400NamingIt) {
 }
 
 TEST_F(StructuredOutput, MalformedConstraintsAre400s) {
-  auto param = [&](ServerApi api, const Json& body) {
+  auto param = [&](ServerApi api, const OJson& body) {
     recipe::ApiError e = error_of(api, body);
     EXPECT_EQ(e.status(), 400) << body.dump();
     return e.body()["error"]["param"].get<std::string>();
@@ -271,7 +272,7 @@ TEST_F(StructuredOutput, MalformedConstraintsAre400s) {
   EXPECT_EQ(param(ServerApi::kChat,
                   chat({{"structured_outputs", {{"regex", "a"}, {"grammar", "root ::= \"a\""}}}})),
             "structured_outputs");  // two at once
-  EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"choice", Json::array()}}}})),
+  EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"choice", OJson::array()}}}})),
             "structured_outputs.choice");
   EXPECT_EQ(param(ServerApi::kChat, chat({{"structured_outputs", {{"choice", {"a", 1}}}}})),
             "structured_outputs.choice[1]");
@@ -316,7 +317,7 @@ TEST_F(StructuredOutput, ThinkingAndMissingGrammarSupportAre400s) {
 }
 
 TEST_F(StructuredOutput, SchemaCompilesOncePerCanonicalText) {
-  auto body = [&](Json schema) {
+  auto body = [&](OJson schema) {
     return chat({{"response_format",
                   {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", schema}}}}}});
   };
@@ -327,12 +328,12 @@ TEST_F(StructuredOutput, SchemaCompilesOncePerCanonicalText) {
   GrammarCache::Stats s = info_.grammars->stats();
   EXPECT_EQ(s.misses, 1u);
   EXPECT_EQ(s.hits, 2u);
-  build(ServerApi::kChat, body(Json{{"type", "array"}}));
+  build(ServerApi::kChat, body(OJson{{"type", "array"}}));
   s = info_.grammars->stats();
   EXPECT_EQ(s.misses, 2u);
   EXPECT_EQ(s.entries, 2u);
   // A refusal is remembered too (a client retrying a bad schema costs no compile).
-  Json bad = {{"type", "string"}, {"not", {{"pattern", "^a"}}}};
+  OJson bad = {{"type", "string"}, {"not", {{"pattern", "^a"}}}};
   error_of(ServerApi::kChat, body(bad));
   error_of(ServerApi::kChat, body(bad));
   s = info_.grammars->stats();
@@ -383,14 +384,14 @@ TEST_F(StructuredOutput, ConcurrentRequestsForOneSchemaShareOneCompile) {
 
 TEST_F(StructuredOutput, CompileOverTheTimeLimitIsA400AndNotRemembered) {
   // A schema whose compile takes far longer than 1 ms on this vocabulary: many enum-valued fields.
-  Json props = Json::object();
+  OJson props = OJson::object();
   for (int i = 0; i < 60; ++i) {
-    Json e = Json::array();
+    OJson e = OJson::array();
     for (int k = 0; k < 30; ++k) e.push_back("value_" + std::to_string(i) + "_" + std::to_string(k));
     props["field_" + std::to_string(i)] = {{"enum", e}};
   }
-  Json schema = {{"type", "object"}, {"properties", props}};
-  Json body = chat({{"structured_outputs", {{"json", schema}}}});
+  OJson schema = {{"type", "object"}, {"properties", props}};
+  OJson body = chat({{"structured_outputs", {{"json", schema}}}});
   info_ = make_info(GrammarCacheOptions{16, std::chrono::milliseconds(1)});
   const auto t0 = std::chrono::steady_clock::now();
   recipe::ApiError e = error_of(ServerApi::kChat, body);
@@ -404,11 +405,11 @@ TEST_F(StructuredOutput, CompileOverTheTimeLimitIsA400AndNotRemembered) {
 
 // The demo model writes DeepSeek V3 tool-call markup; a forced tool call is held to it.
 TEST_F(StructuredOutput, ForcedToolCallFollowsTheMarkupAndTheSchema) {
-  Json tools = Json::array();
+  OJson tools = OJson::array();
   tools.push_back({{"type", "function"},
                    {"function",
                     {{"name", "get_weather"},
-                     {"parameters", Json::parse(R"({"type":"object","properties":{"city":{"type":"string"}},
+                     {"parameters", OJson::parse(R"({"type":"object","properties":{"city":{"type":"string"}},
                         "required":["city"],"additionalProperties":false})")}}}});
   tools.push_back({{"type", "function"}, {"function", {{"name", "now"}}}});  // no parameters: any object
   auto call = [](const std::string& name, const std::string& args) {
@@ -439,11 +440,11 @@ TEST_F(StructuredOutput, ForcedToolCallFollowsTheMarkupAndTheSchema) {
   // auto / none: not forced, not constrained.
   EXPECT_FALSE(build(ServerApi::kChat, chat({{"tools", tools}, {"tool_choice", "auto"}})).logits_processor);
   // Anthropic's "any" is "required".
-  Json msg = {{"model", "demo"},
-              {"max_tokens", 64},
-              {"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})},
-              {"tools", Json::array({Json{{"name", "now"}, {"input_schema", {{"type", "object"}}}}})},
-              {"tool_choice", {{"type", "any"}}}};
+  OJson msg = {{"model", "demo"},
+               {"max_tokens", 64},
+               {"messages", OJson::array({OJson{{"role", "user"}, {"content", "hi"}}})},
+               {"tools", OJson::array({OJson{{"name", "now"}, {"input_schema", {{"type", "object"}}}}})},
+               {"tool_choice", {{"type", "any"}}}};
   EXPECT_EQ(run(build(ServerApi::kMessages, msg), begin + call("now", "{}") + end, true),
             std::make_pair(true, true));
 
