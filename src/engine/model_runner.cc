@@ -116,7 +116,9 @@ void ModelRunner::run() {
       std::lock_guard<std::mutex> lk(mu_);
       last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       last_tokens_ = int(batch_.tokens.size());
-      error_ = err;
+      // Moved, not copied: the engine thread then owns the only reference, so the exception is freed
+      // on the thread that read it (libstdc++'s uninstrumented refcount looks like a race to TSan).
+      error_ = std::move(err);
       done_ = true;
     }
     cv_.notify_all();
