@@ -531,6 +531,7 @@ Value method(const Value& obj, const std::string& name) {
   if (obj.type == T::kList) {
     if (name == "append")
       return Value::function([self](Args& a) {
+        if (a.log) a.log->mutated(self.list);
         self.list->push_back(a.get(0, "item"));
         return Value::none();
       });

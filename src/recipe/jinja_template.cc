@@ -27,7 +27,7 @@ constexpr int64_t kMaxRenderSteps = 5'000'000;
 
 class Renderer {
  public:
-  explicit Renderer(const Dict& globals) : globals_(globals) { scopes_.emplace_back(); }
+  Renderer(const Dict& globals, MutationLog& log) : globals_(globals), log_(log) { scopes_.emplace_back(); }
 
   Flow render(const Body& body, Value& out) {
     for (const Node& n : body) {
@@ -105,6 +105,7 @@ class Renderer {
       Value ns = lookup(t.substr(0, dot));
       BELUGA_CHECK(ns.type == Value::Type::kDict && ns.is_namespace, "template line ", line,
                    ": cannot set an attribute of ", t.substr(0, dot), ", which is not a namespace()");
+      log_.mutated(ns.dict);
       ns.dict->set(t.substr(dot + 1), v);
       return;
     }
@@ -174,6 +175,7 @@ class Renderer {
 
   Args eval_args(const Expr& e, size_t skip) {
     Args a;
+    a.log = &log_;
     for (size_t k = skip; k < e.args.size(); ++k) a.pos.push_back(eval(*e.args[k]));
     for (const auto& [k, x] : e.kwargs) a.kw.emplace_back(k, eval(*x));
     return a;
@@ -340,6 +342,7 @@ class Renderer {
   }
 
   const Dict& globals_;
+  MutationLog& log_;
   std::vector<std::map<std::string, Value>> scopes_;
   int depth_ = 0;
   int64_t steps_ = 0;
@@ -350,7 +353,8 @@ class Renderer {
 Template::Template(std::string_view source) : root_(std::make_shared<const Body>(parse_template(source))) {}
 
 Value Template::render(const Dict& context) const {
-  Renderer r(context);
+  MutationLog log;  // declared first, so it is destroyed after the renderer's scopes (jinja_value.h)
+  Renderer r(context, log);
   Value out = Value::string("");
   r.render(*root_, out);
   return out;

@@ -23,6 +23,27 @@ void Dict::set(const std::string& key, Value v) {
   items.emplace_back(key, std::move(v));
 }
 
+void MutationLog::mutated(const std::shared_ptr<List>& l) {
+  if (l.get() == last_) return;
+  last_ = l.get();
+  lists_.push_back(l);
+}
+
+void MutationLog::mutated(const std::shared_ptr<Dict>& d) {
+  if (d.get() == last_) return;
+  last_ = d.get();
+  dicts_.push_back(d);
+}
+
+MutationLog::~MutationLog() {
+  // Emptying one may free others (their weak pointers expire); the deleters below free deep values
+  // without recursion.
+  for (auto& w : lists_)
+    if (auto l = w.lock()) l->clear();
+  for (auto& w : dicts_)
+    if (auto d = w.lock()) d->items.clear();
+}
+
 namespace {
 
 // Lists and dicts are freed with an explicit stack: a value a template nests 100,000 deep (one more

@@ -82,10 +82,32 @@ bool equals(const Value& a, const Value& b);
 // Ordering for sort and comparisons; throws on incomparable types.
 int compare(const Value& a, const Value& b);
 
-// Call arguments: positional then keyword.
+// The lists and namespaces one render mutated (`x.append(v)`, `{% set ns.a = v %}`). Values are
+// reference-counted and a container built from values holds only older ones, so a cycle (which
+// would never be freed: `{% set ns.x = ns %}`, a leak per render that libFuzzer found) must pass
+// through a mutated container. When the render ends, after its scopes are gone, every one of them
+// still alive is emptied: that frees the cycles. (A list of the caller's context the template
+// appended to is emptied too; chat templates never read theirs after the render.)
+class MutationLog {
+ public:
+  MutationLog() = default;
+  MutationLog(const MutationLog&) = delete;
+  MutationLog& operator=(const MutationLog&) = delete;
+  ~MutationLog();
+  void mutated(const std::shared_ptr<List>& l);
+  void mutated(const std::shared_ptr<Dict>& d);
+
+ private:
+  std::vector<std::weak_ptr<List>> lists_;
+  std::vector<std::weak_ptr<Dict>> dicts_;
+  const void* last_ = nullptr;  // a loop appending to one list logs it once
+};
+
+// Call arguments: positional then keyword; `log` is the calling render's (null outside one).
 struct Args {
   std::vector<Value> pos;
   std::vector<std::pair<std::string, Value>> kw;
+  MutationLog* log = nullptr;
   // Positional `index` or keyword `name`, else undefined.
   Value get(size_t index, const std::string& name) const;
 };
