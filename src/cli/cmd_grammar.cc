@@ -1,11 +1,16 @@
 // `beluga grammar check --tokenizer DIR|FILE (--schema FILE | --regex RE | --gbnf FILE)
 //                       [--draft 4|6|7|2020-12] [--max-whitespace N] [--compile-timeout-ms MS]
-//                       --instances FILE.jsonl`
+//                       [--dump-masks FILE] --instances FILE.jsonl`
 // --schema: a JSON Schema file; --regex: the pattern itself (the whole output must match it);
 // --gbnf: a grammar file in llama.cpp's GBNF or the Lark subset (grammar/gbnf.h).
 // Reads one JSON string per line (a candidate output text), feeds its tokens through the matcher and
 // prints {"accepted": bool, "complete": bool} per line (grammar/check.h says what they mean).
+// --dump-masks writes every mask the check computes as one JSON line, so another implementation's masks
+// can be compared step by step (bench/xgrammar_peer.mjs): {"instance": line index among the non-blank
+// lines, from 0, "step": tokens fed before it, "allowed": ids set, "accepting": end of sequence allowed
+// here, "mask": hex of ceil(V/8) bytes, byte j bit b = id 8j+b allowed}.
 // Exit 0 when the grammar compiled, 2 when it is refused (the reason on stderr), 1 on other errors.
+#include <bit>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +22,7 @@
 #include "cli/commands.h"
 #include "cli/flag_table.h"
 #include "grammar/check.h"
+#include "grammar/matcher.h"
 #include "grammar/refused.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -30,6 +36,22 @@ std::string tokenizer_path(const std::string& p) {
   return std::filesystem::is_directory(p) ? p + "/tokenizer.json" : p;
 }
 
+// One --dump-masks line (the format is in the header comment).
+void dump_mask(std::ofstream& out, size_t instance, const grammar::Matcher& m, const uint32_t* mask) {
+  static const char* hex = "0123456789abcdef";
+  const size_t n_bytes = (m.vocab().size() + 7) / 8;
+  std::string h(2 * n_bytes, '0');
+  size_t allowed = 0;
+  for (size_t j = 0; j < n_bytes; ++j) {
+    unsigned byte = (mask[j / 4] >> (8 * (j % 4))) & 0xff;
+    h[2 * j] = hex[byte >> 4];
+    h[2 * j + 1] = hex[byte & 15];
+    allowed += size_t(std::popcount(byte));
+  }
+  out << "{\"instance\": " << instance << ", \"step\": " << m.num_tokens() << ", \"allowed\": " << allowed
+      << ", \"accepting\": " << (m.is_accepting() ? "true" : "false") << ", \"mask\": \"" << h << "\"}\n";
+}
+
 int grammar_check(int argc, char** argv) {
   Args args = Args::for_command(argc, argv, "grammar check");
   const std::string tokenizer_file = tokenizer_path(args.require("tokenizer"));
@@ -37,6 +59,7 @@ int grammar_check(int argc, char** argv) {
   auto regex = args.get("regex");
   auto gbnf = args.get("gbnf");
   std::string instances = args.require("instances");
+  auto dump_file = args.get("dump-masks");
   grammar::JsonSchemaOptions opt;
   if (auto d = args.get("draft")) {
     opt.draft = grammar::parse_draft(*d);
@@ -75,6 +98,12 @@ int grammar_check(int argc, char** argv) {
 
   std::ifstream in(instances);
   BELUGA_CHECK(in, "cannot open ", instances);
+  std::ofstream dump;
+  if (dump_file) {
+    dump.open(*dump_file);
+    BELUGA_CHECK(dump, "cannot write ", *dump_file);
+  }
+  size_t instance = 0;
   std::string line;
   size_t lineno = 0;
   while (std::getline(in, line)) {
@@ -87,9 +116,17 @@ int grammar_check(int argc, char** argv) {
       fail(instances, " line ", lineno, ": not JSON: ", e.what());
     }
     BELUGA_CHECK(j.is_string(), instances, " line ", lineno, ": expected a JSON string (a candidate output)");
-    grammar::CheckResult r = grammar::check_text(g, tokenizer, j.get_ref<const std::string&>());
+    grammar::MaskObserver on_mask;
+    if (dump_file)
+      on_mask = [&](const grammar::Matcher& m, const uint32_t* mask) { dump_mask(dump, instance, m, mask); };
+    grammar::CheckResult r = grammar::check_text(g, tokenizer, j.get_ref<const std::string&>(), on_mask);
+    ++instance;
     std::printf("{\"accepted\": %s, \"complete\": %s}\n", r.accepted ? "true" : "false",
                 r.complete ? "true" : "false");
+  }
+  if (dump_file) {
+    dump.close();
+    BELUGA_CHECK(dump, "cannot write ", *dump_file);
   }
   return 0;
 }

@@ -491,7 +491,10 @@ const std::vector<CommandUsage>& command_usages() {
                     {"draft", "4|6|7|2020-12", "the schema's draft (default: from $schema, else 2020-12)"},
                     {"max-whitespace", "N",
                      "whitespace bytes allowed wherever JSON allows them, 0..16 (default 0)"},
-                    {"compile-timeout-ms", "MS", "default 10000"}}}}},
+                    {"compile-timeout-ms", "MS", "default 10000"},
+                    {"dump-masks", "FILE",
+                     "also write every step's full-vocabulary mask as a JSON line (instance, step, allowed, "
+                     "accepting, mask in hex), to compare masks with another implementation"}}}}},
       {.command = "kv",
        .text = "usage: beluga kv stats|gc --kv-disk-dir DIR [options]\n"
                "  stats       what a KV file tier's directory holds: blocks, bytes, by class, oldest use\n"

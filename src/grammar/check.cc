@@ -11,19 +11,24 @@
 namespace beluga::grammar {
 
 CheckResult check_text(std::shared_ptr<const CompiledGrammar> grammar, const tok::Tokenizer& tokenizer,
-                       std::string_view text) {
+                       std::string_view text, const MaskObserver& on_mask) {
   Matcher m(std::move(grammar));
   std::vector<int> ids = tokenizer.encode(text, /*allow_special=*/false);
   std::vector<uint32_t> mask(m.vocab().mask_words());
   CheckResult r;
   for (int id : ids) {
     m.fill_mask(mask.data());
+    if (on_mask) on_mask(m, mask.data());
     if (!((mask[id >> 5] >> (id & 31)) & 1)) return r;
     BELUGA_CHECK(m.accept_token(id), "internal error: token ", id,
                  " is in the mask but the matcher rejects it");
   }
   r.accepted = true;
   r.complete = m.is_accepting();
+  if (on_mask) {
+    m.fill_mask(mask.data());
+    on_mask(m, mask.data());
+  }
   return r;
 }
 

@@ -2,9 +2,14 @@
 // text is tokenized with the model's tokenizer (special tokens off) and fed token by token, each token
 // tested against the full-vocabulary mask first. accepted: every token was in the mask (feeding stops
 // at the first that is not); complete: accepted and the matcher accepts at the end.
+// `on_mask`, when given, sees every mask the check computes: the one before each fed token and, when
+// every token was accepted, the one after the last (the matcher's is_accepting() says whether end of
+// sequence would be allowed there). `beluga grammar check --dump-masks` writes them out.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -23,8 +28,11 @@ struct CheckResult {
   bool accepted = false, complete = false;
 };
 
+class Matcher;
+using MaskObserver = std::function<void(const Matcher& matcher, const uint32_t* mask)>;
+
 CheckResult check_text(std::shared_ptr<const CompiledGrammar> grammar, const tok::Tokenizer& tokenizer,
-                       std::string_view text);
+                       std::string_view text, const MaskObserver& on_mask = nullptr);
 
 // JSON Schema -> compiled grammar within `timeout` (front end and mask precompute together).
 std::shared_ptr<const CompiledGrammar> compile_json_schema(const nlohmann::ordered_json& schema,

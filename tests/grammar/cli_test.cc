@@ -7,7 +7,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -94,6 +98,68 @@ TEST(GrammarCli, RegexAndGbnfFrontEnds) {
   std::string bad = write("bad.gbnf", "root ::= item\nitem ::= \"a\" undefined-rule\n");
   EXPECT_EQ(run(check_cmd("--gbnf " + bad, li), &out), 1) << out;
   EXPECT_NE(out.find("line 2, column 14: undefined rule 'undefined-rule'"), std::string::npos) << out;
+}
+
+// The ids `beluga tokenize` gives each text (one JSON string per line in, one id list per line out).
+std::vector<std::vector<int>> token_ids(const std::vector<std::string>& texts) {
+  std::string in;
+  for (const auto& t : texts) in += nlohmann::json(t).dump() + "\n";
+  std::string out;
+  EXPECT_EQ(run(std::string(BELUGA_BINARY) + " tokenize --tokenizer " + BELUGA_SOURCE_DIR +
+                    "/models/beluga-demo-coder-mtp/tokenizer.json --jsonl < " + write("t.jsonl", in),
+                &out),
+            0)
+      << out;
+  std::vector<std::vector<int>> ids;
+  std::istringstream lines(out);
+  for (std::string l; std::getline(lines, l);)
+    ids.push_back(nlohmann::json::parse(l).get<std::vector<int>>());
+  return ids;
+}
+
+bool bit(const std::string& hex, int id) {
+  int byte = std::stoi(hex.substr(size_t(id / 8) * 2, 2), nullptr, 16);
+  return (byte >> (id % 8)) & 1;
+}
+
+TEST(GrammarCli, DumpMasksWritesEveryStepsMask) {
+  // "ab-12" is complete; "ab-123" is rejected at the token that brings the third digit.
+  std::string inst = write("d.jsonl", "\"ab-12\"\n\n\"ab-123\"\n");
+  std::string dump = dir() + "/masks.jsonl", out;
+  ASSERT_EQ(run(check_cmd("--regex '[a-z]+-[0-9]{2}' --dump-masks " + dump, inst), &out), 0) << out;
+  auto ids = token_ids({"ab-12", "ab-123", "a", "1"});
+  ASSERT_EQ(ids.size(), 4u);
+  std::vector<std::vector<nlohmann::json>> steps(2);
+  std::ifstream in(dump);
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l);
+    size_t i = j.at("instance").get<size_t>();
+    ASSERT_LT(i, 2u) << l.substr(0, 80);  // the blank line is not an instance
+    EXPECT_EQ(j.at("step").get<size_t>(), steps[i].size());
+    const std::string hex = j.at("mask").get<std::string>();
+    size_t allowed = 0;
+    for (char c : hex)
+      allowed += size_t(__builtin_popcount(unsigned(std::stoi(std::string(1, c), nullptr, 16))));
+    EXPECT_EQ(j.at("allowed").get<size_t>(), allowed);
+    steps[i].push_back(j);
+  }
+  // The complete instance: one mask per token, each allowing that token, and one after the last, the
+  // only accepting one.
+  ASSERT_EQ(steps[0].size(), ids[0].size() + 1);
+  for (size_t k = 0; k < steps[0].size(); ++k) {
+    const std::string hex = steps[0][k].at("mask");
+    EXPECT_EQ(hex.size(), steps[0][0].at("mask").get<std::string>().size());
+    if (k < ids[0].size()) EXPECT_TRUE(bit(hex, ids[0][k])) << k;
+    EXPECT_EQ(steps[0][k].at("accepting").get<bool>(), k == ids[0].size()) << k;
+  }
+  // The first mask allows a letter and not a digit.
+  if (ids[2].size() == 1) EXPECT_TRUE(bit(steps[0][0].at("mask"), ids[2][0]));
+  if (ids[3].size() == 1) EXPECT_FALSE(bit(steps[0][0].at("mask"), ids[3][0]));
+  // The rejected instance stops at the mask that lacks its token.
+  ASSERT_FALSE(steps[1].empty());
+  ASSERT_LT(steps[1].size(), ids[1].size() + 1);
+  for (size_t k = 0; k < steps[1].size(); ++k)
+    EXPECT_EQ(bit(steps[1][k].at("mask"), ids[1][k]), k + 1 < steps[1].size()) << k;
 }
 
 }  // namespace
