@@ -10,6 +10,11 @@ GrammarCache::GrammarCache(std::shared_ptr<const grammar::TokenVocab> vocab, Gra
 std::shared_ptr<const grammar::CompiledGrammar> GrammarCache::get(const std::string& key,
                                                                   const Compile& compile) {
   std::unique_lock<std::mutex> lk(mu_);
+  if (auto it = map_.find(key);
+      it != map_.end() && it->second->ready && std::chrono::steady_clock::now() >= it->second->expires) {
+    lru_.erase(it->second->lru);  // a time-limit refusal past its memory: compile again
+    map_.erase(it);
+  }
   if (auto it = map_.find(key); it != map_.end()) {
     std::shared_ptr<Entry> e = it->second;
     stats_.hits++;
@@ -29,12 +34,14 @@ std::shared_ptr<const grammar::CompiledGrammar> GrammarCache::get(const std::str
   std::shared_ptr<const grammar::CompiledGrammar> g;
   std::exception_ptr error;
   bool keep = true;  // a deterministic outcome: remembered
+  bool out_of_time = false;
   const auto t0 = std::chrono::steady_clock::now();
   try {
     g = compile(t0 + options_.timeout);
   } catch (const grammar::Refused& r) {
     error = std::current_exception();
-    keep = r.keyword() != "compile-time";
+    out_of_time = r.keyword() == "compile-time";
+    keep = !out_of_time || options_.timeout_memory.count() > 0;
   } catch (const Error&) {
     error = std::current_exception();  // not a valid schema
   } catch (...) {
@@ -47,6 +54,7 @@ std::shared_ptr<const grammar::CompiledGrammar> GrammarCache::get(const std::str
   e->grammar = g;
   e->error = error;
   e->ready = true;
+  if (out_of_time) e->expires = std::chrono::steady_clock::now() + options_.timeout_memory;
   if (error) stats_.refused++;
   if (g) stats_.compile_ms += ms;
   if (keep && options_.capacity > 0) {

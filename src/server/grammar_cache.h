@@ -2,8 +2,11 @@
 // text: a schema's JSON as sent, key order included, since that order shapes the grammar) in an LRU
 // of `capacity` entries, so a schema sent again compiles once. Compiles run on the caller's thread (a
 // build-pool thread, never the engine's) under a time limit; concurrent requests for one key wait for
-// a single compile. Refusals (an unenforceable keyword) are remembered like grammars, except the time
-// limit, which depends on the load of the moment.
+// a single compile. Refusals (an unenforceable keyword) are remembered like grammars; running out of
+// time depends on the load of the moment, so it is remembered only for `timeout_memory`: long enough
+// that a burst of requests with one too-hard schema fails at once instead of each wave of them holding
+// build threads for another full time limit (measured: 256 such requests took minutes), short enough
+// that a quieter machine tries again.
 #pragma once
 
 #include <chrono>
@@ -24,6 +27,7 @@ namespace beluga::server {
 struct GrammarCacheOptions {
   size_t capacity = 256;                      // compiled grammars kept (0: none, every request compiles)
   std::chrono::milliseconds timeout{10'000};  // per compile (front end and masks together)
+  std::chrono::milliseconds timeout_memory{30'000};  // how long a compile that ran out of time is remembered
 };
 
 class GrammarCache {
@@ -51,6 +55,7 @@ class GrammarCache {
     std::shared_ptr<const grammar::CompiledGrammar> grammar;
     std::exception_ptr error;  // a remembered refusal
     bool ready = false;
+    std::chrono::steady_clock::time_point expires = std::chrono::steady_clock::time_point::max();
     std::list<std::string>::iterator lru;
   };
   void evict_locked();

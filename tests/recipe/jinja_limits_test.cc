@@ -56,9 +56,10 @@ TEST(JinjaLimits, EmptySubscriptIsAParseError) {
 // a list of the context, whose use count shows whether the template's namespace still holds it; the
 // sanitizer build's leak checker covers the cycles made of template values alone.
 TEST(JinjaLimits, CyclesATemplateMakesAreFreedWhenTheRenderEnds) {
-  for (const std::string tmpl : {"{% set ns = namespace(l=items) %}{{ items.append(ns) }}",
-                                 "{% set ns = namespace(l=items) %}{% set ns.me = ns %}{{ items.append(items) }}",
-                                 "{% set f = items.append %}{{ f(f) }}"}) {
+  for (const std::string tmpl :
+       {"{% set ns = namespace(l=items) %}{{ items.append(ns) }}",
+        "{% set ns = namespace(l=items) %}{% set ns.me = ns %}{{ items.append(items) }}",
+        "{% set f = items.append %}{{ f(f) }}"}) {
     jinja::Dict ctx;
     jinja::Value items = jinja::Value::new_list({jinja::Value::integer(1)});
     ctx.set("items", items);
@@ -68,11 +69,15 @@ TEST(JinjaLimits, CyclesATemplateMakesAreFreedWhenTheRenderEnds) {
   }
   // Template-only cycles render as in Python (printing a cycle meets the nesting limit).
   EXPECT_EQ(render("{% set x = [] %}{{ x.append(x) }}{{ x | length }}"), "None1");
-  EXPECT_EQ(render("{% set ns = namespace(x=0) %}{% for i in range(6) %}{% set ns.x = ns, 1 %}{% endfor %}ok"), "ok");
-  expect_error("{% set ns = namespace(x=0) %}{% set ns.x = ns, 1 %}{{ ns.x }}", "nested deeper than 512 levels");
+  EXPECT_EQ(
+      render("{% set ns = namespace(x=0) %}{% for i in range(6) %}{% set ns.x = ns, 1 %}{% endfor %}ok"),
+      "ok");
+  expect_error("{% set ns = namespace(x=0) %}{% set ns.x = ns, 1 %}{{ ns.x }}",
+               "nested deeper than 512 levels");
   // Sharing without a cycle is untouched: the same list twice, one list in two namespaces.
-  EXPECT_EQ(render("{% set x = [] %}{% set y = [1] %}{{ x.append(y) }}{{ x.append(y) }}{{ y.append(2) }}{{ x }}"),
-            "NoneNoneNone[[1, 2], [1, 2]]");
+  EXPECT_EQ(
+      render("{% set x = [] %}{% set y = [1] %}{{ x.append(y) }}{{ x.append(y) }}{{ y.append(2) }}{{ x }}"),
+      "NoneNoneNone[[1, 2], [1, 2]]");
   EXPECT_EQ(render("{% set a = namespace(l=[]) %}{% set b = namespace(l=a.l) %}{{ b.l.append(3) }}{{ a.l }}"),
             "None[3]");
 }

@@ -382,7 +382,7 @@ TEST_F(StructuredOutput, ConcurrentRequestsForOneSchemaShareOneCompile) {
   EXPECT_EQ(cache.stats().misses, 1u);
 }
 
-TEST_F(StructuredOutput, CompileOverTheTimeLimitIsA400AndNotRemembered) {
+TEST_F(StructuredOutput, CompileOverTheTimeLimitIsA400RememberedOnlyForAWhile) {
   // A schema whose compile takes far longer than 1 ms on this vocabulary: many enum-valued fields.
   OJson props = OJson::object();
   for (int i = 0; i < 60; ++i) {
@@ -392,15 +392,21 @@ TEST_F(StructuredOutput, CompileOverTheTimeLimitIsA400AndNotRemembered) {
   }
   OJson schema = {{"type", "object"}, {"properties", props}};
   OJson body = chat({{"structured_outputs", {{"json", schema}}}});
-  info_ = make_info(GrammarCacheOptions{16, std::chrono::milliseconds(1)});
+  // Remembered (an hour): the same schema again fails at once, without a second compile.
+  info_ = make_info(GrammarCacheOptions{16, std::chrono::milliseconds(1), std::chrono::hours(1)});
   const auto t0 = std::chrono::steady_clock::now();
   recipe::ApiError e = error_of(ServerApi::kChat, body);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(e.status(), 400);
   EXPECT_EQ(e.body()["error"]["code"], "grammar_compile_timeout") << e.body().dump();
   EXPECT_LT(s, 5.0) << "the time limit did not stop the compile";
+  EXPECT_EQ(error_of(ServerApi::kChat, body).body()["error"]["code"], "grammar_compile_timeout");
+  EXPECT_EQ(info_.grammars->stats().misses, 1u);
+  // Not remembered (memory 0): a timeout depends on the load, so the next request compiles again.
+  info_ = make_info(GrammarCacheOptions{16, std::chrono::milliseconds(1), std::chrono::milliseconds(0)});
   error_of(ServerApi::kChat, body);
-  EXPECT_EQ(info_.grammars->stats().misses, 2u);  // a timeout depends on the load: compiled again
+  EXPECT_EQ(error_of(ServerApi::kChat, body).body()["error"]["code"], "grammar_compile_timeout");
+  EXPECT_EQ(info_.grammars->stats().misses, 2u);
 }
 
 // The demo model writes DeepSeek V3 tool-call markup; a forced tool call is held to it.
