@@ -300,7 +300,10 @@ class Renderer {
       BELUGA_CHECK(n <= 0 || s.s.size() <= kMaxStringBytes / uint64_t(n), "template line ", e.line,
                    ": a string longer than ", kMaxStringBytes >> 20, " MiB");
       std::string out;
-      for (int64_t k = 0; k < n; ++k) out += s.s;
+      if (!s.s.empty()) {  // an empty string repeats to itself at once, however large n is
+        out.reserve(s.s.size() * size_t(std::max<int64_t>(n, 0)));
+        for (int64_t k = 0; k < n; ++k) out += s.s;
+      }
       return Value::string(out, s.has_data());
     }
     BELUGA_CHECK((a.is_number() || a.type == T::kBool) && (b.is_number() || b.type == T::kBool),

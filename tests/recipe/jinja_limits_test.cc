@@ -82,6 +82,14 @@ TEST(JinjaLimits, CyclesATemplateMakesAreFreedWhenTheRenderEnds) {
             "None[3]");
 }
 
+// libFuzzer (session 19): `{{ f1 * 'x' * 666666666666600001000 }}` ran for minutes. The undefined
+// `f1` times 'x' is the empty string, whose repetition passed the size check (0 bytes) and then looped
+// once per count.
+TEST(JinjaLimits, RepeatingAnEmptyStringIsImmediate) {
+  EXPECT_EQ(render("{{ '' * 9000000000000000000 }}|{{ f1 * 'x' * 666666666666600001000 }}|"), "||");
+  EXPECT_EQ(render("{{ 'ab' * 3 }}{{ 'c' * 0 }}{{ 'd' * -2 }}"), "ababab");
+}
+
 TEST(JinjaLimits, NestingWithinTheLimitStillWorks) {
   EXPECT_EQ(render("{{ " + repeat("(", 40) + "7" + repeat(")", 40) + " }}"), "7");
   EXPECT_EQ(render("{{ 1" + repeat(" + 1", 60) + " }}"), "61");
