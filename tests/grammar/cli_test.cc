@@ -149,12 +149,16 @@ TEST(GrammarCli, DumpMasksWritesEveryStepsMask) {
   for (size_t k = 0; k < steps[0].size(); ++k) {
     const std::string hex = steps[0][k].at("mask");
     EXPECT_EQ(hex.size(), steps[0][0].at("mask").get<std::string>().size());
-    if (k < ids[0].size()) EXPECT_TRUE(bit(hex, ids[0][k])) << k;
+    if (k < ids[0].size()) {
+      EXPECT_TRUE(bit(hex, ids[0][k])) << k;
+    }
     EXPECT_EQ(steps[0][k].at("accepting").get<bool>(), k == ids[0].size()) << k;
   }
   // The first mask allows a letter and not a digit.
-  if (ids[2].size() == 1) EXPECT_TRUE(bit(steps[0][0].at("mask"), ids[2][0]));
-  if (ids[3].size() == 1) EXPECT_FALSE(bit(steps[0][0].at("mask"), ids[3][0]));
+  ASSERT_EQ(ids[2].size(), 1u);
+  ASSERT_EQ(ids[3].size(), 1u);
+  EXPECT_TRUE(bit(steps[0][0].at("mask"), ids[2][0]));
+  EXPECT_FALSE(bit(steps[0][0].at("mask"), ids[3][0]));
   // The rejected instance stops at the mask that lacks its token.
   ASSERT_FALSE(steps[1].empty());
   ASSERT_LT(steps[1].size(), ids[1].size() + 1);
