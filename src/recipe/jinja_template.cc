@@ -55,7 +55,7 @@ class Renderer {
     const Deeper deeper(*this, n.line);
     switch (n.kind) {
       case Node::Kind::kText:
-        Value::string(n.text).append_to(out);
+        append_literal(n.text, out);
         return Flow::kNormal;
       case Node::Kind::kOutput: {
         Value v = eval(*n.expr);
@@ -129,19 +129,28 @@ class Renderer {
     }
     if (items.empty()) return render(n.else_body, out);
     const int64_t len = static_cast<int64_t>(items.size());
+    // One `loop` dict serves every iteration whose body kept no reference to it (the usual case):
+    // building a fresh nine-entry dict per iteration was most of an empty iteration's cost.
+    Value loop;
     for (int64_t k = 0; k < len; ++k) {
       const Deeper step(*this, n.line);  // an empty body still costs a step per iteration
       scopes_.emplace_back();
-      Value loop = Value::new_dict();
-      loop.dict->set("index", Value::integer(k + 1));
-      loop.dict->set("index0", Value::integer(k));
-      loop.dict->set("revindex", Value::integer(len - k));
-      loop.dict->set("revindex0", Value::integer(len - k - 1));
-      loop.dict->set("first", Value::boolean(k == 0));
-      loop.dict->set("last", Value::boolean(k == len - 1));
-      loop.dict->set("length", Value::integer(len));
-      loop.dict->set("previtem", k > 0 ? items[k - 1] : Value());
-      loop.dict->set("nextitem", k + 1 < len ? items[k + 1] : Value());
+      if (!loop.dict || loop.dict.use_count() != 1 || loop.dict->items.size() != 9) {
+        loop = Value::new_dict();
+        for (const char* key :
+             {"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"})
+          loop.dict->items.emplace_back(key, Value());
+      }
+      auto& e = loop.dict->items;  // in the order above
+      e[0].second = Value::integer(k + 1);
+      e[1].second = Value::integer(k);
+      e[2].second = Value::integer(len - k);
+      e[3].second = Value::integer(len - k - 1);
+      e[4].second = Value::boolean(k == 0);
+      e[5].second = Value::boolean(k == len - 1);
+      e[6].second = Value::integer(len);
+      e[7].second = k > 0 ? items[k - 1] : Value();
+      e[8].second = k + 1 < len ? items[k + 1] : Value();
       scopes_.back()["loop"] = loop;
       assign(n.targets, items[k], n.line);
       Flow f = render(n.body, out);

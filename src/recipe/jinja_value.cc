@@ -315,12 +315,16 @@ std::string Value::repr() const {
   return repr_at(*this, 0);
 }
 
+void append_literal(std::string_view text, Value& out) {
+  if (out.s.size() + text.size() > kMaxStringBytes)
+    fail("template: a string longer than ", kMaxStringBytes >> 20, " MiB");
+  out.s += text;
+}
+
 void Value::append_to(Value& out) const {
   if (type == Type::kString) {
-    if (out.s.size() + s.size() > kMaxStringBytes)
-      fail("template: a string longer than ", kMaxStringBytes >> 20, " MiB");
     size_t base = out.s.size();
-    out.s += s;
+    append_literal(s, out);
     for (const Range& r : data) {
       if (!out.data.empty() && out.data.back().end == base + r.begin) {
         out.data.back().end = base + r.end;  // keep ranges merged

@@ -74,6 +74,10 @@ struct Value {
   void append_to(Value& str_out) const;
 };
 
+// Appends template text (never request data) to a string value, within the string size limit: a
+// text node prints this way without first becoming a Value of its own.
+void append_literal(std::string_view text, Value& str_out);
+
 // Whether any string inside `v` (recursively, dict keys included) is request data.
 bool contains_data(const Value& v);
 

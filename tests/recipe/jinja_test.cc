@@ -25,6 +25,16 @@ TEST(Jinja, WhitespaceControlAndBlocks) {
             "1");  // loop scope
 }
 
+// One `loop` object is reused across iterations only while nothing else holds it: a template that
+// keeps each iteration's `loop` sees each one's own values.
+TEST(Jinja, LoopObjectsKeptByTheBodyKeepTheirValues) {
+  EXPECT_EQ(
+      render("{% set ns = namespace(l=[]) %}{% for x in 'abc' %}{{ ns.l.append(loop) or '' }}{% endfor %}"
+             "{% for l in ns.l %}{{ l.index }}{{ l.first }}{{ l.previtem }}{{ l.nextitem }};{% endfor %}"),
+      "1Trueb;2Falseac;3Falseb;");
+  EXPECT_EQ(render("{% for x in [1, 2, 3] %}{{ loop.revindex0 }}{{ loop.length }}{% endfor %}"), "231303");
+}
+
 TEST(Jinja, ErrorsNameTheLine) {
   try {
     render("ok\n{% if %}");
