@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +42,12 @@ bool is_assertion_free(const Json& s);
 // uses them is refused. kNotIn: the value is none of these; kNonIntegral: a number is not an integer.
 inline constexpr const char* kNotIn = "$beluga:notIn";
 inline constexpr const char* kNonIntegral = "$beluga:nonIntegral";
+// A count keyword's number (minItems, maxLength, ...) as an integer, rounded up or down and clamped
+// to +-2^53: converting a number past int64_t's range (`"maxItems": 3e26`) is undefined behavior.
+inline int64_t count_value(double v, bool round_up) {
+  constexpr double kLimit = 9007199254740992.0;  // 2^53
+  return int64_t(std::clamp(round_up ? std::ceil(v) : std::floor(v), -kLimit, kLimit));
+}
 inline std::string join_path(const std::string& p, const std::string& k) {
   return p + "/" + k;
 }

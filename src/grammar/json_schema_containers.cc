@@ -36,14 +36,14 @@ int SchemaCompiler::gen_array(const Json& s, const std::string& path, int depth)
     }
   }
   int64_t min = 0, max = -1;
-  if (s.contains("minItems")) min = int64_t(s["minItems"].get<double>());
-  if (s.contains("maxItems")) max = int64_t(s["maxItems"].get<double>());
+  if (s.contains("minItems")) min = count_value(s["minItems"].get<double>(), false);
+  if (s.contains("maxItems")) max = count_value(s["maxItems"].get<double>(), false);
   bool unique = s.contains("uniqueItems") && s["uniqueItems"].is_boolean() && s["uniqueItems"].get<bool>();
   if (s.contains("contains")) {
     const Json& c = s["contains"];
     int64_t minc = 1, maxc = -1;
-    if (s.contains("minContains")) minc = int64_t(std::ceil(s["minContains"].get<double>()));
-    if (s.contains("maxContains")) maxc = int64_t(std::floor(s["maxContains"].get<double>()));
+    if (s.contains("minContains")) minc = count_value(s["minContains"].get<double>(), true);
+    if (s.contains("maxContains")) maxc = count_value(s["maxContains"].get<double>(), false);
     if (maxc >= 0 && minc > maxc) return g_.nothing();
     if (is_assertion_free(c)) {  // every item matches: the counts bound the length
       min = std::max(min, minc);
@@ -60,7 +60,8 @@ int SchemaCompiler::gen_array(const Json& s, const std::string& path, int depth)
   if (rest->is_boolean() && !rest->get<bool>())
     max = max < 0 ? int64_t(prefix.size()) : std::min<int64_t>(max, prefix.size());
   if (max >= 0 && max < min) return g_.nothing();
-  if (min > 100000 || max > 100000) refuse("maxItems", path, "item counts above 100000 are not supported");
+  if (min > 100000 || max > 100000)
+    refuse(min > 100000 ? "minItems" : "maxItems", path, "item counts above 100000 are not supported");
   if (unique && !(max >= 0 && max <= 1)) return gen_unique(prefix, *rest, min, max, path, depth);
   int p = int(prefix.size());
   std::vector<int> items;
@@ -342,7 +343,7 @@ int SchemaCompiler::gen_object(const Json& s, const std::string& path, int depth
   auto count = [&](const char* kw) -> int64_t {
     if (!s.contains(kw)) return -1;
     BELUGA_CHECK(s[kw].is_number() && s[kw].get<double>() >= 0, kw, " at ", path, " must be a number >= 0");
-    return int64_t(std::ceil(s[kw].get<double>()));
+    return count_value(s[kw].get<double>(), true);
   };
   int64_t minp = count("minProperties"), maxp = count("maxProperties");
   if (minp > 0 || maxp >= 0) {

@@ -118,12 +118,12 @@ Json SchemaCompiler::negate(const Json& s0, const std::string& path, int depth) 
       if (lo.v) any.push_back(beyond(lo, true));
       if (hi.v) any.push_back(beyond(hi, false));
     } else if (k == "minLength" || k == "minItems" || k == "minProperties") {
-      int64_t n = int64_t(std::ceil(v.get<double>()));
+      int64_t n = count_value(v.get<double>(), true);
       const char* t = k == "minLength" ? "string" : k == "minItems" ? "array" : "object";
       std::string opposite = "max" + k.substr(3);
       if (n > 0) any.push_back(typed(t, Json{{opposite, n - 1}}));
     } else if (k == "maxLength" || k == "maxItems" || k == "maxProperties") {
-      int64_t n = int64_t(std::floor(v.get<double>()));
+      int64_t n = count_value(v.get<double>(), false);
       const char* t = k == "maxLength" ? "string" : k == "maxItems" ? "array" : "object";
       any.push_back(typed(t, Json{{"min" + k.substr(3), n + 1}}));
     } else if (k == "required") {

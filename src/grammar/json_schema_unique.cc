@@ -46,7 +46,7 @@ std::optional<std::vector<Json>> SchemaCompiler::finite_values(const Json& s0, c
           return std::nullopt;
         auto items = finite_values(s["items"], join_path(path, "items"), depth + 1);
         if (!items) return std::nullopt;
-        int64_t max = int64_t(s["maxItems"].get<double>());
+        int64_t max = count_value(s["maxItems"].get<double>(), false);
         std::vector<Json> level = {Json::array()};
         for (int64_t len = 0; len <= max; ++len) {
           for (auto& a : level) cands.push_back(a);

@@ -68,24 +68,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     g = compile(front_end(data[0], text), vocab(), co);
   });
   if (!g) return 0;
-  Matcher m(g);
-  const TokenVocab& v = *g->vocab;
-  std::vector<uint32_t> mask(v.mask_words());
-  beluga::fuzz::Splitter pick(text);
-  for (int step = 0; step < 8; ++step) {
-    m.fill_mask(mask.data());
-    std::vector<int> allowed;
-    for (size_t t = 0; t < v.size(); ++t) {
-      bool bit = (mask[t >> 5] >> (t & 31)) & 1;
-      if (bit != m.allows(int(t)))
-        beluga::fuzz::finding("mask disagrees with feeding the token", v.bytes(int(t)).c_str());
-      if (bit && t != 1) allowed.push_back(int(t));
+  // The matcher may refuse with beluga::Error (a grammar too ambiguous at some byte): the engine
+  // fails that one sequence with the message, so here it ends the input like a compile error.
+  beluga::fuzz::expect_only<beluga::Error>([&] {
+    Matcher m(g);
+    const TokenVocab& v = *g->vocab;
+    std::vector<uint32_t> mask(v.mask_words());
+    beluga::fuzz::Splitter pick(text);
+    for (int step = 0; step < 8; ++step) {
+      m.fill_mask(mask.data());
+      std::vector<int> allowed;
+      for (size_t t = 0; t < v.size(); ++t) {
+        bool bit = (mask[t >> 5] >> (t & 31)) & 1;
+        if (bit != m.allows(int(t)))
+          beluga::fuzz::finding("mask disagrees with feeding the token", v.bytes(int(t)).c_str());
+        if (bit && t != 1) allowed.push_back(int(t));
+      }
+      if (m.is_accepting() != bool((mask[0] >> 1) & 1))
+        beluga::fuzz::finding("EOS allowed outside accepting states");
+      if (allowed.empty()) break;
+      int t = allowed[pick.next(allowed.size()) - 1];
+      if (!m.accept_token(t)) beluga::fuzz::finding("a token in the mask was rejected");
     }
-    if (m.is_accepting() != bool((mask[0] >> 1) & 1))
-      beluga::fuzz::finding("EOS allowed outside accepting states");
-    if (allowed.empty()) break;
-    int t = allowed[pick.next(allowed.size()) - 1];
-    if (!m.accept_token(t)) beluga::fuzz::finding("a token in the mask was rejected");
-  }
+  });
   return 0;
 }

@@ -169,6 +169,20 @@ TEST(JsonSchemaKeywords, ContainsWithTypeTests) {
   EXPECT_EQ(refused(R"({"contains":{"type":"integer"}})"), "contains");
 }
 
+// Counts past int64_t's range (fuzz_grammar, session 20: converting `"maxItems": 3.2e26` to an
+// integer was undefined behavior) are refused naming their keyword, as any bound past
+// what the compiler enforces is.
+TEST(JsonSchemaKeywords, CountsBeyondAnyIntegerAreRefusedNamingTheirKeyword) {
+  EXPECT_EQ(refused(R"({"type":"array","items":{"enum":[5]},"maxItems":3.2e26})"), "maxItems");
+  EXPECT_EQ(refused(R"({"type":"array","minItems":1e30})"), "minItems");
+  EXPECT_EQ(refused(R"({"type":"object","properties":{"a":{}},"maxProperties":1e300})"), "maxProperties");
+  EXPECT_EQ(refused(R"({"type":"array","not":{"minItems":1e30}})"),
+            "maxItems");  // not minItems n: maxItems n-1
+  EXPECT_EQ(refused(R"({"type":"array","contains":{"type":"null"},"maxContains":1e40})"), "contains");
+  EXPECT_EQ(refused(R"({"type":"array","contains":true,"maxContains":1e40})"),
+            "maxItems");  // bounds the length
+}
+
 TEST(JsonSchemaKeywords, AllOfCombinesCountsAndRefusesPatternsAgainstKeys) {
   auto g = schema(R"({"allOf":[{"minProperties":1},{"maxProperties":1}]})");
   EXPECT_TRUE(full(g, R"({"a":1})"));
