@@ -25,10 +25,11 @@ test: build
 # also holds the fuzz targets (scripts/sanitizer-tree.sh). ASAN_SKIP: tests that repeat, many times
 # over, code the rest of the suite (and the fuzz targets) already run under ASan: statistical
 # comparisons, load and kill-restart loops, determinism sweeps, corpus-wide parity checks against a
-# reference implementation. Under ASan the first nine took 910 of the suite's 2620 test-seconds
-# (GCC tree, 2 cores), the last three groups 250 of 1470 (clang tree); all run, unsanitized, in
-# `make test`.
-ASAN_SKIP ?= ^(KvCrash\.ServeKilledUnderLoad|Models/DeterministicTest\.SameIdsAndLogprobsAloneAndInMixedBatches/DemoCoder|RouterE2E\.CacheAwareHitRate|SpecDecodeTest\.(SampledRequestsSpeculate|CostGated|Ngram|PrefixCache)|RouterKvEventsE2E\.(HostTierPrice|EvictedOrRestarted)|HfParity\.|Regex\.AgreesWithStdRegexOnRandomPatterns|SamplerEquivalence\.)
+# reference implementation; and the compatibility checks with outside clients (the official SDKs, ajv,
+# headless Chromium), which drive the same endpoints as the server suite. Under ASan the first nine
+# took 910 of the suite's 2620 test-seconds (GCC tree, 2 cores), the parity groups 250 of 1470 and the
+# client checks 420 of 2090 (clang tree); all run, unsanitized, in `make test`.
+ASAN_SKIP ?= ^(E2E\.(OfficialSdkClientsAgainstBelugaServe|StructuredOutputsValidatedByAjv)|WebChat\.HeadlessChromiumAgainstBelugaServe|RouterE2E\.OfficialSdkClientsThroughTheRouter|KvCrash\.ServeKilledUnderLoad|Models/DeterministicTest\.SameIdsAndLogprobsAloneAndInMixedBatches/DemoCoder|RouterE2E\.CacheAwareHitRate|SpecDecodeTest\.(SampledRequestsSpeculate|CostGated|Ngram|PrefixCache)|RouterKvEventsE2E\.(HostTierPrice|EvictedOrRestarted)|HfParity\.|Regex\.AgreesWithStdRegexOnRandomPatterns|SamplerEquivalence\.)
 test-asan: setup
 	bash scripts/sanitizer-tree.sh build-asan
 	cmake --build build-asan -j $(JOBS)
