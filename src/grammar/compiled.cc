@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "grammar/mask_classes.h"
 #include "grammar/pda.h"
 #include "grammar/refused.h"
 
@@ -115,7 +116,7 @@ class MaskBuilder {
 std::shared_ptr<const CompiledGrammar> compile_until(const Grammar& g,
                                                      std::shared_ptr<const TokenVocab> vocab,
                                                      std::chrono::steady_clock::time_point deadline,
-                                                     const CompileLimits& limits) {
+                                                     const CompileLimits& limits, bool share_equal_masks) {
   auto t0 = std::chrono::steady_clock::now();
   auto cg = std::make_shared<CompiledGrammar>();
   CompileLimits bounded = limits;
@@ -123,14 +124,27 @@ std::shared_ptr<const CompiledGrammar> compile_until(const Grammar& g,
   cg->automaton = compile_automaton(g, bounded);
   cg->vocab = std::move(vocab);
   const Automaton& a = cg->automaton;
-  cg->mask_of_node.assign(a.nodes.size(), -1);
+  // Masks differ only through what happens within a token's length (mask_classes.h).
+  size_t depth = 0;
+  for (int32_t t : cg->vocab->sorted()) depth = std::max(depth, cg->vocab->bytes(t).size());
+  MaskClasses classes = mask_classes(a, share_equal_masks ? depth : 0);
+  if (!share_equal_masks) {  // every node its own class
+    classes.count = 0;
+    for (size_t n = 0; n < a.nodes.size(); ++n)
+      classes.of_node[n] = a.nodes[n].has_edges() ? classes.count++ : -1;
+  }
+  cg->mask_of_node = classes.of_node;
+  cg->masks.resize(size_t(classes.count));
+  std::vector<uint8_t> built(size_t(classes.count), 0);
   MaskBuilder mb(a, *cg->vocab);
+  size_t n_built = 0;
   for (size_t n = 0; n < a.nodes.size(); ++n) {
-    if (!a.nodes[n].has_edges()) continue;
-    if ((n & 15) == 0 && std::chrono::steady_clock::now() > deadline)
+    int32_t c = classes.of_node[n];
+    if (c < 0 || built[c]) continue;
+    if ((n_built++ & 15) == 0 && std::chrono::steady_clock::now() > deadline)
       throw Refused("compile-time", "compiling the grammar exceeded the compile time limit");
-    cg->mask_of_node[n] = int32_t(cg->masks.size());
-    cg->masks.push_back(mb.build(int32_t(n)));
+    cg->masks[c] = mb.build(int32_t(n));
+    built[c] = 1;
   }
   cg->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return cg;
@@ -139,7 +153,7 @@ std::shared_ptr<const CompiledGrammar> compile_until(const Grammar& g,
 std::shared_ptr<const CompiledGrammar> compile(const Grammar& g, std::shared_ptr<const TokenVocab> vocab,
                                                const CompileOptions& options) {
   return compile_until(g, std::move(vocab), std::chrono::steady_clock::now() + options.timeout,
-                       options.limits);
+                       options.limits, options.share_equal_masks);
 }
 
 }  // namespace beluga::grammar

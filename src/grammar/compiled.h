@@ -8,7 +8,8 @@
 //   rejected  - everything else, context-independently.
 // A rule ending before the first byte needs no entry: the matcher's closure already holds the caller's
 // threads. The root rule, when nothing calls it, has no caller: its "uncertain" tokens are rejected.
-// Each node stores the shorter of its accepted or rejected list. Compiling is bounded by a deadline.
+// Each node stores the shorter of its accepted or rejected list; nodes whose masks are provably equal
+// share one (mask_classes.h). Compiling is bounded by a deadline.
 #pragma once
 
 #include <chrono>
@@ -31,7 +32,7 @@ struct NodeMask {
 struct CompiledGrammar {
   Automaton automaton;
   std::shared_ptr<const TokenVocab> vocab;
-  std::vector<int32_t> mask_of_node;  // index into masks, -1 for nodes without byte edges
+  std::vector<int32_t> mask_of_node;  // index into masks (shared by equal nodes), -1 without byte edges
   std::vector<NodeMask> masks;
   double compile_ms = 0;
 };
@@ -39,6 +40,7 @@ struct CompiledGrammar {
 struct CompileOptions {
   std::chrono::milliseconds timeout{10'000};
   CompileLimits limits;
+  bool share_equal_masks = true;  // false: one vocabulary walk per node (the reference, for tests)
 };
 
 // Throws Refused when the grammar cannot be compiled (left recursion, too large, over the time limit).
@@ -49,6 +51,7 @@ std::shared_ptr<const CompiledGrammar> compile(const Grammar& g, std::shared_ptr
 std::shared_ptr<const CompiledGrammar> compile_until(const Grammar& g,
                                                      std::shared_ptr<const TokenVocab> vocab,
                                                      std::chrono::steady_clock::time_point deadline,
-                                                     const CompileLimits& limits);
+                                                     const CompileLimits& limits,
+                                                     bool share_equal_masks = true);
 
 }  // namespace beluga::grammar

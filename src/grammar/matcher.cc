@@ -107,13 +107,13 @@ void Matcher::fill_mask(uint32_t* mask) {
   size_t words = v.mask_words();
   std::memset(mask, 0, words * sizeof(uint32_t));
   size_t lo = set_begin_[pos()], hi = set_begin_[pos() + 1];
-  // Context-independent parts, once per node.
+  // Context-independent parts, once per distinct mask (nodes may share one).
   seen_nodes_.clear();
   for (size_t i = lo; i < hi; ++i) {
-    int32_t node = thread_node(threads_[i]);
-    if (std::find(seen_nodes_.begin(), seen_nodes_.end(), node) != seen_nodes_.end()) continue;
-    seen_nodes_.push_back(node);
-    const NodeMask& m = g_->masks[g_->mask_of_node[node]];
+    int32_t mi = g_->mask_of_node[thread_node(threads_[i])];
+    if (std::find(seen_nodes_.begin(), seen_nodes_.end(), mi) != seen_nodes_.end()) continue;
+    seen_nodes_.push_back(mi);
+    const NodeMask& m = g_->masks[mi];
     if (!m.complement) {
       for (int32_t t : m.ids) mask[t >> 5] |= uint32_t(1) << (t & 31);
     } else {

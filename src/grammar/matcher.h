@@ -62,7 +62,7 @@ class Matcher {
   // Scratch for masks and checks.
   std::vector<uint64_t> scratch_a_, scratch_b_;
   std::vector<uint32_t> tmp_mask_;
-  std::vector<int32_t> seen_nodes_;
+  std::vector<int32_t> seen_nodes_;  // mask indices already applied this fill
 };
 
 }  // namespace beluga::grammar
