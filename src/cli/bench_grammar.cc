@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
+#include "cli/bench_grammar_batch.h"
 #include "grammar/check.h"
 #include "grammar/matcher.h"
 #include "grammar/refused.h"
@@ -52,7 +53,13 @@ int bench_grammar(int argc, char** argv) {
   int repeat = int(args.get_int("repeat", 3));
   grammar::JsonSchemaOptions opt;
   opt.max_whitespace = int(args.get_int("max-whitespace", 0));
+  const int batch = int(args.get_int("batch", 0));
+  const std::vector<int> threads = parse_int_list(args.get_or("batch-threads", "0,1"));
   args.check_all_used();
+  BELUGA_CHECK(batch >= 0 && batch <= 1024, "--batch must be 0-1024");
+  BELUGA_CHECK(!threads.empty() &&
+                   std::all_of(threads.begin(), threads.end(), [](int t) { return t >= 0 && t <= 256; }),
+               "--batch-threads must be a list of 0-256");
   BELUGA_CHECK(repeat >= 1, "--repeat must be at least 1");
   BELUGA_CHECK(schema_dir || grammar_dir, "give --schemas DIR and/or --grammars DIR");
 
@@ -72,6 +79,7 @@ int bench_grammar(int argc, char** argv) {
   if (grammar_dir) scan(*grammar_dir, {".regex", ".gbnf", ".lark"});
 
   std::vector<double> compile_ms, mask_us;
+  std::vector<std::vector<double>> batch_us(threads.size());  // per worker count, one per step
   nlohmann::json per_schema = nlohmann::json::array();
   std::vector<uint32_t> mask(vocab->mask_words());
   int refused = 0, incomplete = 0;
@@ -110,6 +118,7 @@ int bench_grammar(int argc, char** argv) {
     std::ifstream in(inst);
     std::string line;
     int n_inst = 0;
+    std::vector<std::vector<int>> accepted;  // the complete instances' tokens, for --batch
     while (std::getline(in, line)) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       ++n_inst;
@@ -129,8 +138,13 @@ int bench_grammar(int argc, char** argv) {
           break;
         }
       }
-      if (!ok || !m.is_accepting()) ++incomplete;
+      if (!ok || !m.is_accepting())
+        ++incomplete;
+      else
+        accepted.push_back(std::move(ids));
     }
+    const size_t batch_from = batch_us[0].size();
+    time_batch_masks(g, accepted, batch, threads, batch_us);
     mask_us.insert(mask_us.end(), local.begin(), local.end());
     std::printf("%-28s compile %8.2f ms  nodes %6zu  instances %d  mask p50 %7.1f us  max %8.1f us\n",
                 f.filename().c_str(), c, g->automaton.nodes.size(), n_inst, pct(local, 50), pct(local, 100));
@@ -138,6 +152,17 @@ int bench_grammar(int argc, char** argv) {
                           {"compile_ms", c},
                           {"automaton_nodes", g->automaton.nodes.size()},
                           {"mask_us", summary(local)}});
+    if (batch > 0 && batch_us[0].size() > batch_from) {
+      std::printf("%-28s batch %d, a step's masks p50:", "", batch);
+      nlohmann::json b = nlohmann::json::array();
+      for (size_t i = 0; i < threads.size(); ++i) {
+        std::vector<double> mine(batch_us[i].begin() + long(batch_from), batch_us[i].end());
+        std::printf("  %d workers %.1f us", threads[i], pct(mine, 50));
+        b.push_back({{"workers", threads[i]}, {"step_us", summary(mine)}});
+      }
+      std::printf("\n");
+      per_schema.back()["batch_masks"] = b;
+    }
   }
   std::printf("\ntokenizer %s: %zu ids\n", tpath.c_str(), vocab->size());
   std::printf(
@@ -148,6 +173,17 @@ int bench_grammar(int argc, char** argv) {
   std::printf(
       "mask (us, per token, full vocabulary): p50 %.2f  p99 %.2f  p99.9 %.2f  max %.2f  (%zu masks)\n",
       pct(mask_us, 50), pct(mask_us, 99), pct(mask_us, 99.9), pct(mask_us, 100), mask_us.size());
+  nlohmann::json batch_json = nlohmann::json::array();
+  if (batch > 0) {
+    for (size_t i = 0; i < threads.size(); ++i) {
+      const auto& v = batch_us[i];
+      std::printf(
+          "masks of a batch-%d step (us, %d workers + the caller): p50 %.1f  p99 %.1f  max %.1f  (%zu "
+          "steps)\n",
+          batch, threads[i], pct(v, 50), pct(v, 99), pct(v, 100), v.size());
+      batch_json.push_back({{"workers", threads[i]}, {"step_us", summary(v)}});
+    }
+  }
   if (incomplete) std::printf("WARNING: %d instances were not accepted as complete\n", incomplete);
   if (out_path) {
     nlohmann::json j = {{"tokenizer", tpath},
@@ -157,6 +193,7 @@ int bench_grammar(int argc, char** argv) {
                         {"incomplete_instances", incomplete},
                         {"compile_ms", summary(compile_ms)},
                         {"mask_us", summary(mask_us)}};
+    if (batch > 0) j["batch"] = {{"size", batch}, {"steps", batch_json}};
     std::ofstream(*out_path) << j.dump(2) << "\n";
   }
   return incomplete ? 1 : 0;

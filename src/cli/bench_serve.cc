@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -107,10 +108,18 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
 
     beast::flat_buffer buf;
     http::response_parser<http::buffer_body> p;
-    p.body_limit(boost::none);
+    // Not boost::none: Boost 1.74's parser then reports body_limit for any body with a Content-Length.
+    p.body_limit(std::numeric_limits<std::uint64_t>::max());
     http::read_header(stream, buf, p);
     const int status = int(p.get().result_int());
-    std::string pending, errbody;
+    if (status != 200) {  // the error's JSON, whole (a buffer_body parser would need one more step)
+      http::response_parser<http::string_body> whole(std::move(p));
+      beast::error_code ec;
+      http::read(stream, buf, whole, ec);
+      r.error = "HTTP " + std::to_string(status) + ": " + whole.get().body().substr(0, 300);
+      return r;
+    }
+    std::string pending;
     char tmp[16384];
     auto last = t0;
     bool first = true;
@@ -125,10 +134,6 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
       if (ec == http::error::need_buffer) ec = {};
       if (ec) throw beast::system_error(ec);
       const size_t n = sizeof(tmp) - p.get().body().size;
-      if (status != 200) {
-        errbody.append(tmp, n);
-        continue;
-      }
       pending.append(tmp, n);
       size_t pos;
       while ((pos = pending.find("\n\n")) != std::string::npos) {
@@ -196,10 +201,6 @@ Result send(const Url& url, const std::string& target, const std::string& body, 
             r.cached_tokens = u["prompt_tokens_details"].value("cached_tokens", 0);
         }
       }
-    }
-    if (status != 200) {
-      r.error = "HTTP " + std::to_string(status) + ": " + errbody.substr(0, 200);
-      return r;
     }
     beast::error_code ec;
     stream.socket().shutdown(tcp::socket::shutdown_both, ec);

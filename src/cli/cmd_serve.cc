@@ -157,6 +157,10 @@ int cmd_serve(int argc, char** argv) {
   const long cache_size = args.get_int("grammar-cache-size", long(gopt.capacity));
   BELUGA_CHECK(compile_ms > 0 && cache_size >= 0,
                "--grammar-compile-timeout-ms must be positive, --grammar-cache-size non-negative");
+  if (args.has("grammar-threads")) {
+    ecfg.mask_threads = int(args.get_int("grammar-threads", 0));
+    BELUGA_CHECK(ecfg.mask_threads >= 0 && ecfg.mask_threads <= 256, "--grammar-threads must be 0-256");
+  }
   gopt.timeout = std::chrono::milliseconds(compile_ms);
   gopt.capacity = size_t(cache_size);
   ModelArgs model_args = parse_model_args(args);
@@ -270,7 +274,8 @@ int cmd_serve(int argc, char** argv) {
               receiver ? receiver->address() : std::string());
   char load_s[32];
   std::snprintf(load_s, sizeof(load_s), "%.2f", m.load_seconds);
-  log::info("serve", "serving ", info.served_name, " (", m.dir, ", chat format ",
+  // The device first: a CUDA build still defaults to the CPU (`--device cuda` picks the GPU).
+  log::info("serve", "serving ", info.served_name, " on ", model_args.device, " (", m.dir, ", chat format ",
             recipe::chat_format_name(encoder.format()), ", max model len ", info.max_model_len,
             ") on http://", scfg.host, ":", server.port(), " — loaded in ", load_s, " s");
 

@@ -97,7 +97,10 @@ const std::vector<CommandUsage>& command_usages() {
              {{"grammar-compile-timeout-ms", "MS",
                "a schema or grammar that takes longer to compile is a 400 (default 10000)"},
               {"grammar-cache-size", "N",
-               "compiled grammars kept, least recently used first out (default 256)"}}},
+               "compiled grammars kept, least recently used first out (default 256)"},
+              {"grammar-threads", "N",
+               "threads beside the engine's that fill a step's token masks in parallel (default: none "
+               "below 8 cores, else min(7, cores/2 - 1); 0: the engine thread alone)"}}},
             {"KV tiers (docs/kv-cache.md)",
              {{"kv-host-gb", "G", "a host-memory tier of G GiB (fractions allowed; pinned memory on CUDA)"},
               {"kv-disk-dir", "DIR", "a file tier in DIR"},
@@ -427,6 +430,11 @@ const std::vector<CommandUsage>& command_usages() {
                     {"repeat", "N", "compiles of each (default 3)"},
                     {"max-whitespace", "N",
                      "schemas: whitespace bytes allowed wherever JSON allows them (default 0)"},
+                    {"batch", "B",
+                     "also time a decode step's masks at batch B: B sequences walk the instances in "
+                     "lockstep, their masks filled together (default 0: off)"},
+                    {"batch-threads", "LIST",
+                     "--batch: the mask worker counts to compare, beside the calling thread (default 0,1)"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench eplb",
        .synopsis = "[--experts 256 --groups 8 --top-k 8 --layers 58 --gpus 8,16,32,64] [options]",

@@ -54,6 +54,10 @@ struct EngineConfig {
   // the device when the model has a sampler (CUDA), constrained rows with their masks uploaded with
   // the step; off (`--no-device-sampling`): the logits come to the host sampler (the reference).
   bool device_sampling = true;
+  // Threads beside the engine thread that fill constrained rows' token masks in parallel
+  // (mask_filler.h); -1: MaskFiller::default_workers (none below 8 cores, up to 7), 0: the engine
+  // thread alone (`--grammar-threads`).
+  int mask_threads = -1;
   // Deterministic mode (`--deterministic`, docs/deterministic.md): a request gives the same token ids
   // and logprobs alone or in any batch, with or without prefix-cache hits and chunked prefill. The
   // engine's part: one attention form for every step (MLA absorbed, not chosen by the step's longest

@@ -170,7 +170,7 @@ TEST(CliArgs, ServePositionalModelIsServed) {
   ::close(out[0]);
   fs::remove_all(dir);
   const std::string name = dir.filename().string();
-  EXPECT_NE(log.find("serving " + name + " (" + d + ","), std::string::npos) << log;
+  EXPECT_NE(log.find("serving " + name + " on cpu (" + d + ","), std::string::npos) << log;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
 }
 

@@ -4,7 +4,8 @@
 // tokens and logprobs exactly. Covered: seeded temperature, top_k, top_p, min_p and mixes, greedy and
 // sampled rows under a processor whose mask depends on the last accepted token (it has to be filled
 // for step N+1 after step N's token, before the launch), min_tokens with a stop token, logprobs 0,
-// n = 2, and steps that fall back to the host (a penalty row in the batch).
+// n = 2, and steps that fall back to the host (a penalty row in the batch); masks filled by the engine
+// thread alone and by worker threads (EngineConfig::mask_threads).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -180,6 +181,10 @@ class DeviceSampling : public EngineTest {
       s.temperature = 1.0f, s.top_p = 0.95f, s.n = 2;
       r.logits_processor = [] { return std::make_unique<ModThree>(); };
     });
+    add("greedy-mask-n2", 11, [](SamplingParams& s, EngineRequest& r) {
+      s.temperature = 0.0f, s.n = 2;
+      r.logits_processor = [] { return std::make_unique<ModThree>(); };
+    });
     add("min-tokens", 14, [](SamplingParams& s, EngineRequest&) {
       s.temperature = 1.0f, s.min_tokens = 6, s.ignore_eos = false;
     });
@@ -193,7 +198,7 @@ class DeviceSampling : public EngineTest {
     int calls = 0, masked_rows = 0;
   };
   // Tokens and logprobs of the requests with and without device sampling.
-  void run(bool device, bool with_penalty, Got& g, SamplerCounts& counts) {
+  void run(bool device, bool with_penalty, Got& g, SamplerCounts& counts, int mask_threads = 0) {
     auto s = std::make_unique<ReferenceSampleRows>();
     const ReferenceSampleRows* sampler = s.get();
     if (device) model_->set_sampler(std::move(s));
@@ -201,6 +206,7 @@ class DeviceSampling : public EngineTest {
     ec.num_kv_blocks = 256;
     ec.max_num_batched_tokens = 32;  // chunked prefills beside decodes
     ec.device_sampling = device;
+    ec.mask_threads = mask_threads;  // 5 constrained sequences: enough for the workers (mask_filler.h)
     {
       Engine engine(*model_, ec);
       auto rs = requests(g, with_penalty);
@@ -214,13 +220,13 @@ class DeviceSampling : public EngineTest {
 };
 
 TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
-  for (const bool with_penalty : {false, true}) {
+  for (const auto& [with_penalty, threads] : {std::pair{false, 0}, {true, 0}, {false, 3}, {true, 3}}) {
     Got host, dev;
     SamplerCounts unused, sampler;
-    run(false, with_penalty, host, unused);
-    run(true, with_penalty, dev, sampler);
+    run(false, with_penalty, host, unused, threads);
+    run(true, with_penalty, dev, sampler, threads);
     EXPECT_TRUE(host.error.empty() && dev.error.empty());
-    EXPECT_EQ(dev.tokens, host.tokens) << "with_penalty " << with_penalty;
+    EXPECT_EQ(dev.tokens, host.tokens) << "with_penalty " << with_penalty << ", mask threads " << threads;
     ASSERT_EQ(dev.lps.size(), host.lps.size());
     for (const auto& [id, seqs] : host.lps)
       for (const auto& [i, v] : seqs) {

@@ -167,3 +167,31 @@ TEST(GrammarCli, DumpMasksWritesEveryStepsMask) {
 }
 
 }  // namespace
+
+// bench grammar --batch: one timing per step for each worker count, over the same steps.
+TEST(GrammarCli, BenchBatchTimesEveryStepForEachWorkerCount) {
+  const std::string d = dir() + "/bench-batch";
+  std::filesystem::create_directories(d);
+  std::ofstream(d + "/point.json")
+      << R"({"type":"object","properties":{"x":{"type":"integer"},"tag":{"type":"string","maxLength":8}},"required":["x"]})";
+  std::ofstream(d + "/point.instances.jsonl") << "{\"x\":12,\"tag\":\"abc\"}\n{\"x\":-3}\n";
+  const std::string out_json = d + "/out.json";
+  std::string out;
+  const int rc = run(std::string(BELUGA_BINARY) + " bench grammar --tokenizer " + BELUGA_SOURCE_DIR +
+                         "/models/beluga-demo-coder-mtp --schemas " + d +
+                         " --repeat 1 --batch 8 --batch-threads 0,2 --out " + out_json,
+                     &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("masks of a batch-8 step (us, 2 workers + the caller)"), std::string::npos) << out;
+  std::ifstream f(out_json);
+  auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["batch"]["size"], 8);
+  ASSERT_EQ(j["batch"]["steps"].size(), 2u);
+  EXPECT_EQ(j["batch"]["steps"][0]["workers"], 0);
+  EXPECT_EQ(j["batch"]["steps"][1]["workers"], 2);
+  // Steps: the longest instance's tokens plus the final state, the same count for both.
+  const auto n = j["batch"]["steps"][0]["step_us"]["n"].get<size_t>();
+  EXPECT_GT(n, 4u);
+  EXPECT_EQ(j["batch"]["steps"][1]["step_us"]["n"].get<size_t>(), n);
+  EXPECT_EQ(j["schemas"][0]["batch_masks"].size(), 2u);
+}

@@ -17,6 +17,7 @@
 #include "grammar/matcher.h"
 #include "loader/weight_source.h"
 #include "tokenizer/tokenizer.h"
+#include "util/error.h"
 
 namespace beluga::grammar {
 namespace {
@@ -135,6 +136,75 @@ TEST_F(ConstrainedEngine, SampledOutputsFollowTheSchema) {
     }
   }
   std::printf("%d of %d sequences finished with stop\n", stopped, 2 * kRequests);
+}
+
+// Fails its sequence's mask from the `fail_at`-th fill on (the grammar state is then beyond repair).
+class FailingProcessor final : public LogitsProcessor {
+ public:
+  FailingProcessor(std::unique_ptr<LogitsProcessor> inner, int fail_at)
+      : inner_(std::move(inner)), fail_at_(fail_at) {}
+  void fill_mask(uint32_t* m, int vocab) override {
+    if (++fills_ >= fail_at_) throw Error("injected mask failure");
+    inner_->fill_mask(m, vocab);
+  }
+  void accept(int t) override { inner_->accept(t); }
+  void rollback(int n) override { inner_->rollback(n); }
+  bool is_accepting() const override { return inner_->is_accepting(); }
+
+ private:
+  std::unique_ptr<LogitsProcessor> inner_;
+  int fail_at_, fills_ = 0;
+};
+
+// Masks filled by worker threads (EngineConfig::mask_threads) give the tokens the engine thread alone
+// gives: 6 constrained requests x n = 2 sampled at temperature 1 with seeds, one of them failing its
+// mask mid-way (that request alone errors, at the same point).
+TEST_F(ConstrainedEngine, ParallelMasksGiveTheSameOutputs) {
+  auto schema = nlohmann::ordered_json::parse(
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":10},
+          "n":{"type":"integer","minimum":0,"maximum":999}},"required":["name","n"]})");
+  auto g = compile_json_schema(schema, vocab_, {}, std::chrono::milliseconds(10'000));
+  auto run = [&](int threads) {
+    EngineConfig ec;
+    ec.max_num_seqs = 16;
+    ec.mask_threads = threads;
+    Engine engine(*model_, ec);
+    auto out = std::make_unique<Outputs>();
+    constexpr int kRequests = 6;
+    for (int i = 0; i < kRequests; ++i) {
+      EngineRequest r;
+      r.id = "r" + std::to_string(i);
+      r.prompt = tok_->encode("item = ", false);
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = 77 + i;
+      r.sampling.n = 2;
+      r.sampling.max_tokens = 24;
+      if (i == 3) {
+        r.logits_processor = [g] { return std::make_unique<FailingProcessor>(processor_factory(g)(), 6); };
+      } else {
+        r.logits_processor = processor_factory(g);
+      }
+      r.on_output = out->callback();
+      EXPECT_EQ(engine.submit(std::move(r)), SubmitStatus::kOk);
+    }
+    EXPECT_TRUE(out->wait(kRequests));
+    return out;
+  };
+  auto alone = run(0), parallel = run(3);
+  EXPECT_EQ(alone->tokens, parallel->tokens);
+  EXPECT_EQ(alone->finish, parallel->finish);
+  EXPECT_EQ(alone->error, parallel->error);
+  for (const auto& [id, seqs] : parallel->tokens) {
+    for (const auto& [k, ids] : seqs) {
+      if (id == "r3") {
+        EXPECT_EQ(ids.size(), 5u) << "five tokens, then the sixth mask fails";
+        EXPECT_EQ(parallel->finish[id][k], FinishReason::kError);
+        continue;
+      }
+      Matcher m(g);
+      for (int t : ids) EXPECT_TRUE(m.accept_token(t)) << id << "/" << k;
+    }
+  }
 }
 
 }  // namespace

@@ -44,7 +44,22 @@ std::vector<Chunk> stream_chunks(const std::string& body) {
   return out;
 }
 
-class ContinuousUsageTest : public FakeServerTest {};
+class ContinuousUsageTest : public FakeServerTest {
+ protected:
+  // `beluga bench serve ARGS` against the fake server: its exit status (-1 if it did not start), and
+  // its stdout and stderr in *log.
+  int bench_serve(const std::string& args, std::string* log) {
+    const std::string cmd = std::string(BELUGA_BINARY) +
+                            " bench serve --url http://127.0.0.1:" + std::to_string(port_) + " " + args +
+                            " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return -1;
+    std::array<char, 4096> buf;
+    size_t got;
+    while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) log->append(buf.data(), got);
+    return pclose(p);
+  }
+};
 
 TEST_F(ContinuousUsageTest, EveryChunkCountsTheTokensSoFar) {
   const size_t n = tokenizer_->encode(kText, false).size();
@@ -90,16 +105,10 @@ TEST_F(ContinuousUsageTest, BenchServeCountsEveryTokenOfAChunk) {
   start({}, 128, kText, 10ms);
   const std::string out = ::testing::TempDir() + "/bench_serve_itl.json";
   std::remove(out.c_str());
-  const std::string cmd =
-      std::string(BELUGA_BINARY) + " bench serve --url http://127.0.0.1:" + std::to_string(port_) +
-      " --num-prompts 3 --max-concurrency 1 --input-len 8" + " --output-len 100 --out " + out + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
   std::string log;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) log.append(buf.data(), got);
-  ASSERT_EQ(pclose(p), 0) << log;
+  ASSERT_EQ(
+      bench_serve("--num-prompts 3 --max-concurrency 1 --input-len 8 --output-len 100 --out " + out, &log), 0)
+      << log;
   std::ifstream f(out);
   const Json j = Json::parse(f);
   EXPECT_EQ(j["completed"], 3) << log;
@@ -111,6 +120,20 @@ TEST_F(ContinuousUsageTest, BenchServeCountsEveryTokenOfAChunk) {
   EXPECT_GT(j["tpot"]["mean_ms"].get<double>(), 0.0);
   EXPECT_NE(log.find("ITL/token"), std::string::npos) << log;
   std::remove(out.c_str());
+}
+
+// bench serve: a request the server refuses is reported with the server's own message (Boost 1.74's
+// parser took `body_limit(boost::none)` for a limit of nothing, so every error read "body limit
+// exceeded").
+TEST_F(ContinuousUsageTest, BenchServeReportsTheServersErrorMessage) {
+  start({}, 128, kText, 0ms);
+  std::string log;
+  ASSERT_NE(bench_serve("--num-prompts 1 --input-len 8 --output-len 4 --request-extra '{\"temperature\":-3}'",
+                        &log),
+            -1);
+  EXPECT_NE(log.find("first error: HTTP 400"), std::string::npos) << log;
+  EXPECT_NE(log.find("must be between 0.0 and 2.0"), std::string::npos) << log;
+  EXPECT_NE(log.find("Failed requests:                         1"), std::string::npos) << log;
 }
 
 }  // namespace
