@@ -304,6 +304,7 @@ int bench_serve(int argc, char** argv) {
 
   // The served model's id (unless given).
   if (model.empty()) {
+    http::response<http::string_body> res;
     try {
       net::io_context ioc;
       tcp::resolver resolver(ioc);
@@ -314,13 +315,19 @@ int bench_serve(int argc, char** argv) {
       if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
       http::write(stream, req);
       beast::flat_buffer buf;
-      http::response<http::string_body> res;
       http::read(stream, buf, res);
-      Json j = Json::parse(res.body());
-      model = j["data"][0]["id"].get<std::string>();
     } catch (const std::exception& e) {
       fail("cannot reach ", url.host, ":", url.port, "/v1/models: ", e.what());
     }
+    // A server still loading answers 503, one with another API key 401: say which, with its message.
+    if (res.result_int() != 200)
+      fail("GET ", url.host, ":", url.port, "/v1/models: HTTP ", res.result_int(), ": ",
+           res.body().substr(0, 300));
+    Json j = Json::parse(res.body(), nullptr, false);
+    if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
+        !j["data"][0].contains("id") || !j["data"][0]["id"].is_string())
+      fail("GET ", url.host, ":", url.port, "/v1/models: no model id in ", res.body().substr(0, 300));
+    model = j["data"][0]["id"].get<std::string>();
   }
 
   std::mt19937_64 rng(seed);

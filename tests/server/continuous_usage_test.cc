@@ -136,5 +136,17 @@ TEST_F(ContinuousUsageTest, BenchServeReportsTheServersErrorMessage) {
   EXPECT_NE(log.find("Failed requests:                         1"), std::string::npos) << log;
 }
 
+// bench serve: when the model list cannot be read (here: no API key), the error says why, with the
+// server's status and message.
+TEST_F(ContinuousUsageTest, BenchServeSaysWhyTheModelListIsUnreadable) {
+  ServerConfig cfg;
+  cfg.api_key = "k1";
+  start(cfg, 128, kText, 0ms);
+  std::string log;
+  EXPECT_NE(bench_serve("--num-prompts 1", &log), 0) << log;
+  EXPECT_NE(log.find("/v1/models: HTTP 401"), std::string::npos) << log;
+  EXPECT_NE(log.find("invalid or missing API key"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace beluga::server::testing
