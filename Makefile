@@ -39,7 +39,7 @@ test-asan: setup
 
 # The threaded parts under ThreadSanitizer: the engine (loop, model runner, scheduler), the server
 # (Asio I/O threads, request building pool, drain), the KV tiers (I/O threads, receiver) and the
-# expert-parallel communicator. clang, as the ASan tree; neither GCC's libgomp nor clang's libomp is
+# expert-parallel communicator, and the grammar tests (the engine's mask workers). clang, as the ASan tree; neither GCC's libgomp nor clang's libomp is
 # instrumented (their barriers look like races), so in this build the CPU kernels run on one OpenMP
 # thread; every thread of Beluga's own is checked. Too slow for CI's budget: run by hand each session
 # (docs/reliability.md says when it last ran). TSAN_SKIP: the repetition tests of ASAN_SKIP.
@@ -47,10 +47,10 @@ test-tsan: setup
 	if [ ! -f build-tsan/build.ninja ]; then CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBELUGA_TSAN=ON -DBELUGA_CUDA=OFF \
 	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG"; fi
-	cmake --build build-tsan -j $(JOBS) --target beluga test_engine test_server test_kvstore test_parallel
+	cmake --build build-tsan -j $(JOBS) --target beluga test_engine test_server test_kvstore test_parallel test_grammar
 	bash scripts/setup-test-tools.sh
 	cd build-tsan && OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-	  ctest --output-on-failure -j $(JOBS) -L "engine|server|kvstore|parallel" -E '$(ASAN_SKIP)'
+	  ctest --output-on-failure -j $(JOBS) -L "engine|server|kvstore|parallel|grammar" -E '$(ASAN_SKIP)'
 
 # libFuzzer targets (tests/fuzz) in the sanitizer tree (build-asan), one at a time:
 # `make fuzz` runs each FUZZ_TIME seconds (a campaign; findings stay in build-asan/corpus and
