@@ -2,6 +2,9 @@
 // next. Before sampling the engine asks for a bitmask over the vocabulary (bit id%32 of word id/32;
 // set = allowed); after sampling it reports the token; speculative decoding rolls back rejected
 // tokens. Implementations throw beluga::Error on a broken state, which fails that request alone.
+// The processors of different sequences may be called at the same time (engine/mask_filler.h fills a
+// step's masks on several threads): they must share no mutable state; one processor is never called
+// from two threads at once.
 #pragma once
 
 #include <cstdint>
