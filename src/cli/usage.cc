@@ -16,7 +16,9 @@ FlagGroup model_options() {
        {"threads", "N", "CPU threads (default: all cores)"},
        {"dtype", "float32|bfloat16", "activation rounding for BF16 GEMMs (default float32)"},
        {"max-model-len", "N", "context length (default: the model's)"},
-       {"device", "cpu|cuda", "cuda in builds with the CUDA backend"},
+       {"device", "cpu|cuda",
+        "default cpu, also in a CUDA build (the serve log names it); cuda needs a build with the CUDA "
+        "backend"},
        {"enforce-eager", "", "no CUDA graphs for decode steps"},
        {"deterministic", "",
         "batch-invariant results: a request gives the same token ids and logprobs alone or in any "
