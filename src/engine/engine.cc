@@ -9,11 +9,11 @@
 #include <unordered_map>
 
 #include "engine/block_manager.h"
-#include "engine/mask_filler.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/spec_decode.h"
+#include "engine/step_masks.h"
 #include "util/error.h"
 #include "util/trace.h"
 
@@ -84,9 +84,8 @@ struct Engine::Impl {
                cfg.deterministic ? MlaMode::kAbsorbed : MlaMode::kAuto),
         device_sampling(cfg.device_sampling && m.has_sampler() && !spec),
         deterministic(cfg.deterministic),
-        mask_filler(cfg.mask_threads >= 0
-                        ? cfg.mask_threads
-                        : MaskFiller::default_workers(std::thread::hardware_concurrency())) {}
+        masks(cfg.mask_threads >= 0 ? cfg.mask_threads
+                                    : MaskFiller::default_workers(std::thread::hardware_concurrency())) {}
 
   Model& model;
   std::unique_ptr<SpecDecoder> spec;  // speculative decoding, or null
@@ -122,14 +121,11 @@ struct Engine::Impl {
   const bool device_sampling;  // steps may sample on the device (EngineConfig::device_sampling)
   const bool deterministic;    // EngineConfig::deterministic: unseeded requests use seed 0
   DeviceSampling dsamp;        // the step being launched: its device-sampling rows and masks
-  // Constrained rows' masks, filled together (mask_filler.h): the step being launched's device rows
-  // (`mask_stops`: their min_tokens stop ids to clear, or null), or the applied step's host rows.
-  MaskFiller mask_filler;
-  std::vector<MaskFiller::Job> mask_jobs;
-  std::vector<size_t> mask_offsets;  // device rows: each job's mask in dsamp.masks
-  std::vector<const std::vector<int>*> mask_stops;
-  std::vector<uint32_t> host_masks;  // host rows: [jobs, words]
-  std::vector<int> row_job;          // host rows: the job of each row, or -1
+  // Constrained rows' masks, filled together (step_masks.h): the step being launched's device rows
+  // (into dsamp.masks), or the applied step's host rows (into host_masks, [masks, words]).
+  StepMasks masks;
+  std::vector<uint32_t> host_masks;
+  std::vector<int> row_mask;  // host rows: each row's index in `masks`, or -1
 };
 
 namespace {
@@ -281,7 +277,8 @@ int64_t unix_ms() {
 void Engine::loop() {
   Impl& im = *impl_;
   const int V = model_.config().vocab_size;
-  Tracer* const tr = im.trace.get();  // null: every TraceSpan below is a no-op
+  const size_t words = (size_t(V) + 31) / 32;  // of a token mask
+  Tracer* const tr = im.trace.get();           // null: every TraceSpan below is a no-op
   const int lane = im.trace_lane;
   // submit()'s view of the queue, made exact before a callback runs: a caller that sees its request
   // end (an abort, say) and submits again must not find the old sequences still counted.
@@ -318,21 +315,18 @@ void Engine::loop() {
   // Host-sampled step N: the masks of its constrained rows (the rows apply_step samples with a
   // processor), all at once.
   auto prefill_host_masks = [&] {
-    im.mask_jobs.clear();
-    im.row_job.assign(im.rows.size(), -1);
+    im.masks.clear();
+    im.row_mask.assign(im.rows.size(), -1);
     for (size_t r = 0; r < im.rows.size(); ++r) {
       auto it = im.requests.find(im.rows[r].slot);
       if (it == im.requests.end() || it->second.procs.empty() || im.rows[r].prompt_pos >= 0) continue;
       const Seq& s = *it->second.seqs[size_t(im.rows[r].index)];
       if (s.finish != FinishReason::kNone) continue;
-      im.row_job[r] = int(im.mask_jobs.size());
-      im.mask_jobs.push_back({it->second.procs[size_t(s.index)].get(), nullptr, {}});
+      im.row_mask[r] = im.masks.add(it->second.procs[size_t(s.index)].get(), im.masks.size() * words);
     }
-    if (im.mask_jobs.empty()) return;
-    const size_t words = (size_t(V) + 31) / 32;
-    im.host_masks.assign(im.mask_jobs.size() * words, 0);
-    for (size_t j = 0; j < im.mask_jobs.size(); ++j) im.mask_jobs[j].mask = im.host_masks.data() + j * words;
-    im.mask_filler.fill(im.mask_jobs, V);
+    if (im.masks.empty()) return;
+    im.host_masks.assign(im.masks.size() * words, 0);
+    im.masks.fill(im.host_masks.data(), V);
   };
 
   // Step N's results: sample each row as a synchronous engine would, append the token or finish.
@@ -365,14 +359,10 @@ void Engine::loop() {
       std::string proc_error;
       if (proc && !on_device) {
         // Structured output: the processor's mask (EOS only where the grammar accepts).
-        const size_t words = (size_t(V) + 31) / 32;
-        const int j = im.row_job[r];
-        BELUGA_ASSERT(j >= 0 && im.mask_jobs[size_t(j)].proc == proc);
-        const uint32_t* m = im.host_masks.data() + size_t(j) * words;
-        proc_error = im.mask_jobs[size_t(j)].error;
-        if (proc_error.empty() && std::all_of(m, m + words, [](uint32_t w) { return !w; }))
-          proc_error = "structured output: no token can continue the output";
-        ctx.allowed = m;
+        const int j = im.row_mask[r];
+        BELUGA_ASSERT(j >= 0 && im.masks.proc(j) == proc);
+        proc_error = im.masks.problem(j);
+        ctx.allowed = im.masks.mask(j);
       }
       SampleResult res{};
       if (proc_error.empty()) {      // else the sequence fails below
@@ -476,40 +466,19 @@ void Engine::loop() {
     LogitsProcessor* proc = rq.procs.empty() ? nullptr : rq.procs[size_t(s.index)].get();
     const bool mask_stops = ctx.num_output < rq.req.sampling.min_tokens && !rq.stop_ids.empty();
     if (proc || mask_stops) {
-      const size_t words = (size_t(V) + 31) / 32, off = im.dsamp.masks.size();
+      const size_t off = im.dsamp.masks.size();
       if (off / words >= size_t(Model::kMaxMaskRows)) return false;
       im.dsamp.masks.resize(off + words, proc ? 0u : ~0u);
-      if (proc) {  // filled with the step's other constrained rows (fill_device_masks)
-        im.mask_jobs.push_back({proc, nullptr, {}});
-        im.mask_offsets.push_back(off);
-        im.mask_stops.push_back(mask_stops ? &rq.stop_ids : nullptr);
+      if (proc) {  // filled with the step's other constrained rows, before the launch
+        im.masks.add(proc, off, mask_stops ? &rq.stop_ids : nullptr);
       } else {
         uint32_t* m = im.dsamp.masks.data() + off;
-        for (int t : rq.stop_ids)
-          if (t >= 0 && t < V) m[t >> 5] &= ~(1u << (t & 31));
-        if (std::all_of(m, m + words, [](uint32_t w) { return !w; })) return false;
+        clear_ids(m, rq.stop_ids, V);
+        if (allows_none(m, words)) return false;
       }
       row.mask_row = int(off / words);
     }
     im.dsamp.rows.push_back(row);
-    return true;
-  };
-
-  // The processors' masks of the device rows add_device_row planned, all at once; false when one
-  // cannot go to the device (a processor that throws, a mask left empty): the step samples on the host.
-  auto fill_device_masks = [&] {
-    const size_t words = (size_t(V) + 31) / 32;
-    for (size_t j = 0; j < im.mask_jobs.size(); ++j)
-      im.mask_jobs[j].mask = im.dsamp.masks.data() + im.mask_offsets[j];
-    im.mask_filler.fill(im.mask_jobs, V);
-    for (size_t j = 0; j < im.mask_jobs.size(); ++j) {
-      if (!im.mask_jobs[j].error.empty()) return false;
-      uint32_t* m = im.mask_jobs[j].mask;
-      if (im.mask_stops[j])
-        for (int t : *im.mask_stops[j])
-          if (t >= 0 && t < V) m[t >> 5] &= ~(1u << (t & 31));
-      if (std::all_of(m, m + words, [](uint32_t w) { return !w; })) return false;
-    }
     return true;
   };
 
@@ -526,9 +495,7 @@ void Engine::loop() {
     // constrained rows with the mask filled now (their processor has seen every token up to N).
     bool device = im.device_sampling && !im.spec;
     im.dsamp.clear();
-    im.mask_jobs.clear();
-    im.mask_offsets.clear();
-    im.mask_stops.clear();
+    im.masks.clear();
     TraceSpan build(tr, lane, "build batch");
     if (im.spec) im.spec->begin_step(int(im.chunks.size()));  // the gate: how many drafts this step
     for (size_t i = 0; i < im.chunks.size(); ++i) {
@@ -596,9 +563,10 @@ void Engine::loop() {
     }
     // All raw argmax: argmax_rows is the cheaper device path.
     device = device && !greedy && !b.logit_rows.empty() && im.dsamp.rows.size() == b.logit_rows.size();
-    if (device && !im.mask_jobs.empty()) {
+    if (device && !im.masks.empty()) {  // a mask that cannot go up sends the step to the host sampler
       TraceSpan masks(tr, lane, "masks");
-      device = fill_device_masks();
+      im.masks.fill(im.dsamp.masks.data(), V);
+      device = im.masks.all_usable();
     }
     // b, copies, dsamp: swapped for older ones (capacity)
     im.runner.launch(b, greedy && !b.logit_rows.empty(), copies, device ? &im.dsamp : nullptr);

@@ -125,27 +125,24 @@ std::shared_ptr<const CompiledGrammar> compile_until(const Grammar& g,
   cg->vocab = std::move(vocab);
   const Automaton& a = cg->automaton;
   // Masks differ only through what happens within a token's length (mask_classes.h).
-  size_t depth = 0;
-  for (int32_t t : cg->vocab->sorted()) depth = std::max(depth, cg->vocab->bytes(t).size());
-  MaskClasses classes = mask_classes(a, share_equal_masks ? depth : 0);
-  if (!share_equal_masks) {  // every node its own class
-    classes.count = 0;
+  MaskClasses classes;
+  if (share_equal_masks) {
+    classes = mask_classes(a, cg->vocab->max_token_bytes());
+  } else {  // every node its own class
+    classes.of_node.assign(a.nodes.size(), -1);
     for (size_t n = 0; n < a.nodes.size(); ++n)
-      classes.of_node[n] = a.nodes[n].has_edges() ? classes.count++ : -1;
+      if (a.nodes[n].has_edges()) classes.of_node[n] = classes.count++;
   }
-  cg->mask_of_node = classes.of_node;
-  cg->masks.resize(size_t(classes.count));
-  std::vector<uint8_t> built(size_t(classes.count), 0);
+  // Class ids are numbered in node order, so a class's first node is met when its id comes next.
+  cg->masks.reserve(size_t(classes.count));
   MaskBuilder mb(a, *cg->vocab);
-  size_t n_built = 0;
   for (size_t n = 0; n < a.nodes.size(); ++n) {
-    int32_t c = classes.of_node[n];
-    if (c < 0 || built[c]) continue;
-    if ((n_built++ & 15) == 0 && std::chrono::steady_clock::now() > deadline)
+    if (classes.of_node[n] != int32_t(cg->masks.size())) continue;
+    if ((cg->masks.size() & 15) == 0 && std::chrono::steady_clock::now() > deadline)
       throw Refused("compile-time", "compiling the grammar exceeded the compile time limit");
-    cg->masks[c] = mb.build(int32_t(n));
-    built[c] = 1;
+    cg->masks.push_back(mb.build(int32_t(n)));
   }
+  cg->mask_of_node = std::move(classes.of_node);
   cg->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return cg;
 }

@@ -17,7 +17,8 @@
 namespace beluga::grammar {
 
 struct MaskClasses {
-  std::vector<int32_t> of_node;  // class per node, -1 for nodes without byte edges
+  std::vector<int32_t> of_node;  // class per node, -1 for nodes without byte edges; ids 0, 1, ... in
+                                 // the order of each class's first node
   int32_t count = 0;
 };
 

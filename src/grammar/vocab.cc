@@ -34,6 +34,7 @@ void TokenVocab::build(const std::vector<uint8_t>& forbidden) {
     if (forbidden[id] || bytes_[id].empty()) continue;
     valid_[id >> 5] |= uint32_t(1) << (id & 31);
     sorted_.push_back(int32_t(id));
+    max_bytes_ = std::max(max_bytes_, bytes_[id].size());
   }
   std::sort(sorted_.begin(), sorted_.end(),
             [&](int32_t a, int32_t b) { return bytes_[a] != bytes_[b] ? bytes_[a] < bytes_[b] : a < b; });

@@ -45,6 +45,7 @@ class TokenVocab {
   const std::vector<TrieNode>& trie() const { return trie_; }  // node 0 is the root (empty prefix)
   const std::vector<Child>& children() const { return children_; }
   const std::vector<int32_t>& sorted() const { return sorted_; }  // allowed ids by their bytes
+  size_t max_token_bytes() const { return max_bytes_; }           // the longest allowed token
 
  private:
   void build(const std::vector<uint8_t>& forbidden);
@@ -56,6 +57,7 @@ class TokenVocab {
   std::vector<TrieNode> trie_;
   std::vector<Child> children_;
   std::vector<int32_t> sorted_;
+  size_t max_bytes_ = 0;
 };
 
 }  // namespace beluga::grammar

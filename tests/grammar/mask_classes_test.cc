@@ -117,6 +117,13 @@ TEST(MaskClasses, DepthZeroSeparatesOnlyByRuleAndEnd) {
   auto cg = compile(schema_grammar(R"({"type":"string","minLength":5,"maxLength":9})"), runs_vocab());
   MaskClasses d0 = mask_classes(cg->automaton, 0), d3 = mask_classes(cg->automaton, 3);
   ASSERT_EQ(d0.of_node.size(), d3.of_node.size());
+  // Ids are numbered in the order of each class's first node (the compiler builds masks in that order).
+  int32_t next = 0;
+  for (int32_t c : d3.of_node) {
+    ASSERT_LE(c, next);
+    if (c == next) ++next;
+  }
+  EXPECT_EQ(next, d3.count);
   EXPECT_LE(d0.count, d3.count);
   for (size_t i = 0; i < d0.of_node.size(); ++i)
     for (size_t j = 0; j < i; ++j) {
