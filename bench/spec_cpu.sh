@@ -9,8 +9,8 @@
 # "synthetic_acceptance": P to every speculative config (benchmarks only: drafts accepted with probability P).
 # DEVICE: serve --device, default cpu. REQUEST_EXTRA: bench serve --request-extra, merged into every
 # request (sampled requests speculate through rejection sampling; default {}: greedy).
-# SPECS entries: none, K (cost-gated, the default gating) or K/fixed (always K drafts); ngramK or
-# ngramK/fixed: prompt lookup instead of MTP (prompt_lookup_max 3, prompt_lookup_min 1).
+# SPECS entries: none, K (confidence-gated, the default gating), K/cost (one depth for the batch) or
+# K/fixed (always K drafts); ngramK or ngramK/fixed: prompt lookup instead of MTP (prompt_lookup_max 3, prompt_lookup_min 1).
 set -euo pipefail
 BELUGA=${BELUGA:-build/beluga}
 CONCURRENCIES=${CONCURRENCIES:-"1 4"}
@@ -32,7 +32,7 @@ trap 'rm -f "$log"' EXIT
 for spec in $SPECS; do
   extra=()
   if [ "$spec" != none ]; then
-    k=${spec%%/*} gating=cost method=mtp lookup=
+    k=${spec%%/*} gating=confidence method=mtp lookup=
     [ "$spec" != "$k" ] && gating=${spec#*/}
     if [ "${k#ngram}" != "$k" ]; then
       k=${k#ngram} method=ngram lookup=',"prompt_lookup_min":1,"prompt_lookup_max":3'

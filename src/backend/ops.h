@@ -170,8 +170,9 @@ class Ops {
   virtual void rope(Tensor x, const Tensor& positions, const RopeTable& table) = 0;
   virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;  // rows I32
   // ids I32 [R] = argmax of each row of logits F32 [R, V] (ties: the lowest id), for greedy sampling
-  // without copying the logits to the host.
-  virtual void argmax_rows(Tensor ids, const Tensor& logits) = 0;
+  // without copying the logits to the host; with `probs` (F32 [R], or empty) also each row's softmax
+  // probability of that id, 1 / sum_v exp(l_v - max) (a draft's confidence, speculative decoding).
+  virtual void argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) = 0;
 
   // ---- matrix products (F32 accumulation) ----
   virtual void linear(Tensor out, const Tensor& x, const Weight& w) = 0;  // out[M,N] = x[M,K] W^T + b

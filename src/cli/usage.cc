@@ -86,7 +86,7 @@ const std::vector<CommandUsage>& command_usages() {
               {"speculative-config", "JSON",
                "speculative decoding, as vLLM spells it: "
                "{\"method\":\"mtp\"|\"ngram\",\"num_speculative_tokens\":K} "
-               "(\"gating\":\"cost\"|\"fixed\", \"prompt_lookup_max\":N for ngram; "
+               "(\"gating\":\"confidence\" (default)|\"cost\"|\"fixed\", \"prompt_lookup_max\":N for ngram; "
                "docs/speculative-decoding.md); "
                "off unless given"},
               {"no-async-scheduling", "",

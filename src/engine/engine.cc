@@ -89,6 +89,8 @@ struct Engine::Impl {
 
   Model& model;
   std::unique_ptr<SpecDecoder> spec;  // speculative decoding, or null
+  std::vector<const SamplingParams*>
+      spec_eligible;  // per chunk of the step being built (SpecDecoder::begin_step)
   BlockManager blocks;
   LatencyPolicy policy;  // before scheduler, which keeps a pointer to it
   Scheduler scheduler;
@@ -497,7 +499,20 @@ void Engine::loop() {
     im.dsamp.clear();
     im.masks.clear();
     TraceSpan build(tr, lane, "build batch");
-    if (im.spec) im.spec->begin_step(int(im.chunks.size()));  // the gate: how many drafts this step
+    // Speculation needs a distribution each row fixes alone: nothing edits the logits as tokens come.
+    auto spec_ok = [&](const Impl::Request& rq, const Seq& s) {
+      return rq.procs.empty() &&
+             samples_speculatively(SampleContext{&rq.req.sampling, &rq.req.prompt, &s.output_counts,
+                                                 s.num_output(), &rq.stop_ids, rq.seed, s.index});
+    };
+    if (im.spec) {  // the gate: which drafts this step verifies
+      im.spec_eligible.clear();
+      for (const Chunk& c : im.chunks) {
+        const Impl::Request& rq = im.requests.at(c.seq->request);
+        im.spec_eligible.push_back(spec_ok(rq, *c.seq) ? &rq.req.sampling : nullptr);
+      }
+      im.spec->begin_step(im.chunks, im.spec_eligible);
+    }
     for (size_t i = 0; i < im.chunks.size(); ++i) {
       const Chunk& c = im.chunks[i];
       const Seq* s = c.seq;
@@ -527,9 +542,8 @@ void Engine::loop() {
       }
       const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
                               &rq.stop_ids,     rq.seed,        s->index};
-      // Speculation needs a distribution each row fixes alone: nothing edits the logits as tokens come.
-      const bool spec_ok = rq.procs.empty() && samples_speculatively(ctx);
-      const bool raw_argmax = spec_ok && rq.req.sampling.temperature <= 0.0f;
+      const bool eligible = im.spec ? im.spec_eligible[i] != nullptr : spec_ok(rq, *s);
+      const bool raw_argmax = eligible && rq.req.sampling.temperature <= 0.0f;
       if (c.sample) {
         b.logit_rows.push_back(int(b.tokens.size()) - 1);
         im.rows.push_back({s->request, s->index, -1});
@@ -537,8 +551,8 @@ void Engine::loop() {
         if (device) device = add_device_row(rq, *s);
       }
       if (im.spec) {  // this sequence's drafts, verified as extra rows
-        const int k =
-            im.spec->plan_chunk(int(i), *c.seq, c, spec_ok ? &ctx : nullptr, int(b.logit_rows.size()) - 1, b);
+        const int k = im.spec->plan_chunk(int(i), *c.seq, c, eligible ? &ctx : nullptr,
+                                          int(b.logit_rows.size()) - 1, b);
         if (im.spec->verifies(int(i))) im.rows.back().bseq = int(i);  // its sample row: the verifier's token
         for (int j = 1; j <= k; ++j) im.rows.push_back({s->request, s->index, -1, j, int(i)});
       }
@@ -563,13 +577,29 @@ void Engine::loop() {
     }
     // All raw argmax: argmax_rows is the cheaper device path.
     device = device && !greedy && !b.logit_rows.empty() && im.dsamp.rows.size() == b.logit_rows.size();
-    if (device && !im.masks.empty()) {  // a mask that cannot go up sends the step to the host sampler
+    // Constrained rows' masks: filled while the forward runs (the runner waits for them before it
+    // samples), or with --no-async-scheduling before the launch; a mask that cannot go up sends the
+    // step to the host sampler.
+    const bool masks_later = device && !im.masks.empty() && cfg_.async_scheduling;
+    if (device && !im.masks.empty() && !masks_later) {
       TraceSpan masks(tr, lane, "masks");
       im.masks.fill(im.dsamp.masks.data(), V);
       device = im.masks.all_usable();
     }
     // b, copies, dsamp: swapped for older ones (capacity)
-    im.runner.launch(b, greedy && !b.logit_rows.empty(), copies, device ? &im.dsamp : nullptr);
+    im.runner.launch(b, greedy && !b.logit_rows.empty(), copies, device ? &im.dsamp : nullptr, masks_later);
+    if (masks_later) {
+      TraceSpan masks(tr, lane, "masks (beside the forward)");
+      bool usable = false;
+      try {
+        im.masks.fill(im.runner.pending_masks(), V);
+        usable = im.masks.all_usable();
+      } catch (...) {
+        im.runner.release_masks(false);  // the runner must not wait for masks that will never come
+        throw;
+      }
+      im.runner.release_masks(usable);
+    }
     if (im.kv_connector) im.kv_connector->step_launched();
     for (const Chunk& c : im.chunks)
       if (c.sample) c.seq->pending = 1;

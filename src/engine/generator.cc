@@ -75,7 +75,9 @@ std::vector<std::vector<int>> Generator::generate(const std::vector<std::vector<
     }
     if (b.tokens.empty()) break;
     const double t0 = now_s();
-    model_.forward(b, kv, logits.data(), {p.mla_mode});
+    ForwardOptions fo;
+    fo.mla_mode = p.mla_mode;
+    model_.forward(b, kv, logits.data(), fo);
     if (on_step) on_step({true, int(b.tokens.size()), now_s() - t0});
     for (size_t i = 0; i < last_of.size(); ++i) next[last_of[i]] = pick(logits.data() + i * V, last_of[i], 0);
   }
@@ -101,7 +103,9 @@ std::vector<std::vector<int>> Generator::generate(const std::vector<std::vector<
     }
     if (active.empty()) break;
     const double t0 = now_s();
-    model_.forward(b, kv, logits.data(), {p.mla_mode});
+    ForwardOptions fo;
+    fo.mla_mode = p.mla_mode;
+    model_.forward(b, kv, logits.data(), fo);
     if (on_step) on_step({false, int(b.tokens.size()), now_s() - t0});
     for (size_t i = 0; i < active.size(); ++i) {
       next[active[i]] = pick(logits.data() + i * V, active[i], step);

@@ -30,7 +30,8 @@ ModelRunner::~ModelRunner() {
   thread_.join();  // run() finishes a step in flight before it looks at stop_
 }
 
-void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSampling* sampling) {
+void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSampling* sampling,
+                         bool masks_later) {
   BELUGA_ASSERT(!in_flight_);
   std::swap(batch_, b);
   if (copies)
@@ -43,19 +44,32 @@ void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSamp
   else
     sampling_.clear();
   greedy_ = greedy && !device_sampled_;
+  masks_later_ = masks_later && device_sampled_;
   // Sized here, not on the thread: logits() stays valid for the caller between wait() and launch().
-  if (device_sampled_)
-    sampled_.resize(batch_.logit_rows.size() * size_t(kSampleOutCols));
-  else if (greedy_)
+  // A step whose masks come later may fall back to the host: it needs room for its logits too.
+  if (device_sampled_) sampled_.resize(batch_.logit_rows.size() * size_t(kSampleOutCols));
+  if (greedy_)
     greedy_tokens_.resize(batch_.logit_rows.size());
-  else
+  else if (!device_sampled_ || masks_later_)
     logits_.resize(batch_.logit_rows.size() * size_t(vocab_));
   {
     std::lock_guard<std::mutex> lk(mu_);
     has_work_ = true;
     done_ = false;
+    masks_released_ = false;
+    masks_usable_ = false;
   }
   in_flight_ = true;
+  cv_.notify_all();
+}
+
+void ModelRunner::release_masks(bool usable) {
+  BELUGA_ASSERT(in_flight_ && masks_later_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    masks_released_ = true;
+    masks_usable_ = usable;
+  }
   cv_.notify_all();
 }
 
@@ -99,6 +113,14 @@ void ModelRunner::run() {
           opt.sampling = &sampling_;
           opt.sampled = sampled_.data();
         }
+        bool usable = true;
+        if (masks_later_)
+          opt.before_sampling = [&] {
+            std::unique_lock<std::mutex> lk(mu_);
+            cv_.wait(lk, [&] { return masks_released_ || stop_; });
+            usable = masks_released_ && masks_usable_;
+            return usable;
+          };
         Ops& ops = model_.ops();
         if (!copies_.loads.empty()) ops.kv_blocks_from_host(kv_.layers, copies_.loads);
         if (spec_)
@@ -107,6 +129,7 @@ void ModelRunner::run() {
           model_.forward(batch_, kv_, logits_.data(), opt);
         if (!copies_.saves.empty()) ops.kv_blocks_to_host(kv_.layers, copies_.saves);
         if (!copies_.empty()) ops.synchronize();
+        if (!usable) device_sampled_ = false;  // the logits came back instead (read after wait())
       } catch (...) {
         err = std::current_exception();
       }

@@ -13,6 +13,8 @@
 //   - A step's KV copies (KvStepCopies) run on the same thread, around its forward.
 //   - Destruction waits for a step in flight (its result is dropped) and joins the thread.
 //   - With a Tracer, each step is a "forward" span (KV copies included) on a lane of its own.
+//   - A step launched with masks_later waits, after its forward and before sampling, for
+//     release_masks(): the engine fills the constrained rows' masks while the device computes.
 //   - After wait(), last_seconds() is that step's duration on the thread (KV copies and forward, the
 //     results on the host) and last_tokens() its batch tokens: the samples of the step cost model.
 #pragma once
@@ -57,8 +59,15 @@ class ModelRunner {
   // `sampling` (swapped like `b`, may be null; the model needs a sampler): the step samples each logit
   // row on the device (ForwardOptions::sampling): sampled() holds [rows, kSampleOutCols] and logits()
   // is not written. Takes precedence over `greedy`.
+  // `masks_later` (with `sampling`): the step's masks are filled after launch(), into
+  // pending_masks(), while the forward runs; the step samples once release_masks() is called, on the
+  // device when the masks are usable, else its logits come back (device_sampled() false after wait()).
   void launch(Batch& b, bool greedy = false, KvStepCopies* copies = nullptr,
-              DeviceSampling* sampling = nullptr);
+              DeviceSampling* sampling = nullptr, bool masks_later = false);
+  // After launch(..., masks_later): the step's mask buffer (DeviceSampling::masks, as handed in), to
+  // be written until release_masks(); then release_masks exactly once (also when filling failed).
+  uint32_t* pending_masks() { return sampling_.masks.data(); }
+  void release_masks(bool usable);
   // Waits for the step in flight; rethrows its exception.
   void wait();
   bool in_flight() const { return in_flight_; }
@@ -91,8 +100,10 @@ class ModelRunner {
   bool greedy_ = false;
   DeviceSampling sampling_;
   std::vector<int32_t> sampled_;
-  bool device_sampled_ = false;
-  bool in_flight_ = false;   // engine thread only
+  bool device_sampled_ = false;  // set by launch(); cleared by the thread when masks were unusable
+  bool masks_later_ = false;
+  bool masks_released_ = false, masks_usable_ = false;  // guarded by mu_
+  bool in_flight_ = false;                              // engine thread only
   double last_seconds_ = 0;  // written by the thread before done_, read after wait()
   int last_tokens_ = 0;
 

@@ -53,7 +53,8 @@ struct Seq {
   std::vector<int> blocks;
   std::vector<BlockHash> hashes;  // keys of the leading full blocks already published
   std::unordered_map<int, int> output_counts;
-  std::vector<int> draft;  // speculative decoding: tokens proposed to follow `tokens`, verified next step
+  std::vector<int> draft;      // speculative decoding: tokens proposed to follow `tokens`, verified next step
+  std::vector<float> draft_q;  // and the proposer's score of each (SpecGate's confidence; none for ngram)
   FinishReason finish = FinishReason::kNone;
   int num_output() const { return int(tokens.size()) - num_prompt; }
   int length() const { return int(tokens.size()) + pending; }  // what the scheduler plans with

@@ -36,9 +36,11 @@ SpecConfig parse_spec_config(const std::string& text) {
       c.synthetic_acceptance = v.get<double>();
     } else if (key == "gating") {
       const std::string g = v.is_string() ? v.get<std::string>() : "";
-      BELUGA_CHECK(g == "cost" || g == "fixed",
-                   "--speculative-config: \"gating\" must be \"cost\" or \"fixed\"");
-      c.fixed_gating = g == "fixed";
+      BELUGA_CHECK(g == "confidence" || g == "cost" || g == "fixed",
+                   "--speculative-config: \"gating\" must be \"confidence\", \"cost\" or \"fixed\"");
+      c.gating = g == "fixed"  ? SpecGate::Mode::kFixed
+                 : g == "cost" ? SpecGate::Mode::kCost
+                               : SpecGate::Mode::kConfidence;
     } else if (key == "prompt_lookup_min" || key == "prompt_lookup_max") {
       BELUGA_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 32,
                    "--speculative-config: \"", key, "\" must be an integer from 1 to 32");

@@ -16,7 +16,7 @@ const std::unordered_map<int, int> kNoCounts;
 }  // namespace
 
 SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows)
-    : model_(model), cfg_(cfg), gate_(cfg.num_speculative_tokens, cfg.fixed_gating) {
+    : model_(model), cfg_(cfg), gate_(cfg.num_speculative_tokens, cfg.gating, model.replays_graphs()) {
   BELUGA_CHECK(cfg.enabled(), "speculative decoding is not configured");
   stats_.accepted_per_position.assign(size_t(cfg.num_speculative_tokens), 0);
   if (cfg.method == SpecConfig::Method::kNgram) return;  // drafts from the tokens: no MTP state
@@ -33,8 +33,38 @@ SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, in
   mtp_out_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
 }
 
-void SpecDecoder::begin_step(int num_seqs) {
-  step_k_ = gate_.choose(num_seqs);
+void SpecDecoder::begin_step(const std::vector<Chunk>& chunks,
+                             const std::vector<const SamplingParams*>& eligible) {
+  BELUGA_ASSERT(eligible.size() == chunks.size());
+  const int K = cfg_.num_speculative_tokens;
+  scores_.clear();
+  score_seq_.clear();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    Seq& s = *c.seq;
+    const int length = int(s.tokens.size());
+    if (!eligible[i] || !c.sample || c.len != 1 || c.start + 1 != length) continue;  // not a decode
+    // Prompt lookup proposes here, from the tokens so far (the engine runs speculating steps one
+    // after another, so `tokens` is complete); s.draft is the buffer (its capacity is kept).
+    if (ngram()) {
+      s.draft.resize(size_t(K));
+      s.draft.resize(
+          size_t(propose_ngram(s.tokens, cfg_.prompt_lookup_min, cfg_.prompt_lookup_max, K, s.draft)));
+      s.draft_q.clear();
+    }
+    const int max_length = s.max_length > 0 ? s.max_length : model_.max_positions();
+    const int n = std::min({int(s.draft.size()), K, std::max(0, max_length - length)});
+    scores_.push_back({n, int(s.draft_q.size()) >= n && n > 0 ? s.draft_q.data() : nullptr,
+                       eligible[i]->temperature > 0.0f});
+    score_seq_.push_back(int(i));
+  }
+  step_k_ = gate_.plan(int(chunks.size()), scores_, admit_scores_);
+  admit_.assign(chunks.size(), 0);
+  held_.assign(chunks.size(), 0);
+  for (size_t t = 0; t < score_seq_.size(); ++t) {
+    admit_[size_t(score_seq_[t])] = admit_scores_[t];
+    held_[size_t(score_seq_[t])] = scores_[t].num_drafts;
+  }
 }
 
 int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* sampling, int sample_row,
@@ -60,41 +90,51 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* 
     p.seed = sampling->seed;
     p.num_output = sampling->num_output;
   }
-  int k = 0;
+  int k = 0, rows = 0;
+  p.decode = eligible && c.sample && c.len == 1 && c.start + 1 == p.length;
+  if (eligible && step_k_ == 0) {
+    // Gated off: a plain step, prompt chunks included (no MTP pass, so the step overlaps as a plain
+    // one and costs what the gate measured for plain decode; the prompt's MTP KV stays stale).
+    p.mtp = false;
+    s.draft.clear();
+    s.draft_q.clear();
+    return 0;
+  }
   if (eligible && !c.sample) {
     p.next_token = s.tokens[size_t(c.start + c.len)];
   } else if (eligible) {
-    p.decode = c.len == 1 && c.start + 1 == p.length;
-    if (p.decode && step_k_ == 0) {  // gated off: a plain decode (no drafts, no MTP pass)
-      p.mtp = false;
-      s.draft.clear();
-      return 0;
-    }
     p.sample_row = sample_row;
-    // Prompt lookup proposes here, from the tokens so far (the engine runs speculating steps one
-    // after another, so `tokens` is complete); s.draft is the buffer (its capacity is kept).
-    if (p.decode && ngram()) {
-      s.draft.resize(size_t(step_k_));
-      s.draft.resize(
-          size_t(propose_ngram(s.tokens, cfg_.prompt_lookup_min, cfg_.prompt_lookup_max, step_k_, s.draft)));
+    p.sampled = sampling->params->temperature > 0.0f;
+    // Drafts follow the token they were proposed after: only for the decode of the last token, as
+    // many as the gate admitted; on a padded backend the rest of the step's depth is filler rows
+    // (computed, never verified), so the step keeps its uniform shape.
+    if (p.decode) {
+      k = admit_[size_t(i)];
+      p.held = held_[size_t(i)];
+      rows = gate_.padded() ? std::min(step_k_, std::max(0, p.max_length - p.length)) : k;
+      rows = std::max(rows, k);
     }
-    // Drafts follow the token they were proposed after: only for the decode of the last token.
-    if (p.decode) k = std::min({int(s.draft.size()), step_k_, std::max(0, p.max_length - p.length)});
     b.tokens.insert(b.tokens.end(), s.draft.begin(), s.draft.begin() + k);
+    b.tokens.insert(b.tokens.end(), size_t(rows - k), s.tokens.back());
+    p.q.assign(s.draft_q.begin(), s.draft_q.begin() + std::min<int64_t>(k, int64_t(s.draft_q.size())));
     const int last = b.logit_rows.back();
-    for (int j = 1; j <= k; ++j) b.logit_rows.push_back(last + j);
-    b.seqs[size_t(i)].query_len += k;
+    for (int j = 1; j <= rows; ++j) b.logit_rows.push_back(last + j);
+    b.seqs[size_t(i)].query_len += rows;
   }
   p.num_draft = k;
+  p.num_rows = rows;
   s.draft.clear();
-  return k;
+  s.draft_q.clear();
+  return rows;
 }
 
 void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   BELUGA_CHECK(ngram() || int64_t(b.tokens.size()) <= hidden_.shape[0], "speculative step of ",
                b.tokens.size(), " tokens exceeds its buffers");
   ForwardOptions o = opt;
-  if (!ngram()) o.final_hidden = &hidden_;
+  // A plain step (the gate chose no drafts) runs no MTP pass: no hidden states to keep, and the plain
+  // decode graphs.
+  if (!ngram() && plan_k_ > 0) o.final_hidden = &hidden_;
   model_.forward(b, kv, logits, o);
 
   const int S = int(b.seqs.size()), K = cfg_.num_speculative_tokens;
@@ -103,6 +143,7 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   tokens_.resize(size_t(S) * size_t(K + 1));
   draft_len_.assign(size_t(S), 0);
   drafts_.resize(size_t(S) * size_t(K));
+  draft_q_.resize(size_t(S) * size_t(K));
   mb_.tokens.clear();
   mb_.seqs.clear();
   mb_.logit_rows.clear();
@@ -119,7 +160,7 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
     const int row0 = qs;
     qs += sc.query_len;
     if (!p.mtp) continue;
-    const int k = p.num_draft, chunk_len = sc.query_len - k;
+    const int k = p.num_draft, chunk_len = sc.query_len - p.num_rows;
     int a = 0, next = p.next_token;
     if (p.sample_row >= 0) {
       const int* draft = b.tokens.data() + row0 + chunk_len;
@@ -165,8 +206,10 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
       gather_.push_back(row0 + r);
     }
     mb_.seqs.push_back({sc.context_len, rows, sc.block_table});
-    // Proposals: as many as the gate asks for and fit before the sequence's maximum length.
-    const int propose = p.sample_row >= 0 ? std::min(step_k_, p.max_length - (p.length + a + 1)) : 0;
+    // Proposals: one past the step's depth (so the gate can go deeper next step), up to K, as many as
+    // fit before the sequence's maximum length.
+    const int propose =
+        p.sample_row >= 0 ? std::min(std::min(K, step_k_ + 1), p.max_length - (p.length + a + 1)) : 0;
     if (propose > 0 && next >= 0) {
       mb_.logit_rows.push_back(first + valid - 1);
       seq_of_.push_back(i);
@@ -186,9 +229,14 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   ForwardOptions mo;
   mo.final_hidden = &mtp_out_;
   ids_.resize(mb_.logit_rows.size());
+  probs_.resize(mb_.logit_rows.size());
   mo.greedy_tokens = ids_.data();
+  mo.greedy_probs = probs_.data();
   model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
-  for (size_t t = 0; t < seq_of_.size(); ++t) drafts_[size_t(seq_of_[t]) * size_t(K)] = ids_[t];
+  for (size_t t = 0; t < seq_of_.size(); ++t) {
+    drafts_[size_t(seq_of_[t]) * size_t(K)] = ids_[t];
+    draft_q_[size_t(seq_of_[t]) * size_t(K)] = probs_[t];
+  }
 
   // Chained drafts: the module applied to its own output, one row per sequence still proposing.
   out_row_.assign(mb_.logit_rows.begin(), mb_.logit_rows.end());  // each proposer's row in mtp_out_
@@ -214,10 +262,13 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
     if (n == 0) break;
     gather(mtp_out_, int(n));
     ids_.resize(n);
+    probs_.resize(n);
+    mo.greedy_probs = probs_.data();
     model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
     out_row_.resize(n);
     for (size_t t = 0; t < n; ++t) {
       drafts_[size_t(seq_of_[t]) * size_t(K) + size_t(j)] = ids_[t];
+      draft_q_[size_t(seq_of_[t]) * size_t(K) + size_t(j)] = probs_[t];
       out_row_[t] = int32_t(t);
     }
   }
@@ -227,9 +278,9 @@ int SpecDecoder::steady_shape() const {
   if (plan_.empty()) return -1;
   // Prompt lookup finds fewer than k drafts (or none) for some sequences: its step's shape is the
   // gate's choice, and the step's cost, whatever was found, is what choosing k costs.
-  const int k = ngram() ? plan_k_ : plan_[0].mtp ? plan_[0].num_draft : 0;
+  const int k = ngram() ? plan_k_ : plan_[0].mtp ? plan_[0].num_rows : 0;
   for (const Plan& p : plan_) {
-    const bool drafts_ok = ngram() ? p.num_draft <= k : p.num_draft == k;
+    const bool drafts_ok = ngram() ? p.num_rows <= k : p.num_rows == k;
     if (!p.decode || !drafts_ok || p.mtp != (k > 0) || (k > 0 && p.sample_row < 0)) return -1;
   }
   return k;
@@ -252,11 +303,15 @@ void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& fi
     Seq* s = find(p.slot, p.index);
     if (!s) continue;  // aborted while the step ran
     const int a = accepted_[i];
-    // Prompt lookup: a decode that found fewer drafts than the gate asked for counts the missing
-    // ones as rejected, so the gate's expected tokens include how often a lookup finds nothing.
-    if (ngram() && p.decode && plan_k_ > 0) gate_.observe_acceptance(plan_k_, a);
+    // Prompt lookup: a decode whose lookup found fewer drafts than the step's depth, all verified,
+    // counts the first missing one as rejected, so the gate's acceptance includes how often a
+    // lookup finds nothing.
+    const int missing = ngram() && p.decode && p.num_draft == p.held && p.held < plan_k_ ? 1 : 0;
+    if (p.num_draft + missing > 0)
+      gate_.observe_acceptance(p.num_draft + missing, a,
+                               !ngram() && p.q.size() >= size_t(p.num_draft) ? p.q.data() : nullptr,
+                               p.sampled);
     if (p.num_draft > 0) {
-      if (!ngram()) gate_.observe_acceptance(p.num_draft, a);
       stats_.drafts++;
       stats_.draft_tokens += p.num_draft;
       stats_.accepted_tokens += a;
@@ -266,6 +321,7 @@ void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& fi
     BELUGA_ASSERT(int(s->tokens.size()) == p.length + a + 1);
     if (a > 0) commit_.push_back({s, p.length, a, false});
     s->draft.assign(drafts_.begin() + int64_t(i) * K, drafts_.begin() + int64_t(i) * K + draft_len_[i]);
+    s->draft_q.assign(draft_q_.begin() + int64_t(i) * K, draft_q_.begin() + int64_t(i) * K + draft_len_[i]);
   }
   // The accepted drafts' KV is valid now: count it computed and publish the blocks it fills.
   if (!commit_.empty()) scheduler.commit(commit_);

@@ -10,11 +10,14 @@
 // lives in a cache of its own that shares the main cache's block tables, so rolling back a sequence's length
 // rolls back both) and, chained on its own output, proposes the next step's drafts.
 //
-// Gating (SpecGate): before each step the engine calls begin_step(); the gate picks how many drafts the
-// step's decode sequences verify and propose (0: they decode plainly, without the MTP pass, and the
-// step overlaps as a plain one). after_apply() feeds it each steady decode step's period and the
-// drafts accepted. Positions decoded plainly get no MTP KV: drafts proposed later attend over those
-// stale entries (acceptance may drop; output never changes, verification decides it).
+// Gating (SpecGate): before each step the engine calls begin_step(); the gate admits each decode
+// sequence's drafts by their calibrated confidence (the MTP head's probability of each draft) and the
+// step's measured cost, and picks the step's depth (0: every sequence decodes plainly, without the MTP
+// pass, and the step overlaps as a plain one). On a backend replaying graphs a sequence with fewer
+// admitted drafts than the depth carries filler rows (computed, not verified). after_apply() feeds the
+// gate each steady decode step's period and the drafts accepted. Positions decoded plainly get no MTP
+// KV: drafts proposed later attend over those stale entries (acceptance may drop; output never
+// changes, verification decides it).
 // Verify and MTP steps of one uniform shape replay CUDA graphs (DecodeGraphs): every decode sequence
 // verifies the same number of drafts, and the MTP pass runs over all verify rows of a decode sequence
 // (rows past the accepted prefix write MTP KV at positions the next step overwrites before anything
@@ -68,9 +71,10 @@ class SpecDecoder {
   // whose chunk is the decode of its last token, appends its drafts to the chunk's query and their
   // logit rows; returns how many.
   int plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* sampling, int sample_row, Batch& b);
-  // Engine thread, before plan_chunk() for a step of `num_seqs` sequences: asks the gate for its draft
-  // count.
-  void begin_step(int num_seqs);
+  // Engine thread, before plan_chunk() for the step's `chunks`: eligible[i] is chunk i's sampling
+  // parameters if its sequence may speculate (as plan_chunk's `sampling`), else null. Prompt lookup
+  // proposes here; the gate admits drafts.
+  void begin_step(const std::vector<Chunk>& chunks, const std::vector<const SamplingParams*>& eligible);
   int step_drafts() const { return step_k_; }
   bool ngram() const { return cfg_.method == SpecConfig::Method::kNgram; }
   const SpecGate& gate() const { return gate_; }
@@ -99,8 +103,12 @@ class SpecDecoder {
  private:
   struct Plan {
     int slot = 0, index = 0;
-    bool mtp = false;     // eligible: MTP rows for this sequence
-    int num_draft = 0;    // drafts appended to its query
+    bool mtp = false;      // eligible: MTP rows for this sequence
+    int num_draft = 0;     // drafts appended to its query and verified
+    int num_rows = 0;      // rows appended (num_draft, then filler rows up to the step's depth)
+    int held = 0;          // drafts it held when the gate planned
+    std::vector<float> q;  // the verified drafts' scores (MTP)
+    bool sampled = false;
     int sample_row = -1;  // its first logit row (-1: not sampled)
     int next_token = -1;  // not sampled: the token after the chunk
     int length = 0;       // the sequence's tokens before this step
@@ -124,14 +132,19 @@ class SpecDecoder {
   std::vector<Plan> plan_;  // per batch sequence of the step being built / in flight
   // Runner-thread results, read by the engine after wait().
   std::vector<int> accepted_;
-  std::vector<int> tokens_;  // [seq, K + 1] flat: the tokens each row emits, 1 + accepted_ of each valid
-  std::vector<int> drafts_;  // [seq, K] flat: next drafts, draft_len_ of each valid
+  std::vector<int> tokens_;     // [seq, K + 1] flat: the tokens each row emits, 1 + accepted_ of each valid
+  std::vector<int> drafts_;     // [seq, K] flat: next drafts, draft_len_ of each valid
+  std::vector<float> draft_q_;  // [seq, K] flat: their scores
   std::vector<int> draft_len_;
   // Runner-thread scratch, reused every step.
   Batch mb_;
   std::vector<int32_t> gather_, ids_, seq_of_, last_pos_, out_row_;
-  std::vector<Chunk> commit_;   // engine thread
-  std::vector<float> scratch_;  // the verifier's sampler (runner thread)
+  std::vector<float> probs_;
+  std::vector<Chunk> commit_;        // engine thread
+  std::vector<DraftScores> scores_;  // begin_step's: the eligible decodes' drafts
+  std::vector<int> score_seq_, admit_scores_;
+  std::vector<int> admit_, held_;  // per chunk of the step being planned: drafts admitted / held
+  std::vector<float> scratch_;     // the verifier's sampler (runner thread)
   std::vector<int> index_scratch_;
   std::mt19937_64 rng_{0x5eed};
   SpecStats stats_;

@@ -1,6 +1,7 @@
 #include "engine/spec_gate.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/decode_graphs.h"
 #include "util/error.h"
@@ -10,15 +11,18 @@ namespace beluga {
 namespace {
 
 constexpr double kCostWeight = 0.2;  // of a new period in the moving average
-constexpr double kDecay = 0.995;     // of the acceptance counts per observation
+constexpr double kDecay = 0.995;     // of a position's acceptance counts per observation
 constexpr double kOutlier = 4.0;     // periods this many times the average are dropped (stalls)
-constexpr double kPriorTried = 2.0;  // prior pseudo-counts: acceptance 1/2 until measured
-constexpr double kPriorPassed = 1.0;
+constexpr double kPrior = 2.0;       // prior pseudo-counts of a bin, at its centre (no score: 1/2)
+// Speculating must beat plain decode by this factor: switching costs what the steady rates miss (the
+// first speculating step only proposes; speculating steps do not overlap; MTP KV of positions
+// decoded plainly is stale), and near break-even measurement noise would flip the choice.
+constexpr double kMinGain = 1.05;
 
 }  // namespace
 
-SpecGate::SpecGate(int max_k, bool fixed)
-    : max_k_(max_k), fixed_(fixed), tried_(size_t(max_k), 0.0), passed_(size_t(max_k), 0.0) {
+SpecGate::SpecGate(int max_k, Mode mode, bool padded)
+    : max_k_(max_k), mode_(mode), padded_(padded), counts_(size_t(2 * max_k * (kBins + 1))) {
   BELUGA_CHECK(max_k >= 1, "SpecGate needs at least one draft token");
 }
 
@@ -28,17 +32,22 @@ SpecGate::Bucket& SpecGate::bucket(int batch) {
   return b;
 }
 
-double SpecGate::prefix_acceptance(int j) const {
-  BELUGA_ASSERT(j >= 1 && j <= max_k_);
-  double p = 1.0;
-  for (int i = 0; i < j; ++i) p *= (passed_[size_t(i)] + kPriorPassed) / (tried_[size_t(i)] + kPriorTried);
-  return p;
+double SpecGate::acceptance(int j, float q, bool sampled) const {
+  BELUGA_ASSERT(j >= 0 && j < max_k_);
+  const int b = bin(q);
+  const double centre = b == kBins ? 0.5 : (b + 0.5) / kBins;
+  const Counts& c = counts(sampled, j, b);
+  return (c.passed + kPrior * centre) / (c.tried + kPrior);
 }
 
-double SpecGate::expected_tokens(int k) const {
-  double e = 1.0;
-  for (int j = 1; j <= k; ++j) e += prefix_acceptance(j);
-  return e;
+double SpecGate::mean_acceptance(int j, bool sampled) const {
+  BELUGA_ASSERT(j >= 0 && j < max_k_);
+  double tried = 0, passed = 0;
+  for (int b = 0; b <= kBins; ++b) {
+    tried += counts(sampled, j, b).tried;
+    passed += counts(sampled, j, b).passed;
+  }
+  return (passed + 0.5 * kPrior) / (tried + kPrior);
 }
 
 double SpecGate::cost(int batch, int k) const {
@@ -48,28 +57,85 @@ double SpecGate::cost(int batch, int k) const {
   return c.samples >= kMinSamples ? c.seconds : -1;
 }
 
-int SpecGate::choose(int batch) {
-  if (fixed_) return max_k_;
+double SpecGate::step_cost(const Bucket& b, double x) const {
+  x = std::clamp(x, 0.0, double(max_k_));
+  const int lo = int(std::floor(x)), hi = std::min(max_k_, lo + 1);
+  const double w = x - lo;
+  return (1 - w) * b.by_k[size_t(lo)].seconds + w * b.by_k[size_t(hi)].seconds;
+}
+
+int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit) {
+  admit.assign(seqs.size(), 0);
+  auto uniform = [&](int k) {
+    for (size_t i = 0; i < seqs.size(); ++i) admit[i] = std::min(seqs[i].num_drafts, k);
+    return k;
+  };
+  if (mode_ == Mode::kFixed) return uniform(max_k_);
+  batch = std::max(1, batch);
   Bucket& b = bucket(batch);
   if (++b.decisions % kReprobe == 0)  // measure the other shapes again, starting from their averages
     for (Cost& c : b.by_k) c.samples = std::min(c.samples, kMinSamples - 1);
   // Shapes still being measured first, the deepest first (speculation gets its chance at once).
   for (int k = max_k_; k >= 0; --k)
-    if (b.by_k[size_t(k)].samples < kMinSamples) return k;
-  int best = 0;
-  double best_rate = 0;
-  for (int k = 0; k <= max_k_; ++k) {
-    const double rate = expected_tokens(k) / b.by_k[size_t(k)].seconds;
-    if (rate > best_rate) {
-      best_rate = rate;
-      best = k;
+    if (b.by_k[size_t(k)].samples < kMinSamples) return uniform(k);
+
+  // Every eligible sequence's K candidate drafts and their survivals.
+  cand_.clear();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const DraftScores& d = seqs[i];
+    double survival = 1;
+    for (int j = 0; j < max_k_; ++j) {
+      const bool scored = mode_ == Mode::kConfidence && j < d.num_drafts;
+      survival *= scored ? acceptance(j, d.q ? d.q[j] : -1.0f, d.sampled) : mean_acceptance(j, d.sampled);
+      cand_.push_back({survival, int(i), j + 1});
     }
   }
-  return best;
+  const double plain = double(batch) / b.by_k[0].seconds;
+  int depth = 0;
+  size_t admitted = 0;
+  double best = kMinGain * plain;
+  if (padded_) {
+    // Every sequence computes the deepest one's rows: compare the depths, each verifying all it can.
+    std::vector<double> gain(size_t(max_k_) + 1, 0.0);
+    for (const Candidate& c : cand_) gain[size_t(c.depth)] += c.survival;
+    double e = batch;
+    for (int k = 1; k <= max_k_; ++k) {
+      e += gain[size_t(k)];
+      const double rate = e / b.by_k[size_t(k)].seconds;
+      if (rate > best) {
+        best = rate;
+        depth = k;
+      }
+    }
+    return uniform(depth);
+  }
+  // Ragged rows: admit in order of survival (a sequence's drafts come in order: survival only falls
+  // along it) while expected tokens per second rise; the best prefix wins.
+  std::sort(cand_.begin(), cand_.end(), [](const Candidate& a, const Candidate& c) {
+    if (a.survival != c.survival) return a.survival > c.survival;
+    if (a.depth != c.depth) return a.depth < c.depth;
+    return a.seq < c.seq;
+  });
+  double e = batch;
+  for (size_t n = 1; n <= cand_.size(); ++n) {
+    e += cand_[n - 1].survival;
+    const double rate = e / step_cost(b, double(n) / batch);
+    if (rate > best) {
+      best = rate;
+      admitted = n;
+    }
+  }
+  for (size_t n = 0; n < admitted; ++n) {
+    const Candidate& c = cand_[n];
+    depth = std::max(depth, c.depth);
+    if (c.depth <= seqs[size_t(c.seq)].num_drafts)
+      admit[size_t(c.seq)] = std::max(admit[size_t(c.seq)], c.depth);
+  }
+  return depth;
 }
 
 void SpecGate::observe_cost(int batch, int k, double seconds) {
-  if (fixed_ || k < 0 || k > max_k_ || !(seconds > 0)) return;
+  if (mode_ == Mode::kFixed || k < 0 || k > max_k_ || !(seconds > 0)) return;
   Cost& c = bucket(batch).by_k[size_t(k)];
   if (c.skipped < kSkipSamples) {
     c.skipped++;
@@ -85,13 +151,17 @@ void SpecGate::observe_cost(int batch, int k, double seconds) {
   c.total++;
 }
 
-void SpecGate::observe_acceptance(int verified, int accepted) {
+void SpecGate::observe_acceptance(int verified, int accepted, const float* q, bool sampled) {
   verified = std::min(verified, max_k_);
   for (int j = 0; j < verified; ++j) {
-    tried_[size_t(j)] *= kDecay;
-    passed_[size_t(j)] *= kDecay;
-    tried_[size_t(j)] += 1;
-    if (j < accepted) passed_[size_t(j)] += 1;
+    for (int b = 0; b <= kBins; ++b) {
+      Counts& c = counts(sampled, j, b);
+      c.tried *= kDecay;
+      c.passed *= kDecay;
+    }
+    Counts& c = counts(sampled, j, bin(q ? q[j] : -1.0f));
+    c.tried += 1;
+    if (j < accepted) c.passed += 1;
     if (j >= accepted) break;  // later positions were not reached
   }
 }

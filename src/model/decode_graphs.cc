@@ -24,14 +24,18 @@ bool all_rows(const StepPlan& p) {
 
 }  // namespace
 
-void read_logits(Ops& ops, const Tensor& logits, float* host, int32_t* greedy, Tensor ids) {
+void read_logits(Ops& ops, const Tensor& logits, float* host, int32_t* greedy, Tensor ids, float* greedy_prob,
+                 Tensor probs) {
   if (!greedy) {
     ops.copy_to_host(logits, host);
     return;
   }
-  ids = ids.empty() ? ops.scratch(DType::kI32, {logits.shape[0]}) : ids.rows(0, logits.shape[0]);
-  ops.argmax_rows(ids, logits);
+  const int64_t R = logits.shape[0];
+  ids = ids.empty() ? ops.scratch(DType::kI32, {R}) : ids.rows(0, R);
+  if (greedy_prob) probs = probs.empty() ? ops.scratch(DType::kF32, {R}) : probs.rows(0, R);
+  ops.argmax_rows(ids, logits, greedy_prob ? probs : Tensor{});
   ops.copy_to_host(ids, greedy);
+  if (greedy_prob) ops.copy_to_host(probs, greedy_prob);
 }
 
 DecodeGraphs::DecodeGraphs(Ops& ops, int max_positions)
@@ -40,6 +44,7 @@ DecodeGraphs::DecodeGraphs(Ops& ops, int max_positions)
           int(std::bit_ceil(unsigned(std::max(1, (max_positions + kKvBlockSize - 1) / kKvBlockSize))))),
       inputs_(ops.alloc_persistent(DType::kI32, {int64_t(kOffBt) + int64_t(kMaxBatch) * width_cap_})),
       greedy_ids_(ops.alloc_persistent(DType::kI32, {kMaxTokens})),
+      greedy_probs_(ops.alloc_persistent(DType::kF32, {kMaxTokens})),
       epoch_(ops.scratch_epoch()) {}
 
 DecodeGraphs::~DecodeGraphs() {
@@ -76,7 +81,14 @@ int DecodeGraphs::batch_bucket(int n) {
   return kMaxBatch;
 }
 
-void DecodeGraphs::run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy, Variant variant) {
+void DecodeGraphs::run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy, Variant variant,
+                       float* greedy_prob) {
+  run(p, body, variant, [&](const Tensor& lg) {
+    read_logits(ops_, lg, logits, greedy, greedy_ids_, greedy_prob, greedy_probs_);
+  });
+}
+
+void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, const Consume& consume) {
   const int S = p.num_seqs, B = batch_bucket(S), Q = p.max_query_len;
   const int W = int(std::bit_ceil(unsigned(std::max(1, p.max_blocks))));
   BELUGA_CHECK(qualifies(p) && W <= width_cap_, "DecodeGraphs: step does not qualify");
@@ -132,13 +144,12 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, float* logits, int32
   auto it = graphs_.find(key);
   if (it != graphs_.end()) {
     ops_.replay(it->second.id);
-    // Not scratch: a replay does not advance the scratch cursor, so scratch would alias the graph's.
-    read_logits(ops_, it->second.logits.rows(0, real_rows), logits, greedy, greedy_ids_);
+    consume(it->second.logits.rows(0, real_rows));
     return;
   }
   // First step of this shape: run it eagerly (its result is this step's), then record it.
   Tensor lg = body(meta, ids, pos, rows, Q);
-  read_logits(ops_, lg.rows(0, real_rows), logits, greedy);
+  consume(lg.rows(0, real_rows));
   ops_.reset_scratch();  // may merge scratch chunks the eager run grew
   if (ops_.scratch_epoch() != epoch_) {
     drop();

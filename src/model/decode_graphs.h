@@ -34,7 +34,10 @@ struct StepPlan {
 // The step's device logits [R, vocab] to the host: all of them, or with `greedy` only each row's
 // argmax (Ops::argmax_rows, into `ids` [>= R] I32, or scratch when empty), so a greedy step copies R
 // ids instead of R x vocab floats.
-void read_logits(Ops& ops, const Tensor& logits, float* host, int32_t* greedy, Tensor ids = {});
+// With `greedy_prob` also each row's softmax probability of its argmax (Ops::argmax_rows; into
+// `probs` [>= R] F32, or scratch when empty).
+void read_logits(Ops& ops, const Tensor& logits, float* host, int32_t* greedy, Tensor ids = {},
+                 float* greedy_prob = nullptr, Tensor probs = {});
 
 class DecodeGraphs {
  public:
@@ -67,7 +70,13 @@ class DecodeGraphs {
   // Runs the step (replaying or recording its graph) and copies its logits to `logits` (host), or
   // with `greedy` each row's argmax instead (see read_logits).
   void run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy = nullptr,
-           Variant variant = {});
+           Variant variant = {}, float* greedy_prob = nullptr);
+  // As run(), but hands the step's device logits [its logit rows, vocab] to `consume` instead of
+  // copying them to the host: the graph's own memory after a replay (so `consume` must take no
+  // scratch: a replay does not advance the scratch cursor), or an eager first run's result, consumed
+  // before the graph is recorded.
+  using Consume = std::function<void(const Tensor& logits)>;
+  void run(const StepPlan& p, const Body& body, Variant variant, const Consume& consume);
   int num_graphs() const { return int(graphs_.size()); }
 
  private:
@@ -83,7 +92,8 @@ class DecodeGraphs {
   int width_cap_;  // block-table columns the input buffer holds
   Tensor inputs_;  // persistent I32: ids, positions, slots, rows [kMaxTokens] each, context_len
                    // [kMaxBatch], query start [kMaxBatch + 1], then the block table [kMaxBatch, width_cap_]
-  Tensor greedy_ids_;  // argmax rows of a replayed step
+  Tensor greedy_ids_;    // argmax rows of a replayed step
+  Tensor greedy_probs_;  // and their probabilities
   std::vector<int32_t> host_;
   std::map<Key, Graph> graphs_;
   uint64_t epoch_ = 0;

@@ -229,6 +229,18 @@ void Model::set_sampler(std::unique_ptr<SampleRowsOp> sampler) {
   const int64_t words = (cfg_.vocab_size + 31) / 32;
   sample_params_ = ops_.alloc_persistent(DType::kI32, {kMaxSampleRows, int64_t(sizeof(DeviceSampleRow) / 4)});
   sample_masks_ = ops_.alloc_persistent(DType::kI32, {kMaxMaskRows, words});
+  sampled_out_ = ops_.alloc_persistent(DType::kI32, {kMaxSampleRows, kSampleOutCols});
+}
+
+void Model::finish_sampling(const Tensor& lg, float* logits, const ForwardOptions& opt) {
+  if (!opt.before_sampling()) {
+    ops_.copy_to_host(lg, logits);
+    return;
+  }
+  upload_sampling(*opt.sampling, size_t(lg.shape[0]));
+  const Tensor out = sampled_out_.rows(0, lg.shape[0]);
+  sampler_->sample_rows(out, lg, sample_params_, sample_masks_);
+  ops_.copy_to_host(out, opt.sampled);
 }
 
 void Model::upload_sampling(const DeviceSampling& s, size_t logit_rows) {
@@ -279,7 +291,19 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
                      (!opt.final_hidden || opt.final_hidden->shape[0] >= DecodeGraphs::padded_rows(p));
   if (opt.sampling) {
     BELUGA_CHECK(opt.sampled, "ForwardOptions::sampling needs `sampled`");
-    upload_sampling(*opt.sampling, p.logit_rows.size());
+    BELUGA_CHECK(p.logit_rows.size() <= size_t(kMaxSampleRows), "device sampling: ", p.logit_rows.size(),
+                 " logit rows (at most ", kMaxSampleRows, ")");
+    if (!opt.before_sampling) upload_sampling(*opt.sampling, p.logit_rows.size());
+  }
+  const DecodeGraphs::Variant variant{kv.layers[0].data, opt.final_hidden ? opt.final_hidden->data : nullptr,
+                                      nullptr};
+  auto body = [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
+    return step_body(meta, ids, pos, rows, kv, opt, q);
+  };
+  if (graph && opt.sampling && opt.before_sampling) {  // the forward's graph, then the sampler after the wait
+    if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
+    graphs_->run(p, body, variant, [&](const Tensor& lg) { finish_sampling(lg, logits, opt); });
+    return;
   }
   if (graph && opt.sampling) {
     if (!sample_graphs_) sample_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
@@ -293,12 +317,7 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
   }
   if (graph) {
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
-    graphs_->run(p,
-                 [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
-                   return step_body(meta, ids, pos, rows, kv, opt, q);
-                 },
-                 logits, opt.greedy_tokens,
-                 {kv.layers[0].data, opt.final_hidden ? opt.final_hidden->data : nullptr, nullptr});
+    graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs);
     return;
   }
 
@@ -312,10 +331,12 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
   }
   Tensor lg = step_body(meta, ids, pos, rows, kv, opt, p.max_query_len);
   if (lg.empty()) return;
-  if (opt.sampling)
+  if (opt.sampling && opt.before_sampling)
+    finish_sampling(lg, logits, opt);
+  else if (opt.sampling)
     ops_.copy_to_host(sample_logits(lg), opt.sampled);
   else
-    read_logits(ops_, lg, logits, opt.greedy_tokens);
+    read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
 }
 
 }  // namespace beluga

@@ -3,6 +3,7 @@
 // load_model picks one from the config.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct ForwardOptions {
   // When set: greedy sampling on the device. Each logit row's argmax (ties: the lowest id) goes here
   // and `logits` is not written, so the step copies R ids instead of R x vocab floats.
   int32_t* greedy_tokens = nullptr;
+  // With greedy_tokens: each row's softmax probability of its argmax here too (a draft's confidence).
+  float* greedy_probs = nullptr;
   // When set: the final-normed hidden state of every token row is copied here (a persistent device
   // tensor of at least [tokens, hidden] in the backend's activation dtype): the MTP module's input.
   Tensor* final_hidden = nullptr;
@@ -35,6 +38,10 @@ struct ForwardOptions {
   // written. Decode steps run it inside their recorded graphs.
   const DeviceSampling* sampling = nullptr;
   int32_t* sampled = nullptr;
+  // With `sampling`: called (on the forward's thread) once the step's logits are computed on the
+  // device and before `sampling` is read, so its masks may be filled meanwhile. true: sample on the
+  // device as above; false: the logits go to `logits` instead (for the host sampler).
+  std::function<bool()> before_sampling;
 };
 
 struct MtpWeights;
@@ -76,6 +83,8 @@ class Model {
   // `enforce_eager` is set (as vLLM's --enforce-eager); results are the same up to rounding.
   void forward(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt = {});
   void set_enforce_eager(bool on) { enforce_eager_ = on; }
+  // Whether decode steps of uniform shape replay graphs (then padding a step to one shape is free).
+  bool replays_graphs() const { return !enforce_eager_ && ops_.supports_graphs(); }
   // The group's other ranks (not owned; null: none). Not with MTP steps (mtp_forward refuses).
   void set_step_peers(StepPeers* peers) { peers_ = peers; }
   bool has_step_peers() const { return peers_ != nullptr; }
@@ -160,7 +169,10 @@ class Model {
   // output is the sampled rows, not the logits).
   std::unique_ptr<SampleRowsOp> sampler_;
   Tensor sample_params_, sample_masks_;
+  Tensor sampled_out_;  // [kMaxSampleRows, kSampleOutCols]: a split step's sampled rows (not scratch)
   std::unique_ptr<DecodeGraphs> sample_graphs_;
+  // The sampling half of a step split by ForwardOptions::before_sampling, on its logits `lg`.
+  void finish_sampling(const Tensor& lg, float* logits, const ForwardOptions& opt);
   // Uploads the step's rows and masks; then the sampler on `lg`'s rows into scratch I32 [R, 4].
   void upload_sampling(const DeviceSampling& s, size_t logit_rows);
   Tensor sample_logits(const Tensor& lg);

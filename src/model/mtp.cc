@@ -92,7 +92,7 @@ void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float
         [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
           return mtp_body(meta, ids, pos, rows, hidden, kv, opt, q);
         },
-        logits, opt.greedy_tokens, variant);
+        logits, opt.greedy_tokens, variant, opt.greedy_probs);
     return;
   }
   Tensor ids, pos;
@@ -103,7 +103,7 @@ void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float
     ops_.copy_from_host(rows, p.logit_rows.data());
   }
   Tensor lg = mtp_body(meta, ids, pos, rows, hidden, kv, opt, p.max_query_len);
-  if (!lg.empty()) read_logits(ops_, lg, logits, opt.greedy_tokens);
+  if (!lg.empty()) read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
 }
 
 }  // namespace beluga

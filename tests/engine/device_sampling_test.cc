@@ -124,6 +124,23 @@ class ModThree final : public LogitsProcessor {
   std::vector<int> hist_;
 };
 
+// ModThree whose mask fails (fill_mask throws) from its `fail_at`-th fill on.
+class FailingModThree final : public LogitsProcessor {
+ public:
+  explicit FailingModThree(int fail_at) : fail_at_(fail_at) {}
+  void fill_mask(uint32_t* m, int vocab) override {
+    if (++fills_ >= fail_at_) throw std::runtime_error("grammar broke at fill " + std::to_string(fills_));
+    inner_.fill_mask(m, vocab);
+  }
+  void accept(int token) override { inner_.accept(token); }
+  void rollback(int n) override { inner_.rollback(n); }
+  bool is_accepting() const override { return true; }
+
+ private:
+  ModThree inner_;
+  int fail_at_, fills_ = 0;
+};
+
 struct Got {
   std::mutex mu;
   std::map<std::string, std::map<int, std::vector<int>>> tokens;
@@ -198,7 +215,8 @@ class DeviceSampling : public EngineTest {
     int calls = 0, masked_rows = 0;
   };
   // Tokens and logprobs of the requests with and without device sampling.
-  void run(bool device, bool with_penalty, Got& g, SamplerCounts& counts, int mask_threads = 0) {
+  void run(bool device, bool with_penalty, Got& g, SamplerCounts& counts, int mask_threads = 0,
+           bool with_failing = false, bool async = true) {
     auto s = std::make_unique<ReferenceSampleRows>();
     const ReferenceSampleRows* sampler = s.get();
     if (device) model_->set_sampler(std::move(s));
@@ -207,9 +225,21 @@ class DeviceSampling : public EngineTest {
     ec.max_num_batched_tokens = 32;  // chunked prefills beside decodes
     ec.device_sampling = device;
     ec.mask_threads = mask_threads;  // 5 constrained sequences: enough for the workers (mask_filler.h)
+    ec.async_scheduling = async;     // on: masks filled while the step's forward runs
     {
       Engine engine(*model_, ec);
       auto rs = requests(g, with_penalty);
+      if (with_failing) {
+        EngineRequest r;
+        r.id = "failing";
+        r.prompt = prompt(10, 99);
+        r.sampling.max_tokens = 12;
+        r.sampling.ignore_eos = true;
+        r.sampling.temperature = 0.0f;
+        r.logits_processor = [] { return std::make_unique<FailingModThree>(4); };
+        r.on_output = g.callback();
+        rs.push_back(std::move(r));
+      }
       const int n = int(rs.size());
       for (auto& r : rs) ASSERT_EQ(engine.submit(std::move(r)), SubmitStatus::kOk);
       ASSERT_TRUE(g.wait(n));
@@ -249,6 +279,26 @@ TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
       EXPECT_GT(sampler.calls, 0);
       EXPECT_GT(sampler.masked_rows, 0);
     }
+  }
+}
+
+// A mask that fails while the step's forward runs (the engine fills device-sampled steps' masks
+// beside the forward): the runner hands the logits back instead of sampling, the host path fails that
+// request alone with its processor's error, and every other request gets the host path's tokens; the
+// same with the masks filled before the launch (--no-async-scheduling).
+TEST_F(DeviceSampling, AFailingMaskFailsItsRequestAlone) {
+  for (bool async : {true, false}) {
+    Got host, dev;
+    SamplerCounts unused, sampler;
+    run(false, false, host, unused, 0, true, async);
+    run(true, false, dev, sampler, 0, true, async);
+    ASSERT_EQ(dev.error.count("failing"), 1u) << async;
+    // (the device path's fill fails, and so does the host path's refill of it: its error is the last one)
+    EXPECT_NE(dev.error["failing"].find("grammar broke at fill"), std::string::npos) << dev.error["failing"];
+    EXPECT_EQ(dev.error.size(), 1u);
+    EXPECT_EQ(dev.tokens["failing"][0].size(), 3u) << "three tokens before its mask failed";
+    EXPECT_EQ(dev.tokens, host.tokens) << "async " << async;
+    EXPECT_GT(sampler.masked_rows, 0);
   }
 }
 

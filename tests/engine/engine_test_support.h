@@ -32,6 +32,7 @@ struct Collector {
   std::map<std::string, std::map<int, int>> stop_token;
   std::map<std::string, std::string> error;
   std::map<std::string, std::vector<TokenLogprob>> prompt_lps;
+  std::map<std::string, std::map<int, std::vector<TokenLogprob>>> logprobs;  // sampled tokens', if asked
   std::map<std::string, int> prompt_lp_outputs;  // outputs that carried prompt logprobs
   std::map<std::string, int> outputs;            // outputs so far
   std::map<std::string, int> prompt_lp_at;       // which output (0: the first) carried them
@@ -51,6 +52,8 @@ struct Collector {
         if (finish[o.request_id].count(s.index)) late++;
         auto& v = tokens[o.request_id][s.index];
         v.insert(v.end(), s.tokens.begin(), s.tokens.end());
+        auto& lp = logprobs[o.request_id][s.index];
+        lp.insert(lp.end(), s.logprobs.begin(), s.logprobs.end());
         if (s.finish != FinishReason::kNone) finish[o.request_id][s.index] = s.finish;
         if (s.finish == FinishReason::kStop) stop_token[o.request_id][s.index] = s.stop_token;
       }

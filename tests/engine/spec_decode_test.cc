@@ -158,7 +158,7 @@ TEST_F(SpecDecodeTest, NgramGreedyOutputIsTheSameAndDraftsAreAccepted) {
   };
   EngineStats base_st;
   const Outcome base = run(config(0), reqs, &base_st);
-  for (const char* gating : {"fixed", "cost"})
+  for (const char* gating : {"fixed", "cost", "confidence"})
     for (int k : {1, 3}) {
       EngineStats st;
       const Outcome o = run(config(k, 64, gating, "ngram"), reqs, &st);
@@ -182,13 +182,14 @@ TEST_F(SpecDecodeTest, CostGatedOutputIsTheSame) {
     return v;
   };
   const Outcome base = run(config(0), reqs);
-  for (int k : {1, 3}) {
-    EngineStats st;
-    const Outcome o = run(config(k, 64, "cost"), reqs, &st);
-    EXPECT_EQ(o.tokens, base.tokens) << "K=" << k;
-    EXPECT_EQ(o.finish, base.finish) << "K=" << k;
-    EXPECT_GT(st.spec_draft_tokens, 0) << "K=" << k;
-  }
+  for (const char* gating : {"cost", "confidence"})
+    for (int k : {1, 3}) {
+      EngineStats st;
+      const Outcome o = run(config(k, 64, gating), reqs, &st);
+      EXPECT_EQ(o.tokens, base.tokens) << gating << " K=" << k;
+      EXPECT_EQ(o.finish, base.finish) << gating << " K=" << k;
+      EXPECT_GT(st.spec_draft_tokens, 0) << gating << " K=" << k;
+    }
 }
 
 // A request whose prompt continues a speculated one hits the prefix cache in blocks that held draft
@@ -281,13 +282,13 @@ TEST_F(SpecDecodeTest, SampledRequestsSpeculate) {
   };
   Outcome base = run(config(0), reqs);
   for (const char* method : {"mtp", "ngram"})
-    for (const char* gating : {"fixed", "cost"}) {
+    for (const char* gating : {"fixed", "cost", "confidence"}) {
       SCOPED_TRACE(std::string(method) + " " + gating);
       EngineStats st;
       const Outcome o = run(config(2, 64, gating, method), reqs, &st);
       EXPECT_EQ(o.tokens, base.tokens);
       EXPECT_EQ(o.finish, base.finish);
-      if (std::string(gating) == "cost") {  // the gate's choices follow timing; the tokens do not
+      if (std::string(gating) != "fixed") {  // the gate's choices follow timing; the tokens do not
         EXPECT_EQ(run(config(2, 64, gating, method), reqs).tokens, o.tokens) << "seeded: the same run to run";
       }
       EXPECT_GT(st.spec_draft_tokens, 0);
@@ -367,12 +368,17 @@ TEST(SpecConfigTest, ParsesVllmSpellingAndRefusesBadInput) {
   refuses(R"({"num_speculative_tokens":2})", "\"method\" is required");
   refuses(R"({"method":"mtp","num_speculative_tokens":1,"synthetic_acceptance":2})", "[0, 1]");
   refuses(R"({"method":"mtp","num_speculative_tokens":1,"draft_model":"x"})", "unknown key");
-  refuses(R"({"method":"mtp","num_speculative_tokens":1,"gating":"confident"})", "\"cost\" or \"fixed\"");
-  EXPECT_FALSE(c.fixed_gating);
-  EXPECT_TRUE(
-      parse_spec_config(R"({"method":"mtp","num_speculative_tokens":1,"gating":"fixed"})").fixed_gating);
-  EXPECT_FALSE(
-      parse_spec_config(R"({"method":"mtp","num_speculative_tokens":1,"gating":"cost"})").fixed_gating);
+  refuses(R"({"method":"mtp","num_speculative_tokens":1,"gating":"confident"})",
+          "\"confidence\", \"cost\" or \"fixed\"");
+  EXPECT_EQ(c.gating, SpecGate::Mode::kConfidence);  // the default
+  auto gating = [](const char* g) {
+    return parse_spec_config(std::string(R"({"method":"mtp","num_speculative_tokens":1,"gating":")") + g +
+                             "\"}")
+        .gating;
+  };
+  EXPECT_EQ(gating("fixed"), SpecGate::Mode::kFixed);
+  EXPECT_EQ(gating("cost"), SpecGate::Mode::kCost);
+  EXPECT_EQ(gating("confidence"), SpecGate::Mode::kConfidence);
 }
 
 // "ngram" takes vLLM's defaults: a lookup length given alone sets the other; neither gives 5 and 5.

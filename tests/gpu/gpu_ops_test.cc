@@ -230,13 +230,25 @@ TEST_F(GpuOps, ArgmaxRows) {
   for (auto& v : l) v = float(int(rng()() % 2000)) * 0.01f;  // coarse values: many ties
   l[size_t(3) * V + 77] = 1e9f;
   l[size_t(3) * V + 99000] = 1e9f;  // a tie at the maximum: the lowest id wins
+  l[size_t(4) * V + 5] = 30.0f;     // 10 above the rest: a probability of ~0.8
   std::vector<int32_t> want(R), got(R);
-  cpu.argmax_rows(Tensor::make(want.data(), DType::kI32, {R}), cpu_t(l, {R, V}));
-  Tensor ids = gpu->scratch(DType::kI32, {R});
-  gpu->argmax_rows(ids, gpu_t(l, {R, V}, DType::kF32));
+  std::vector<float> want_p(R), got_p(R);
+  cpu.argmax_rows(Tensor::make(want.data(), DType::kI32, {R}), cpu_t(l, {R, V}),
+                  Tensor::make(want_p.data(), DType::kF32, {R}));
+  Tensor ids = gpu->scratch(DType::kI32, {R}), probs = gpu->scratch(DType::kF32, {R});
+  gpu->argmax_rows(ids, gpu_t(l, {R, V}, DType::kF32), Tensor{});
   gpu->copy_to_host(ids, got.data());
   EXPECT_EQ(got, want);
   EXPECT_EQ(got[3], 77);
+  gpu->argmax_rows(ids, gpu_t(l, {R, V}, DType::kF32), probs);
+  gpu->copy_to_host(ids, got.data());
+  gpu->copy_to_host(probs, got_p.data());
+  EXPECT_EQ(got, want);
+  EXPECT_FLOAT_EQ(want_p[3], 0.5f);  // two tied maxima far above the rest
+  EXPECT_GT(want_p[4], 0.01f);
+  EXPECT_LT(want_p[4], 0.99f);
+  for (int r = 0; r < R; ++r)
+    EXPECT_NEAR(got_p[size_t(r)], want_p[size_t(r)], 1e-5f * want_p[size_t(r)] + 1e-7f) << r;
 }
 
 TEST_F(GpuOps, Rope) {

@@ -160,8 +160,14 @@ TEST(ModelConsistency, GreedyTokensAreTheLogitArgmax) {
   // Ties: the lowest index, as std::max_element.
   std::vector<float> t = {1, 5, 5, 2, -INFINITY, -INFINITY};
   std::vector<int32_t> out(2);
-  ops.argmax_rows(Tensor::make(out.data(), DType::kI32, {2}), Tensor::make(t.data(), DType::kF32, {2, 3}));
+  std::vector<float> prob(2);
+  ops.argmax_rows(Tensor::make(out.data(), DType::kI32, {2}), Tensor::make(t.data(), DType::kF32, {2, 3}),
+                  Tensor::make(prob.data(), DType::kF32, {2}));
   EXPECT_EQ(out, (std::vector<int32_t>{1, 0}));
+  // With probs: the softmax probability of the argmax (two tied maxima share it; a row of one finite
+  // logit is certain).
+  EXPECT_NEAR(prob[0], std::exp(5.0) / (std::exp(1.0) + 2 * std::exp(5.0)), 1e-6);
+  EXPECT_FLOAT_EQ(prob[1], 1.0f);
 }
 
 // A step's scratch is one layer's plus the hidden state, not one per layer: a 12-layer model needs no

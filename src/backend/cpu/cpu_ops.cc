@@ -197,14 +197,20 @@ void CpuOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
   }
 }
 
-void CpuOps::argmax_rows(Tensor ids, const Tensor& logits) {
+void CpuOps::argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) {
   BELUGA_CHECK(ids.dtype == DType::kI32 && logits.dtype == DType::kF32 && logits.ndim == 2 &&
-                   logits.stride[1] == 1 && ids.numel() == logits.shape[0],
-               "argmax_rows: ids I32 [R], logits F32 [R, V]");
+                   logits.stride[1] == 1 && ids.numel() == logits.shape[0] &&
+                   (probs.empty() || (probs.dtype == DType::kF32 && probs.numel() == logits.shape[0])),
+               "argmax_rows: ids I32 [R], logits F32 [R, V], probs F32 [R] or none");
   const int64_t V = logits.shape[1];
   for (int64_t r = 0; r < logits.shape[0]; ++r) {
     const float* row = logits.ptr<const float>() + r * logits.stride[0];
-    ids.ptr<int32_t>()[r] = int32_t(std::max_element(row, row + V) - row);
+    const float* best = std::max_element(row, row + V);
+    ids.ptr<int32_t>()[r] = int32_t(best - row);
+    if (probs.empty()) continue;
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(*best));
+    probs.ptr<float>()[r] = float(1.0 / sum);
   }
 }
 

@@ -53,8 +53,9 @@ __global__ void fill_uniform_kernel(T* p, int64_t n, uint64_t seed, float lo, fl
   }
 }
 
-// One block per row: the first index of the row's maximum (as std::max_element on the host).
-__global__ void argmax_kernel(int32_t* ids, const float* logits, int64_t ld, int V) {
+// One block per row: the first index of the row's maximum (as std::max_element on the host), and
+// with `probs` its softmax probability (a second pass over the row, summing exp(l - max)).
+__global__ void argmax_kernel(int32_t* ids, float* probs, const float* logits, int64_t ld, int V) {
   pdl_entry();
   __shared__ float sv[32];
   __shared__ int si[32];
@@ -89,6 +90,21 @@ __global__ void argmax_kernel(int32_t* ids, const float* logits, int64_t ld, int
         bi = si[k];
       }
     ids[blockIdx.x] = bi;
+    sv[0] = best;
+  }
+  if (!probs) return;
+  __syncthreads();
+  const float mx = sv[0];
+  float sum = 0;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) sum += __expf(row[i] - mx);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __syncthreads();  // everyone has read sv[0]
+  if (lane == 0) sv[w] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0;
+    for (int k = 0; k < int(blockDim.x >> 5); ++k) total += sv[k];
+    probs[blockIdx.x] = 1.0f / total;
   }
 }
 
@@ -571,15 +587,17 @@ void CudaOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
   BELUGA_LAUNCH_CHECK();
 }
 
-void CudaOps::argmax_rows(Tensor ids, const Tensor& logits) {
+void CudaOps::argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) {
   Prof prof_scope(this, "argmax_rows");
   BELUGA_CHECK(ids.dtype == DType::kI32 && logits.dtype == DType::kF32 && logits.ndim == 2 &&
-                   logits.stride[1] == 1 && ids.numel() == logits.shape[0],
-               "argmax_rows: ids I32 [R], logits F32 [R, V]");
+                   logits.stride[1] == 1 && ids.numel() == logits.shape[0] &&
+                   (probs.empty() || (probs.dtype == DType::kF32 && probs.numel() == logits.shape[0])),
+               "argmax_rows: ids I32 [R], logits F32 [R, V], probs F32 [R] or none");
   const int R = int(logits.shape[0]);
   if (R == 0) return;
-  launch(argmax_kernel, R, 512, 0, S(stream_), ids.ptr<int32_t>(), logits.ptr<const float>(),
-         logits.stride[0], int(logits.shape[1]));
+  launch(argmax_kernel, R, 512, 0, S(stream_), ids.ptr<int32_t>(),
+         probs.empty() ? nullptr : probs.ptr<float>(), logits.ptr<const float>(), logits.stride[0],
+         int(logits.shape[1]));
   BELUGA_LAUNCH_CHECK();
 }
 

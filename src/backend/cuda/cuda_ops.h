@@ -92,7 +92,7 @@ class CudaOps final : public Ops {
   void silu_mul(Tensor out, const Tensor& gate_up) override;
   void rope(Tensor x, const Tensor& positions, const RopeTable& table) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
-  void argmax_rows(Tensor ids, const Tensor& logits) override;
+  void argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) override;
 
   void linear(Tensor out, const Tensor& x, const Weight& w) override;
   void linear_heads(Tensor out, const Tensor& x, const Tensor& w) override;
