@@ -21,7 +21,8 @@
 // their position's mean survival: the plan is for the steady state, and verifying them means running
 // the MTP pass that proposes them. "cost" is the same rule with every draft at its position's mean
 // (one depth for the batch); "fixed" always verifies K. A shape with too few cost samples is tried
-// first (deepest first), and every kReprobe decisions at a bucket all shapes are measured again.
+// first (deepest first), and every kReprobe decisions at a bucket all shapes are measured again from
+// scratch (their old costs dropped).
 #pragma once
 
 #include <cstddef>

@@ -117,10 +117,20 @@ TEST(SpecGate, DropsStallsAndReprobes) {
     (k == 0 ? plain : spec)++;
     g.observe_cost(16, k, k == 0 ? 1.0e-3 : 4.0e-3);
   }
-  // Mostly plain, and every kReprobe decisions the speculating shape is measured again.
+  // Mostly plain, and every kReprobe decisions both shapes are measured again from scratch (the
+  // speculating one for its skipped and trusted samples).
   EXPECT_GE(spec, 1);
-  EXPECT_LE(spec, SpecGate::kMinSamples);
-  EXPECT_GT(plain, SpecGate::kReprobe - 2 * SpecGate::kMinSamples);
+  EXPECT_LE(spec, SpecGate::kSkipSamples + SpecGate::kMinSamples);
+  EXPECT_GT(plain, SpecGate::kReprobe - 3 * (SpecGate::kSkipSamples + SpecGate::kMinSamples));
+  // A shape whose old cost was inflated (measured cold) is judged by fresh samples at the reprobe:
+  // its steps now cost 1.1 ms, and within one reprobe period the gate speculates again.
+  int after = 0;
+  for (int i = 0; i < 2 * SpecGate::kReprobe; ++i) {
+    const int k = choose(g, 16);
+    if (i >= SpecGate::kReprobe) after += k;
+    g.observe_cost(16, k, k == 0 ? 1.0e-3 : 1.1e-3);
+  }
+  EXPECT_GT(after, SpecGate::kReprobe - 3 * (SpecGate::kSkipSamples + SpecGate::kMinSamples));
 }
 
 // Calibration: each score bin learns its own acceptance (decayed counts, a prior at the bin's
