@@ -8,12 +8,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "engine/block_manager.h"
-#include "engine/model_runner.h"
-#include "engine/sampler.h"
-#include "engine/scheduler.h"
-#include "engine/spec_decode.h"
-#include "engine/step_masks.h"
+#include "engine/engine_impl.h"
 #include "util/error.h"
 #include "util/trace.h"
 
@@ -34,101 +29,6 @@ const char* finish_reason_name(FinishReason r) {
   }
   return "?";
 }
-
-struct Engine::Impl {
-  struct Request {
-    EngineRequest req;
-    std::vector<std::unique_ptr<Seq>> seqs;
-    std::vector<int> stop_ids;
-    std::vector<std::unique_ptr<LogitsProcessor>> procs;  // per sequence, when constrained
-    std::vector<int> prompt_set;  // distinct prompt tokens, sorted (repetition penalty only)
-    uint64_t seed = 0;
-    int unfinished = 0;
-    // Prompt logprobs (sampling.prompt_logprobs >= 0). Whichever sequence's prefill reaches a prompt
-    // position first scores it, and each position is scored once: a sequence recomputing after a
-    // preemption, or a later one of the n, adds no rows for positions already asked for.
-    bool prompt_lps_pending = false;       // asked for and not yet sent
-    std::vector<TokenLogprob> prompt_lps;  // prompt token i+1's entry at i
-    int prompt_lp_next = 0;  // positions with a row so far (applied or in the batch being built)
-    // Every Seq's prefix_cap: the positions scored so far may come from the prefix cache, the others
-    // must be computed (their logits are needed). INT_MAX when nothing is pending.
-    int prefix_cap = INT_MAX;
-  };
-  // A logit row of the step in flight, by (request slot, sequence index) rather than Seq*: the
-  // request may be aborted (and its Seqs freed) before the step's results are applied.
-  struct Row {
-    int slot, index;
-    int prompt_pos;  // -1: samples the sequence's next token; else scores prompt token prompt_pos + 1
-    int draft = 0;   // speculative: the row after the draft-th draft token of batch sequence `bseq`
-    int bseq = -1;   // >= 0: that batch sequence's verification sampled this row (SpecDecoder::token)
-  };
-
-  Impl(Model& m, const EngineConfig& cfg, int num_blocks)
-      : model(m),
-        spec(cfg.speculative.enabled()
-                 ? std::make_unique<SpecDecoder>(
-                       m, cfg.speculative, num_blocks,
-                       cfg.max_num_batched_tokens +
-                           cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1))
-                 : nullptr),
-        blocks(num_blocks, cfg.enable_prefix_caching, cfg.kv_events),
-        policy(cfg.latency),
-        scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector,
-                  spec ? spec->lookahead() : 0,
-                  cfg.latency.budget_on() || cfg.latency.admission_on() ? &policy : nullptr),
-        kv(m.make_kv_cache(num_blocks)),
-        kv_connector(cfg.kv_connector),
-        trace(cfg.trace_path.empty() ? nullptr : std::make_unique<Tracer>(cfg.trace_path)),
-        trace_lane(trace ? trace->add_lane("engine loop") : 0),
-        runner(m, kv, cfg.step_hook, trace.get(), spec.get(),
-               cfg.deterministic ? MlaMode::kAbsorbed : MlaMode::kAuto),
-        device_sampling(cfg.device_sampling && m.has_sampler() && !spec),
-        deterministic(cfg.deterministic),
-        masks(cfg.mask_threads >= 0 ? cfg.mask_threads
-                                    : MaskFiller::default_workers(std::thread::hardware_concurrency())) {}
-
-  Model& model;
-  std::unique_ptr<SpecDecoder> spec;  // speculative decoding, or null
-  std::vector<const SamplingParams*>
-      spec_eligible;  // per chunk of the step being built (SpecDecoder::begin_step)
-  BlockManager blocks;
-  LatencyPolicy policy;  // before scheduler, which keeps a pointer to it
-  Scheduler scheduler;
-  KvCache kv;
-  KvConnector* kv_connector;
-  std::unique_ptr<Tracer> trace;  // null: tracing off. Before runner: written after its thread stops
-  int trace_lane;
-  ModelRunner runner;                         // after kv: its thread uses kv, so it must stop first
-  std::unordered_map<int, Request> requests;  // by slot
-  std::unordered_map<std::string, int> slot_of;
-  int next_slot = 0;
-  int64_t next_order = 0;
-  std::mt19937_64 seed_source{std::random_device{}()};
-  EngineStats stats;
-
-  // Reused every step (the loop allocates little once warm).
-  std::vector<Chunk> chunks;  // the next step: scheduled before the step in flight is done
-  Batch batch;
-  std::vector<Row> rows;                  // the step in flight: one per logit row
-  std::vector<int> step_slots;            // the step in flight: its requests (sorted, unique)
-  std::vector<int> published;             // the step in flight: blocks its commit put in the prefix index
-  std::vector<BlockHash> published_keys;  // their keys
-  std::vector<const std::string*> published_classes;  // their sequences' traffic classes
-  KvStepCopies kv_copies;                             // the step being launched: its KV connector copies
-  std::vector<std::pair<int, RequestOutput>> outs;    // (slot, output) of the last applied step
-  std::unordered_map<int, size_t> out_of;             // slot -> index in outs
-  std::vector<int> failed;
-  std::vector<float> scratch;
-  std::vector<int> index_scratch;
-  const bool device_sampling;  // steps may sample on the device (EngineConfig::device_sampling)
-  const bool deterministic;    // EngineConfig::deterministic: unseeded requests use seed 0
-  DeviceSampling dsamp;        // the step being launched: its device-sampling rows and masks
-  // Constrained rows' masks, filled together (step_masks.h): the step being launched's device rows
-  // (into dsamp.masks), or the applied step's host rows (into host_masks, [masks, words]).
-  StepMasks masks;
-  std::vector<uint32_t> host_masks;
-  std::vector<int> row_mask;  // host rows: each row's index in `masks`, or -1
-};
 
 namespace {
 
@@ -457,157 +357,6 @@ void Engine::loop() {
     for (int b : im.published) im.blocks.unpublish(b);
   };
 
-  // Step d's device row for sequence s, or false: the step samples on the host. A mask the device
-  // cannot take as it is (a processor that throws, an empty mask, min_tokens masking the only stop
-  // the grammar allows) sends the step to the host, whose sampler reports or resolves it as before.
-  auto add_device_row = [&](Impl::Request& rq, const Seq& s) {
-    const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output(),
-                            &rq.stop_ids,     rq.seed,        s.index};
-    if (!samples_on_device(ctx)) return false;
-    DeviceSampleRow row = device_sample_row(ctx);
-    LogitsProcessor* proc = rq.procs.empty() ? nullptr : rq.procs[size_t(s.index)].get();
-    const bool mask_stops = ctx.num_output < rq.req.sampling.min_tokens && !rq.stop_ids.empty();
-    if (proc || mask_stops) {
-      const size_t off = im.dsamp.masks.size();
-      if (off / words >= size_t(Model::kMaxMaskRows)) return false;
-      im.dsamp.masks.resize(off + words, proc ? 0u : ~0u);
-      if (proc) {  // filled with the step's other constrained rows, before the launch
-        im.masks.add(proc, off, mask_stops ? &rq.stop_ids : nullptr);
-      } else {
-        uint32_t* m = im.dsamp.masks.data() + off;
-        clear_ids(m, rq.stop_ids, V);
-        if (allows_none(m, words)) return false;
-      }
-      row.mask_row = int(off / words);
-    }
-    im.dsamp.rows.push_back(row);
-    return true;
-  };
-
-  // d. Step N+1: build its batch (every token is known now), launch it, commit it at once.
-  auto launch_next = [&] {
-    Batch& b = im.batch;
-    b.tokens.clear();
-    b.logit_rows.clear();
-    b.seqs.resize(im.chunks.size());
-    im.rows.clear();
-    im.step_slots.clear();
-    bool greedy = true;  // all rows greedy on raw logits: sample on the device
-    // Every row within the device sampler's reach (sampler.h: samples_on_device): sample them there,
-    // constrained rows with the mask filled now (their processor has seen every token up to N).
-    bool device = im.device_sampling && !im.spec;
-    im.dsamp.clear();
-    im.masks.clear();
-    TraceSpan build(tr, lane, "build batch");
-    // Speculation needs a distribution each row fixes alone: nothing edits the logits as tokens come.
-    auto spec_ok = [&](const Impl::Request& rq, const Seq& s) {
-      return rq.procs.empty() &&
-             samples_speculatively(SampleContext{&rq.req.sampling, &rq.req.prompt, &s.output_counts,
-                                                 s.num_output(), &rq.stop_ids, rq.seed, s.index});
-    };
-    if (im.spec) {  // the gate: which drafts this step verifies
-      im.spec_eligible.clear();
-      for (const Chunk& c : im.chunks) {
-        const Impl::Request& rq = im.requests.at(c.seq->request);
-        im.spec_eligible.push_back(spec_ok(rq, *c.seq) ? &rq.req.sampling : nullptr);
-      }
-      im.spec->begin_step(im.chunks, im.spec_eligible);
-    }
-    for (size_t i = 0; i < im.chunks.size(); ++i) {
-      const Chunk& c = im.chunks[i];
-      const Seq* s = c.seq;
-      BELUGA_ASSERT(c.start + c.len <= int(s->tokens.size()));
-      b.seqs[i].context_len = c.start;
-      b.seqs[i].query_len = c.len;
-      b.seqs[i].block_table.assign(s->blocks.begin(), s->blocks.end());
-      const int base = int(b.tokens.size()) - c.start;  // row of position c.start + k: base + c.start + k
-      b.tokens.insert(b.tokens.end(), s->tokens.begin() + c.start, s->tokens.begin() + c.start + c.len);
-      Impl::Request& rq = im.requests.at(s->request);
-      if (rq.prompt_lps_pending) {
-        // The prompt positions of this chunk no row has asked for yet; position p's logits score
-        // prompt token p + 1 (the last prompt position's are the sample row below). Every step
-        // before this one has been applied, so prompt_lp_next counts rows exactly.
-        BELUGA_ASSERT(c.start <= rq.prompt_lp_next || c.start >= s->num_prompt - 1);  // prefix_cap
-        const int from = std::max(c.start, rq.prompt_lp_next);
-        const int to = std::min(c.start + c.len, s->num_prompt - 1);
-        for (int p = from; p < to; ++p) {
-          b.logit_rows.push_back(base + p);
-          im.rows.push_back({s->request, s->index, p});
-        }
-        if (from < to) {
-          rq.prompt_lp_next = to;
-          greedy = false;  // these rows need the logits themselves
-          device = false;
-        }
-      }
-      const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
-                              &rq.stop_ids,     rq.seed,        s->index};
-      const bool eligible = im.spec ? im.spec_eligible[i] != nullptr : spec_ok(rq, *s);
-      const bool raw_argmax = eligible && rq.req.sampling.temperature <= 0.0f;
-      if (c.sample) {
-        b.logit_rows.push_back(int(b.tokens.size()) - 1);
-        im.rows.push_back({s->request, s->index, -1});
-        greedy = greedy && raw_argmax;
-        if (device) device = add_device_row(rq, *s);
-      }
-      if (im.spec) {  // this sequence's drafts, verified as extra rows
-        const int k = im.spec->plan_chunk(int(i), *c.seq, c, eligible ? &ctx : nullptr,
-                                          int(b.logit_rows.size()) - 1, b);
-        if (im.spec->verifies(int(i))) im.rows.back().bseq = int(i);  // its sample row: the verifier's token
-        for (int j = 1; j <= k; ++j) im.rows.push_back({s->request, s->index, -1, j, int(i)});
-      }
-      im.step_slots.push_back(s->request);
-    }
-    std::sort(im.step_slots.begin(), im.step_slots.end());
-    im.step_slots.erase(std::unique(im.step_slots.begin(), im.step_slots.end()), im.step_slots.end());
-    build.end();
-    TraceSpan launch(tr, lane, "launch");
-    im.published.clear();
-    im.published_keys.clear();
-    im.published_classes.clear();
-    im.scheduler.commit(im.chunks, &im.published, &im.published_keys, &im.published_classes);
-    KvStepCopies* copies = nullptr;
-    if (im.kv_connector) {  // this step's loads and the saves of the blocks it fills
-      copies = &im.kv_copies;
-      im.scheduler.take_loads(copies->loads);
-      copies->saves.clear();
-      for (size_t i = 0; i < im.published.size(); ++i)
-        if (std::byte* host = im.kv_connector->start_save(im.published_keys[i], *im.published_classes[i]))
-          copies->saves.push_back({im.published[i], host});
-    }
-    // All raw argmax: argmax_rows is the cheaper device path.
-    device = device && !greedy && !b.logit_rows.empty() && im.dsamp.rows.size() == b.logit_rows.size();
-    // Constrained rows' masks: filled while the forward runs (the runner waits for them before it
-    // samples), or with --no-async-scheduling before the launch; a mask that cannot go up sends the
-    // step to the host sampler.
-    const bool masks_later = device && !im.masks.empty() && cfg_.async_scheduling;
-    if (device && !im.masks.empty() && !masks_later) {
-      TraceSpan masks(tr, lane, "masks");
-      im.masks.fill(im.dsamp.masks.data(), V);
-      device = im.masks.all_usable();
-    }
-    // b, copies, dsamp: swapped for older ones (capacity)
-    im.runner.launch(b, greedy && !b.logit_rows.empty(), copies, device ? &im.dsamp : nullptr, masks_later);
-    if (masks_later) {
-      TraceSpan masks(tr, lane, "masks (beside the forward)");
-      bool usable = false;
-      try {
-        im.masks.fill(im.runner.pending_masks(), V);
-        usable = im.masks.all_usable();
-      } catch (...) {
-        im.runner.release_masks(false);  // the runner must not wait for masks that will never come
-        throw;
-      }
-      im.runner.release_masks(usable);
-    }
-    if (im.kv_connector) im.kv_connector->step_launched();
-    for (const Chunk& c : im.chunks)
-      if (c.sample) c.seq->pending = 1;
-    // Speculating, the next schedule runs after this step's results: its chunks (whose Seqs an abort
-    // may free meanwhile) are the SpecDecoder's business until then.
-    if (im.spec) im.chunks.clear();
-  };
-
   // A new request enters the engine. If anything here throws, the request fails on its own (its
   // Seqs join the scheduler only once they are owned by the request, so nothing dangles).
   auto admit = [&](EngineRequest&& req) {
@@ -732,7 +481,7 @@ void Engine::loop() {
     if (im.spec && im.spec->speculating()) finish_step();
     schedule_next();
     if (cfg_.async_scheduling) finish_step();
-    if (!im.chunks.empty()) launch_next();  // d. Step N+1: build, launch, commit.
+    if (!im.chunks.empty()) im.launch_next(cfg_.async_scheduling);  // d. Step N+1: build, launch, commit.
     if (!cfg_.async_scheduling) finish_step();
 
     // e. Step N's outputs, while N+1 runs. A callback that throws fails its own request only.

@@ -1,0 +1,130 @@
+// Engine::Impl: the engine thread's state (engine.h's private part), shared by the loop (engine.cc)
+// and the step launcher (engine_launch.cc). Only the engine thread touches it, except the model
+// runner's own members (model_runner.h).
+#pragma once
+
+#include <climits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/spec_decode.h"
+#include "engine/step_masks.h"
+#include "util/trace.h"
+
+namespace beluga {
+
+struct Engine::Impl {
+  struct Request {
+    EngineRequest req;
+    std::vector<std::unique_ptr<Seq>> seqs;
+    std::vector<int> stop_ids;
+    std::vector<std::unique_ptr<LogitsProcessor>> procs;  // per sequence, when constrained
+    std::vector<int> prompt_set;  // distinct prompt tokens, sorted (repetition penalty only)
+    uint64_t seed = 0;
+    int unfinished = 0;
+    // Prompt logprobs (sampling.prompt_logprobs >= 0). Whichever sequence's prefill reaches a prompt
+    // position first scores it, and each position is scored once: a sequence recomputing after a
+    // preemption, or a later one of the n, adds no rows for positions already asked for.
+    bool prompt_lps_pending = false;       // asked for and not yet sent
+    std::vector<TokenLogprob> prompt_lps;  // prompt token i+1's entry at i
+    int prompt_lp_next = 0;  // positions with a row so far (applied or in the batch being built)
+    // Every Seq's prefix_cap: the positions scored so far may come from the prefix cache, the others
+    // must be computed (their logits are needed). INT_MAX when nothing is pending.
+    int prefix_cap = INT_MAX;
+  };
+  // A logit row of the step in flight, by (request slot, sequence index) rather than Seq*: the
+  // request may be aborted (and its Seqs freed) before the step's results are applied.
+  struct Row {
+    int slot, index;
+    int prompt_pos;  // -1: samples the sequence's next token; else scores prompt token prompt_pos + 1
+    int draft = 0;   // speculative: the row after the draft-th draft token of batch sequence `bseq`
+    int bseq = -1;   // >= 0: that batch sequence's verification sampled this row (SpecDecoder::token)
+  };
+
+  Impl(Model& m, const EngineConfig& cfg, int num_blocks)
+      : model(m),
+        vocab(m.config().vocab_size),
+        mask_words((size_t(vocab) + 31) / 32),
+        spec(cfg.speculative.enabled()
+                 ? std::make_unique<SpecDecoder>(
+                       m, cfg.speculative, num_blocks,
+                       cfg.max_num_batched_tokens +
+                           cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1))
+                 : nullptr),
+        blocks(num_blocks, cfg.enable_prefix_caching, cfg.kv_events),
+        policy(cfg.latency),
+        scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector,
+                  spec ? spec->lookahead() : 0,
+                  cfg.latency.budget_on() || cfg.latency.admission_on() ? &policy : nullptr),
+        kv(m.make_kv_cache(num_blocks)),
+        kv_connector(cfg.kv_connector),
+        trace(cfg.trace_path.empty() ? nullptr : std::make_unique<Tracer>(cfg.trace_path)),
+        trace_lane(trace ? trace->add_lane("engine loop") : 0),
+        runner(m, kv, cfg.step_hook, trace.get(), spec.get(),
+               cfg.deterministic ? MlaMode::kAbsorbed : MlaMode::kAuto),
+        device_sampling(cfg.device_sampling && m.has_sampler() && !spec),
+        deterministic(cfg.deterministic),
+        masks(cfg.mask_threads >= 0 ? cfg.mask_threads
+                                    : MaskFiller::default_workers(std::thread::hardware_concurrency())) {}
+
+  Model& model;
+  const int vocab;
+  const size_t mask_words;            // of a token mask: ceil(vocab / 32)
+  std::unique_ptr<SpecDecoder> spec;  // speculative decoding, or null
+  std::vector<const SamplingParams*>
+      spec_eligible;  // per chunk of the step being built (SpecDecoder::begin_step)
+  BlockManager blocks;
+  LatencyPolicy policy;  // before scheduler, which keeps a pointer to it
+  Scheduler scheduler;
+  KvCache kv;
+  KvConnector* kv_connector;
+  std::unique_ptr<Tracer> trace;  // null: tracing off. Before runner: written after its thread stops
+  int trace_lane;
+  ModelRunner runner;                         // after kv: its thread uses kv, so it must stop first
+  std::unordered_map<int, Request> requests;  // by slot
+  std::unordered_map<std::string, int> slot_of;
+  int next_slot = 0;
+  int64_t next_order = 0;
+  std::mt19937_64 seed_source{std::random_device{}()};
+  EngineStats stats;
+
+  // Reused every step (the loop allocates little once warm).
+  std::vector<Chunk> chunks;  // the next step: scheduled before the step in flight is done
+  Batch batch;
+  std::vector<Row> rows;                  // the step in flight: one per logit row
+  std::vector<int> step_slots;            // the step in flight: its requests (sorted, unique)
+  std::vector<int> published;             // the step in flight: blocks its commit put in the prefix index
+  std::vector<BlockHash> published_keys;  // their keys
+  std::vector<const std::string*> published_classes;  // their sequences' traffic classes
+  KvStepCopies kv_copies;                             // the step being launched: its KV connector copies
+  std::vector<std::pair<int, RequestOutput>> outs;    // (slot, output) of the last applied step
+  std::unordered_map<int, size_t> out_of;             // slot -> index in outs
+  std::vector<int> failed;
+  std::vector<float> scratch;
+  std::vector<int> index_scratch;
+  const bool device_sampling;  // steps may sample on the device (EngineConfig::device_sampling)
+  const bool deterministic;    // EngineConfig::deterministic: unseeded requests use seed 0
+  DeviceSampling dsamp;        // the step being launched: its device-sampling rows and masks
+  // Constrained rows' masks, filled together (step_masks.h): the step being launched's device rows
+  // (into dsamp.masks), or the applied step's host rows (into host_masks, [masks, words]).
+  StepMasks masks;
+  std::vector<uint32_t> host_masks;
+  std::vector<int> row_mask;  // host rows: each row's index in `masks`, or -1
+
+  // Step d, building and launching step N+1 (engine_launch.cc): a sequence's device-sampling row (or
+  // false: the step samples on the host), and the whole step. With `async_scheduling`, constrained
+  // rows' masks are filled while the forward runs.
+  bool add_device_row(Request& rq, const Seq& s);
+  void launch_next(bool async_scheduling);
+};
+
+}  // namespace beluga
