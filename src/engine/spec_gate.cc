@@ -22,7 +22,11 @@ constexpr double kMinGain = 1.05;
 }  // namespace
 
 SpecGate::SpecGate(int max_k, Mode mode, bool padded)
-    : max_k_(max_k), mode_(mode), padded_(padded), counts_(size_t(2 * max_k * (kBins + 1))) {
+    : max_k_(max_k),
+      mode_(mode),
+      padded_(padded),
+      counts_(size_t(2 * max_k * (kBins + 1))),
+      last_depth_(max_k) {
   BELUGA_CHECK(max_k >= 1, "SpecGate needs at least one draft token");
 }
 
@@ -71,6 +75,9 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
     return k;
   };
   if (mode_ == Mode::kFixed) return uniform(max_k_);
+  // No decode to plan (prompt chunks only): keep the regime of the last decode step, so that while
+  // speculation pays a prompt still gets its MTP pass (its MTP KV and first drafts).
+  if (seqs.empty()) return last_depth_;
   batch = std::max(1, batch);
   Bucket& b = bucket(batch);
   // Measure every shape again, from scratch: a shape not chosen for kReprobe decisions keeps the cost
@@ -81,7 +88,7 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
     for (Cost& c : b.by_k) c = Cost{};
   // Shapes still being measured first, the deepest first (speculation gets its chance at once).
   for (int k = max_k_; k >= 0; --k)
-    if (b.by_k[size_t(k)].samples < kMinSamples) return uniform(k);
+    if (b.by_k[size_t(k)].samples < kMinSamples) return last_depth_ = uniform(k);
 
   // Every eligible sequence's K candidate drafts and their survivals.
   cand_.clear();
@@ -111,7 +118,7 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
         depth = k;
       }
     }
-    return uniform(depth);
+    return last_depth_ = uniform(depth);
   }
   // Ragged rows: admit in order of survival (a sequence's drafts come in order: survival only falls
   // along it) while expected tokens per second rise; the best prefix wins.
@@ -135,7 +142,7 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
     if (c.depth <= seqs[size_t(c.seq)].num_drafts)
       admit[size_t(c.seq)] = std::max(admit[size_t(c.seq)], c.depth);
   }
-  return depth;
+  return last_depth_ = depth;
 }
 
 void SpecGate::observe_cost(int batch, int k, double seconds) {

@@ -51,7 +51,8 @@ class SpecGate {
 
   // The plan of a step of `batch` sequences whose eligible decodes are `seqs`: admit[i] = drafts of
   // seqs[i] to verify (<= its num_drafts), and the return value the step's depth: 0 plain decode (no
-  // MTP pass), else the most drafts any sequence may verify (with `padded`, what each computes).
+  // MTP pass), else the most drafts any sequence may verify (with `padded`, what each computes). A
+  // step without decodes (prompt chunks only) gets the last decode step's depth.
   int plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   // A steady decode step of `batch` sequences verifying `k` drafts each (k = 0: plain, no MTP pass)
   // took `seconds` from the previous step's results to its own.
@@ -103,6 +104,7 @@ class SpecGate {
   std::map<int, Bucket> buckets_;  // batch bucket -> costs
   std::vector<Counts> counts_;     // [sampled][position][bin 0..kBins] (kBins: no score)
   std::vector<Candidate> cand_;    // plan()'s scratch
+  int last_depth_;                 // the last decode step's depth (a step without decodes keeps it)
 };
 
 }  // namespace beluga

@@ -227,6 +227,25 @@ TEST(SpecGate, PlansDraftsNotYetProposedAtTheMean) {
   EXPECT_EQ(g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit), 0);
 }
 
+// A step of prompt chunks only has no decode to plan: it keeps the last decode step's regime, so a
+// prompt gets its MTP pass while speculation pays (and none while it does not).
+TEST(SpecGate, PromptOnlyStepsKeepTheLastRegime) {
+  SpecGate g(2, Mode::kConfidence, false);
+  std::vector<int> admit;
+  EXPECT_EQ(g.plan(4, {}, admit), 2);  // nothing decided yet: speculation gets its chance
+  accept(g, 2, 2, 200);
+  feed(g, 4, 0, 1.0e-3);
+  feed(g, 4, 1, 1.1e-3);
+  feed(g, 4, 2, 1.2e-3);
+  EXPECT_EQ(g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit), 2);
+  EXPECT_EQ(g.plan(4, {}, admit), 2);
+  feed(g, 4, 1, 4.0e-3, 40);  // (below 4x the old costs: not dropped as stalls)
+  feed(g, 4, 2, 4.5e-3, 40);
+  EXPECT_EQ(g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit), 0);
+  EXPECT_EQ(g.plan(4, {}, admit), 0);
+  EXPECT_TRUE(admit.empty());
+}
+
 TEST(SpecGate, FixedAdmitsWhatEachSequenceHolds) {
   SpecGate g(3, Mode::kFixed, true);
   std::vector<int> admit;
