@@ -67,7 +67,6 @@ class SpecGate {
   // The measured cost of a shape, or < 0 while it has fewer than kMinSamples samples.
   double cost(int batch, int k) const;
   int max_k() const { return max_k_; }
-  Mode mode() const { return mode_; }
   bool padded() const { return padded_; }
 
  private:

@@ -308,11 +308,12 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
   if (graph && opt.sampling) {
     if (!sample_graphs_) sample_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
     // The body's output is the sampled rows: DecodeGraphs copies them back as it would logits (bytes).
-    sample_graphs_->run(p,
-                        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
-                            int q) { return sample_logits(step_body(meta, ids, pos, rows, kv, opt, q)); },
-                        reinterpret_cast<float*>(opt.sampled), nullptr,
-                        {kv.layers[0].data, opt.final_hidden ? opt.final_hidden->data : nullptr, nullptr});
+    sample_graphs_->run(
+        p,
+        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
+          return sample_logits(body(meta, ids, pos, rows, q));
+        },
+        reinterpret_cast<float*>(opt.sampled), nullptr, variant);
     return;
   }
   if (graph) {
