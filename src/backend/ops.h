@@ -28,7 +28,7 @@ struct Weight {
 struct ExpertWeights {
   Weight gate, up, down;
   // > 0: gate x clamped to <= limit and up x to [-limit, limit] before silu(gate) * up (DeepSeek-V4).
-  // CUDA applies it on its per-expert cuBLAS path, which it takes for such experts (eager steps).
+  // CUDA applies it in every expert kernel's gate-up epilogue (graph-safe, as the plain SwiGLU).
   float swiglu_limit = 0;
 };
 
@@ -46,7 +46,8 @@ struct AttnMeta {
   const int32_t* positions = nullptr;  // [num_tokens]
   int block_size = 64;
   // Host-side copies for backends that schedule on the host (sizes are small); h_block_table is
-  // filled by Model::forward's eager path only (DeepSeek-V4 addresses its hybrid cache from it).
+  // filled by Model::forward's eager path only (the CPU's DeepSeek-V4 step ops read the hybrid cache
+  // through it).
   std::vector<int32_t> h_query_start, h_context_len, h_block_table;
 };
 
@@ -278,6 +279,33 @@ class Ops {
   virtual void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
                               const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale,
                               int first_pos, int kv_first);
+  // ---- DeepSeek-V4 over a layer's paged hybrid cache: a whole step at once, from meta's device
+  // arrays alone (no host block tables, no uploads), so a decode step can be recorded as a graph ----
+  // Paged views: `tokens` is the layer's token tensor flattened to [blocks * 64, width] (a column range
+  // of it), `entries` its entry tensor flattened to [blocks * per_block, width]. Token p of a sequence
+  // with block table `table` is row table[p / 64] * 64 + p % 64; entry e (tokens [e r, e r + r)) is row
+  // table[((e + 1) r - 1) / 64] * per_block + e % per_block. Row t of the step is at position
+  // positions[t] of its sequence (query_start); rows whose slot is < 0 (a graph's padding) write nothing.
+  //
+  // v4_compress: each row whose token completes a window ((p + 1) % rate == 0) pools entry e = p / rate
+  // from the raw projections `proj` (token columns [kv (w) | gate (w)], w = 2d with overlap) as
+  // compress_pool does, normalizes it (rmsnorm with `norm`, eps), rotates its trailing
+  // rope.rotary_dim values at position e * rate and writes it to `entries` ([d] columns).
+  virtual void v4_compress(Tensor entries, int per_block, const Tensor& proj, const Tensor& ape,
+                           const Tensor& norm, float eps, const RopeTable& rope, int rate, bool overlap,
+                           const AttnMeta& m);
+  // v4_indexer_topk: indexer_topk for every row (q [T, H, d], weights [T, H]) over its sequence's
+  // entry keys (`keys`: entry columns [d]), as many as are complete at the end of the sequence's rows
+  // in this step: ids [T, k].
+  virtual void v4_indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, int per_block,
+                               const Tensor& weights, int rate, float q_scale, float w_scale,
+                               const AttnMeta& m);
+  // v4_sink_attention: sink_attention for every row (q, out [T, H, D]) over its window's rows of `kv`
+  // (token columns [D]) and, unless `comp` is empty (sliding layers), its sequence's entries (`comp`:
+  // entry columns [D]): every complete one, or the picks of comp_ids [T, k] (v4_indexer_topk's).
+  virtual void v4_sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
+                                 int per_block, const Tensor& comp_ids, const Tensor& sinks, int window,
+                                 int rate, float scale, const AttnMeta& m);
   // DeepSeek-V4 routing from logits [T, E]: s = score(logits) (sqrtsoftplus, sigmoid or softmax);
   // ids [T, k] = hash_table[tokens[t]] when hash_table (I32 [vocab, k]) is given, else the top-k of
   // s + bias (bias may be empty); weights = s[ids] / (sum + 1e-20) * scale.
@@ -308,6 +336,18 @@ inline void Ops::indexer_topk(Tensor, const Tensor&, const Tensor&, const Tensor
 inline void Ops::sink_attention(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                 const Tensor&, int, int, float, int, int) {
   unsupported_on_backend("sink_attention");
+}
+inline void Ops::v4_compress(Tensor, int, const Tensor&, const Tensor&, const Tensor&, float,
+                             const RopeTable&, int, bool, const AttnMeta&) {
+  unsupported_on_backend("v4_compress");
+}
+inline void Ops::v4_indexer_topk(Tensor, const Tensor&, const Tensor&, int, const Tensor&, int, float, float,
+                                 const AttnMeta&) {
+  unsupported_on_backend("v4_indexer_topk");
+}
+inline void Ops::v4_sink_attention(Tensor, const Tensor&, const Tensor&, const Tensor&, int, const Tensor&,
+                                   const Tensor&, int, int, float, const AttnMeta&) {
+  unsupported_on_backend("v4_sink_attention");
 }
 inline void Ops::moe_route_v4(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                               RouterScoring, float) {

@@ -122,12 +122,9 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   progress.finish();
   m.weights_digest = recorded.digest();
   m.config_path = ma.config_path;
-  // DeepSeek-V4's steps cannot be captured as decode graphs (deepseek_v4.cc): always eager, and it
-  // samples on the host (its forward does not take the device sampler yet).
-  const bool v4 = m.cfg.arch == Arch::kDeepseekV4;
-  m.model->set_enforce_eager(ma.enforce_eager || v4);
+  m.model->set_enforce_eager(ma.enforce_eager);
 #ifdef BELUGA_WITH_CUDA
-  if (ma.device == "cuda" && !v4)
+  if (ma.device == "cuda")
     m.model->set_sampler(std::make_unique<CudaSampleRows>(static_cast<CudaOps&>(*m.ops)));
 #endif
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -11,7 +11,9 @@
 // decode step costs O(window + context / rate) per layer, not a forward over the prefix. Every block
 // is a function of the tokens up to its end and is never written once full: the block manager's
 // prefix cache and the KV connector's tiers share and restore blocks as for MLA (a hit restores the
-// window, the entries and the open window's projections alike), at any block boundary.
+// window, the entries and the open window's projections alike), at any block boundary. The step's
+// attention ops address the cache from the step's device arrays alone (Ops::v4_*), so decode steps
+// replay recorded graphs as the other models' do.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -48,10 +50,6 @@ class DeepseekV4Model final : public Model {
  public:
   DeepseekV4Model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) : Model(cfg, ops) {
     BELUGA_CHECK(!cfg.fp8, "deepseek_v4: FP8 checkpoints are not supported yet (bf16 weights only)");
-    // A step addresses the hybrid cache from the host block tables and uploads its gather lists, so it
-    // cannot be recorded once and replayed as a decode graph: every step runs eagerly (model_args.cc
-    // keeps it so whatever --enforce-eager says).
-    set_enforce_eager(true);
     const auto& c = cfg_;
     const V4Config& v = c.v4;
     const int64_t D = c.hidden_size, n = v.hc_mult, E = c.n_routed_experts, I = c.moe_intermediate_size,

@@ -28,53 +28,9 @@ void rope_tail(Ops& ops, const Tensor& t, int64_t H, int64_t d, const Tensor& po
   ops.rope(split_heads(t, H, d).cols(d - table.rotary_dim, d), pos, table);
 }
 
-Tensor upload_i32(Ops& ops, const std::vector<int32_t>& v) {
-  Tensor t = ops.scratch(DType::kI32, {int64_t(v.size())});
-  ops.copy_from_host(t, v.data());
-  return t;
-}
-
 // A paged tensor [blocks, rows, width] as [blocks * rows, width].
 Tensor flat(const Tensor& paged) {
   return paged.reshape({paged.shape[0] * paged.shape[1], paged.shape[2]});
-}
-
-// One sequence of the step, and where its tokens and entries live in the paged cache.
-struct SeqView {
-  const int32_t* table;  // host block table
-  int ctx, q0, qn;       // cached tokens, first row in the step, rows in the step
-  int32_t token_slot(int64_t p) const {
-    return table[p / kKvBlockSize] * kKvBlockSize + int32_t(p % kKvBlockSize);
-  }
-  int32_t entry_slot(int64_t e, int rate, int64_t per_block) const {
-    return table[((e + 1) * rate - 1) / kKvBlockSize] * int32_t(per_block) + int32_t(e % per_block);
-  }
-};
-
-// The rows `slots` of `src` (a flat cache tensor, or a range of its columns).
-Tensor gather(Ops& ops, const Tensor& src, std::vector<int32_t>& slots) {
-  Tensor out = ops.scratch(ops.act_dtype(), {int64_t(slots.size()), src.shape[1]});
-  ops.gather_rows(out, src, upload_i32(ops, slots));
-  return out;
-}
-
-// The compressor's entries [w0, w1) of one sequence from its cached raw projections `proj` (flat
-// token cache columns [kv (width) | gate (width)]): pooled, normed and roped at w * rate, as a
-// forward over the whole sequence computes them (window w - 1 is gathered too when windows overlap).
-Tensor compress(Ops& ops, const ModelConfig& c, const V4Compressor& w, const Tensor& proj, const SeqView& s,
-                int rate, bool overlap, int64_t d, const RopeTable& rope, int64_t w0, int64_t w1) {
-  const int64_t ws = overlap ? std::max<int64_t>(0, w0 - 1) : w0, width = overlap ? 2 * d : d;
-  std::vector<int32_t> slots;
-  for (int64_t p = ws * rate; p < w1 * rate; ++p) slots.push_back(s.token_slot(p));
-  Tensor rows = gather(ops, proj, slots);
-  Tensor pooled = ops.scratch(ops.act_dtype(), {w1 - ws, d});
-  ops.compress_pool(pooled, rows.cols(0, width), rows.cols(width, 2 * width), w.ape, rate, overlap);
-  Tensor out = pooled.rows(w0 - ws, w1 - ws);
-  ops.rmsnorm(out, out, w.norm, float(c.rms_norm_eps));
-  std::vector<int32_t> at;
-  for (int64_t i = w0; i < w1; ++i) at.push_back(int32_t(i * rate));
-  rope_tail(ops, out, 1, d, upload_i32(ops, at), rope);
-  return out;
 }
 
 }  // namespace
@@ -138,9 +94,6 @@ void v4_attention(Ops& ops, const ModelConfig& c, const V4AttentionWeights& w, c
   const RopeTable& rope = compressed ? ropes.compress : ropes.main;
   const RopeTable& rope_inv = compressed ? ropes.compress_inv : ropes.main_inv;
   const int64_t cw = csa ? 2 * hd : hd;  // the compressor's projection width
-  const int64_t per_block = compressed ? cache.entries.shape[1] : 0;
-  BELUGA_CHECK(int64_t(meta.h_block_table.size()) == int64_t(meta.num_seqs) * meta.max_blocks,
-               "deepseek_v4: the step has no host block tables");
 
   // q: low rank, normed latent (the indexer's query input too), per-head unweighted norm, rope.
   Tensor qa = ops.scratch(act, {T, c.q_lora_rank});
@@ -176,59 +129,28 @@ void v4_attention(Ops& ops, const ModelConfig& c, const V4AttentionWeights& w, c
   }
   ops.cache_write(cache.tokens, tok, meta);
 
+  // The entries this step completes, pooled from the cached projections; then the indexer's picks
+  // among each sequence's complete entries (CSA) and the attention over window and entries.
   const Tensor tokens = flat(cache.tokens), entries = compressed ? flat(cache.entries) : Tensor{};
-  Tensor o = ops.scratch(act, {T, H, hd});
-  std::vector<int32_t> slots;
-  for (int si = 0; si < meta.num_seqs; ++si) {
-    const int q0 = meta.h_query_start[size_t(si)];
-    const SeqView s{meta.h_block_table.data() + size_t(si) * size_t(meta.max_blocks),
-                    meta.h_context_len[size_t(si)], q0, meta.h_query_start[size_t(si) + 1] - q0};
-    const int64_t end = s.ctx + s.qn;
-    const Ops::ScratchMark mark = ops.scratch_mark();
-    Tensor comp, comp_ids;
-    if (compressed) {
-      // The entries this step completes, pooled from the cached projections and stored; then all of
-      // the sequence's complete entries.
-      const int64_t w0 = s.ctx / w.rate, w1 = end / w.rate;
-      if (w1 > w0) {
-        Tensor fresh = ops.scratch(act, {w1 - w0, cache.entries.shape[2]});
-        ops.copy(fresh.cols(0, hd), compress(ops, c, w.comp, tokens.cols(hd, hd + 2 * cw), s, w.rate, csa, hd,
-                                             ropes.compress, w0, w1));
-        if (csa) {
-          const int64_t off = hd + 2 * cw;
-          ops.copy(fresh.cols(hd, hd + id), compress(ops, c, w.idx_comp, tokens.cols(off, off + 4 * id), s,
-                                                     w.rate, true, id, ropes.compress, w0, w1));
-        }
-        slots.clear();
-        for (int64_t e = w0; e < w1; ++e) slots.push_back(s.entry_slot(e, w.rate, per_block));
-        AttnMeta em;
-        em.num_tokens = int(slots.size());
-        em.slot_mapping = upload_i32(ops, slots).ptr<const int32_t>();
-        ops.cache_write(cache.entries, fresh, em);
-      }
-      if (w1 > 0) {
-        slots.clear();
-        for (int64_t e = 0; e < w1; ++e) slots.push_back(s.entry_slot(e, w.rate, per_block));
-        Tensor all = gather(ops, entries, slots);
-        comp = all.cols(0, hd);
-        if (csa) {
-          comp_ids = ops.scratch(DType::kI32, {s.qn, v.index_topk});
-          ops.indexer_topk(comp_ids, split_heads(iq.rows(s.q0, s.q0 + s.qn), ih, id), all.cols(hd, hd + id),
-                           hw.rows(s.q0, s.q0 + s.qn), w.rate, float(1.0 / std::sqrt(double(id))),
-                           float(1.0 / std::sqrt(double(ih))), s.ctx);
-        }
-      }
+  const int per_block = compressed ? int(cache.entries.shape[1]) : 0;
+  Tensor comp, comp_ids;
+  if (compressed) {
+    ops.v4_compress(entries.cols(0, hd), per_block, tokens.cols(hd, hd + 2 * cw), w.comp.ape, w.comp.norm,
+                    eps, ropes.compress, w.rate, csa, meta);
+    comp = entries.cols(0, hd);
+    if (csa) {
+      const int64_t off = hd + 2 * cw;
+      const Tensor keys = entries.cols(hd, hd + id);
+      ops.v4_compress(keys, per_block, tokens.cols(off, off + 4 * id), w.idx_comp.ape, w.idx_comp.norm, eps,
+                      ropes.compress, w.rate, true, meta);
+      comp_ids = ops.scratch(DType::kI32, {T, v.index_topk});
+      ops.v4_indexer_topk(comp_ids, split_heads(iq, ih, id), keys, per_block, hw, w.rate,
+                          float(1.0 / std::sqrt(double(id))), float(1.0 / std::sqrt(double(ih))), meta);
     }
-    // The window: the K = V rows of positions [ctx - window + 1, end).
-    const int64_t k0 = std::max<int64_t>(0, s.ctx - v.sliding_window + 1);
-    slots.clear();
-    for (int64_t p = k0; p < end; ++p) slots.push_back(s.token_slot(p));
-    Tensor window = gather(ops, tokens.cols(0, hd), slots);
-    ops.sink_attention(o.rows(s.q0, s.q0 + s.qn), split_heads(q.rows(s.q0, s.q0 + s.qn), H, hd), window, comp,
-                       comp_ids, w.sinks, v.sliding_window, w.rate, float(c.attention_scale()), s.ctx,
-                       int(k0));
-    ops.scratch_release(mark);
   }
+  Tensor o = ops.scratch(act, {T, H, hd});
+  ops.v4_sink_attention(o, split_heads(q, H, hd), tokens.cols(0, hd), comp, per_block, comp_ids, w.sinks,
+                        v.sliding_window, w.rate, float(c.attention_scale()), meta);
   // K = V carried the keys' rotation into the output: undo it at the query's position.
   rope_tail(ops, merge_heads(o), H, hd, pos, rope_inv);
 

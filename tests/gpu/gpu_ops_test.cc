@@ -22,6 +22,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "engine/generator.h"
+#include "loader/id_tables_from.h"
 #include "loader/safetensors.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
@@ -1413,12 +1414,24 @@ void check_graphs_match_eager(const ModelConfig& cfg, WeightSource& wa, WeightSo
 TEST(GpuGraphs, DecodeStepsMatchEager) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  for (const char* fx : {"dsv3-tiny", "qwen3-tiny"}) {
+  // DeepSeek-V4's hybrid cache too: its step ops address the cache from the step's device arrays.
+  for (const char* fx : {"dsv3-tiny", "qwen3-tiny", "dsv4-tiny", "dsv4-tiny-hca16"}) {
     SCOPED_TRACE(fx);
     const std::string dir = source_dir() + "/tests/fixtures/" + fx;
     Checkpoint ckpt(dir);
     CudaOps ops;
     check_graphs_match_eager(ModelConfig::from_file(dir + "/config.json"), ckpt, ckpt, ops);
+  }
+  {  // V4 shapes: 4 layers (HCA 128 x 3, then CSA 4 with the 64-head indexer), 64 heads of 512
+    SCOPED_TRACE("deepseek-v4 shape, 4 layers");
+    ModelConfig cfg = ModelConfig::from_file(source_dir() + "/bench/configs/deepseek-v4-shape/config.json");
+    cfg.num_layers = 4;
+    cfg.n_routed_experts = 32;  // two models' weights fit one GPU (256 experts are 12.9 GB a layer)
+    CudaOps ops;
+    // The hash layers' token -> experts tables come from the host's dummy source (valid expert ids).
+    IdTablesFrom wa(std::make_unique<CudaDummyWeights>(ops), std::make_unique<DummyWeights>()),
+        wb(std::make_unique<CudaDummyWeights>(ops), std::make_unique<DummyWeights>());
+    check_graphs_match_eager(cfg, wa, wb, ops);
   }
   {  // V2-Lite shapes: the tensor-core MLA decode kernel with its split-KV plan
     SCOPED_TRACE("deepseek-v2-lite, 2 layers");

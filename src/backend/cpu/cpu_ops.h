@@ -96,6 +96,15 @@ class CpuOps final : public Ops {
   void moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
                     const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
                     float scale) override;
+  // The step ops over the paged hybrid cache (cpu_v4_paged.cc): the single-sequence ops above, per
+  // sequence, on rows copied out of the cache.
+  void v4_compress(Tensor entries, int per_block, const Tensor& proj, const Tensor& ape, const Tensor& norm,
+                   float eps, const RopeTable& rope, int rate, bool overlap, const AttnMeta& m) override;
+  void v4_indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, int per_block, const Tensor& weights,
+                       int rate, float q_scale, float w_scale, const AttnMeta& m) override;
+  void v4_sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp, int per_block,
+                         const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale,
+                         const AttnMeta& m) override;
 
  private:
   // Runs the GEMM for rows of x against W rows [0, N), split over threads by columns.

@@ -77,6 +77,16 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// silu(g) * u as the expert kernels' epilogues compute it; with limit > 0 (DeepSeek-V4's swiglu_limit)
+// g is clamped to <= limit and u to [-limit, limit] first.
+__device__ __forceinline__ float swiglu(float g, float u, float limit) {
+  if (limit > 0.0f) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  return g / (1.0f + __expf(-g)) * u;
+}
+
 inline cudaStream_t S(void* s) {
   return static_cast<cudaStream_t>(s);
 }

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
           for (int q = 0; q < 2; ++q) {
             const int col = n0 + wn * 16 + nt * 8 + 2 * t4 + q;
             const float gv = acc[mt][nt][half * 2 + q], uv = acc[mt][nt + 2][half * 2 + q];
-            if (col < Nout) o[col] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+            if (col < Nout) o[col] = __float2bfloat16(swiglu(gv, uv, p.swiglu_limit));
           }
       } else {
 #pragma unroll
@@ -248,6 +248,7 @@ struct GemvArgs {
   int ne, D;
   void* out;
   int64_t ldo;
+  float swiglu_limit;  // > 0: the gate-up epilogue clamps (swiglu())
 };
 
 template <bool kGateUp>
@@ -328,7 +329,7 @@ __global__ void __launch_bounds__(kGvThreads) moe_gemv_kernel(GemvArgs p) {
           const float uv = warp_sum(au[r]);
           if (lane == 0)
             static_cast<bf16*>(p.out)[int64_t(rg + r) * p.ldo + u] =
-                __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+                __float2bfloat16(swiglu(gv, uv, p.swiglu_limit));
         } else if (lane == 0) {
           static_cast<float*>(p.out)[int64_t(rg + r) * p.ldo + u] = gv;
         }
@@ -536,15 +537,12 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
   BELUGA_CHECK(tab.d == D, "moe_experts: hidden size mismatch");
   const int E = int(experts.size()), ne = tab.ne;
   ExpertPath path = expert_path(T, K, E, D, experts[0].gate.out_features(), shared != nullptr);
-  // DeepSeek-V4 clamps gate and up before the SiLU: only the per-expert cuBLAS path applies it (its
-  // SwiGLU is a kernel of its own; the fused GEMV and tile kernels have the plain one built in).
+  // DeepSeek-V4 clamps gate and up before the SiLU (swiglu()): every path's gate-up epilogue does,
+  // but for the shared expert's cuBLAS GEMMs and the one-token kernels, which such experts skip.
   const float limit = experts[0].swiglu_limit;
   if (limit > 0) {
-    BELUGA_CHECK(
-        !shared_y && !capturing(S(stream_)),
-        "moe_experts: clamped SwiGLU experts (swiglu_limit) run eagerly, without a shared expert apart");
-    path.gemv = path.swap = path.shared_apart = false;
-    path.per_expert_gemms = true;
+    BELUGA_CHECK(!shared_y, "moe_experts: clamped SwiGLU experts (swiglu_limit) take no shared expert apart");
+    path.shared_apart = false;
   }
   BELUGA_CHECK(!shared_y || path.shared_apart, "moe_experts: a shared expert computed apart needs that path");
   // With the shared expert's rows elsewhere (shared_y), Y holds the routed rows only.
@@ -569,8 +567,7 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
   // The fused gate that routed these ids planned them already (for the small tiles the grouped kernel
   // uses at so few rows per expert).
   const GatePlan gp = std::exchange(gate_plan_, GatePlan{});
-  if (!shared_y && limit == 0 && gp.ids == ids.data && gp.T == T && gp.K == K && gp.E == E &&
-      bm == kGatePlanBm) {
+  if (!shared_y && gp.ids == ids.data && gp.T == T && gp.K == K && gp.E == E && bm == kGatePlanBm) {
     const GatePlanLayout L(T, K, E);
     start = gate_plan_buf_ + L.start;
     tile_start = gate_plan_buf_ + L.tile_start;
@@ -601,6 +598,7 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
     g.row_token = row_token;
     g.out = H.data;
     g.ldo = tab.i_max;
+    g.swiglu_limit = limit;
     const int gy = std::min(R, ne);
     launch_gemv<true>(g, D, int(ceil_div(tab.i_max, kGvUnits<true>)), gy, st);
     g.x = H.ptr<const bf16>();
@@ -615,7 +613,7 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
     if (!grouped || !run_expert_gemms_grouped(x16, H, Y, experts, shared, start, row_token, R))
       run_expert_gemms(x16, H, Y, experts, shared, start, row_token, R, limit);
   } else {
-    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, path.shared_apart ? E : ne,
+    run_grouped(x16, H, Y, tab, start, tile_start, row_token, R, bm, swap, path.shared_apart ? E : ne, limit,
                 stream_);
     if (path.shared_apart && !shared_y) shared_expert_gemms(x16, Y.rows(int64_t(T) * K, R), *shared);
   }
@@ -640,7 +638,7 @@ void CudaOps::moe_experts_impl(Tensor out, const Tensor& x, const Tensor& ids, c
 
 void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
                           const int* tile_start, const int* row_token, int R, int bm, bool swap, int ne_tiles,
-                          void* stream) {
+                          float swiglu_limit, void* stream) {
   cudaStream_t st = S(stream);
   const int ne = tab.ne, D = tab.d;
   const int grid_y = int(ceil_div(R, bm)) + ne_tiles;
@@ -658,6 +656,7 @@ void CudaOps::run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable
   a.row_token = row_token;
   a.out = H.data;
   a.ldo = tab.i_max;
+  a.swiglu_limit = swiglu_limit;
   // Routed experts alone: the grid spans their width, not the shared expert's.
   const int gate_cols = ne_tiles < ne && tab.i_routed > 0 ? tab.i_routed : tab.i_max;
   const bool wgmma = bm == kWgTileRows && wgmma_experts_;

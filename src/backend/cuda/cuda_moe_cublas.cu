@@ -31,9 +31,7 @@ __global__ void clamped_swiglu_kernel(bf16* out, int64_t ldo, const bf16* gu, in
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / I, c = i % I;
-    const float g = fminf(to_f(gu[r * ldg + c]), limit);
-    const float u = fminf(fmaxf(to_f(gu[r * ldg + I + c]), -limit), limit);
-    out[r * ldo + c] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+    out[r * ldo + c] = __float2bfloat16(swiglu(to_f(gu[r * ldg + c]), to_f(gu[r * ldg + I + c]), limit));
   }
 }
 

@@ -21,6 +21,7 @@ struct GroupedArgs {
   void* out;     // gate-up: H, BF16 [R, I]; down: Y, [R, D] in F32 (y_f32) or BF16
   int64_t ldo;
   bool y_f32;
+  float swiglu_limit;  // > 0: the gate-up epilogue clamps (swiglu())
 };
 
 // The down projection's output element i (and i + 1) in Y's type.

@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kSwThreads, 2) grouped_swap_kernel(GroupedArgs
         const int64_t row = int64_t(m0 + tok) * p.ldo;
         const float v0 = d[4 * j + q], v1 = d[4 * j + 2 + q];
         if (kGateUp) {
-          if (ok0) static_cast<bf16*>(p.out)[row + unit] = __float2bfloat16(v0 / (1.0f + __expf(-v0)) * v1);
+          if (ok0) static_cast<bf16*>(p.out)[row + unit] = __float2bfloat16(swiglu(v0, v1, p.swiglu_limit));
         } else {
           if (ok0) store_y(p, row + col, v0);
           if (ok1) store_y(p, row + col + 8, v1);

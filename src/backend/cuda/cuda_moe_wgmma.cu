@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
           const float u0 = acc[4 * (j + 2) + 2 * half], u1 = acc[4 * (j + 2) + 2 * half + 1];
           if (unit < Nout)
             *reinterpret_cast<uint32_t*>(o + unit) =
-                pack_bf16(g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
+                pack_bf16(swiglu(g0, u0, p.swiglu_limit), swiglu(g1, u1, p.swiglu_limit));
         }
       } else {
 #pragma unroll

@@ -202,6 +202,8 @@ CudaOps::CudaOps(CudaOptions opt) {
   configure_moe_kernels(int(prop.sharedMemPerBlockOptin));
   configure_swap_kernels();
   configure_wgmma_kernels();
+  configure_v4_attention_kernels();
+  configure_v4_indexer_kernels();
   const char* prof = std::getenv("BELUGA_CUDA_PROFILE");
   profile_ = prof && std::string(prof) == "1";
   token_experts_ = opt.token_experts;

@@ -127,20 +127,21 @@ class CudaOps final : public Ops {
   void gqa_attention(Tensor out, const Tensor& q, const Tensor& cache, const AttnMeta& m, int kv_heads,
                      float scale) override;
 
-  // DeepSeek-V4 (cuda_v4_*.cu): hyper-connections, compressor pooling, the indexer's top-k, attention
-  // with sinks, hash / sqrtsoftplus routing.
+  // DeepSeek-V4 (cuda_v4_*.cu): hyper-connections, hash / sqrtsoftplus routing, and the step ops over
+  // the paged hybrid cache (compressor, the indexer's top-k, attention with sinks). The single-sequence
+  // ops (compress_pool, indexer_topk, sink_attention) are the CPU backend's alone.
   void hc_weights(Tensor pre, Tensor post, Tensor comb, const Tensor& mix, const Tensor& base,
                   const Tensor& scale, int sinkhorn_iters, float eps) override;
   void hc_collapse(Tensor out, const Tensor& streams, const Tensor& pre) override;
   void hc_expand(Tensor out, const Tensor& streams, const Tensor& post, const Tensor& comb,
                  const Tensor& y) override;
-  void compress_pool(Tensor out, const Tensor& kv, const Tensor& gate, const Tensor& ape, int rate,
-                     bool overlap) override;
-  void indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
-                    float q_scale, float w_scale, int first_pos) override;
-  void sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp,
-                      const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale,
-                      int first_pos, int kv_first) override;
+  void v4_compress(Tensor entries, int per_block, const Tensor& proj, const Tensor& ape, const Tensor& norm,
+                   float eps, const RopeTable& rope, int rate, bool overlap, const AttnMeta& m) override;
+  void v4_indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, int per_block, const Tensor& weights,
+                       int rate, float q_scale, float w_scale, const AttnMeta& m) override;
+  void v4_sink_attention(Tensor out, const Tensor& q, const Tensor& kv, const Tensor& comp, int per_block,
+                         const Tensor& comp_ids, const Tensor& sinks, int window, int rate, float scale,
+                         const AttnMeta& m) override;
   void moe_route_v4(Tensor ids, Tensor weights, const Tensor& logits, const Tensor& bias,
                     const Tensor& hash_table, const Tensor& tokens, RouterScoring scoring,
                     float scale) override;
@@ -204,7 +205,7 @@ class CudaOps final : public Ops {
   // ne_tiles: the experts that get tiles (all, or the routed ones when the shared one runs apart).
   void run_grouped(const Tensor& x, Tensor H, Tensor Y, const ExpertTable& tab, const int* start,
                    const int* tile_start, const int* row_token, int R, int bm, bool swap, int ne_tiles,
-                   void* stream);
+                   float swiglu_limit, void* stream);
   // The shared expert of a prefill as dense cuBLAS GEMMs, H = silu(x Wg^T) * (x Wu^T), Y = H Wd^T for
   // x's T rows (H in scratch), on the main stream or (side >= 0) on side stream `side`.
   void shared_expert_gemms(const Tensor& x, Tensor Y, const ExpertWeights& w, int side = -1);
@@ -228,7 +229,7 @@ class CudaOps final : public Ops {
   // The GEMMs of different experts run side by side on kSideStreams streams: one expert's GEMM alone
   // covers a fraction of the SMs (768 x 1408 is 36 tiles of 128 x 256 on 132 SMs).
   // With swiglu_limit > 0 (DeepSeek-V4) gate is clamped to <= limit and up to [-limit, limit] before
-  // silu(gate) * up: the one expert path that applies the clamp (eager steps only).
+  // silu(gate) * up, as in the other paths' epilogues.
   void run_expert_gemms(const Tensor& x, Tensor H, Tensor Y, std::span<const ExpertWeights> experts,
                         const ExpertWeights* shared, const int* start, const int* row_token, int R,
                         float swiglu_limit = 0);

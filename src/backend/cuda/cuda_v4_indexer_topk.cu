@@ -1,14 +1,18 @@
-// DeepSeek-V4's lightning indexer on the GPU (ops.h: indexer_topk), in two kernels. Scores: a block
-// per (query row, 8 entries) with the row's query heads in shared memory, a warp per entry, the
-// ReLU'd per-head dots weighted and summed in head order. Top-k: a block per query row finds the k-th
-// largest score by a 4-pass radix select over order-preserving 32-bit keys, then writes the entries
-// above it and the first ones equal to it, in index order (deterministic). Ties at the k-th score
-// therefore go to the lowest indices; the CPU backend breaks them as torch.topk does (nth_element),
-// so the two may pick different, equally scored entries (tests compare the scores of the picks).
+// DeepSeek-V4's lightning indexer on the GPU (ops.h: v4_indexer_topk), in two kernels over the paged
+// entry cache. Scores: a block per (query row, 64 entries) with the row's query heads in shared memory
+// and the 64 entries' keys beside them (read through the block table); a thread per (entry, quarter of
+// the heads) sums its heads' weighted ReLU'd dots, and the quarters are added in a fixed order.
+// Top-k: a block per query row finds the k-th largest score by a 4-pass radix select over
+// order-preserving 32-bit keys, then writes the entries above it and the first ones equal to it, in
+// index order (deterministic). Ties at the k-th score therefore go to the lowest indices; the CPU
+// backend breaks them as torch.topk does (nth_element), so the two may pick different, equally scored
+// entries (tests compare the scores of the picks). Scores need [rows, entries] floats: long contexts
+// run the rows in chunks.
 #include <cub/block/block_scan.cuh>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernel_config.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_v4_paged.cuh"
 
 namespace beluga {
 
@@ -16,51 +20,85 @@ using namespace cuda;
 
 namespace {
 
-constexpr int kScoreWarps = 8;
+constexpr int kScoreEntries = 64;  // entries per block
+constexpr int kScoreParts = 4;     // head quarters: kScoreEntries * kScoreParts threads
+constexpr int kScoreThreads = kScoreEntries * kScoreParts;
+constexpr int kMaxHeadsPerPart = 16;
 constexpr int kTopkThreads = 1024;
 
 struct ScoreArgs {
-  float* scores;  // [T, W]
+  float* scores;  // [rows of the chunk, ld]
+  int64_t lds;
   const bf16* q;  // [T, H, d]
   int64_t ldq_t, ldq_h;
-  const bf16* keys;  // [W, d]
+  const bf16* keys;  // entry rows, d columns
   int64_t ldk;
   const bf16* weights;  // [T, H]
   int64_t ldw;
-  int T, H, d, W, rate, first_pos;
+  int H, d, rate, per_block, row0;
   float q_scale, w_scale;
+  V4Step step;
 };
 
-__device__ __forceinline__ int visible_entries(int W, int first_pos, int t, int rate) {
-  return min(W, (first_pos + t + 1) / rate);
-}
-
-__global__ void indexer_scores_kernel(ScoreArgs a) {
+__global__ void __launch_bounds__(kScoreThreads) v4_indexer_scores_kernel(ScoreArgs a) {
   pdl_entry();
   extern __shared__ float smem[];
-  float* q = smem;            // [H * d]
-  float* wt = q + a.H * a.d;  // [H]
-  float* k = wt + a.H;        // [kScoreWarps][d]
-  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int visible = visible_entries(a.W, a.first_pos, t, a.rate);
-  const int w = blockIdx.x * kScoreWarps + warp;
-  if (int(blockIdx.x) * kScoreWarps >= visible) return;  // the whole block sees nothing
+  const int t = a.row0 + int(blockIdx.y), w0 = int(blockIdx.x) * kScoreEntries;
+  const V4Row r = v4_row(a.step, t);
+  const int visible = (r.pos + 1) / a.rate;
+  if (w0 >= visible) return;  // the whole block sees nothing
+  const int kd = a.d + 8;     // padded key row (bf16): 16-byte reads of 8 lanes hit distinct banks
+  bf16* k = reinterpret_cast<bf16*>(smem);                      // [kScoreEntries][kd]
+  float* q = reinterpret_cast<float*>(k + kScoreEntries * kd);  // [H][d] (16-byte aligned: d % 8 == 0)
+  float* part = q + a.H * a.d;                                  // [kScoreParts][kScoreEntries]
+  float* wt = part + kScoreParts * kScoreEntries;               // [H]
   for (int i = threadIdx.x; i < a.H * a.d; i += blockDim.x)
-    q[i] = to_f(a.q[int64_t(t) * a.ldq_t + int64_t(i / a.d) * a.ldq_h + i % a.d]);
-  for (int h = threadIdx.x; h < a.H; h += blockDim.x) wt[h] = to_f(a.weights[int64_t(t) * a.ldw + h]);
-  float* kw = k + warp * a.d;
-  if (w < visible)
-    for (int i = lane; i < a.d; i += 32) kw[i] = to_f(a.keys[int64_t(w) * a.ldk + i]);
-  __syncthreads();
-  if (w >= visible) return;
-  float s = 0;
-  for (int h = 0; h < a.H; ++h) {
-    float dot = 0;
-    for (int i = lane; i < a.d; i += 32) dot += q[h * a.d + i] * kw[i];
-    dot = warp_sum(dot);
-    s += fmaxf(dot, 0.0f) * a.q_scale * (wt[h] * a.w_scale);
+    q[i] = to_f(a.q[int64_t(t) * a.ldq_t + int64_t(i / a.d) * a.ldq_h + i % a.d]) * a.q_scale;
+  for (int h = threadIdx.x; h < a.H; h += blockDim.x)
+    wt[h] = to_f(a.weights[int64_t(t) * a.ldw + h]) * a.w_scale;
+  const int d8 = a.d / 8;
+  for (int i = threadIdx.x; i < kScoreEntries * d8; i += blockDim.x) {
+    const int j = i / d8, c8 = i % d8, w = w0 + j;
+    uint4 v{};
+    if (w < visible)
+      v = reinterpret_cast<const uint4*>(a.keys + v4_entry_row(r.table, w, a.rate, a.per_block) * a.ldk)[c8];
+    reinterpret_cast<uint4*>(k + j * kd)[c8] = v;
   }
-  if (lane == 0) a.scores[int64_t(t) * a.W + w] = s == 0.0f ? 0.0f : s;  // no -0: keys order signed zeros
+  __syncthreads();
+  const int j = threadIdx.x % kScoreEntries, pq = threadIdx.x / kScoreEntries;
+  float dot[kMaxHeadsPerPart] = {};
+  const bf16* kj = k + j * kd;
+  for (int c8 = 0; c8 < d8; ++c8) {
+    const uint4 kv = reinterpret_cast<const uint4*>(kj)[c8];
+    const bf16* kb = reinterpret_cast<const bf16*>(&kv);
+    float kf[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) kf[i] = to_f(kb[i]);
+#pragma unroll
+    for (int hh = 0; hh < kMaxHeadsPerPart; ++hh) {
+      const int h = pq + hh * kScoreParts;
+      if (h >= a.H) break;
+      const float4* qh = reinterpret_cast<const float4*>(q + h * a.d + c8 * 8);
+      const float4 x0 = qh[0], x1 = qh[1];
+      dot[hh] += x0.x * kf[0] + x0.y * kf[1] + x0.z * kf[2] + x0.w * kf[3] + x1.x * kf[4] + x1.y * kf[5] +
+                 x1.z * kf[6] + x1.w * kf[7];
+    }
+  }
+  float s = 0;
+#pragma unroll
+  for (int hh = 0; hh < kMaxHeadsPerPart; ++hh) {
+    const int h = pq + hh * kScoreParts;
+    if (h >= a.H) break;
+    s += fmaxf(dot[hh], 0.0f) * wt[h];
+  }
+  part[pq * kScoreEntries + j] = s;
+  __syncthreads();
+  if (pq == 0 && w0 + j < visible) {
+    float total = 0;
+#pragma unroll
+    for (int i = 0; i < kScoreParts; ++i) total += part[i * kScoreEntries + j];
+    a.scores[int64_t(blockIdx.y) * a.lds + w0 + j] = total == 0.0f ? 0.0f : total;  // no -0
+  }
 }
 
 // Larger float, larger key (finite values and infinities).
@@ -70,17 +108,17 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 __global__ void __launch_bounds__(kTopkThreads)
-    indexer_select_kernel(int32_t* ids, int64_t ldi, const float* scores, int W, int K, int rate,
-                          int first_pos) {
+    v4_indexer_select_kernel(int32_t* ids, int64_t ldi, const float* scores, int64_t lds, int K, int rate,
+                             int row0, V4Step step) {
   pdl_entry();
   using Scan = cub::BlockScan<int, kTopkThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int hist[256];
   __shared__ uint32_t s_prefix;
   __shared__ int s_remaining, s_base, s_eq_base;
-  const int t = blockIdx.x;
-  const int visible = visible_entries(W, first_pos, t, rate), take = min(K, visible);
-  const float* s = scores + int64_t(t) * W;
+  const int t = row0 + int(blockIdx.x);
+  const int visible = (step.positions[t] + 1) / rate, take = min(K, visible);
+  const float* s = scores + int64_t(blockIdx.x) * lds;
   int32_t* out = ids + int64_t(t) * ldi;
   for (int i = take + threadIdx.x; i < K; i += blockDim.x) out[i] = -1;
   if (take == 0) return;
@@ -131,27 +169,46 @@ __global__ void __launch_bounds__(kTopkThreads)
   }
 }
 
+size_t score_smem(int64_t H, int64_t d) {
+  return size_t(H * d + H + kScoreParts * kScoreEntries) * sizeof(float) +
+         size_t(kScoreEntries) * size_t(d + 8) * sizeof(bf16);
+}
+
+// Scores of at most this many bytes per launch pair: rows go in chunks past it.
+constexpr int64_t kScoreBytes = int64_t(64) << 20;
+
 }  // namespace
 
-void CudaOps::indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, const Tensor& weights, int rate,
-                           float q_scale, float w_scale, int first_pos) {
-  Prof prof_scope(this, "indexer_topk");
-  const int64_t T = q.shape[0], H = q.shape[1], d = q.shape[2], W = keys.empty() ? 0 : keys.shape[0];
-  const int64_t K = ids.shape[1];
+void cuda::configure_v4_indexer_kernels() {
+  allow_dynamic_smem(v4_indexer_scores_kernel, int(score_smem(kScoreParts * kMaxHeadsPerPart, 256)));
+}
+
+void CudaOps::v4_indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, int per_block,
+                              const Tensor& weights, int rate, float q_scale, float w_scale,
+                              const AttnMeta& m) {
+  Prof prof_scope(this, "v4_indexer_topk");
+  const int64_t T = m.num_tokens, H = q.shape[1], d = q.shape[2], K = ids.shape[1];
+  check_bf16_rows(keys, "v4_indexer_topk keys");
   BELUGA_CHECK(ids.dtype == DType::kI32 && ids.ndim == 2 && ids.stride[1] == 1 && ids.shape[0] == T &&
-                   q.dtype == DType::kBF16 && q.ndim == 3 && q.stride[2] == 1 &&
+                   q.dtype == DType::kBF16 && q.ndim == 3 && q.stride[2] == 1 && q.shape[0] == T &&
                    weights.dtype == DType::kBF16 && weights.stride[1] == 1 && weights.shape[0] == T &&
-                   weights.shape[1] == H &&
-                   (W == 0 || (keys.dtype == DType::kBF16 && keys.stride[1] == 1 && keys.shape[1] == d)) &&
-                   rate > 0 && first_pos >= 0,
-               "indexer_topk: shapes ", q.describe(), " ", keys.describe(), " ", weights.describe(), " -> ",
-               ids.describe());
+                   weights.shape[1] == H && keys.shape[1] == d && rate > 0 && per_block > 0 && d % 8 == 0 &&
+                   d <= 256 && H <= kScoreParts * kMaxHeadsPerPart && aligned16(keys.data) &&
+                   m.block_size == 64 && keys.stride[0] % 8 == 0,
+               "v4_indexer_topk: shapes ", q.describe(), " ", keys.describe(), " ", weights.describe(),
+               " -> ", ids.describe());
   if (T == 0) return;
-  const size_t smem = size_t(H * d + H + kScoreWarps * d) * sizeof(float);
-  BELUGA_CHECK(smem <= 48 * 1024, "indexer_topk: ", H, " heads of ", d, " exceed the kernel's shared memory");
-  Tensor scores = scratch(DType::kF32, {T, std::max<int64_t>(W, 1)});
-  if (W > 0) {
+  // Entries a row may see: the block table's width in tokens over the rate (a graph's table is the
+  // padded width, so one recording serves every context up to it).
+  const int64_t W = std::max<int64_t>(1, int64_t(m.max_blocks) * m.block_size / rate);
+  const int64_t chunk =
+      std::max<int64_t>(1, std::min<int64_t>(T, kScoreBytes / (W * int64_t(sizeof(float)))));
+  const ScratchMark mark = scratch_mark();
+  Tensor scores = scratch(DType::kF32, {chunk, W});
+  for (int64_t r0 = 0; r0 < T; r0 += chunk) {
+    const int64_t n = std::min(chunk, T - r0);
     const ScoreArgs a{scores.ptr<float>(),
+                      W,
                       q.ptr<const bf16>(),
                       q.stride[0],
                       q.stride[1],
@@ -159,21 +216,22 @@ void CudaOps::indexer_topk(Tensor ids, const Tensor& q, const Tensor& keys, cons
                       keys.stride[0],
                       weights.ptr<const bf16>(),
                       weights.stride[0],
-                      int(T),
                       int(H),
                       int(d),
-                      int(W),
                       rate,
-                      first_pos,
+                      per_block,
+                      int(r0),
                       q_scale,
-                      w_scale};
-    launch(indexer_scores_kernel, dim3(unsigned(ceil_div(W, kScoreWarps)), unsigned(T)), kScoreWarps * 32,
-           smem, S(stream_), a);
+                      w_scale,
+                      v4_step(m)};
+    launch(v4_indexer_scores_kernel, dim3(unsigned(ceil_div(W, kScoreEntries)), unsigned(n)), kScoreThreads,
+           score_smem(H, d), S(stream_), a);
+    BELUGA_LAUNCH_CHECK();
+    launch(v4_indexer_select_kernel, unsigned(n), kTopkThreads, 0, S(stream_), ids.ptr<int32_t>(),
+           ids.stride[0], scores.ptr<const float>(), W, int(K), rate, int(r0), v4_step(m));
     BELUGA_LAUNCH_CHECK();
   }
-  launch(indexer_select_kernel, unsigned(T), kTopkThreads, 0, S(stream_), ids.ptr<int32_t>(), ids.stride[0],
-         scores.ptr<const float>(), int(W), int(K), rate, first_pos);
-  BELUGA_LAUNCH_CHECK();
+  scratch_release(mark);
 }
 
 }  // namespace beluga
