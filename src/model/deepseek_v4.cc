@@ -49,7 +49,11 @@ struct Layer {
 class DeepseekV4Model final : public Model {
  public:
   DeepseekV4Model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) : Model(cfg, ops) {
-    BELUGA_CHECK(!cfg.fp8, "deepseek_v4: FP8 checkpoints are not supported yet (bf16 weights only)");
+    // FP8 checkpoints (DeepSeek's block format, as V3's) load through load_linear; the grouped output
+    // projection is split into its groups by rows, so each group must start on a scale block.
+    BELUGA_CHECK(!cfg.fp8 || cfg.v4.o_lora_rank % cfg.fp8_block_n == 0,
+                 "deepseek_v4: FP8 weights need o_lora_rank (", cfg.v4.o_lora_rank,
+                 ") to be a multiple of the weight block's rows (", cfg.fp8_block_n, ")");
     const auto& c = cfg_;
     const V4Config& v = c.v4;
     const int64_t D = c.hidden_size, n = v.hc_mult, E = c.n_routed_experts, I = c.moe_intermediate_size,

@@ -161,6 +161,7 @@ void v4_attention(Ops& ops, const ModelConfig& c, const V4AttentionWeights& w, c
   for (int64_t g = 0; g < G; ++g) {
     Weight wg = w.wo_a;
     wg.w = w.wo_a.w.rows(g * r, (g + 1) * r);
+    if (!wg.scale.empty()) wg.scale = w.wo_a.scale.rows(g * r / wg.block_n, (g + 1) * r / wg.block_n);
     ops.linear(oa.cols(g * r, (g + 1) * r), heads.cols(g * in_g, (g + 1) * in_g), wg);
   }
   ops.linear(out, oa, w.wo_b);

@@ -374,7 +374,8 @@ TEST_P(V4Fixture, BatchedAndChunkedSequencesMatchSingle) {
         << "b row " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, V4Fixture, ::testing::Values("dsv4-tiny-hca16", "dsv4-tiny"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, V4Fixture,
+                         ::testing::Values("dsv4-tiny-hca16", "dsv4-tiny", "dsv4-tiny-fp8"));
 
 // The built-in demo model: four shards and an index; its own reference holds the last rows of logits
 // and a greedy continuation for two chat prompts.

@@ -611,7 +611,8 @@ TEST_P(V4GpuModel, LogitsAndGreedyMatchCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, V4GpuModel, ::testing::Values("dsv4-tiny-hca16", "dsv4-tiny"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, V4GpuModel,
+                         ::testing::Values("dsv4-tiny-hca16", "dsv4-tiny", "dsv4-tiny-fp8"));
 
 }  // namespace
 }  // namespace beluga
