@@ -7,6 +7,7 @@
 #        [MODEL=DIR] [LOAD=dummy] [TOKENIZER=DIR] [KV_MB=256] [SYNTHETIC=P] [INPUT_LEN=64] bench/spec_cpu.sh
 # MODEL/LOAD/TOKENIZER: serve another model (default the built-in demo); SYNTHETIC=P adds
 # "synthetic_acceptance": P to every speculative config (benchmarks only: drafts accepted with probability P).
+# KEEP_LOGS=DIR keeps each server's log there (with BELUGA_LOG_LEVEL=debug: the gate's costs and choices).
 # DEVICE: serve --device, default cpu. REQUEST_EXTRA: bench serve --request-extra, merged into every
 # request (sampled requests speculate through rejection sampling; default {}: greedy).
 # SPECS entries: none, K (confidence-gated, the default gating), K/cost (one depth for the batch) or
@@ -59,4 +60,5 @@ for spec in $SPECS; do
   fi
   kill "$pid"
   wait "$pid" || true
+  [ -n "${KEEP_LOGS:-}" ] && cp "$log" "$KEEP_LOGS/serve_${spec//\//_}.log"
 done

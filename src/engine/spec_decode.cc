@@ -59,6 +59,7 @@ void SpecDecoder::begin_step(const std::vector<Chunk>& chunks,
     score_seq_.push_back(int(i));
   }
   step_k_ = gate_.plan(int(chunks.size()), scores_, admit_scores_);
+  step_mtp_ = gate_.drafting();
   admit_.assign(chunks.size(), 0);
   held_.assign(chunks.size(), 0);
   for (size_t t = 0; t < score_seq_.size(); ++t) {
@@ -73,6 +74,7 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* 
   if (i == 0) {
     plan_.clear();
     plan_k_ = step_k_;
+    plan_mtp_ = step_mtp_;
   }
   BELUGA_ASSERT(int(plan_.size()) == i);
   Plan& p = plan_.emplace_back();
@@ -92,9 +94,9 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* 
   }
   int k = 0, rows = 0;
   p.decode = eligible && c.sample && c.len == 1 && c.start + 1 == p.length;
-  if (eligible && step_k_ == 0) {
-    // Gated off: a plain step, prompt chunks included (no MTP pass, so the step overlaps as a plain
-    // one and costs what the gate measured for plain decode; the prompt's MTP KV stays stale).
+  if (eligible && !step_mtp_) {
+    // Drafting off: a plain step, prompt chunks included (no MTP pass, so the step overlaps as a plain
+    // one; the MTP KV of these positions stays stale).
     p.mtp = false;
     s.draft.clear();
     s.draft_q.clear();
@@ -132,9 +134,8 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   BELUGA_CHECK(ngram() || int64_t(b.tokens.size()) <= hidden_.shape[0], "speculative step of ",
                b.tokens.size(), " tokens exceeds its buffers");
   ForwardOptions o = opt;
-  // A plain step (the gate chose no drafts) runs no MTP pass: no hidden states to keep, and the plain
-  // decode graphs.
-  if (!ngram() && plan_k_ > 0) o.final_hidden = &hidden_;
+  // A plain step (drafting off) runs no MTP pass: no hidden states to keep, and the plain decode graphs.
+  if (!ngram() && plan_mtp_) o.final_hidden = &hidden_;
   model_.forward(b, kv, logits, o);
 
   const int S = int(b.seqs.size()), K = cfg_.num_speculative_tokens;
@@ -278,12 +279,13 @@ int SpecDecoder::steady_shape() const {
   if (plan_.empty()) return -1;
   // Prompt lookup finds fewer than k drafts (or none) for some sequences: its step's shape is the
   // gate's choice, and the step's cost, whatever was found, is what choosing k costs.
-  const int k = ngram() ? plan_k_ : plan_[0].mtp ? plan_[0].num_rows : 0;
+  int rows = 0;
   for (const Plan& p : plan_) {
-    const bool drafts_ok = ngram() ? p.num_rows <= k : p.num_rows == k;
-    if (!p.decode || !drafts_ok || p.mtp != (k > 0) || (k > 0 && p.sample_row < 0)) return -1;
+    if (!p.decode || p.mtp != plan_mtp_ || (plan_mtp_ && p.sample_row < 0)) return -1;
+    rows += p.num_rows;
   }
-  return k;
+  // Ragged admissions (an eager backend) verify different counts: the step's mean depth, rounded.
+  return ngram() || !plan_mtp_ ? plan_k_ : (2 * rows + int(plan_.size())) / (2 * int(plan_.size()));
 }
 
 void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler) {
@@ -293,8 +295,12 @@ void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& fi
   // gate drops outliers).
   const auto now = std::chrono::steady_clock::now();
   if (last_apply_.time_since_epoch().count() != 0)
-    if (const int k = steady_shape(); k >= 0)
-      gate_.observe_cost(int(plan_.size()), k, std::chrono::duration<double>(now - last_apply_).count());
+    if (const int k = steady_shape(); k >= 0) {
+      int tokens = 0;
+      for (size_t i = 0; i < plan_.size(); ++i) tokens += 1 + accepted_[i];
+      gate_.observe_step(int(plan_.size()), plan_mtp_, k, tokens,
+                         std::chrono::duration<double>(now - last_apply_).count());
+    }
   last_apply_ = now;
   commit_.clear();
   for (size_t i = 0; i < plan_.size(); ++i) {

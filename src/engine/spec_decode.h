@@ -10,14 +10,14 @@
 // lives in a cache of its own that shares the main cache's block tables, so rolling back a sequence's length
 // rolls back both) and, chained on its own output, proposes the next step's drafts.
 //
-// Gating (SpecGate): before each step the engine calls begin_step(); the gate admits each decode
-// sequence's drafts by their calibrated confidence (the MTP head's probability of each draft) and the
-// step's measured cost, and picks the step's depth (0: every sequence decodes plainly, without the MTP
-// pass, and the step overlaps as a plain one). On a backend replaying graphs a sequence with fewer
-// admitted drafts than the depth carries filler rows (computed, not verified). after_apply() feeds the
-// gate each steady decode step's period and the drafts accepted. Positions decoded plainly get no MTP
-// KV: drafts proposed later attend over those stale entries (acceptance may drop; output never
-// changes, verification decides it).
+// Gating (SpecGate): before each step the engine calls begin_step(); the gate decides whether the step
+// drafts (the regime, by measured tokens per second: plain steps run no MTP pass and overlap as
+// usual) and, if so, admits each decode sequence's drafts by their calibrated confidence (the MTP
+// head's probability of each draft) and the measured cost of each depth (0: the MTP pass only). On a
+// backend replaying graphs a sequence with fewer admitted drafts than the depth carries filler rows
+// (computed, not verified). after_apply() feeds the gate each steady decode step's period, tokens and
+// the drafts accepted. Positions decoded plainly get no MTP KV: drafts proposed later attend over
+// those stale entries (acceptance may drop; output never changes, verification decides it).
 // Verify and MTP steps of one uniform shape replay CUDA graphs (DecodeGraphs): every decode sequence
 // verifies the same number of drafts, and the MTP pass runs over all verify rows of a decode sequence
 // (rows past the accepted prefix write MTP KV at positions the next step overwrites before anything
@@ -119,8 +119,8 @@ class SpecDecoder {
     uint64_t seed = 0;
     int num_output = 0;
   };
-  // The draft count of the step just applied if it was a steady decode step (every sequence a decode
-  // verifying that many drafts, or all plain for 0), else -1.
+  // The depth of the step just applied if it was a steady decode step (every sequence a decode, all
+  // drafting or all plain: 0): the drafts its sequences verified, their mean rounded; else -1.
   int steady_shape() const;
 
   Model& model_;
@@ -149,8 +149,10 @@ class SpecDecoder {
   std::mt19937_64 rng_{0x5eed};
   SpecStats stats_;
   SpecGate gate_;
-  int step_k_ = 0;  // drafts of the step being planned / in flight (gate's choice)
-  int plan_k_ = 0;  // the gate's choice for the step in plan_
+  int step_k_ = 0;         // drafts of the step being planned / in flight (gate's choice)
+  int plan_k_ = 0;         // the gate's choice for the step in plan_
+  bool step_mtp_ = false;  // whether the step being planned drafts (runs the MTP pass)
+  bool plan_mtp_ = false;  // and the step in plan_
   std::chrono::steady_clock::time_point last_apply_{};
 };
 

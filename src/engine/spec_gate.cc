@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "model/decode_graphs.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace beluga {
 
@@ -14,9 +17,8 @@ constexpr double kCostWeight = 0.2;  // of a new period in the moving average
 constexpr double kDecay = 0.995;     // of a position's acceptance counts per observation
 constexpr double kOutlier = 4.0;     // periods this many times the average are dropped (stalls)
 constexpr double kPrior = 2.0;       // prior pseudo-counts of a bin, at its centre (no score: 1/2)
-// Speculating must beat plain decode by this factor: switching costs what the steady rates miss (the
-// first speculating step only proposes; speculating steps do not overlap; MTP KV of positions
-// decoded plainly is stale), and near break-even measurement noise would flip the choice.
+// Drafting must beat plain decode (and verifying must beat drafting alone) by this factor: near
+// break-even measurement noise would flip the choice, and each switch costs what the rates miss.
 constexpr double kMinGain = 1.05;
 
 }  // namespace
@@ -32,8 +34,37 @@ SpecGate::SpecGate(int max_k, Mode mode, bool padded)
 
 SpecGate::Bucket& SpecGate::bucket(int batch) {
   Bucket& b = buckets_[DecodeGraphs::batch_bucket(std::max(1, batch))];
-  if (b.by_k.empty()) b.by_k.resize(size_t(max_k_) + 1);
+  b.size = std::max(1, batch);
+  if (b.by_k.empty()) {
+    b.by_k.resize(size_t(max_k_) + 1);
+    b.chose.resize(size_t(max_k_) + 1);
+  }
   return b;
+}
+
+const SpecGate::Bucket* SpecGate::find(int batch) const {
+  auto it = buckets_.find(DecodeGraphs::batch_bucket(std::max(1, batch)));
+  return it == buckets_.end() ? nullptr : &it->second;
+}
+
+void SpecGate::log_bucket(int bucket, const Bucket& b) const {
+  if (!log::enabled(log::Level::kDebug)) return;
+  auto fmt = [](double v) {
+    char x[32];
+    std::snprintf(x, sizeof x, "%.3f", v);
+    return std::string(x);
+  };
+  auto tps = [&](const Rate& r) { return r.seconds > 0 ? fmt(r.tokens / r.seconds) : std::string("-"); };
+  std::string line = str("spec gate: batch bucket ", bucket, ", ", b.decisions, " decisions: tokens/s plain ",
+                         tps(b.rate[0]), " (", b.rate[0].steps, " steps) drafting ", tps(b.rate[1]), " (",
+                         b.rate[1].steps, " steps); chose plain ", b.plain);
+  for (int k = 0; k <= max_k_; ++k) {
+    const Cost& c = b.by_k[size_t(k)];
+    line += str(", depth ", k, " ", b.chose[size_t(k)], " (", fmt(c.seconds * 1e3), " ms, ", c.samples,
+                " samples)");
+  }
+  for (int j = 0; j < max_k_; ++j) line += str("; acceptance ", j, " ", fmt(mean_acceptance(j, false)));
+  log::debug("engine", line);
 }
 
 double SpecGate::acceptance(int j, float q, bool sampled) const {
@@ -55,10 +86,17 @@ double SpecGate::mean_acceptance(int j, bool sampled) const {
 }
 
 double SpecGate::cost(int batch, int k) const {
-  auto it = buckets_.find(DecodeGraphs::batch_bucket(std::max(1, batch)));
-  if (it == buckets_.end()) return -1;
-  const Cost& c = it->second.by_k[size_t(k)];
+  const Bucket* b = find(batch);
+  if (!b) return -1;
+  const Cost& c = b->by_k[size_t(k)];
   return c.samples >= kMinSamples ? c.seconds : -1;
+}
+
+double SpecGate::rate(int batch, bool drafting) const {
+  const Bucket* b = find(batch);
+  if (!b) return -1;
+  const Rate& r = b->rate[drafting ? 1 : 0];
+  return r.steps >= kMinSamples && r.seconds > 0 ? r.tokens / r.seconds : -1;
 }
 
 double SpecGate::step_cost(const Bucket& b, double x) const {
@@ -68,27 +106,63 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
   return (1 - w) * b.by_k[size_t(lo)].seconds + w * b.by_k[size_t(hi)].seconds;
 }
 
+bool SpecGate::regime(Bucket& b, int64_t d) {
+  if (d < kProbe) return b.probe_on;
+  if (d < 2 * kProbe) return !b.probe_on;
+  if (d == 2 * kProbe) {
+    // The probes' measured tokens per second; too few steady steps in either (a busy server's steps
+    // carry prompts): keep the regime in force.
+    const Rate &off = b.rate[0], &on = b.rate[1];
+    if (off.steps >= kMinSamples && on.steps >= kMinSamples && off.seconds > 0 && on.seconds > 0)
+      b.on = on.tokens / on.seconds > kMinGain * (off.tokens / off.seconds);
+    log::debug("engine", "spec gate: batch bucket ", DecodeGraphs::batch_bucket(b.size), ": probes ",
+               on.steps, " drafting steps, ", on.tokens, " tokens in ", on.seconds * 1e3, " ms; ", off.steps,
+               " plain steps, ", off.tokens, " tokens in ", off.seconds * 1e3,
+               " ms: ", b.on ? "drafting" : "plain");
+  }
+  return b.on;
+}
+
 int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit) {
   admit.assign(seqs.size(), 0);
+  if (mode_ == Mode::kFixed) {
+    for (size_t i = 0; i < seqs.size(); ++i) admit[i] = std::min(seqs[i].num_drafts, max_k_);
+    last_drafting_ = true;
+    return last_depth_ = max_k_;
+  }
+  // No decode to plan (prompt chunks only): keep the regime of the last decode step, so that while
+  // drafting a prompt still gets its MTP pass (its MTP KV and first drafts).
+  if (seqs.empty()) return last_depth_;
+  batch = std::max(1, batch);
+  Bucket& b = bucket(batch);
+  const int64_t d = b.decisions % kCycle;
+  if (d == 0 && b.decisions > 0) {  // a new cycle: every rate and cost measured again, from scratch
+    log_bucket(DecodeGraphs::batch_bucket(batch), b);
+    for (Cost& c : b.by_k) c = Cost{};
+    b.rate[0] = b.rate[1] = Rate{};
+    std::fill(b.chose.begin(), b.chose.end(), 0);
+    b.plain = 0;
+    b.probe_on = b.on;  // probe the regime in force first: one switch less when it stays
+  }
+  b.decisions++;
+  last_drafting_ = regime(b, d);
+  if (!last_drafting_) {
+    b.plain++;
+    return last_depth_ = 0;
+  }
+  const int k = depth(b, batch, seqs, admit);
+  b.chose[size_t(k)]++;
+  return last_depth_ = k;
+}
+
+int SpecGate::depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit) {
   auto uniform = [&](int k) {
     for (size_t i = 0; i < seqs.size(); ++i) admit[i] = std::min(seqs[i].num_drafts, k);
     return k;
   };
-  if (mode_ == Mode::kFixed) return uniform(max_k_);
-  // No decode to plan (prompt chunks only): keep the regime of the last decode step, so that while
-  // speculation pays a prompt still gets its MTP pass (its MTP KV and first drafts).
-  if (seqs.empty()) return last_depth_;
-  batch = std::max(1, batch);
-  Bucket& b = bucket(batch);
-  // Measure every shape again, from scratch: a shape not chosen for kReprobe decisions keeps the cost
-  // it had then (often the first, cold steps': graph recordings, short contexts), and folding one new
-  // sample into that average corrected it too slowly (H200 run 275: the gate kept plain decode at
-  // batch 64 where fixed K=1 ran 14 % faster).
-  if (++b.decisions % kReprobe == 0)
-    for (Cost& c : b.by_k) c = Cost{};
-  // Shapes still being measured first, the deepest first (speculation gets its chance at once).
+  // Depths still being measured first, the deepest first (speculation gets its chance at once).
   for (int k = max_k_; k >= 0; --k)
-    if (b.by_k[size_t(k)].samples < kMinSamples) return last_depth_ = uniform(k);
+    if (b.by_k[size_t(k)].samples < kMinSamples) return uniform(k);
 
   // Every eligible sequence's K candidate drafts and their survivals.
   cand_.clear();
@@ -101,10 +175,8 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
       cand_.push_back({survival, int(i), j + 1});
     }
   }
-  const double plain = double(batch) / b.by_k[0].seconds;
+  double best = kMinGain * double(batch) / b.by_k[0].seconds;  // the MTP pass alone, nothing verified
   int depth = 0;
-  size_t admitted = 0;
-  double best = kMinGain * plain;
   if (padded_) {
     // Every sequence computes the deepest one's rows: compare the depths, each verifying all it can.
     std::vector<double> gain(size_t(max_k_) + 1, 0.0);
@@ -112,13 +184,13 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
     double e = batch;
     for (int k = 1; k <= max_k_; ++k) {
       e += gain[size_t(k)];
-      const double rate = e / b.by_k[size_t(k)].seconds;
-      if (rate > best) {
-        best = rate;
+      const double r = e / b.by_k[size_t(k)].seconds;
+      if (r > best) {
+        best = r;
         depth = k;
       }
     }
-    return last_depth_ = uniform(depth);
+    return uniform(depth);
   }
   // Ragged rows: admit in order of survival (a sequence's drafts come in order: survival only falls
   // along it) while expected tokens per second rise; the best prefix wins.
@@ -127,12 +199,13 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
     if (a.depth != c.depth) return a.depth < c.depth;
     return a.seq < c.seq;
   });
+  size_t admitted = 0;
   double e = batch;
   for (size_t n = 1; n <= cand_.size(); ++n) {
     e += cand_[n - 1].survival;
-    const double rate = e / step_cost(b, double(n) / batch);
-    if (rate > best) {
-      best = rate;
+    const double r = e / step_cost(b, double(n) / batch);
+    if (r > best) {
+      best = r;
       admitted = n;
     }
   }
@@ -142,12 +215,25 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
     if (c.depth <= seqs[size_t(c.seq)].num_drafts)
       admit[size_t(c.seq)] = std::max(admit[size_t(c.seq)], c.depth);
   }
-  return last_depth_ = depth;
+  return depth;
 }
 
-void SpecGate::observe_cost(int batch, int k, double seconds) {
-  if (mode_ == Mode::kFixed || k < 0 || k > max_k_ || !(seconds > 0)) return;
-  Cost& c = bucket(batch).by_k[size_t(k)];
+void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double seconds) {
+  if (mode_ == Mode::kFixed || !(seconds > 0) || tokens <= 0) return;
+  Bucket& b = bucket(batch);
+  Rate& r = b.rate[drafting ? 1 : 0];
+  // The first steady steps of a regime in a cycle are its switching transient (a drafting step after
+  // plain ones only proposes; graphs are recorded): dropped, like stalls. The drafting probe includes
+  // the depths' exploration: a cost of drafting, paid each cycle.
+  if (r.skipped < kSkipSamples) {
+    r.skipped++;
+  } else if (r.steps < kMinSamples || seconds <= kOutlier * r.seconds / r.steps) {
+    r.tokens += tokens;
+    r.seconds += seconds;
+    r.steps++;
+  }
+  if (!drafting || k < 0 || k > max_k_) return;
+  Cost& c = b.by_k[size_t(k)];
   if (c.skipped < kSkipSamples) {
     c.skipped++;
     return;

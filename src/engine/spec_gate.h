@@ -1,28 +1,33 @@
 // SpecGate: which draft tokens a decode step verifies (DESIGN.md §3: the proposer's confidence and the
-// verifier's profiled cost). Single-threaded: the engine thread owns it.
+// verifier's profiled cost). Single-threaded: the engine thread owns it. Two levels, per batch bucket
+// (DecodeGraphs::batch_bucket):
 //
-// Confidence: draft j (0-based) of a sequence carries a raw score q, the MTP head's softmax probability
-// of its own token (none, q < 0, for prompt lookup). Calibrated online: P(draft j accepted | drafts
-// before it accepted) is counted per (greedy or sampled, position j, q in one of kBins equal bins) with
-// decayed counts and a prior at the bin's centre (no score: a prior of 1/2 in a bin of its own). A
-// draft's survival is the product of the calibrated acceptances of it and the drafts before it.
+// Regime: drafting on (every eligible decode runs the MTP pass, so its drafts and its MTP KV stay
+// current, whatever is verified) or off (plain decode: no MTP pass, no verify rows; steps overlap).
+// Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts with
+// kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
+// must win by 5 %) until the next cycle. Switching per step cost more than either regime: a step after
+// plain steps only proposes, speculating steps do not overlap, and positions decoded plainly leave holes
+// in the MTP KV that lower acceptance for the rest of the sequence (H100 run 280: K=1 switching per step
+// ran 0.84x plain decode where always drafting ran 1.20x).
 //
-// Cost: cost(B, x), the measured period of steady decode steps at B's batch bucket
-// (DecodeGraphs::batch_bucket) verifying x drafts per sequence, at x = 0 (plain decode: no verify
-// rows, no MTP pass) and each uniform depth 1..K; linear in between.
-//
-// Admission ("confidence"): the step's candidate drafts in order of survival (a sequence's own drafts
-// in order), and the engine verifies the prefix that maximises expected tokens per second,
+// Depth, while drafting. Confidence: draft j (0-based) of a sequence carries a raw score q, the MTP head's
+// softmax probability of its own token (none, q < 0, for prompt lookup). Calibrated online: P(draft j
+// accepted | drafts before it accepted) is counted per (greedy or sampled, position j, q in one of kBins
+// equal bins) with decayed counts and a prior at the bin's centre (no score: a prior of 1/2 in a bin of
+// its own). A draft's survival is the product of the calibrated acceptances of it and the drafts before
+// it. Cost: cost(B, x), the measured period of steady drafting steps at B's bucket verifying x drafts per
+// sequence at each uniform depth 0..K (0: the MTP pass only); linear in between. Admission
+// ("confidence"): the step's candidate drafts in order of survival (a sequence's own drafts in order),
+// and the engine verifies the prefix that maximises expected tokens per second,
 //   (B + sum of admitted survivals) / cost(B, x),   x = admitted drafts / B,
-// provided it beats plain decode (B / cost(B, 0)) by 5 % (switching has costs the rates miss);
-// with `padded` (the backend replays uniform shapes, so every sequence computes the deepest one's rows)
-// x is the deepest admitted depth instead, and every draft up to that depth is verified (free).
-// Drafts a sequence does not hold yet (its first speculating step, or after plain steps) count at
-// their position's mean survival: the plan is for the steady state, and verifying them means running
-// the MTP pass that proposes them. "cost" is the same rule with every draft at its position's mean
-// (one depth for the batch); "fixed" always verifies K. A shape with too few cost samples is tried
-// first (deepest first), and every kReprobe decisions at a bucket all shapes are measured again from
-// scratch (their old costs dropped).
+// provided it beats depth 0 by 5 %; with `padded` (the backend replays uniform shapes, so every sequence
+// computes the deepest one's rows) x is the deepest admitted depth instead, and every draft up to that
+// depth is verified (free). Drafts a sequence does not hold yet count at their position's mean
+// survival. "cost" is the same rule with every draft at its position's mean (one depth for the batch);
+// "fixed" always drafts and verifies K. A depth with too few cost samples is tried first (deepest first);
+// each cycle measures every depth again from scratch. With --log-level debug each cycle logs the bucket's
+// rates, costs and choices ("spec gate: ...").
 #pragma once
 
 #include <cstddef>
@@ -44,19 +49,22 @@ class SpecGate {
   enum class Mode { kConfidence, kCost, kFixed };
   SpecGate(int max_k, Mode mode, bool padded);
 
-  static constexpr int kMinSamples = 3;   // measured periods before a shape's cost is trusted
-  static constexpr int kSkipSamples = 1;  // first periods of a shape dropped (graph recording)
-  static constexpr int kReprobe = 512;    // decisions at a bucket between re-measurements
+  static constexpr int kMinSamples = 3;   // measured periods before a shape's cost (or a rate) is trusted
+  static constexpr int kSkipSamples = 1;  // first periods of a shape (or of a regime) dropped
+  static constexpr int kCycle = 1024;     // decisions at a bucket between re-measurements
+  static constexpr int kProbe = 32;       // decisions of each regime at the start of a cycle
   static constexpr int kBins = 10;        // score bins of the calibration
 
   // The plan of a step of `batch` sequences whose eligible decodes are `seqs`: admit[i] = drafts of
-  // seqs[i] to verify (<= its num_drafts), and the return value the step's depth: 0 plain decode (no
-  // MTP pass), else the most drafts any sequence may verify (with `padded`, what each computes). A
-  // step without decodes (prompt chunks only) gets the last decode step's depth.
+  // seqs[i] to verify (<= its num_drafts), and the return value the step's depth: the most drafts any
+  // sequence may verify (with `padded`, what each computes; 0 when not drafting). drafting() tells
+  // whether the step runs the MTP pass. A step without decodes (prompt chunks only) keeps the last
+  // decode step's regime and depth.
   int plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
-  // A steady decode step of `batch` sequences verifying `k` drafts each (k = 0: plain, no MTP pass)
-  // took `seconds` from the previous step's results to its own.
-  void observe_cost(int batch, int k, double seconds);
+  bool drafting() const { return last_drafting_; }
+  // A steady decode step of `batch` sequences (every one a decode) took `seconds` from the previous
+  // step's results to its own and emitted `tokens`: drafting (verifying `k` drafts each, 0..K) or not.
+  void observe_step(int batch, bool drafting, int k, int tokens, double seconds);
   // One sequence-step verified `verified` drafts (scores q, or null) and accepted the first `accepted`.
   void observe_acceptance(int verified, int accepted, const float* q, bool sampled);
 
@@ -64,21 +72,33 @@ class SpecGate {
   double acceptance(int j, float q, bool sampled) const;
   // The position's mean over its bins, weighted by how often each was seen.
   double mean_acceptance(int j, bool sampled) const;
-  // The measured cost of a shape, or < 0 while it has fewer than kMinSamples samples.
+  // The measured cost of a drafting step verifying k drafts, or < 0 while it has too few samples.
   double cost(int batch, int k) const;
+  // Measured tokens per second of steady steps in a regime this cycle, or < 0 while too few.
+  double rate(int batch, bool drafting) const;
   int max_k() const { return max_k_; }
   bool padded() const { return padded_; }
 
  private:
   struct Cost {
     double seconds = 0;  // exponential moving average
-    int samples = 0;     // trusted samples since the last reprobe
+    int samples = 0;     // trusted samples this cycle
     int skipped = 0;     // first samples dropped
     int total = 0;       // trusted samples ever
   };
+  struct Rate {
+    double tokens = 0, seconds = 0;
+    int steps = 0, skipped = 0;
+  };
   struct Bucket {
-    std::vector<Cost> by_k;  // [0..K]
+    std::vector<Cost> by_k;      // [0..K]
+    std::vector<int64_t> chose;  // [0..K]: depths chosen this cycle, drafting
+    int64_t plain = 0;           // decisions this cycle not drafting
     int64_t decisions = 0;
+    int size = 1;          // a batch of this bucket (the last seen)
+    bool on = true;        // the regime the last cycle chose (the first one starts drafting)
+    bool probe_on = true;  // this cycle's first probe
+    Rate rate[2];          // [plain, drafting] this cycle
   };
   struct Counts {
     double tried = 0, passed = 0;
@@ -88,6 +108,7 @@ class SpecGate {
     int seq, depth;  // depth 1-based
   };
   Bucket& bucket(int batch);
+  const Bucket* find(int batch) const;
   static int bin(float q) { return q < 0 ? kBins : q >= 1 ? kBins - 1 : int(q * kBins); }
   const Counts& counts(bool sampled, int j, int b) const {
     return counts_[(size_t(sampled) * size_t(max_k_) + size_t(j)) * (kBins + 1) + size_t(b)];
@@ -96,6 +117,12 @@ class SpecGate {
     return counts_[(size_t(sampled) * size_t(max_k_) + size_t(j)) * (kBins + 1) + size_t(b)];
   }
   double step_cost(const Bucket& b, double x) const;
+  // Whether the decision `d` of a cycle drafts (the probes, then the cycle's choice).
+  bool regime(Bucket& b, int64_t d);
+  // The depth while drafting (the admission rule above).
+  int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
+  // The bucket's rates, costs and choices this cycle, as one debug log line.
+  void log_bucket(int bucket, const Bucket& b) const;
 
   int max_k_;
   Mode mode_;
@@ -104,6 +131,7 @@ class SpecGate {
   std::vector<Counts> counts_;     // [sampled][position][bin 0..kBins] (kBins: no score)
   std::vector<Candidate> cand_;    // plan()'s scratch
   int last_depth_;                 // the last decode step's depth (a step without decodes keeps it)
+  bool last_drafting_ = true;      // and whether it drafted
 };
 
 }  // namespace beluga

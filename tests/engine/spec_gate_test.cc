@@ -1,7 +1,8 @@
-// SpecGate's decision: verify drafts only while expected tokens per second beat plain decode at the
-// step's batch bucket, from measured costs and calibrated acceptance; per-draft confidence ranks the
-// drafts ("confidence"), one depth for the batch ("cost"), exploration, outliers, reprobing, padding
-// and "fixed" gating.
+// SpecGate's decisions at a batch bucket: the regime (drafting or plain) by the tokens per second each
+// measured in its probe, held for the rest of the cycle; while drafting, verify drafts only while
+// expected tokens per second beat the MTP pass alone, from measured costs and calibrated acceptance;
+// per-draft confidence ranks the drafts ("confidence"), one depth for the batch ("cost"), exploration,
+// outliers, re-measuring each cycle, padding and "fixed" gating.
 #include "engine/spec_gate.h"
 
 #include <gtest/gtest.h>
@@ -11,10 +12,10 @@ namespace {
 
 using Mode = SpecGate::Mode;
 
-// Feeds `n` steady steps of shape (batch, k) costing `seconds` each (the first is dropped as the
-// graph-recording one).
+// Feeds `n` steady drafting steps of depth k at `batch` costing `seconds` each (the first is dropped
+// as the graph-recording one).
 void feed(SpecGate& g, int batch, int k, double seconds, int n = SpecGate::kMinSamples + 1) {
-  for (int i = 0; i < n; ++i) g.observe_cost(batch, k, seconds);
+  for (int i = 0; i < n; ++i) g.observe_step(batch, true, k, batch, seconds);
 }
 
 // Accepts the first `a` of `v` verified unscored drafts, `n` times.
@@ -34,16 +35,18 @@ TEST(SpecGate, FixedAlwaysVerifiesK) {
   feed(g, 64, 0, 1e-3);
   feed(g, 64, 3, 1.0);  // ignored: fixed gating measures nothing
   EXPECT_EQ(choose(g, 64), 3);
+  EXPECT_TRUE(g.drafting());
   EXPECT_LT(g.cost(64, 3), 0);
 }
 
-TEST(SpecGate, ExploresEachShapeDeepestFirst) {
+TEST(SpecGate, ExploresEachDepthDeepestFirst) {
   SpecGate g(2, Mode::kCost, false);
   EXPECT_EQ(choose(g, 1), 2);
+  EXPECT_TRUE(g.drafting());  // a cycle starts drafting
   feed(g, 1, 2, 1e-3, SpecGate::kSkipSamples + SpecGate::kMinSamples - 1);
   EXPECT_EQ(choose(g, 1), 2);  // one sample short
   EXPECT_LT(g.cost(1, 2), 0);
-  g.observe_cost(1, 2, 1e-3);
+  g.observe_step(1, true, 2, 1, 1e-3);
   EXPECT_DOUBLE_EQ(g.cost(1, 2), 1e-3);
   EXPECT_EQ(choose(g, 1), 1);
   feed(g, 1, 1, 1e-3);
@@ -53,23 +56,25 @@ TEST(SpecGate, ExploresEachShapeDeepestFirst) {
   EXPECT_EQ(choose(g, 1), 2);
 }
 
-TEST(SpecGate, FallsBackToPlainWhereVerifyCostsMoreThanItGains) {
+// While drafting, verifying must pay for its rows against the MTP pass alone (depth 0), at each bucket.
+TEST(SpecGate, VerifiesOnlyWhereItPaysForItsRows) {
   SpecGate g(1, Mode::kCost, false);
   accept(g, 1, 1, 90);
   accept(g, 1, 0, 10);
   EXPECT_NEAR(g.mean_acceptance(0, false), 91.0 / 102.0, 0.05);  // decayed counts, prior 1/2
-  // Batch 1: verify 1.2x a plain step, 1.89 tokens: speculate. Batch 64: verify 2.5x: plain.
+  // Batch 1: verify 1.2x the MTP-only step, 1.89 tokens: verify. Batch 64: 2.5x: depth 0.
   feed(g, 1, 0, 1.0e-3);
   feed(g, 1, 1, 1.2e-3);
   feed(g, 64, 0, 1.0e-3);
   feed(g, 64, 1, 2.5e-3);
   EXPECT_EQ(choose(g, 1), 1);
   EXPECT_EQ(choose(g, 64), 0);
+  EXPECT_TRUE(g.drafting());
   // Batches share their bucket's measurements (48 -> 48, 60 -> 64).
   EXPECT_EQ(choose(g, 60), 0);
   EXPECT_EQ(g.cost(60, 1), g.cost(64, 1));
-  // Speculation must win by 5 %: at break-even (1.2e-3 * ~1.89 = 2.27e-3) less 3 % it stays plain,
-  // less 6 % it speculates.
+  // Verifying must win by 5 %: at break-even (1.2e-3 * ~1.89 = 2.27e-3) less 3 % it does not, less 6 %
+  // it does.
   for (double below : {0.97, 0.94}) {
     SpecGate h(1, Mode::kCost, false);
     accept(h, 1, 1, 90);
@@ -77,6 +82,64 @@ TEST(SpecGate, FallsBackToPlainWhereVerifyCostsMoreThanItGains) {
     feed(h, 64, 0, 1.2e-3);
     feed(h, 64, 1, below * 1.2e-3 * (1 + h.mean_acceptance(0, false)));
     EXPECT_EQ(choose(h, 64), below < 0.95 ? 1 : 0) << below;
+  }
+}
+
+// A simulated server: plain steps cost `plain` seconds for B tokens; drafting steps cost `verify`
+// and accept each draft with probability `acc` (expected B (1 + acc) tokens), the MTP-only step
+// `mtp`. Returns the decisions that drafted and the regime switches over `cycles` cycles at batch 16.
+struct GateRun {
+  int drafted = 0, switches = 0;
+};
+GateRun simulate(SpecGate& g, double plain, double mtp, double verify, double acc, int cycles) {
+  const int B = 16;
+  GateRun r;
+  bool last = true;
+  for (int i = 0; i < cycles * SpecGate::kCycle; ++i) {
+    const int k = choose(g, B, 1);
+    const bool on = g.drafting();
+    r.drafted += on;
+    r.switches += i > 0 && on != last;
+    last = on;
+    if (on) {
+      g.observe_step(B, true, k, int(B * (1 + (k > 0 ? acc : 0))), k > 0 ? verify : mtp);
+      if (k > 0)  // each draft accepted with probability acc, spread evenly
+        for (int j = 0; j < B; ++j)
+          g.observe_acceptance(1, (i * B + j) % 10 < acc * 10 ? 1 : 0, nullptr, false);
+    } else {
+      g.observe_step(B, false, 0, B, plain);
+    }
+  }
+  return r;
+}
+
+// The regime: each cycle probes drafting and plain decode for kProbe decisions each, then keeps the
+// one with more tokens per second (drafting by 5 %) for the rest of the cycle, so it switches at most
+// twice a cycle (never step by step), and follows a change of the costs at the next cycle.
+TEST(SpecGate, EachCycleRunsTheRegimeWithMoreTokensPerSecond) {
+  {  // drafting pays (1.8 tokens for 1.5x the plain step: 1.2x)
+    SpecGate g(1, Mode::kConfidence, true);
+    const GateRun r = simulate(g, 1.0e-3, 1.1e-3, 1.5e-3, 0.8, 3);
+    EXPECT_GE(r.drafted, 3 * (SpecGate::kCycle - SpecGate::kProbe));
+    EXPECT_LE(r.switches, 2 * 3);
+    EXPECT_GT(g.rate(16, true), 1.15 * g.rate(16, false));
+  }
+  {  // it does not (1.8 tokens for 2x: 0.9x): plain but for the drafting probes
+    SpecGate g(1, Mode::kConfidence, true);
+    const GateRun r = simulate(g, 1.0e-3, 1.1e-3, 2.0e-3, 0.8, 3);
+    EXPECT_LE(r.drafted, 3 * SpecGate::kProbe + SpecGate::kProbe);
+    EXPECT_LE(r.switches, 2 * 3 + 1);
+  }
+  {  // within 5 %: plain (1.8 tokens for 1.75x: 1.03x)
+    SpecGate g(1, Mode::kConfidence, true);
+    const GateRun r = simulate(g, 1.0e-3, 1.1e-3, 1.75e-3, 0.8, 2);
+    EXPECT_LE(r.drafted, 3 * SpecGate::kProbe);
+  }
+  {  // costs change: the next cycle follows
+    SpecGate g(1, Mode::kConfidence, true);
+    simulate(g, 1.0e-3, 1.1e-3, 2.0e-3, 0.8, 2);
+    const GateRun r = simulate(g, 1.0e-3, 1.1e-3, 1.3e-3, 0.8, 2);
+    EXPECT_GE(r.drafted, SpecGate::kCycle - SpecGate::kProbe);
   }
 }
 
@@ -94,43 +157,30 @@ TEST(SpecGate, DepthFollowsAcceptancePerPosition) {
   accept(g, 2, 2, 800);
   EXPECT_GT(g.mean_acceptance(0, false) * g.mean_acceptance(1, false), 0.9);
   EXPECT_EQ(choose(g, 8), 2);
-  // Nothing accepted: plain decode.
+  // Nothing accepted: the MTP pass alone.
   accept(g, 2, 0, 1500);
   EXPECT_LT(g.mean_acceptance(0, false), 0.05);
   EXPECT_EQ(choose(g, 8), 0);
+  EXPECT_TRUE(g.drafting());
 }
 
-TEST(SpecGate, DropsStallsAndReprobes) {
+TEST(SpecGate, DropsStallsAndMeasuresAgainEachCycle) {
   SpecGate g(1, Mode::kCost, false);
   accept(g, 1, 1, 100);
   feed(g, 16, 0, 1.0e-3);
   feed(g, 16, 1, 1.1e-3);
   // A stall (an idle engine, a graph recorded at a new width) does not move the average.
-  g.observe_cost(16, 1, 50e-3);
+  g.observe_step(16, true, 1, 16, 50e-3);
   EXPECT_DOUBLE_EQ(g.cost(16, 1), 1.1e-3);
-  // A real rise does: speculation turns unprofitable at this bucket.
+  // A real rise does.
   feed(g, 16, 1, 4.0e-3, 40);
   EXPECT_GT(g.cost(16, 1), 3.5e-3);
-  int plain = 0, spec = 0;
-  for (int i = 0; i < SpecGate::kReprobe; ++i) {
-    const int k = choose(g, 16);
-    (k == 0 ? plain : spec)++;
-    g.observe_cost(16, k, k == 0 ? 1.0e-3 : 4.0e-3);
-  }
-  // Mostly plain, and every kReprobe decisions both shapes are measured again from scratch (the
-  // speculating one for its skipped and trusted samples).
-  EXPECT_GE(spec, 1);
-  EXPECT_LE(spec, SpecGate::kSkipSamples + SpecGate::kMinSamples);
-  EXPECT_GT(plain, SpecGate::kReprobe - 3 * (SpecGate::kSkipSamples + SpecGate::kMinSamples));
-  // A shape whose old cost was inflated (measured cold) is judged by fresh samples at the reprobe:
-  // its steps now cost 1.1 ms, and within one reprobe period the gate speculates again.
-  int after = 0;
-  for (int i = 0; i < 2 * SpecGate::kReprobe; ++i) {
-    const int k = choose(g, 16);
-    if (i >= SpecGate::kReprobe) after += k;
-    g.observe_cost(16, k, k == 0 ? 1.0e-3 : 1.1e-3);
-  }
-  EXPECT_GT(after, SpecGate::kReprobe - 3 * (SpecGate::kSkipSamples + SpecGate::kMinSamples));
+  // A new cycle drops the old costs: every depth is measured again, from scratch, the deepest first.
+  for (int i = 0; i < SpecGate::kCycle; ++i) choose(g, 16);
+  EXPECT_GT(g.cost(16, 1), 3.5e-3);
+  EXPECT_EQ(choose(g, 16), 1);  // the cycle's first decision
+  EXPECT_LT(g.cost(16, 1), 0);
+  EXPECT_LT(g.cost(16, 0), 0);
 }
 
 // Calibration: each score bin learns its own acceptance (decayed counts, a prior at the bin's
@@ -194,10 +244,11 @@ TEST(SpecGate, ConfidenceVerifiesOnlyTheLikelyDrafts) {
   Calibrated cost(Mode::kCost, false);
   EXPECT_EQ(cost.g.plan(8, mixed_step(), admit), 1);
   EXPECT_EQ(admit, std::vector<int>(8, 1));
-  // All unsure: plain decode, no MTP pass.
+  // All unsure: nothing verified, the MTP pass still runs (the drafts stay current).
   static const float lo = 0.12f;
   EXPECT_EQ(c.g.plan(8, std::vector<DraftScores>(8, DraftScores{1, &lo, false}), admit), 0);
   EXPECT_EQ(admit, std::vector<int>(8, 0));
+  EXPECT_TRUE(c.g.drafting());
 }
 
 // A padded backend (graphs) computes every sequence's rows at the step's depth: once one draft is
@@ -227,22 +278,25 @@ TEST(SpecGate, PlansDraftsNotYetProposedAtTheMean) {
   EXPECT_EQ(g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit), 0);
 }
 
-// A step of prompt chunks only has no decode to plan: it keeps the last decode step's regime, so a
-// prompt gets its MTP pass while speculation pays (and none while it does not).
+// A step of prompt chunks only has no decode to plan: it keeps the last decode step's regime and
+// depth, so a prompt gets its MTP pass while drafting (and none while plain).
 TEST(SpecGate, PromptOnlyStepsKeepTheLastRegime) {
   SpecGate g(2, Mode::kConfidence, false);
   std::vector<int> admit;
   EXPECT_EQ(g.plan(4, {}, admit), 2);  // nothing decided yet: speculation gets its chance
+  EXPECT_TRUE(g.drafting());
   accept(g, 2, 2, 200);
   feed(g, 4, 0, 1.0e-3);
   feed(g, 4, 1, 1.1e-3);
   feed(g, 4, 2, 1.2e-3);
   EXPECT_EQ(g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit), 2);
   EXPECT_EQ(g.plan(4, {}, admit), 2);
-  feed(g, 4, 1, 4.0e-3, 40);  // (below 4x the old costs: not dropped as stalls)
-  feed(g, 4, 2, 4.5e-3, 40);
+  // The plain probe: prompt-only steps inside it stay plain.
+  for (int i = 1; i < SpecGate::kProbe; ++i) g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit);
   EXPECT_EQ(g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit), 0);
+  EXPECT_FALSE(g.drafting());
   EXPECT_EQ(g.plan(4, {}, admit), 0);
+  EXPECT_FALSE(g.drafting());
   EXPECT_TRUE(admit.empty());
 }
 
