@@ -60,5 +60,5 @@ for spec in $SPECS; do
   fi
   kill "$pid"
   wait "$pid" || true
-  [ -n "${KEEP_LOGS:-}" ] && cp "$log" "$KEEP_LOGS/serve_${spec//\//_}.log"
+  if [ -n "${KEEP_LOGS:-}" ]; then cp "$log" "$KEEP_LOGS/serve_${spec//\//_}.log"; fi
 done
