@@ -195,6 +195,18 @@ __device__ __forceinline__ uint4 ld_stream_early(const bf16* p) {
 }
 
 // Dot product of 8 BF16 pairs in F32.
+// Eight BF16 values (16 bytes) as F32.
+__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
+  const bf16* b = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = to_f(b[i]);
+}
+// sum_i x[i] * f[i] over eight F32 values x (16-byte aligned, e.g. in shared memory).
+__device__ __forceinline__ float dot8(const float* x, const float (&f)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(x)[0], b = reinterpret_cast<const float4*>(x)[1];
+  return a.x * f[0] + a.y * f[1] + a.z * f[2] + a.w * f[3] + b.x * f[4] + b.y * f[5] + b.z * f[6] +
+         b.w * f[7];
+}
 __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
   const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&w);
   const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&x);

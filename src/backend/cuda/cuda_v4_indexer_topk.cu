@@ -69,19 +69,13 @@ __global__ void __launch_bounds__(kScoreThreads) v4_indexer_scores_kernel(ScoreA
   float dot[kMaxHeadsPerPart] = {};
   const bf16* kj = k + j * kd;
   for (int c8 = 0; c8 < d8; ++c8) {
-    const uint4 kv = reinterpret_cast<const uint4*>(kj)[c8];
-    const bf16* kb = reinterpret_cast<const bf16*>(&kv);
     float kf[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) kf[i] = to_f(kb[i]);
+    unpack8(reinterpret_cast<const uint4*>(kj)[c8], kf);
 #pragma unroll
     for (int hh = 0; hh < kMaxHeadsPerPart; ++hh) {
       const int h = pq + hh * kScoreParts;
       if (h >= a.H) break;
-      const float4* qh = reinterpret_cast<const float4*>(q + h * a.d + c8 * 8);
-      const float4 x0 = qh[0], x1 = qh[1];
-      dot[hh] += x0.x * kf[0] + x0.y * kf[1] + x0.z * kf[2] + x0.w * kf[3] + x1.x * kf[4] + x1.y * kf[5] +
-                 x1.z * kf[6] + x1.w * kf[7];
+      dot[hh] += dot8(q + h * a.d + c8 * 8, kf);
     }
   }
   float s = 0;

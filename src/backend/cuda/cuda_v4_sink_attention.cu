@@ -98,18 +98,10 @@ __global__ void __launch_bounds__(kSinkThreads) v4_sink_attention_kernel(SinkArg
       float dot[HW] = {};
       const uint4* kj = reinterpret_cast<const uint4*>(kv_s + lane * ld);
       for (int c8 = c_lo; c8 < c_hi; ++c8) {
-        const uint4 kv = kj[c8];
-        const bf16* kb = reinterpret_cast<const bf16*>(&kv);
         float kf[8];
+        unpack8(kj[c8], kf);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) kf[i] = to_f(kb[i]);
-#pragma unroll
-        for (int hh = 0; hh < HW; ++hh) {
-          const float4* qh = reinterpret_cast<const float4*>(q_s + (g0 + hh) * a.D + c8 * 8);
-          const float4 x0 = qh[0], x1 = qh[1];
-          dot[hh] += x0.x * kf[0] + x0.y * kf[1] + x0.z * kf[2] + x0.w * kf[3] + x1.x * kf[4] + x1.y * kf[5] +
-                     x1.z * kf[6] + x1.w * kf[7];
-        }
+        for (int hh = 0; hh < HW; ++hh) dot[hh] += dot8(q_s + (g0 + hh) * a.D + c8 * 8, kf);
       }
 #pragma unroll
       for (int hh = 0; hh < HW; ++hh) part[((g0 + hh) * P + pi) * kSinkTile + lane] = dot[hh];
