@@ -5,7 +5,7 @@
 # (32K, 128K) at batch 1 and 16 beside V2-Lite's MLA, with graphs and with --enforce-eager.
 #   BELUGA=... TEST_GPU=... [OLD=beluga of the commit before, for a same-run baseline] bench/v4_gpu.sh
 # TESTS=0 skips the tests, SHORT=0 the 4K points, LONG=0 the long-context ones, MLA=0 V2-Lite's, PROFILE=0
-# the per-op profile, SERVE=0 the serving check. Results in $OUT.
+# the per-op profile, SERVE=0 the serving check; BIG=1 adds batch 64 and 256 at long context. Results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -55,6 +55,13 @@ if [[ "${LONG:-1}" != 0 ]]; then
   LONGA=(--max-model-len 140000 --decode-batches 1,16 --decode-contexts 32768,131072 --prefill-lens 2048 --steps 4)
   point v4_long "$BELUGA" "$V4" "${LONGA[@]}"
   [[ -n "${OLD:-}" ]] && point v4_long_before "$OLD" "$V4" "${LONGA[@]}"
+fi
+# Large batches at long context (their cache needs fewer layers on one GPU: LAYERS=1 RATIOS=4, a CSA layer).
+if [[ "${BIG:-0}" != 0 ]]; then
+  point v4_big_b64 "$BELUGA" "$V4" --max-model-len 140000 --decode-batches 64 --decode-contexts 4096,32768,131072 \
+    --prefill-lens 2048 --steps 4
+  point v4_big_b256 "$BELUGA" "$V4" --max-model-len 140000 --decode-batches 256 --decode-contexts 4096,32768 \
+    --prefill-lens 2048 --steps 4
 fi
 # V2-Lite's MLA (V3's attention) at the same contexts; batch 16 at 128K does not fit an H100 (65 GB of
 # cache beside 30 GB of weights).
