@@ -37,6 +37,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "engine/generator.h"
+#include "gpu_test_support.h"
 #include "loader/safetensors.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
@@ -44,91 +45,25 @@
 namespace beluga {
 namespace {
 
-std::string source_dir() {
-  const char* e = std::getenv("BELUGA_SOURCE_DIR");
-  return e && *e ? std::string(e) : std::string(BELUGA_SOURCE_DIR);
-}
+using namespace gpu_test;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-class V4GpuOps : public ::testing::Test {
+// The GpuOps fixture with inputs from a fixed seed (these tests' thresholds were set on them).
+class V4GpuOps : public GpuOps {
  protected:
-  void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-    gpu = std::make_unique<CudaOps>();
-  }
   std::vector<float> rand_bf16(size_t n, float scale = 1.0f) {
     std::uniform_real_distribution<float> d(-scale, scale);
     std::vector<float> v(n);
     for (auto& x : v) x = bf16_to_f32(f32_to_bf16(d(rng)));
     return v;
   }
-  Tensor cpu_t(std::vector<float> v, std::initializer_list<int64_t> shape) {
-    keep.push_back(std::move(v));
-    return Tensor::make(keep.back().data(), DType::kF32, shape);
-  }
   Tensor cpu_zeros(std::initializer_list<int64_t> shape) {
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
     return cpu_t(std::vector<float>(size_t(n)), shape);
   }
-  Tensor gpu_t(const std::vector<float>& v, std::initializer_list<int64_t> shape, DType dt = DType::kBF16) {
-    Tensor t = gpu->scratch(dt, shape);
-    if (dt == DType::kF32) {
-      gpu->copy_from_host(t, v.data());
-    } else {
-      std::vector<uint16_t> b(v.size());
-      for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-      gpu->copy_from_host(t, b.data());
-    }
-    gpu->synchronize();  // the staging copies above must not outlive `b`
-    return t;
-  }
-  Tensor gpu_i32(const std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
-    Tensor t = gpu->scratch(DType::kI32, shape);
-    gpu->copy_from_host(t, v.data());
-    return t;
-  }
-  Tensor gpu_out(std::initializer_list<int64_t> shape, DType dt = DType::kBF16) {
-    Tensor t = gpu->scratch(dt, shape);
-    cudaMemsetAsync(t.data, 0xff, t.nbytes(), static_cast<cudaStream_t>(gpu->stream()));  // NaN: unwritten
-    return t;
-  }
-  std::vector<float> read(const Tensor& t) {
-    std::vector<float> out(size_t(t.numel()));
-    if (t.dtype == DType::kF32) {
-      gpu->copy_to_host(t, out.data());
-    } else {
-      std::vector<uint16_t> b(out.size());
-      gpu->copy_to_host(t, b.data());
-      for (size_t i = 0; i < b.size(); ++i) out[i] = bf16_to_f32(b[i]);
-    }
-    return out;
-  }
-  std::vector<int32_t> read_i32(const Tensor& t) {
-    std::vector<int32_t> out(size_t(t.numel()));
-    gpu->copy_to_host(t, out.data());
-    return out;
-  }
-  static std::vector<float> host(const Tensor& t) { return {t.ptr<float>(), t.ptr<float>() + t.numel()}; }
+  static std::vector<float> host(const Tensor& t) { return read_cpu(t); }
 
   std::mt19937_64 rng{20};
-  CpuOps cpu;
-  std::unique_ptr<CudaOps> gpu;
-  std::vector<std::vector<float>> keep;
 };
 
 TEST_F(V4GpuOps, HyperConnectionWeightsAndHead) {

@@ -1,0 +1,158 @@
+// GPU tests: the GEMMs (cuBLAS linear with BF16 / FP8 / F32 weights, norm_linear, per-head products)
+// against the CPU backend. Bounds (relative L2, NaN never passes): 2e-2 (BF16 outputs).
+// Not part of ctest: tests/gpu/run.sh runs test_gpu on a machine with a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+
+#include "gpu_test_support.h"
+
+namespace beluga {
+namespace {
+
+using namespace gpu_test;
+
+// ---- GEMMs ----
+TEST_F(GpuOps, Linear) {
+  // M <= 4, N >= 256, K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven; K <= 128: several
+  // rows per warp); the rest: cuBLAS.
+  for (auto [M, N, K] : {std::tuple{1, 2112, 2048},
+                         {3, 3072, 2048},
+                         {4, 512, 1408},
+                         {2, 301, 64},   // 8 lanes per row, units past N in the last warp
+                         {1, 260, 120},  // 16 lanes per row, K8 = 15
+                         {1, 64, 2048},
+                         {2, 100, 100},
+                         {17, 576, 2048},
+                         {300, 1024, 512}}) {
+    auto x = rand_bf16(size_t(M) * K), w = rand_bf16(size_t(N) * K, 0.05f), b = rand_bf16(N);
+    std::vector<uint16_t> wb(w.size());
+    for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+    Weight cw;
+    cw.w = Tensor::make(wb.data(), DType::kBF16, {N, K});
+    cw.bias = cpu_t(b, {N});
+    Tensor co = cpu_t(std::vector<float>(size_t(M) * N), {M, N});
+    cpu.linear(co, cpu_t(x, {M, K}), cw);
+    Weight gw;
+    gw.w = gpu->upload(cw.w);
+    gw.bias = gpu_t(b, {N});
+    for (DType odt : {DType::kBF16, DType::kF32}) {
+      Tensor go = gpu_out({M, N}, odt);
+      gpu->linear(go, gpu_t(x, {M, K}), gw);
+      EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2) << M << "x" << N << "x" << K;
+    }
+  }
+}
+
+// norm_linear (add_rmsnorm folded into the decode GEMV) leaves the product, the residual and the
+// normalized rows bit-identical to add_rmsnorm + linear on the same backend, and matches the CPU.
+// M 1..4 take the fused kernel (with and without a delta; BF16 and F32 outputs); 6 rows and a
+// biased weight fall back to the composition. Each case runs twice: the arrival counter must be back
+// at 0 after a call.
+TEST_F(GpuOps, NormLinearMatchesComposed) {
+  const int D = 2048;
+  const auto nw = rand_bf16(D);
+  for (auto [M, N, with_delta, bias, odt] : {std::tuple{1, 3648, true, false, DType::kBF16},
+                                             {1, 2048, false, false, DType::kF32},
+                                             {3, 2816, true, false, DType::kBF16},
+                                             {4, 1024, true, false, DType::kF32},
+                                             {6, 512, true, false, DType::kBF16},
+                                             {1, 512, true, true, DType::kBF16}}) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " delta " << with_delta << " bias "
+                                    << bias);
+    const auto r = rand_bf16(size_t(M) * D), d = rand_bf16(size_t(M) * D),
+               w = rand_bf16(size_t(N) * D, 0.05f);
+    Weight gw;
+    gw.w = gpu_t(w, {N, D});
+    if (bias) gw.bias = gpu_t(rand_bf16(N), {N});
+    const Tensor gnw = gpu_t(nw, {D}, DType::kF32), gd = gpu_t(d, {M, D}), gres = gpu_t(r, {M, D});
+    // The composition on the GPU: add_rmsnorm in place.
+    Tensor ref_res = gpu_t(r, {M, D}), ref_x = gpu_out({M, D}), ref = gpu_out({M, N}, odt);
+    gpu->normalize({ref_res, with_delta ? gd : Tensor{}, gnw, ref_x, 1e-6f, Tensor{}});
+    gpu->linear(ref, ref_x, gw);
+    // The CPU.
+    Tensor cres = cpu_t(r, {M, D}), cx = cpu_t(std::vector<float>(size_t(M) * D), {M, D});
+    Weight cw;
+    cw.w = cpu_t(w, {N, D});
+    cpu.normalize({cres, with_delta ? cpu_t(d, {M, D}) : Tensor{}, cpu_t(nw, {D}), cx, 1e-6f, Tensor{}});
+    Tensor co = cpu_t(std::vector<float>(size_t(M) * N), {M, N});
+    cpu.linear(co, cx, cw);
+    for (int rep = 0; rep < 2; ++rep) {
+      // Out of place (as the model runs it): gres stays, res_out gets the sum.
+      Tensor res_out = gpu_out({M, D}), x = gpu_out({M, D}), out = gpu_out({M, N}, odt);
+      gpu->norm_linear(out, {gres, with_delta ? gd : Tensor{}, gnw, x, 1e-6f, res_out}, gw);
+      EXPECT_EQ(read(gres), r) << "rep " << rep;
+      if (with_delta) {
+        EXPECT_EQ(read(res_out), read(ref_res)) << "rep " << rep;
+      }
+      EXPECT_EQ(read(x), read(ref_x)) << "rep " << rep;
+      EXPECT_EQ(read(out), read(ref)) << "rep " << rep;
+      if (!bias) {
+        EXPECT_LE(rel_l2(read(out), read_cpu(co)), 2e-2) << "rep " << rep;
+      }
+    }
+  }
+}
+
+TEST_F(GpuOps, LinearFp8AndF32Weights) {
+  const int M = 5, N = 256, K = 384;
+  std::vector<uint8_t> w8(size_t(N) * K);
+  for (auto& v : w8) {
+    v = uint8_t(rng()() & 0xff);
+    if ((v & 0x7f) == 0x7f) v = 0x30;
+  }
+  std::vector<float> sc = {0.01f, 0.02f, 0.005f, 0.03f, 0.01f, 0.02f};  // [2, 3]
+  Weight cw;
+  cw.w = Tensor::make(w8.data(), DType::kF8E4M3, {N, K});
+  cw.scale = cpu_t(sc, {2, 3});
+  auto x = rand_bf16(size_t(M) * K);
+  Tensor co = cpu_t(std::vector<float>(size_t(M) * N), {M, N});
+  cpu.linear(co, cpu_t(x, {M, K}), cw);
+  Weight gw;
+  gw.w = gpu->upload(cw.w);
+  gw.scale = gpu->upload(cw.scale);
+  Tensor go = gpu_out({M, N});
+  gpu->linear(go, gpu_t(x, {M, K}), gw);
+  EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2);
+
+  auto wf = rand_bf16(size_t(N) * K, 0.05f);
+  Weight cf;
+  cf.w = cpu_t(wf, {N, K});
+  cpu.linear(co, cpu_t(x, {M, K}), cf);
+  Weight gf;
+  gf.w = gpu->upload(cf.w);
+  Tensor go2 = gpu_out({M, N}, DType::kF32);
+  gpu->linear(go2, gpu_t(x, {M, K}), gf);
+  EXPECT_LE(rel_l2(read(go2), read_cpu(co)), 2e-2);
+}
+
+TEST_F(GpuOps, LinearHeads) {
+  for (int T : {1, 3, 33}) {  // 1, 3: the per-head GEMV; 33: cuBLAS batched
+    const int H = 16, K = 128, N = 512;
+    auto x = rand_bf16(size_t(T) * H * 192), w = rand_bf16(size_t(H) * N * K, 0.1f);
+    Tensor cw = cpu_t(w, {H, N, K});
+    Tensor cx = cpu_t(x, {T, H, 192});
+    Tensor co = cpu_t(std::vector<float>(size_t(T) * H * 576), {T, H, 576});
+    cpu.linear_heads(co.cols(0, N), cx.cols(0, K), cw);
+    Tensor go = gpu_out({T, H, 576});
+    Tensor gw = gpu_t(w, {H, N, K});
+    gpu->linear_heads(go.cols(0, N), gpu_t(x, {T, H, 192}).cols(0, K), gw);
+    auto a = read(go), b = read_cpu(co);
+    std::vector<float> a2, b2;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (i % 576 < size_t(N)) {
+        a2.push_back(a[i]);
+        b2.push_back(b[i]);
+      }
+    EXPECT_LE(rel_l2(a2, b2), 2e-2) << "T " << T;
+  }
+}
+
+}  // namespace
+}  // namespace beluga
