@@ -19,30 +19,17 @@
 #include "backend/cuda/cuda_ops.h"
 #include "engine/engine.h"
 #include "engine/spec_config.h"
+#include "gpu_test_support.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
 
 namespace beluga {
 namespace {
 
+using namespace gpu_test;
+
 std::string demo_dir() {
-  const char* e = std::getenv("BELUGA_SOURCE_DIR");
-  return (e && *e ? std::string(e) : std::string(BELUGA_SOURCE_DIR)) + "/models/beluga-demo-coder-mtp";
-}
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += double(a[i] - ref[i]) * (a[i] - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
+  return source_dir() + "/models/beluga-demo-coder-mtp";
 }
 
 std::vector<float> to_host_f32(CudaOps& ops, const Tensor& t, int64_t rows) {
