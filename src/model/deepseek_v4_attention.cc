@@ -154,15 +154,20 @@ void v4_attention(Ops& ops, const ModelConfig& c, const V4AttentionWeights& w, c
   // K = V carried the keys' rotation into the output: undo it at the query's position.
   rope_tail(ops, merge_heads(o), H, hd, pos, rope_inv);
 
-  // Grouped output projection: each group of heads to its own rank-r slice, then one mix to D.
+  // Grouped output projection: each group of heads to its own rank-r slice (one per-group product,
+  // or a linear per group for FP8 weights, whose block scales split with the rows), then one mix to D.
   const int64_t in_g = H * hd / G;
   Tensor oa = ops.scratch(act, {T, G * r});
   Tensor heads = merge_heads(o);
-  for (int64_t g = 0; g < G; ++g) {
-    Weight wg = w.wo_a;
-    wg.w = w.wo_a.w.rows(g * r, (g + 1) * r);
-    if (!wg.scale.empty()) wg.scale = w.wo_a.scale.rows(g * r / wg.block_n, (g + 1) * r / wg.block_n);
-    ops.linear(oa.cols(g * r, (g + 1) * r), heads.cols(g * in_g, (g + 1) * in_g), wg);
+  if (w.wo_a.scale.empty()) {
+    ops.linear_heads(split_heads(oa, G, r), split_heads(heads, G, in_g), w.wo_a.w.reshape({G, r, in_g}));
+  } else {
+    for (int64_t g = 0; g < G; ++g) {
+      Weight wg = w.wo_a;
+      wg.w = w.wo_a.w.rows(g * r, (g + 1) * r);
+      wg.scale = w.wo_a.scale.rows(g * r / wg.block_n, (g + 1) * r / wg.block_n);
+      ops.linear(oa.cols(g * r, (g + 1) * r), heads.cols(g * in_g, (g + 1) * in_g), wg);
+    }
   }
   ops.linear(out, oa, w.wo_b);
 }
