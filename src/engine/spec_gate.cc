@@ -34,7 +34,6 @@ SpecGate::SpecGate(int max_k, Mode mode, bool padded)
 
 SpecGate::Bucket& SpecGate::bucket(int batch) {
   Bucket& b = buckets_[DecodeGraphs::batch_bucket(std::max(1, batch))];
-  b.size = std::max(1, batch);
   if (b.by_k.empty()) {
     b.by_k.resize(size_t(max_k_) + 1);
     b.chose.resize(size_t(max_k_) + 1);
@@ -47,23 +46,37 @@ const SpecGate::Bucket* SpecGate::find(int batch) const {
   return it == buckets_.end() ? nullptr : &it->second;
 }
 
+int SpecGate::band_of(int batch) {
+  int b = 1;
+  while (b < batch) b *= 4;
+  return b;
+}
+
+namespace {
+std::string fixed3(double v) {
+  char x[32];
+  std::snprintf(x, sizeof x, "%.3f", v);
+  return x;
+}
+}  // namespace
+
+void SpecGate::log_band(int band, const Band& r) const {
+  if (!log::enabled(log::Level::kDebug)) return;
+  auto tps = [&](const Rate& x) { return x.seconds > 0 ? fixed3(x.tokens / x.seconds) : std::string("-"); };
+  log::debug("engine", "spec gate: batch band ", band, ", ", r.decisions, " decisions: tokens/s plain ",
+             tps(r.rate[0]), " (", r.rate[0].steps, " steps) drafting ", tps(r.rate[1]), " (",
+             r.rate[1].steps, " steps); chose plain ", r.plain);
+}
+
 void SpecGate::log_bucket(int bucket, const Bucket& b) const {
   if (!log::enabled(log::Level::kDebug)) return;
-  auto fmt = [](double v) {
-    char x[32];
-    std::snprintf(x, sizeof x, "%.3f", v);
-    return std::string(x);
-  };
-  auto tps = [&](const Rate& r) { return r.seconds > 0 ? fmt(r.tokens / r.seconds) : std::string("-"); };
-  std::string line = str("spec gate: batch bucket ", bucket, ", ", b.decisions, " decisions: tokens/s plain ",
-                         tps(b.rate[0]), " (", b.rate[0].steps, " steps) drafting ", tps(b.rate[1]), " (",
-                         b.rate[1].steps, " steps); chose plain ", b.plain);
+  std::string line = str("spec gate: batch bucket ", bucket, ", ", b.decisions, " decisions:");
   for (int k = 0; k <= max_k_; ++k) {
     const Cost& c = b.by_k[size_t(k)];
-    line += str(", depth ", k, " ", b.chose[size_t(k)], " (", fmt(c.seconds * 1e3), " ms, ", c.samples,
+    line += str(" depth ", k, " ", b.chose[size_t(k)], " (", fixed3(c.seconds * 1e3), " ms, ", c.samples,
                 " samples)");
   }
-  for (int j = 0; j < max_k_; ++j) line += str("; acceptance ", j, " ", fmt(mean_acceptance(j, false)));
+  for (int j = 0; j < max_k_; ++j) line += str("; acceptance ", j, " ", fixed3(mean_acceptance(j, false)));
   log::debug("engine", line);
 }
 
@@ -93,9 +106,9 @@ double SpecGate::cost(int batch, int k) const {
 }
 
 double SpecGate::rate(int batch, bool drafting) const {
-  const Bucket* b = find(batch);
-  if (!b) return -1;
-  const Rate& r = b->rate[drafting ? 1 : 0];
+  auto it = bands_.find(band_of(std::max(1, batch)));
+  if (it == bands_.end()) return -1;
+  const Rate& r = it->second.rate[drafting ? 1 : 0];
   return r.steps >= kMinSamples && r.seconds > 0 ? r.tokens / r.seconds : -1;
 }
 
@@ -106,21 +119,20 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
   return (1 - w) * b.by_k[size_t(lo)].seconds + w * b.by_k[size_t(hi)].seconds;
 }
 
-bool SpecGate::regime(Bucket& b, int64_t d) {
-  if (d < kProbe) return b.probe_on;
-  if (d < 2 * kProbe) return !b.probe_on;
+bool SpecGate::regime(Band& r, int band, int64_t d) {
+  if (d < kProbe) return r.probe_on;
+  if (d < 2 * kProbe) return !r.probe_on;
   if (d == 2 * kProbe) {
     // The probes' measured tokens per second; too few steady steps in either (a busy server's steps
     // carry prompts): keep the regime in force.
-    const Rate &off = b.rate[0], &on = b.rate[1];
+    const Rate &off = r.rate[0], &on = r.rate[1];
     if (off.steps >= kMinSamples && on.steps >= kMinSamples && off.seconds > 0 && on.seconds > 0)
-      b.on = on.tokens / on.seconds > kMinGain * (off.tokens / off.seconds);
-    log::debug("engine", "spec gate: batch bucket ", DecodeGraphs::batch_bucket(b.size), ": probes ",
-               on.steps, " drafting steps, ", on.tokens, " tokens in ", on.seconds * 1e3, " ms; ", off.steps,
-               " plain steps, ", off.tokens, " tokens in ", off.seconds * 1e3,
-               " ms: ", b.on ? "drafting" : "plain");
+      r.on = on.tokens / on.seconds > kMinGain * (off.tokens / off.seconds);
+    log::debug("engine", "spec gate: batch band ", band, ": probes ", on.steps, " drafting steps, ",
+               on.tokens, " tokens in ", on.seconds * 1e3, " ms; ", off.steps, " plain steps, ", off.tokens,
+               " tokens in ", off.seconds * 1e3, " ms: ", r.on ? "drafting" : "plain");
   }
-  return b.on;
+  return r.on;
 }
 
 int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit) {
@@ -134,20 +146,26 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
   // drafting a prompt still gets its MTP pass (its MTP KV and first drafts).
   if (seqs.empty()) return last_depth_;
   batch = std::max(1, batch);
+  const int band_id = band_of(batch);
+  Band& r = bands_[band_id];
+  const int64_t d = r.decisions % kCycle;
+  if (d == 0 && r.decisions > 0) {  // a new cycle: the rates measured again, from scratch
+    log_band(band_id, r);
+    r.rate[0] = r.rate[1] = Rate{};
+    r.plain = 0;
+    r.probe_on = r.on;  // probe the regime in force first: one switch less when it stays
+  }
+  r.decisions++;
   Bucket& b = bucket(batch);
-  const int64_t d = b.decisions % kCycle;
-  if (d == 0 && b.decisions > 0) {  // a new cycle: every rate and cost measured again, from scratch
+  if (b.decisions % kCycle == 0 && b.decisions > 0) {  // and the depths' costs, at their own pace
     log_bucket(DecodeGraphs::batch_bucket(batch), b);
     for (Cost& c : b.by_k) c = Cost{};
-    b.rate[0] = b.rate[1] = Rate{};
     std::fill(b.chose.begin(), b.chose.end(), 0);
-    b.plain = 0;
-    b.probe_on = b.on;  // probe the regime in force first: one switch less when it stays
   }
   b.decisions++;
-  last_drafting_ = regime(b, d);
+  last_drafting_ = regime(r, band_id, d);
   if (!last_drafting_) {
-    b.plain++;
+    r.plain++;
     return last_depth_ = 0;
   }
   const int k = depth(b, batch, seqs, admit);
@@ -221,7 +239,7 @@ int SpecGate::depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, 
 void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double seconds) {
   if (mode_ == Mode::kFixed || !(seconds > 0) || tokens <= 0) return;
   Bucket& b = bucket(batch);
-  Rate& r = b.rate[drafting ? 1 : 0];
+  Rate& r = band(batch).rate[drafting ? 1 : 0];
   // The first steady steps of a regime in a cycle are its switching transient (a drafting step after
   // plain ones only proposes; graphs are recorded): dropped, like stalls. The drafting probe includes
   // the depths' exploration: a cost of drafting, paid each cycle.

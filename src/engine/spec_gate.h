@@ -1,11 +1,11 @@
 // SpecGate: which draft tokens a decode step verifies (DESIGN.md §3: the proposer's confidence and the
-// verifier's profiled cost). Single-threaded: the engine thread owns it. Two levels, per batch bucket
-// (DecodeGraphs::batch_bucket):
+// verifier's profiled cost). Single-threaded: the engine thread owns it. Two levels:
 //
-// Regime: drafting on (every eligible decode runs the MTP pass, so its drafts and its MTP KV stay
-// current, whatever is verified) or off (plain decode: no MTP pass, no verify rows; steps overlap).
-// Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts with
-// kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
+// Regime, per load band (the batch up to 1, 4, 16, 64, 256, ...: a batch that crosses a bucket edge
+// under load keeps its regime): drafting on (every eligible decode runs the MTP pass, so its drafts
+// and its MTP KV stay current, whatever is verified) or off (plain decode: no MTP pass, no verify rows;
+// steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
+// with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
 // must win by 5 %) until the next cycle. Switching per step cost more than either regime: a step after
 // plain steps only proposes, speculating steps do not overlap, and positions decoded plainly leave holes
 // in the MTP KV that lower acceptance for the rest of the sequence (H100 run 280: K=1 switching per step
@@ -17,7 +17,8 @@
 // equal bins) with decayed counts and a prior at the bin's centre (no score: a prior of 1/2 in a bin of
 // its own). A draft's survival is the product of the calibrated acceptances of it and the drafts before
 // it. Cost: cost(B, x), the measured period of steady drafting steps at B's bucket verifying x drafts per
-// sequence at each uniform depth 0..K (0: the MTP pass only); linear in between. Admission
+// sequence at each uniform depth 0..K (0: the MTP pass only), per batch bucket (DecodeGraphs::batch_bucket:
+// a graph shape); linear in between. Admission
 // ("confidence"): the step's candidate drafts in order of survival (a sequence's own drafts in order),
 // and the engine verifies the prefix that maximises expected tokens per second,
 //   (B + sum of admitted survivals) / cost(B, x),   x = admitted drafts / B,
@@ -74,7 +75,8 @@ class SpecGate {
   double mean_acceptance(int j, bool sampled) const;
   // The measured cost of a drafting step verifying k drafts, or < 0 while it has too few samples.
   double cost(int batch, int k) const;
-  // Measured tokens per second of steady steps in a regime this cycle, or < 0 while too few.
+  // Measured tokens per second of steady steps in a regime this cycle at the batch's band, or < 0
+  // while too few.
   double rate(int batch, bool drafting) const;
   int max_k() const { return max_k_; }
   bool padded() const { return padded_; }
@@ -90,12 +92,17 @@ class SpecGate {
     double tokens = 0, seconds = 0;
     int steps = 0, skipped = 0;
   };
+  // The depths' costs and choices, per batch bucket (a graph shape).
   struct Bucket {
     std::vector<Cost> by_k;      // [0..K]
     std::vector<int64_t> chose;  // [0..K]: depths chosen this cycle, drafting
-    int64_t plain = 0;           // decisions this cycle not drafting
     int64_t decisions = 0;
-    int size = 1;          // a batch of this bucket (the last seen)
+  };
+  // The regime, per load band (batch up to 1, 4, 16, 64, 256, ...): coarser than the buckets, so a
+  // batch that moves across a bucket edge under load (48 / 64) keeps one regime.
+  struct Band {
+    int64_t decisions = 0;
+    int64_t plain = 0;     // decisions this cycle not drafting
     bool on = true;        // the regime the last cycle chose (the first one starts drafting)
     bool probe_on = true;  // this cycle's first probe
     Rate rate[2];          // [plain, drafting] this cycle
@@ -109,6 +116,8 @@ class SpecGate {
   };
   Bucket& bucket(int batch);
   const Bucket* find(int batch) const;
+  static int band_of(int batch);
+  Band& band(int batch) { return bands_[band_of(batch)]; }
   static int bin(float q) { return q < 0 ? kBins : q >= 1 ? kBins - 1 : int(q * kBins); }
   const Counts& counts(bool sampled, int j, int b) const {
     return counts_[(size_t(sampled) * size_t(max_k_) + size_t(j)) * (kBins + 1) + size_t(b)];
@@ -117,17 +126,19 @@ class SpecGate {
     return counts_[(size_t(sampled) * size_t(max_k_) + size_t(j)) * (kBins + 1) + size_t(b)];
   }
   double step_cost(const Bucket& b, double x) const;
-  // Whether the decision `d` of a cycle drafts (the probes, then the cycle's choice).
-  bool regime(Bucket& b, int64_t d);
+  // Whether the decision `d` of a band's cycle drafts (the probes, then the cycle's choice).
+  bool regime(Band& r, int band, int64_t d);
   // The depth while drafting (the admission rule above).
   int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
-  // The bucket's rates, costs and choices this cycle, as one debug log line.
+  // A band's rates and a bucket's costs and choices this cycle, as debug log lines.
+  void log_band(int band, const Band& r) const;
   void log_bucket(int bucket, const Bucket& b) const;
 
   int max_k_;
   Mode mode_;
   bool padded_;
   std::map<int, Bucket> buckets_;  // batch bucket -> costs
+  std::map<int, Band> bands_;      // load band -> regime
   std::vector<Counts> counts_;     // [sampled][position][bin 0..kBins] (kBins: no score)
   std::vector<Candidate> cand_;    // plan()'s scratch
   int last_depth_;                 // the last decode step's depth (a step without decodes keeps it)

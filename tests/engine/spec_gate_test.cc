@@ -143,6 +143,31 @@ TEST(SpecGate, EachCycleRunsTheRegimeWithMoreTokensPerSecond) {
   }
 }
 
+// Under load the batch moves across bucket edges (48 / 64): the regime belongs to the load band
+// (up to 64 here), so such a batch never switches between regimes step by step; the depths' costs stay
+// per bucket (each its own graph shape).
+TEST(SpecGate, ABatchCrossingABucketEdgeKeepsItsRegime) {
+  SpecGate g(1, Mode::kConfidence, true);
+  int switches = 0;
+  bool last = true;
+  for (int i = 0; i < 2 * SpecGate::kCycle; ++i) {
+    const int B = i % 3 == 0 ? 48 : 64;
+    const int k = choose(g, B, 1);
+    const bool on = g.drafting();
+    switches += i > 0 && on != last;
+    last = on;
+    // Drafting pays at both sizes: 1.8 tokens a sequence for 1.5x a plain step.
+    g.observe_step(B, on, k, on && k > 0 ? int(B * 1.8) : B, on && k > 0 ? 1.5e-3 : 1.0e-3);
+    if (on && k > 0)
+      for (int j = 0; j < B; ++j) g.observe_acceptance(1, (i * B + j) % 10 < 8 ? 1 : 0, nullptr, false);
+  }
+  EXPECT_LE(switches, 2 * 2);
+  EXPECT_EQ(g.rate(48, true), g.rate(64, true));  // one band
+  EXPECT_GT(g.rate(64, true), 1.15 * g.rate(64, false));
+  EXPECT_NE(g.cost(48, 1), -1);
+  EXPECT_NE(g.cost(64, 1), -1);
+}
+
 TEST(SpecGate, DepthFollowsAcceptancePerPosition) {
   SpecGate g(2, Mode::kCost, false);
   feed(g, 8, 0, 1.0e-3);
