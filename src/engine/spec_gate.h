@@ -6,10 +6,11 @@
 // and its MTP KV stay current, whatever is verified) or off (plain decode: no MTP pass, no verify rows;
 // steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
 // with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
-// must win by 5 %) until the next cycle. Switching per step cost more than either regime: a step after
-// plain steps only proposes, speculating steps do not overlap, and positions decoded plainly leave holes
-// in the MTP KV that lower acceptance for the rest of the sequence (H100 run 280: K=1 switching per step
-// ran 0.84x plain decode where always drafting ran 1.20x).
+// must win by 10 %: the steady steps leave out the MTP pass it adds to prompt steps) until the next cycle.
+// Switching per step cost more than either regime: a step after plain steps only proposes, speculating steps
+// do not overlap, and positions decoded plainly leave holes in the MTP KV that lower acceptance for the rest
+// of the sequence (H100 run 280: K=1 switching per step ran 0.84x plain decode where always drafting
+// ran 1.20x).
 //
 // Depth, while drafting. Confidence: draft j (0-based) of a sequence carries a raw score q, the MTP head's
 // softmax probability of its own token (none, q < 0, for prompt lookup). Calibrated online: P(draft j
