@@ -10,7 +10,6 @@ namespace beluga::cuda {
 
 struct V4Step {
   const int32_t* query_start;  // [num_seqs + 1]
-  const int32_t* context_len;  // [num_seqs]
   const int32_t* block_table;  // [num_seqs, max_blocks]
   const int32_t* positions;    // [T]
   const int32_t* slots;        // [T]: < 0 for a graph's padding rows (they write nothing)
@@ -18,19 +17,17 @@ struct V4Step {
 };
 
 inline V4Step v4_step(const AttnMeta& m) {
-  return {m.query_start, m.context_len, m.block_table, m.positions, m.slot_mapping, m.num_seqs, m.max_blocks};
+  return {m.query_start, m.block_table, m.positions, m.slot_mapping, m.num_seqs, m.max_blocks};
 }
 
-// Row t's sequence: its block table and the position just past its last row in this step (entries
-// complete by then are the ones a full forward over the same tokens would have).
+// Row t's block table (its sequence's) and position.
 struct V4Row {
   const int32_t* table;
-  int pos, end;
+  int pos;
 };
 __device__ __forceinline__ V4Row v4_row(const V4Step& s, int t) {
   const int q = seq_of_token(s.query_start, s.num_seqs, t);
-  return {s.block_table + int64_t(q) * s.max_blocks, s.positions[t],
-          s.context_len[q] + s.query_start[q + 1] - s.query_start[q]};
+  return {s.block_table + int64_t(q) * s.max_blocks, s.positions[t]};
 }
 
 // Cache rows (flat [blocks * rows per block, width] views) of token p and of entry e at `rate`.
