@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Summarises a BELUGA_TRACE file (Chrome-trace JSON written by the engine): host time per loop
-iteration split by span, the model runner's forward time, and how much of the host work ran while a
-forward was in flight (hidden behind it).
+iteration split by span, the model runner's forward time, how much of the host work ran while a
+forward was in flight (hidden behind it), and the gap between one forward's end and the next one's
+start on the runner thread (what the device waits for the host between steps: a step launched early
+starts right after the one ahead of it).
 
 usage: scripts/trace_summary.py TRACE.json [--skip-first N]
 """
@@ -58,7 +60,8 @@ def main():
         s[0] += 1
         s[1] += e["dur"]
         s[2] += hidden(e)
-    order = ["admit", "schedule", "wait", "sample", "build batch", "launch", "deliver"]
+    order = ["admit", "schedule", "build batch (early)", "launch (early)", "wait", "sample",
+             "finish early step", "build batch", "launch", "deliver"]
     print(f"{n} loop iterations, {len(fwd)} forwards, {(t1 - t0) / 1e3:.1f} ms")
     print(f"{'span':<12} {'count':>7} {'us/iter':>9} {'share':>7} {'hidden':>7}")
     total = sum(e["dur"] for e in iters)
@@ -77,6 +80,13 @@ def main():
     print(f"{'forward':<12} {len(fwd):>7} {fw / max(1, len(fwd)):>9.1f}   (runner thread)")
     print(f"host work (every span but wait): {host / n:.1f} us/iter, {100 * host_hidden / host if host else 0:.1f}% "
           f"of it while a forward ran")
+    gaps = sorted(b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(fwd, fwd[1:]))
+    if gaps:
+        pick = lambda q: gaps[min(len(gaps) - 1, int(q * len(gaps)))]
+        print(f"runner gap between forwards: mean {sum(gaps) / len(gaps):.1f} us, p50 {pick(0.5):.1f}, "
+              f"p90 {pick(0.9):.1f} ({len(gaps)} gaps; idle periods included)")
+        early = by.get("launch (early)", [0])[0]
+        print(f"steps launched early: {early} of {len(fwd)}")
     return 0
 
 

@@ -217,18 +217,19 @@ void Engine::loop() {
   // Host-sampled step N: the masks of its constrained rows (the rows apply_step samples with a
   // processor), all at once.
   auto prefill_host_masks = [&] {
-    im.masks.clear();
+    im.host_step_masks.clear();
     im.row_mask.assign(im.rows.size(), -1);
     for (size_t r = 0; r < im.rows.size(); ++r) {
       auto it = im.requests.find(im.rows[r].slot);
       if (it == im.requests.end() || it->second.procs.empty() || im.rows[r].prompt_pos >= 0) continue;
       const Seq& s = *it->second.seqs[size_t(im.rows[r].index)];
       if (s.finish != FinishReason::kNone) continue;
-      im.row_mask[r] = im.masks.add(it->second.procs[size_t(s.index)].get(), im.masks.size() * words);
+      im.row_mask[r] =
+          im.host_step_masks.add(it->second.procs[size_t(s.index)].get(), im.host_step_masks.size() * words);
     }
-    if (im.masks.empty()) return;
-    im.host_masks.assign(im.masks.size() * words, 0);
-    im.masks.fill(im.host_masks.data(), V);
+    if (im.host_step_masks.empty()) return;
+    im.host_masks.assign(im.host_step_masks.size() * words, 0);
+    im.host_step_masks.fill(im.host_masks.data(), V);
   };
 
   // Step N's results: sample each row as a synchronous engine would, append the token or finish.
@@ -262,9 +263,9 @@ void Engine::loop() {
       if (proc && !on_device) {
         // Structured output: the processor's mask (EOS only where the grammar accepts).
         const int j = im.row_mask[r];
-        BELUGA_ASSERT(j >= 0 && im.masks.proc(j) == proc);
-        proc_error = im.masks.problem(j);
-        ctx.allowed = im.masks.mask(j);
+        BELUGA_ASSERT(j >= 0 && im.host_step_masks.proc(j) == proc);
+        proc_error = im.host_step_masks.problem(j);
+        ctx.allowed = im.host_step_masks.mask(j);
       }
       SampleResult res{};
       if (proc_error.empty()) {      // else the sequence fails below
@@ -418,9 +419,10 @@ void Engine::loop() {
     if (stuck) emit_final(stuck->request, FinishReason::kError, "the request does not fit in the KV cache");
   };
 
-  // c. Step N's results (if a step is in flight).
+  // c. Step N's results (if a step is in flight). Whether N ran and its tokens came back as ids (a
+  // step launched early behind it could name them).
   auto finish_step = [&] {
-    if (!im.runner.in_flight()) return;
+    if (!im.runner.in_flight()) return false;
     std::string error;
     bool ok = true;
     try {
@@ -456,6 +458,26 @@ void Engine::loop() {
       im.stats.steps_failed++;
       fail_step(error);  // a failed step fails the requests in it; the engine keeps serving the others
     }
+    return ok && (im.runner.device_sampled() || im.runner.greedy());
+  };
+
+  // After step N, the step launched early behind it: finished (commit, masks), or, when it named
+  // tokens N did not return as ids (N failed, or its masks sent it to the host), skipped by the
+  // runner and launched again from what is left of its chunks.
+  auto settle_early = [&](bool n_ids) {
+    if (!im.early_future || n_ids) {
+      im.finish_early();
+      return;
+    }
+    TraceSpan span(tr, lane, "retry early step");
+    im.runner.wait();
+    BELUGA_ASSERT(im.runner.skipped());
+    im.masks_unreleased = false;  // a skipped step never waits for them
+    im.early_future = false;
+    im.next_rows.clear();
+    im.next_slots.clear();
+    im.stats.steps_early_retried++;
+    if (!im.chunks.empty()) im.launch_next(cfg_.async_scheduling);
   };
 
   // One iteration after the inputs are taken: admit, abort, schedule N+1, apply N, launch N+1, emit
@@ -478,10 +500,18 @@ void Engine::loop() {
     // b, c, d: overlapped, N+1 is planned while N computes (with N's tokens pending); serial, nothing
     // is in flight here and the step launched in d is finished at once. When step N speculates, step
     // N+1's chunks depend on how many drafts it accepts: N is finished first (no overlap).
+    // With async scheduling, N+1 is launched before N's tokens are applied wherever nothing in it
+    // needs them on the host (can_launch_early): the runner starts it the moment N is done.
     if (im.spec && im.spec->speculating()) finish_step();
     schedule_next();
-    if (cfg_.async_scheduling) finish_step();
-    if (!im.chunks.empty()) im.launch_next(cfg_.async_scheduling);  // d. Step N+1: build, launch, commit.
+    const bool early = cfg_.async_scheduling && cfg_.early_launch && !im.chunks.empty() &&
+                       im.runner.in_flight() && im.can_launch_early() && im.launch_next(true, true);
+    if (cfg_.async_scheduling) {
+      const bool n_ids = finish_step();
+      if (early) settle_early(n_ids);
+    }
+    if (!early && !im.chunks.empty())
+      im.launch_next(cfg_.async_scheduling);  // d. Step N+1: build, launch, commit.
     if (!cfg_.async_scheduling) finish_step();
 
     // e. Step N's outputs, while N+1 runs. A callback that throws fails its own request only.
@@ -516,7 +546,11 @@ void Engine::loop() {
   auto recover = [&](const std::string& what) {
     std::fprintf(stderr, "beluga engine: internal error in a step, failing its requests: %s\n", what.c_str());
     im.stats.steps_failed++;
-    if (im.runner.in_flight()) {
+    if (im.masks_unreleased) {  // an early step waits for masks that will never come
+      im.runner.release_masks(false);
+      im.masks_unreleased = false;
+    }
+    while (im.runner.in_flight()) {
       try {
         im.runner.wait();
       } catch (...) {  // its requests fail below either way
@@ -528,6 +562,10 @@ void Engine::loop() {
       im.kv_connector->step_done(false);
     }
     for (const Chunk& c : im.chunks) im.step_slots.push_back(c.seq->request);
+    im.step_slots.insert(im.step_slots.end(), im.next_slots.begin(), im.next_slots.end());
+    im.next_slots.clear();
+    im.next_rows.clear();
+    im.early_future = false;
     for (const auto& [slot, out] : im.outs) im.step_slots.push_back(slot);
     im.outs.clear();
     im.out_of.clear();
@@ -590,9 +628,9 @@ void Engine::loop() {
       published_stats_ = im.stats;
     }
   }
-  // Shutting down: the step in flight finishes (its results are dropped); every request still here
+  // Shutting down: the steps in flight finish (their results are dropped); every request still here
   // ends as aborted.
-  if (im.runner.in_flight()) {
+  while (im.runner.in_flight()) {
     bool ok = true;
     try {
       im.runner.wait();

@@ -47,9 +47,13 @@ struct EngineConfig {
   // outlives the engine. Called on the engine thread.
   KvEventSink* kv_events = nullptr;
   // Overlap (the default): step N+1 is scheduled while step N computes, and N's outputs go out while
-  // N+1 computes. Off: the serial reference, each step scheduled, launched, waited for, sampled and
+  // N+1 computes; where every row of N+1 samples without the host and N returns ids (greedy or
+  // device sampling), N+1 is launched before N's tokens are applied (`early_launch`: the runner puts
+  // N's ids in and starts N+1 the moment N is done; masks of constrained rows follow once N is
+  // applied). Off: the serial reference, each step scheduled, launched, waited for, sampled and
   // delivered before the next one starts (the same tokens; for comparing and debugging).
   bool async_scheduling = true;
+  bool early_launch = true;  // with async_scheduling; off: launched after N is applied (A/B, tests)
   // Steps whose every sample row needs no sequence history (sampler.h: samples_on_device) sample on
   // the device when the model has a sampler (CUDA), constrained rows with their masks uploaded with
   // the step; off (`--no-device-sampling`): the logits come to the host sampler (the reference).
@@ -92,6 +96,10 @@ struct EngineStats {
   // requests failed); `steps` counts every finished forward, failed ones included, so the two tell
   // the server's /health whether recent steps fail.
   int64_t steps_failed = 0;
+  // Steps launched before the previous step's tokens reached the engine (their tokens resolved on
+  // the runner: the overlap of `async_scheduling`), and those of them skipped and launched again.
+  int64_t steps_early = 0;
+  int64_t steps_early_retried = 0;
   int64_t last_step_unix_ms = 0;  // when the loop last finished an iteration (liveness)
   int running = 0;
   int waiting = 0;

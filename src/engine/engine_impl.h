@@ -73,8 +73,10 @@ struct Engine::Impl {
                cfg.deterministic ? MlaMode::kAbsorbed : MlaMode::kAuto),
         device_sampling(cfg.device_sampling && m.has_sampler() && !spec),
         deterministic(cfg.deterministic),
-        masks(cfg.mask_threads >= 0 ? cfg.mask_threads
-                                    : MaskFiller::default_workers(std::thread::hardware_concurrency())) {}
+        mask_filler(cfg.mask_threads >= 0 ? cfg.mask_threads
+                                          : MaskFiller::default_workers(std::thread::hardware_concurrency())),
+        masks(mask_filler),
+        host_step_masks(mask_filler) {}
 
   Model& model;
   const int vocab;
@@ -100,8 +102,15 @@ struct Engine::Impl {
   // Reused every step (the loop allocates little once warm).
   std::vector<Chunk> chunks;  // the next step: scheduled before the step in flight is done
   Batch batch;
-  std::vector<Row> rows;                  // the step in flight: one per logit row
-  std::vector<int> step_slots;            // the step in flight: its requests (sorted, unique)
+  std::vector<Row> rows;        // the step in flight: one per logit row
+  std::vector<int> step_slots;  // the step in flight: its requests (sorted, unique)
+  // The step launched early (behind the one in flight, before its tokens are applied): its rows and
+  // requests, which become `rows` and `step_slots` once the step before it is done.
+  std::vector<Row> next_rows;
+  std::vector<int> next_slots;
+  bool early_future = false;      // the early step names the step in flight's tokens (future tokens)
+  bool masks_unreleased = false;  // the last launched step waits for masks the engine still owes it
+  std::vector<std::pair<int, int>> mask_seqs;  // (slot, index) of each of `masks`' rows being launched
   std::vector<int> published;             // the step in flight: blocks its commit put in the prefix index
   std::vector<BlockHash> published_keys;  // their keys
   std::vector<const std::string*> published_classes;  // their sequences' traffic classes
@@ -115,8 +124,11 @@ struct Engine::Impl {
   const bool deterministic;    // EngineConfig::deterministic: unseeded requests use seed 0
   DeviceSampling dsamp;        // the step being launched: its device-sampling rows and masks
   // Constrained rows' masks, filled together (step_masks.h): the step being launched's device rows
-  // (into dsamp.masks), or the applied step's host rows (into host_masks, [masks, words]).
+  // (into dsamp.masks; an early step's are filled after the step before it is applied), and the
+  // applied step's host rows (into host_masks, [masks, words]).
+  MaskFiller mask_filler;
   StepMasks masks;
+  StepMasks host_step_masks;
   std::vector<uint32_t> host_masks;
   std::vector<int> row_mask;  // host rows: each row's index in `masks`, or -1
 
@@ -124,7 +136,21 @@ struct Engine::Impl {
   // false: the step samples on the host), and the whole step. With `async_scheduling`, constrained
   // rows' masks are filled while the forward runs.
   bool add_device_row(Request& rq, const Seq& s);
-  void launch_next(bool async_scheduling);
+  // Builds and launches step N+1 from `chunks`. Early (async scheduling, step N still in flight and
+  // its tokens not applied): N's pending tokens go in as future tokens (model_runner.h), and the
+  // commit, the masks and the pending marks wait for finish_early(); an early build returns false,
+  // launching nothing, when the step would sample on the host.
+  bool launch_next(bool async_scheduling, bool early = false);
+  // Whether step N+1 may be launched early: no part that needs the host between the steps
+  // (speculation, KV tiers, expert-parallel peers, prompt logprobs) and N's tokens come back as ids.
+  bool can_launch_early() const;
+  // After step N is applied: the early step N+1's commit (its chunks' tokens are known now), its
+  // constrained rows' masks (their processors have taken N's tokens) and pending marks.
+  void finish_early();
+  // Commits `chunks` (scheduler and KV connector) once their tokens are known.
+  void commit_chunks(KvStepCopies*& copies);
+  // Marks the launched step's sampling chunks pending, naming each one's logit row.
+  void mark_pending();
 };
 
 }  // namespace beluga

@@ -1,6 +1,7 @@
 // Step d of the engine loop (engine.cc): build step N+1's batch from the scheduled chunks, pick where
 // it samples (the device, with constrained rows' masks filled beside the forward, or the host),
-// launch it and commit it.
+// launch it and commit it; or launch it early, before step N's tokens are applied, and finish it
+// (commit, masks, pending marks) once they are.
 #include <algorithm>
 
 #include "engine/engine_impl.h"
@@ -12,7 +13,8 @@ namespace beluga {
 // cannot take as it is (a processor that throws, an empty mask, min_tokens masking the only stop
 // the grammar allows) sends the step to the host, whose sampler reports or resolves it as before.
 bool Engine::Impl::add_device_row(Request& rq, const Seq& s) {
-  const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output(),
+  // The token this row samples is output number num_output() + pending (its seed's step).
+  const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output() + s.pending,
                           &rq.stop_ids,     rq.seed,        s.index};
   if (!samples_on_device(ctx)) return false;
   DeviceSampleRow row = device_sample_row(ctx);
@@ -24,6 +26,7 @@ bool Engine::Impl::add_device_row(Request& rq, const Seq& s) {
     dsamp.masks.resize(off + mask_words, proc ? 0u : ~0u);
     if (proc) {  // filled with the step's other constrained rows (launch_next)
       masks.add(proc, off, mask_stops ? &rq.stop_ids : nullptr);
+      mask_seqs.emplace_back(s.request, s.index);
     } else {
       uint32_t* m = dsamp.masks.data() + off;
       clear_ids(m, rq.stop_ids, vocab);
@@ -35,28 +38,55 @@ bool Engine::Impl::add_device_row(Request& rq, const Seq& s) {
   return true;
 }
 
-// d. Step N+1: build its batch (every token is known now), launch it, commit it at once.
-void Engine::Impl::launch_next(bool async_scheduling) {
+// Whether step N+1 (`chunks`) may be launched before step N's tokens are applied.
+bool Engine::Impl::can_launch_early() const {
+  // Speculation plans from accepted counts; KV tiers save the blocks a commit publishes, with the
+  // step; expert-parallel peers get the batch as it is; prompt logprobs need the logits.
+  if (spec || kv_connector || model.has_step_peers() || runner.num_in_flight() != 1) return false;
+  const bool ids = runner.last_launch_samples_ids();
+  for (const Chunk& c : chunks) {
+    const Seq& s = *c.seq;
+    if (s.pending > 0 && !ids) return false;  // its token comes back inside the logits
+    const Request& rq = requests.at(s.request);
+    if (rq.prompt_lps_pending) return false;
+    if (c.start + c.len > int(s.tokens.size()) + s.pending) return false;
+    if (!c.sample) continue;
+    // Its row must sample without the host (launch_next's choice, foreseen so that a step that goes
+    // to the host sampler is not built twice).
+    const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output() + s.pending,
+                            &rq.stop_ids,     rq.seed,        s.index};
+    if (device_sampling ? !samples_on_device(ctx) : !(rq.procs.empty() && samples_raw_argmax(ctx)))
+      return false;
+  }
+  return true;
+}
+
+// d. Step N+1: build its batch, launch it and (unless early) commit it.
+bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
   Tracer* const tr = trace.get();  // null: every TraceSpan below is a no-op
   const int lane = trace_lane;
   Batch& b = batch;
+  std::vector<Row>& out_rows = early ? next_rows : rows;
+  std::vector<int>& out_slots = early ? next_slots : step_slots;
   b.tokens.clear();
   b.logit_rows.clear();
   b.seqs.resize(chunks.size());
-  rows.clear();
-  step_slots.clear();
-  bool greedy = true;  // all rows greedy on raw logits: sample on the device
+  out_rows.clear();
+  out_slots.clear();
+  bool greedy = true;   // all rows greedy on raw logits: sample on the device
+  bool future = false;  // some token is one step N is still sampling
   // Every row within the device sampler's reach (sampler.h: samples_on_device): sample them there,
   // constrained rows with the mask filled now (their processor has seen every token up to N).
   bool device = device_sampling && !spec;
   dsamp.clear();
   masks.clear();
-  TraceSpan build(tr, lane, "build batch");
+  mask_seqs.clear();
+  TraceSpan build(tr, lane, early ? "build batch (early)" : "build batch");
   // Speculation needs a distribution each row fixes alone: nothing edits the logits as tokens come.
   auto spec_ok = [&](const Request& rq, const Seq& s) {
     return rq.procs.empty() &&
            samples_speculatively(SampleContext{&rq.req.sampling, &rq.req.prompt, &s.output_counts,
-                                               s.num_output(), &rq.stop_ids, rq.seed, s.index});
+                                               s.num_output() + s.pending, &rq.stop_ids, rq.seed, s.index});
   };
   if (spec) {  // the gate: which drafts this step verifies
     spec_eligible.clear();
@@ -68,15 +98,23 @@ void Engine::Impl::launch_next(bool async_scheduling) {
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
-    const Seq* s = c.seq;
-    BELUGA_ASSERT(c.start + c.len <= int(s->tokens.size()));
+    Seq* s = c.seq;
+    const int known = int(s->tokens.size());
+    BELUGA_ASSERT(c.start + c.len <= known + (early ? s->pending : 0));
     b.seqs[i].context_len = c.start;
     b.seqs[i].query_len = c.len;
     b.seqs[i].block_table.assign(s->blocks.begin(), s->blocks.end());
     const int base = int(b.tokens.size()) - c.start;  // row of position c.start + k: base + c.start + k
-    b.tokens.insert(b.tokens.end(), s->tokens.begin() + c.start, s->tokens.begin() + c.start + c.len);
+    const int end = std::min(c.start + c.len, known);
+    b.tokens.insert(b.tokens.end(), s->tokens.begin() + c.start, s->tokens.begin() + end);
+    if (end < c.start + c.len) {  // the token step N samples at its row pending_row
+      BELUGA_ASSERT(s->pending == 1 && s->pending_row >= 0 && end + 1 == c.start + c.len);
+      b.tokens.push_back(-(s->pending_row + 1));
+      future = true;
+    }
     Request& rq = requests.at(s->request);
     if (rq.prompt_lps_pending) {
+      BELUGA_ASSERT(!early);  // can_launch_early
       // The prompt positions of this chunk no row has asked for yet; position p's logits score
       // prompt token p + 1 (the last prompt position's are the sample row below). Every step
       // before this one has been applied, so prompt_lp_next counts rows exactly.
@@ -85,7 +123,7 @@ void Engine::Impl::launch_next(bool async_scheduling) {
       const int to = std::min(c.start + c.len, s->num_prompt - 1);
       for (int p = from; p < to; ++p) {
         b.logit_rows.push_back(base + p);
-        rows.push_back({s->request, s->index, p});
+        out_rows.push_back({s->request, s->index, p});
       }
       if (from < to) {
         rq.prompt_lp_next = to;
@@ -93,54 +131,57 @@ void Engine::Impl::launch_next(bool async_scheduling) {
         device = false;
       }
     }
-    const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
+    const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output() + s->pending,
                             &rq.stop_ids,     rq.seed,        s->index};
     const bool eligible = spec ? spec_eligible[i] != nullptr : spec_ok(rq, *s);
     const bool raw_argmax = eligible && rq.req.sampling.temperature <= 0.0f;
     if (c.sample) {
       b.logit_rows.push_back(int(b.tokens.size()) - 1);
-      rows.push_back({s->request, s->index, -1});
+      out_rows.push_back({s->request, s->index, -1});
       greedy = greedy && raw_argmax;
       if (device) device = add_device_row(rq, *s);
     }
     if (spec) {  // this sequence's drafts, verified as extra rows
       const int k =
           spec->plan_chunk(int(i), *c.seq, c, eligible ? &ctx : nullptr, int(b.logit_rows.size()) - 1, b);
-      if (spec->verifies(int(i))) rows.back().bseq = int(i);  // its sample row: the verifier's token
-      for (int j = 1; j <= k; ++j) rows.push_back({s->request, s->index, -1, j, int(i)});
+      if (spec->verifies(int(i))) out_rows.back().bseq = int(i);  // its sample row: the verifier's token
+      for (int j = 1; j <= k; ++j) out_rows.push_back({s->request, s->index, -1, j, int(i)});
     }
-    step_slots.push_back(s->request);
+    out_slots.push_back(s->request);
   }
-  std::sort(step_slots.begin(), step_slots.end());
-  step_slots.erase(std::unique(step_slots.begin(), step_slots.end()), step_slots.end());
-  build.end();
-  TraceSpan launch(tr, lane, "launch");
-  published.clear();
-  published_keys.clear();
-  published_classes.clear();
-  scheduler.commit(chunks, &published, &published_keys, &published_classes);
-  KvStepCopies* copies = nullptr;
-  if (kv_connector) {  // this step's loads and the saves of the blocks it fills
-    copies = &kv_copies;
-    scheduler.take_loads(copies->loads);
-    copies->saves.clear();
-    for (size_t i = 0; i < published.size(); ++i)
-      if (std::byte* host = kv_connector->start_save(published_keys[i], *published_classes[i]))
-        copies->saves.push_back({published[i], host});
-  }
+  std::sort(out_slots.begin(), out_slots.end());
+  out_slots.erase(std::unique(out_slots.begin(), out_slots.end()), out_slots.end());
   // All raw argmax: argmax_rows is the cheaper device path.
+  greedy = greedy && !b.logit_rows.empty();
   device = device && !greedy && !b.logit_rows.empty() && dsamp.rows.size() == b.logit_rows.size();
+  if (early && !device && !greedy && !b.logit_rows.empty()) return false;  // it samples on the host
+  build.end();
+  // Each sampling chunk's logit row: the name of its token for a step launched early behind this one.
+  for (size_t i = 0, r = 0; i < chunks.size(); ++i) {
+    if (!chunks[i].sample) continue;
+    while (out_rows[r].prompt_pos >= 0 || out_rows[r].draft > 0) ++r;
+    chunks[i].seq->pending_row = int(r++);
+  }
+  TraceSpan launch(tr, lane, early ? "launch (early)" : "launch");
+  KvStepCopies* copies = nullptr;
+  if (!early) commit_chunks(copies);
   // Constrained rows' masks: filled while the forward runs (the runner waits for them before it
-  // samples), or with --no-async-scheduling before the launch; a mask that cannot go up sends the
-  // step to the host sampler.
-  const bool masks_later = device && !masks.empty() && async_scheduling;
+  // samples; an early step's once step N is applied), or with --no-async-scheduling before the
+  // launch; a mask that cannot go up sends the step to the host sampler.
+  const bool masks_later = device && !masks.empty() && (async_scheduling || early);
   if (device && !masks.empty() && !masks_later) {
     TraceSpan masks_span(tr, lane, "masks");
     masks.fill(dsamp.masks.data(), vocab);
     device = masks.all_usable();
   }
   // b, copies, dsamp: swapped for older ones (capacity)
-  runner.launch(b, greedy && !b.logit_rows.empty(), copies, device ? &dsamp : nullptr, masks_later);
+  runner.launch(b, greedy, copies, device ? &dsamp : nullptr, masks_later);
+  early_future = early && future;
+  masks_unreleased = masks_later;
+  if (early) {
+    stats.steps_early++;
+    return true;
+  }
   if (masks_later) {
     TraceSpan masks_span(tr, lane, "masks (beside the forward)");
     bool usable = false;
@@ -149,16 +190,74 @@ void Engine::Impl::launch_next(bool async_scheduling) {
       usable = masks.all_usable();
     } catch (...) {
       runner.release_masks(false);  // the runner must not wait for masks that will never come
+      masks_unreleased = false;
       throw;
     }
     runner.release_masks(usable);
+    masks_unreleased = false;
   }
   if (kv_connector) kv_connector->step_launched();
-  for (const Chunk& c : chunks)
-    if (c.sample) c.seq->pending = 1;
+  mark_pending();
   // Speculating, the next schedule runs after this step's results: its chunks (whose Seqs an abort
   // may free meanwhile) are the SpecDecoder's business until then.
   if (spec) chunks.clear();
+  return true;
+}
+
+void Engine::Impl::commit_chunks(KvStepCopies*& copies) {
+  published.clear();
+  published_keys.clear();
+  published_classes.clear();
+  scheduler.commit(chunks, &published, &published_keys, &published_classes);
+  copies = nullptr;
+  if (kv_connector) {  // this step's loads and the saves of the blocks it fills
+    copies = &kv_copies;
+    scheduler.take_loads(copies->loads);
+    copies->saves.clear();
+    for (size_t i = 0; i < published.size(); ++i)
+      if (std::byte* host = kv_connector->start_save(published_keys[i], *published_classes[i]))
+        copies->saves.push_back({published[i], host});
+  }
+}
+
+void Engine::Impl::mark_pending() {
+  for (const Chunk& c : chunks)
+    if (c.sample) c.seq->pending = 1;
+}
+
+// After step N: its tokens are in the sequences, so the early step's chunks (those of sequences
+// still running: finish_step dropped the others, whose rows the step computes for nothing) are
+// committed, its masks filled from processors that have taken N's tokens, its sequences marked.
+void Engine::Impl::finish_early() {
+  Tracer* const tr = trace.get();
+  TraceSpan span(tr, trace_lane, "finish early step");
+  KvStepCopies* copies = nullptr;
+  commit_chunks(copies);
+  BELUGA_ASSERT(!copies);  // no KV connector (can_launch_early)
+  if (masks_unreleased) {
+    for (size_t j = 0; j < mask_seqs.size(); ++j) {
+      auto it = requests.find(mask_seqs[j].first);
+      if (it == requests.end() || it->second.seqs[size_t(mask_seqs[j].second)]->finish != FinishReason::kNone)
+        masks.drop(int(j));  // ended at step N: its row's token is dropped anyway
+    }
+    bool usable = false;
+    try {
+      masks.fill(runner.pending_masks(), vocab);
+      usable = masks.all_usable();
+    } catch (...) {
+      runner.release_masks(false);
+      masks_unreleased = false;
+      throw;
+    }
+    runner.release_masks(usable);
+    masks_unreleased = false;
+  }
+  mark_pending();
+  std::swap(rows, next_rows);
+  std::swap(step_slots, next_slots);
+  next_rows.clear();
+  next_slots.clear();
+  early_future = false;
 }
 
 }  // namespace beluga

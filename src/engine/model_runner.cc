@@ -27,62 +27,137 @@ ModelRunner::~ModelRunner() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();  // run() finishes a step in flight before it looks at stop_
+  thread_.join();  // run() finishes the steps launched before it looks at stop_
 }
 
 void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSampling* sampling,
                          bool masks_later) {
-  BELUGA_ASSERT(!in_flight_);
-  std::swap(batch_, b);
+  BELUGA_ASSERT(launched_ - waited_ < 2);
+  Slot& s = slots_[launched_ % 2];
+  std::swap(s.batch, b);
   if (copies)
-    std::swap(copies_, *copies);
+    std::swap(s.copies, *copies);
   else
-    copies_.clear();
-  device_sampled_ = sampling != nullptr;
+    s.copies.clear();
+  s.device_sampled = sampling != nullptr;
   if (sampling)
-    std::swap(sampling_, *sampling);
+    std::swap(s.sampling, *sampling);
   else
-    sampling_.clear();
-  greedy_ = greedy && !device_sampled_;
-  masks_later_ = masks_later && device_sampled_;
-  // Sized here, not on the thread: logits() stays valid for the caller between wait() and launch().
-  // A step whose masks come later may fall back to the host: it needs room for its logits too.
-  if (device_sampled_) sampled_.resize(batch_.logit_rows.size() * size_t(kSampleOutCols));
-  if (greedy_)
-    greedy_tokens_.resize(batch_.logit_rows.size());
-  else if (!device_sampled_ || masks_later_)
-    logits_.resize(batch_.logit_rows.size() * size_t(vocab_));
+    s.sampling.clear();
+  s.greedy = greedy && !s.device_sampled;
+  s.masks_later = masks_later && s.device_sampled;
+  s.skipped = false;
+  s.masks_refused = false;
+  s.fell_back = false;
+  // Sized here, not on the thread: logits() stays valid for the caller between wait() and the launch
+  // that reuses the slot. A step whose masks come later may fall back to the host: it needs room for
+  // its logits too.
+  const size_t rows = s.batch.logit_rows.size();
+  if (s.device_sampled) s.sampled.resize(rows * size_t(kSampleOutCols));
+  if (s.greedy)
+    s.greedy_tokens.resize(rows);
+  else if (!s.device_sampled || s.masks_later)
+    s.logits.resize(rows * size_t(vocab_));
   {
     std::lock_guard<std::mutex> lk(mu_);
-    has_work_ = true;
-    done_ = false;
-    masks_released_ = false;
-    masks_usable_ = false;
+    s.done = false;
+    s.masks_released = false;
+    s.masks_usable = false;
+    s.error = nullptr;
+    queued_ = ++launched_;
   }
-  in_flight_ = true;
   cv_.notify_all();
 }
 
 void ModelRunner::release_masks(bool usable) {
-  BELUGA_ASSERT(in_flight_ && masks_later_);
+  Slot& s = last_launched();
+  BELUGA_ASSERT(in_flight() && s.masks_later);
+  s.masks_refused = !usable;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    masks_released_ = true;
-    masks_usable_ = usable;
+    s.masks_released = true;
+    s.masks_usable = usable;
   }
   cv_.notify_all();
 }
 
 void ModelRunner::wait() {
-  BELUGA_ASSERT(in_flight_);
+  BELUGA_ASSERT(in_flight());
+  Slot& s = slots_[waited_ % 2];
   std::exception_ptr err;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return done_; });
-    err = std::exchange(error_, nullptr);
+    cv_.wait(lk, [&] { return s.done; });
+    err = std::exchange(s.error, nullptr);
   }
-  in_flight_ = false;
+  ++waited_;
   if (err) std::rethrow_exception(err);
+}
+
+bool ModelRunner::resolve_future(Batch& b) const {
+  for (int& t : b.tokens) {
+    if (t >= 0) continue;
+    const size_t r = size_t(-(int64_t(t) + 1));
+    if (r >= last_ids_.size()) return false;
+    t = last_ids_[r];
+  }
+  return true;
+}
+
+void ModelRunner::run_step(Slot& s) {
+  std::exception_ptr err;
+  const auto started = std::chrono::steady_clock::now();
+  if (!resolve_future(s.batch)) {
+    s.skipped = true;
+    last_ids_.clear();
+  } else {
+    TraceSpan span(trace_, trace_lane_, "forward", step_);
+    try {
+      if (hook_) hook_(step_);
+      ForwardOptions opt;
+      opt.mla_mode = mla_mode_;
+      if (s.greedy) opt.greedy_tokens = s.greedy_tokens.data();
+      if (s.device_sampled) {
+        opt.sampling = &s.sampling;
+        opt.sampled = s.sampled.data();
+      }
+      bool usable = true;
+      if (s.masks_later)
+        opt.before_sampling = [&] {
+          std::unique_lock<std::mutex> lk(mu_);
+          cv_.wait(lk, [&] { return s.masks_released || stop_; });
+          usable = s.masks_released && s.masks_usable;
+          return usable;
+        };
+      Ops& ops = model_.ops();
+      if (!s.copies.loads.empty()) ops.kv_blocks_from_host(kv_.layers, s.copies.loads);
+      if (spec_)
+        spec_->run_step(s.batch, kv_, s.logits.data(), opt);
+      else
+        model_.forward(s.batch, kv_, s.logits.data(), opt);
+      if (!s.copies.saves.empty()) ops.kv_blocks_to_host(kv_.layers, s.copies.saves);
+      if (!s.copies.empty()) ops.synchronize();
+      if (!usable) s.fell_back = true;  // the logits came back instead (read after wait())
+    } catch (...) {
+      err = std::current_exception();
+    }
+    // The ids the next step's future tokens name.
+    const size_t rows = s.batch.logit_rows.size();
+    last_ids_.clear();
+    if (!err && s.device_sampled && !s.fell_back) {
+      for (size_t r = 0; r < rows; ++r) last_ids_.push_back(s.sampled[r * size_t(kSampleOutCols)]);
+    } else if (!err && s.greedy) {
+      last_ids_.assign(s.greedy_tokens.begin(), s.greedy_tokens.begin() + int64_t(rows));
+    }
+  }
+  ++step_;
+  std::lock_guard<std::mutex> lk(mu_);
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  s.tokens = int(s.batch.tokens.size());
+  // Moved, not copied: the engine thread then owns the only reference, so the exception is freed
+  // on the thread that read it (libstdc++'s uninstrumented refcount looks like a race to TSan).
+  s.error = std::move(err);
+  s.done = true;
 }
 
 void ModelRunner::run() {
@@ -93,57 +168,24 @@ void ModelRunner::run() {
   } catch (...) {
     bind_error = std::current_exception();
   }
+  int64_t next = 0;  // the next step to run
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return has_work_ || stop_; });
-      if (!has_work_) return;  // stopping with nothing in flight
-      has_work_ = false;
+      cv_.wait(lk, [&] { return queued_ > next || stop_; });
+      if (queued_ <= next) return;  // stopping with nothing launched
     }
-    std::exception_ptr err = bind_error;
-    const auto started = std::chrono::steady_clock::now();
-    if (!err) {
-      TraceSpan span(trace_, trace_lane_, "forward", step_);
-      try {
-        if (hook_) hook_(step_);
-        ForwardOptions opt;
-        opt.mla_mode = mla_mode_;
-        if (greedy_) opt.greedy_tokens = greedy_tokens_.data();
-        if (device_sampled_) {
-          opt.sampling = &sampling_;
-          opt.sampled = sampled_.data();
-        }
-        bool usable = true;
-        if (masks_later_)
-          opt.before_sampling = [&] {
-            std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [&] { return masks_released_ || stop_; });
-            usable = masks_released_ && masks_usable_;
-            return usable;
-          };
-        Ops& ops = model_.ops();
-        if (!copies_.loads.empty()) ops.kv_blocks_from_host(kv_.layers, copies_.loads);
-        if (spec_)
-          spec_->run_step(batch_, kv_, logits_.data(), opt);
-        else
-          model_.forward(batch_, kv_, logits_.data(), opt);
-        if (!copies_.saves.empty()) ops.kv_blocks_to_host(kv_.layers, copies_.saves);
-        if (!copies_.empty()) ops.synchronize();
-        if (!usable) device_sampled_ = false;  // the logits came back instead (read after wait())
-      } catch (...) {
-        err = std::current_exception();
-      }
-    }
-    ++step_;
-    {
+    Slot& s = slots_[next % 2];
+    if (bind_error) {
+      ++step_;
+      last_ids_.clear();
       std::lock_guard<std::mutex> lk(mu_);
-      last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      last_tokens_ = int(batch_.tokens.size());
-      // Moved, not copied: the engine thread then owns the only reference, so the exception is freed
-      // on the thread that read it (libstdc++'s uninstrumented refcount looks like a race to TSan).
-      error_ = std::move(err);
-      done_ = true;
+      s.error = bind_error;
+      s.done = true;
+    } else {
+      run_step(s);
     }
+    ++next;
     cv_.notify_all();
   }
 }

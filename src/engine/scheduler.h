@@ -40,6 +40,7 @@ struct Seq {
   const int* prefix_cap = nullptr;
   std::vector<int> tokens;  // prompt, then generated tokens
   int pending = 0;          // tokens sampled by the step in flight, not yet in `tokens` (0 or 1)
+  int pending_row = -1;     // the logit row of the step that samples it (a future token's name)
   int max_length = 0;       // length at which it finishes for sure (max_tokens, max_model_len); 0: none
   int num_prompt = 0;
   int num_computed = 0;      // tokens whose KV is in the cache

@@ -20,12 +20,16 @@ bool allows_none(const uint32_t* mask, size_t words);
 
 class StepMasks {
  public:
-  explicit StepMasks(int workers) : filler_(workers) {}
+  // `filler` (shared by the engine's StepMasks, which fill one at a time) must outlive this.
+  explicit StepMasks(MaskFiller& filler) : filler_(filler) {}
 
   void clear();
   // A row's mask at word `offset` of fill()'s buffer; `clear` (may be null): ids cleared after the
   // processor wrote. Returns the row's index among this step's masks.
   int add(LogitsProcessor* proc, size_t offset, const std::vector<int>* clear = nullptr);
+  // Mask j is not needed after all (its sequence ended): fill() leaves every id allowed there and
+  // does not call its processor.
+  void drop(int j) { dropped_[size_t(j)] = true; }
   bool empty() const { return jobs_.empty(); }
   size_t size() const { return jobs_.size(); }
 
@@ -38,11 +42,14 @@ class StepMasks {
   const uint32_t* mask(int j) const { return jobs_[size_t(j)].mask; }
 
  private:
-  MaskFiller filler_;
+  MaskFiller& filler_;
   std::vector<MaskFiller::Job> jobs_;
   std::vector<size_t> offsets_;
   std::vector<const std::vector<int>*> clears_;
   std::vector<std::string> problems_;
+  std::vector<bool> dropped_;
+  std::vector<MaskFiller::Job> live_;  // fill()'s jobs not dropped (kept: no allocation per step)
+  std::vector<size_t> live_index_;
 };
 
 }  // namespace beluga

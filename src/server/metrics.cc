@@ -178,6 +178,9 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
     gauge("beluga_num_preemptions_total", "counter", "Requests preempted for lack of KV blocks.",
           double(st->preemptions));
     gauge("beluga_engine_steps_total", "counter", "Engine steps.", double(st->steps));
+    gauge("beluga_engine_steps_early_total", "counter",
+          "Steps launched before the previous step's tokens reached the host (async scheduling).",
+          double(st->steps_early));
     if (!st->spec_accepted_per_position.empty()) {  // speculative decoding is on
       gauge("beluga_spec_decode_num_drafts_total", "counter",
             "Sequence-steps that verified at least one draft token.", double(st->spec_drafts));

@@ -5,7 +5,8 @@
 // sampled rows under a processor whose mask depends on the last accepted token (it has to be filled
 // for step N+1 after step N's token, before the launch), min_tokens with a stop token, logprobs 0,
 // n = 2, and steps that fall back to the host (a penalty row in the batch); masks filled by the engine
-// thread alone and by worker threads (EngineConfig::mask_threads).
+// thread alone and by worker threads (EngineConfig::mask_threads). With async scheduling these steps
+// are launched before the step ahead of them is applied (engine_launch.cc: launch_next early).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -213,6 +214,7 @@ class DeviceSampling : public EngineTest {
   // What the "device" sampler did in a run (read before the model drops it).
   struct SamplerCounts {
     int calls = 0, masked_rows = 0;
+    EngineStats stats;  // the engine's, once idle
   };
   // Tokens and logprobs of the requests with and without device sampling.
   void run(bool device, bool with_penalty, Got& g, SamplerCounts& counts, int mask_threads = 0,
@@ -243,8 +245,10 @@ class DeviceSampling : public EngineTest {
       const int n = int(rs.size());
       for (auto& r : rs) ASSERT_EQ(engine.submit(std::move(r)), SubmitStatus::kOk);
       ASSERT_TRUE(g.wait(n));
+      counts.stats = wait_idle(engine);
     }
-    counts = {sampler->calls, sampler->masked_rows};  // `sampler` is the model's until the next line
+    counts.calls = sampler->calls;
+    counts.masked_rows = sampler->masked_rows;  // `sampler` is the model's until the next line
     model_->set_sampler(nullptr);
   }
 };
@@ -275,9 +279,12 @@ TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
     }
     // Without the penalty row every sampling step runs on the "device", masks included; with it, the
     // steps that hold that row fall back to the host (and still agree).
+    // Those steps are launched before the step ahead of them is applied (the constrained rows' masks
+    // filled once it is): the mixed batch of the overlapped loop.
     if (!with_penalty) {
       EXPECT_GT(sampler.calls, 0);
       EXPECT_GT(sampler.masked_rows, 0);
+      EXPECT_GT(sampler.stats.steps_early, sampler.stats.steps / 2);
     }
   }
 }
@@ -299,6 +306,14 @@ TEST_F(DeviceSampling, AFailingMaskFailsItsRequestAlone) {
     EXPECT_EQ(dev.tokens["failing"][0].size(), 3u) << "three tokens before its mask failed";
     EXPECT_EQ(dev.tokens, host.tokens) << "async " << async;
     EXPECT_GT(sampler.masked_rows, 0);
+    // Overlapped, the step behind the one whose mask failed is launched once its tokens are on the
+    // host (the engine knew the masks sent it there), never early and retried.
+    if (async) {
+      EXPECT_GT(sampler.stats.steps_early, 0);
+      EXPECT_EQ(sampler.stats.steps_early_retried, 0);
+    } else {
+      EXPECT_EQ(sampler.stats.steps_early, 0);
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// The overlapped engine loop: step N+1 is scheduled and launched before step N's samples are applied.
+// The overlapped engine loop: step N+1 is scheduled and launched before step N's samples are applied
+// (early, with N's tokens as future tokens the runner resolves, wherever N returns ids).
 // Results equal one-at-a-time runs through finishes, aborts, preemption, failed steps and shutdown
 // with a step in flight, and outputs go out while the next step runs.
 #include "engine_test_support.h"
@@ -45,6 +46,9 @@ TEST_F(EngineTest, OverlappedStepsGiveOneAtATimeResults) {
   EXPECT_EQ(st.kv_blocks_used, 0);
   EXPECT_EQ(st.requests_finished, kRequests);
   EXPECT_EQ(st.generation_tokens, expected_tokens);  // no row sampled twice, none skipped
+  // Greedy rows come back as ids: most steps were launched before the step ahead was applied.
+  EXPECT_GT(st.steps_early, st.steps / 2);
+  EXPECT_EQ(st.steps_early_retried, 0);
 }
 
 // Requests that end (stop token or max_tokens) at every step: the sequence still has a chunk in the
@@ -100,6 +104,7 @@ TEST_F(EngineTest, FinishingAtEveryStepEmitsNothingAfterwards) {
   EXPECT_EQ(st.kv_blocks_used, 0);
   EXPECT_EQ(st.requests_finished, count);
   EXPECT_EQ(st.generation_tokens, expected_tokens);
+  EXPECT_GT(st.steps_early, 0);  // steps computing rows of sequences that had just stopped
 }
 
 // Aborts that land while the request's next step is already on the model: from the callback of its
@@ -314,6 +319,9 @@ TEST_F(EngineTest, FailedStepUnderLoadKeepsServing) {
   }
   EXPECT_GT(failed, 0);
   EXPECT_LT(failed, 12);
+  // Step 7 had been launched behind step 6 naming its tokens: skipped, then launched again without
+  // the failed requests.
+  EXPECT_GE(engine.stats().steps_early_retried, 1);
   expect_clean_and_serving(engine, c, ps[0], 10);
 }
 

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Issue #25, the overlap: the engine loop as it was (OLD: step N+1 built and launched once step N's
+# tokens are applied), as it is (NEW: N+1 launched early, its tokens resolved by the runner), and the
+# serial reference (NEW --no-async-scheduling), on the demo model (real weights; batch 1, 16, 64) and
+# the V2-Lite shape (dummy weights; 16, 64), greedy and sampled (temperature 0.8, top_p 0.95: device
+# sampling). Each point: `bench serve` numbers and the trace summary (host time per iteration, the
+# runner's gap between forwards, steps launched early).
+# usage: OLD=path/to/old/beluga [NEW=build/beluga] [OUT_DIR=bench/results/overlap] [MODELS="demo v2"]
+#        [DEMO_CONC="1 16 64"] [V2_CONC="16 64"]
+#        bench/overlap_gpu.sh
+set -euo pipefail
+NEW=${NEW:-build/beluga}
+OLD=${OLD:?the previous beluga binary}
+OUT_DIR=${OUT_DIR:-bench/results/overlap}
+DEMO=${DEMO:-models/beluga-demo-coder-mtp}
+V2=${V2:-bench/configs/deepseek-v2-lite}
+DEMO_CONC=${DEMO_CONC:-1 16 64}
+V2_CONC=${V2_CONC:-16 64}
+MODELS=${MODELS:-demo v2}
+mkdir -p "$OUT_DIR"
+logs=$(mktemp -d)
+pid=
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$logs"' EXIT
+
+serve() {  # name binary model extra-args...
+  local name=$1 bin=$2 model=$3
+  shift 3
+  local args=(serve --device cuda --model "$model" --max-num-seqs 256 --no-access-log --port 0)
+  [ "$model" = "$V2" ] && args+=(--load-format dummy --tokenizer "$DEMO" --kv-cache-mb 32768)
+  BELUGA_TRACE="$OUT_DIR/$name.trace.json" "$bin" "${args[@]}" "$@" >"$logs/$name" 2>&1 &
+  pid=$!
+  port=
+  for _ in $(seq 1800); do
+    port=$(grep "serving " "$logs/$name" | sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' | head -1 || true)
+    [ -n "$port" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$port" ] || { cat "$logs/$name"; exit 1; }
+}
+stop() {
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  pid=
+}
+point() {  # name extra-json bench-args...
+  local name=$1 extra=$2
+  shift 2
+  echo "== $name"
+  "$NEW" bench serve --url "http://127.0.0.1:$port" --seed 0 --request-extra "$extra" \
+    --out "$OUT_DIR/$name.json" "$@" 2>&1 | grep -E "Failed|Output token|TPOT|ITL " || true
+}
+for model in $MODELS; do
+  for setting in old new serial; do
+    bin=$NEW
+    extra=()
+    [ "$setting" = old ] && bin=$OLD
+    [ "$setting" = serial ] && extra=(--no-async-scheduling)
+    name=$model-$setting
+    if [ $model = demo ]; then
+      for c in $DEMO_CONC; do
+        serve "$name-c$c" "$bin" "$DEMO" "${extra[@]}"
+        point "$name-c$c-warmup" '{}' --num-prompts 64 --input-len 256 --output-len 32 --max-concurrency 64
+        for kind in greedy sampled; do
+          x='{"temperature":0,"ignore_eos":true}'
+          [ $kind = sampled ] && x='{"temperature":0.8,"top_p":0.95,"ignore_eos":true}'
+          point "$name-$kind-c$c" "$x" --num-prompts $((c < 16 ? 16 : c * 2)) --input-len 256 --output-len 256 \
+            --max-concurrency "$c"
+        done
+        stop
+        echo "-- trace $name-c$c"
+        python3 scripts/trace_summary.py "$OUT_DIR/$name-c$c.trace.json" --skip-first 20 | tail -3 || true
+        rm -f "$OUT_DIR/$name-c$c.trace.json"
+      done
+    else
+      serve "$name" "$bin" "$V2" "${extra[@]}"
+      point "$name-warmup" '{}' --num-prompts 32 --input-len 1024 --output-len 16 --max-concurrency 32
+      for c in $V2_CONC; do
+        for kind in greedy sampled; do
+          x='{"temperature":0,"ignore_eos":true}'
+          [ $kind = sampled ] && x='{"temperature":0.8,"top_p":0.95,"ignore_eos":true}'
+          point "$name-$kind-c$c" "$x" --num-prompts $((c * 2)) --input-len 1024 --output-len 256 \
+            --max-concurrency "$c"
+        done
+      done
+      stop
+      echo "-- trace $name"
+      python3 scripts/trace_summary.py "$OUT_DIR/$name.trace.json" --skip-first 20 | tail -3 || true
+      rm -f "$OUT_DIR/$name.trace.json"
+    fi
+  done
+done
