@@ -473,7 +473,9 @@ void Engine::loop() {
     im.runner.wait();
     BELUGA_ASSERT(im.runner.skipped());
     im.masks_unreleased = false;  // a skipped step never waits for them
+    im.saves_unreleased = false;
     im.early_future = false;
+    im.early_pending = false;
     im.next_rows.clear();
     im.next_slots.clear();
     im.stats.steps_early_retried++;
@@ -550,13 +552,21 @@ void Engine::loop() {
       im.runner.release_masks(false);
       im.masks_unreleased = false;
     }
+    if (im.saves_unreleased) {  // and for saves: none (its blocks leave the index below)
+      std::vector<KvCopy> none;
+      im.runner.release_saves(none);
+      im.saves_unreleased = false;
+    }
+    // The connector heard of every step in flight but an early one not yet finished.
+    int told = im.runner.num_in_flight() - (im.early_pending ? 1 : 0);
     while (im.runner.in_flight()) {
       try {
         im.runner.wait();
       } catch (...) {  // its requests fail below either way
       }
-      if (im.kv_connector) im.kv_connector->step_done(false);
+      if (im.kv_connector && told-- > 0) im.kv_connector->step_done(false);
     }
+    im.early_pending = false;
     if (im.kv_connector) {  // copies handed out for a step that never launched: dropped with it
       im.kv_connector->step_launched();
       im.kv_connector->step_done(false);

@@ -110,6 +110,8 @@ struct Engine::Impl {
   std::vector<int> next_slots;
   bool early_future = false;      // the early step names the step in flight's tokens (future tokens)
   bool masks_unreleased = false;  // the last launched step waits for masks the engine still owes it
+  bool saves_unreleased = false;  // and for its KV saves (an early step with a KV connector)
+  bool early_pending = false;     // an early step is in flight, not yet finished (finish_early)
   std::vector<std::pair<int, int>> mask_seqs;  // (slot, index) of each of `masks`' rows being launched
   std::vector<int> published;             // the step in flight: blocks its commit put in the prefix index
   std::vector<BlockHash> published_keys;  // their keys
@@ -142,10 +144,10 @@ struct Engine::Impl {
   // launching nothing, when the step would sample on the host.
   bool launch_next(bool async_scheduling, bool early = false);
   // Whether step N+1 may be launched early: no part that needs the host between the steps
-  // (speculation, KV tiers, expert-parallel peers, prompt logprobs) and N's tokens come back as ids.
+  // (speculation, KV loads, expert-parallel peers, prompt logprobs) and N's tokens come back as ids.
   bool can_launch_early() const;
-  // After step N is applied: the early step N+1's commit (its chunks' tokens are known now), its
-  // constrained rows' masks (their processors have taken N's tokens) and pending marks.
+  // After step N is applied: the early step N+1's commit (its chunks' tokens are known now) with its
+  // KV saves, its constrained rows' masks (their processors have taken N's tokens) and pending marks.
   void finish_early();
   // Commits `chunks` (scheduler and KV connector) once their tokens are known.
   void commit_chunks(KvStepCopies*& copies);

@@ -40,9 +40,10 @@ bool Engine::Impl::add_device_row(Request& rq, const Seq& s) {
 
 // Whether step N+1 (`chunks`) may be launched before step N's tokens are applied.
 bool Engine::Impl::can_launch_early() const {
-  // Speculation plans from accepted counts; KV tiers save the blocks a commit publishes, with the
-  // step; expert-parallel peers get the batch as it is; prompt logprobs need the logits.
-  if (spec || kv_connector || model.has_step_peers() || runner.num_in_flight() != 1) return false;
+  // Speculation plans from accepted counts; KV loads finished by this schedule belong to the step
+  // (rare: launched after N then); expert-parallel peers get the batch as it is; prompt logprobs need
+  // the logits.
+  if (spec || scheduler.has_loads() || model.has_step_peers() || runner.num_in_flight() != 1) return false;
   const bool ids = runner.last_launch_samples_ids();
   for (const Chunk& c : chunks) {
     const Seq& s = *c.seq;
@@ -164,7 +165,12 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
   }
   TraceSpan launch(tr, lane, early ? "launch (early)" : "launch");
   KvStepCopies* copies = nullptr;
-  if (!early) commit_chunks(copies);
+  if (!early) {
+    commit_chunks(copies);
+  } else if (kv_connector) {  // its saves once committed (finish_early)
+    copies = &kv_copies;
+    copies->clear();
+  }
   // Constrained rows' masks: filled while the forward runs (the runner waits for them before it
   // samples; an early step's once step N is applied), or with --no-async-scheduling before the
   // launch; a mask that cannot go up sends the step to the host sampler.
@@ -175,10 +181,12 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
     device = masks.all_usable();
   }
   // b, copies, dsamp: swapped for older ones (capacity)
-  runner.launch(b, greedy, copies, device ? &dsamp : nullptr, masks_later);
+  runner.launch(b, greedy, copies, device ? &dsamp : nullptr, masks_later, early && copies);
   early_future = early && future;
   masks_unreleased = masks_later;
+  saves_unreleased = early && copies;
   if (early) {
+    early_pending = true;
     stats.steps_early++;
     return true;
   }
@@ -233,7 +241,12 @@ void Engine::Impl::finish_early() {
   TraceSpan span(tr, trace_lane, "finish early step");
   KvStepCopies* copies = nullptr;
   commit_chunks(copies);
-  BELUGA_ASSERT(!copies);  // no KV connector (can_launch_early)
+  if (copies) {  // the saves go with the step; the connector counts it launched from here
+    BELUGA_ASSERT(copies->loads.empty() && saves_unreleased);  // can_launch_early: no loads
+    runner.release_saves(copies->saves);
+    saves_unreleased = false;
+    kv_connector->step_launched();
+  }
   if (masks_unreleased) {
     for (size_t j = 0; j < mask_seqs.size(); ++j) {
       auto it = requests.find(mask_seqs[j].first);
@@ -258,6 +271,7 @@ void Engine::Impl::finish_early() {
   next_rows.clear();
   next_slots.clear();
   early_future = false;
+  early_pending = false;
 }
 
 }  // namespace beluga

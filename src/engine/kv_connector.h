@@ -19,7 +19,10 @@
 //   runner: the engine hands the step's copies (finish_load's and start_save's) to the runner with the
 //     launch and says step_launched(); step_done(ok) once that step has finished (its host memory may
 //     be reused, its saves become visible; a failed step's saves are dropped). One step is in flight
-//     at a time; copies handed out after step_launched() belong to the next step.
+//     at a time; copies handed out after step_launched() belong to the next step. (A step the
+//     engine launches early, before the one ahead is applied, carries no loads and counts as
+//     launched only once it is committed, after the step ahead's step_done: its saves follow it to
+//     the runner then, which copies them after its forward.)
 #pragma once
 
 #include <cstddef>

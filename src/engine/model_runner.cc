@@ -31,7 +31,7 @@ ModelRunner::~ModelRunner() {
 }
 
 void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSampling* sampling,
-                         bool masks_later) {
+                         bool masks_later, bool saves_later) {
   BELUGA_ASSERT(launched_ - waited_ < 2);
   Slot& s = slots_[launched_ % 2];
   std::swap(s.batch, b);
@@ -46,6 +46,7 @@ void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSamp
     s.sampling.clear();
   s.greedy = greedy && !s.device_sampled;
   s.masks_later = masks_later && s.device_sampled;
+  s.saves_later = saves_later;
   s.skipped = false;
   s.masks_refused = false;
   s.fell_back = false;
@@ -63,6 +64,7 @@ void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSamp
     s.done = false;
     s.masks_released = false;
     s.masks_usable = false;
+    s.saves_released = false;
     s.error = nullptr;
     queued_ = ++launched_;
   }
@@ -77,6 +79,17 @@ void ModelRunner::release_masks(bool usable) {
     std::lock_guard<std::mutex> lk(mu_);
     s.masks_released = true;
     s.masks_usable = usable;
+  }
+  cv_.notify_all();
+}
+
+void ModelRunner::release_saves(std::vector<KvCopy>& saves) {
+  Slot& s = last_launched();
+  BELUGA_ASSERT(in_flight() && s.saves_later);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::swap(s.copies.saves, saves);
+    s.saves_released = true;
   }
   cv_.notify_all();
 }
@@ -135,6 +148,10 @@ void ModelRunner::run_step(Slot& s) {
         spec_->run_step(s.batch, kv_, s.logits.data(), opt);
       else
         model_.forward(s.batch, kv_, s.logits.data(), opt);
+      if (s.saves_later) {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return s.saves_released || stop_; });
+      }
       if (!s.copies.saves.empty()) ops.kv_blocks_to_host(kv_.layers, s.copies.saves);
       if (!s.copies.empty()) ops.synchronize();
       if (!usable) s.fell_back = true;  // the logits came back instead (read after wait())

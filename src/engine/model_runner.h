@@ -68,13 +68,18 @@ class ModelRunner {
   // `masks_later` (with `sampling`): the step's masks are filled after launch(), into
   // pending_masks(), while the forward runs; the step samples once release_masks() is called, on the
   // device when the masks are usable, else its logits come back (device_sampled() false after wait()).
+  // `saves_later` (with `copies`): the step's KV saves are handed over after launch(), by
+  // release_saves(), which the thread waits for after the forward (an early step's commit comes
+  // once the step ahead of it is applied).
   void launch(Batch& b, bool greedy = false, KvStepCopies* copies = nullptr,
-              DeviceSampling* sampling = nullptr, bool masks_later = false);
+              DeviceSampling* sampling = nullptr, bool masks_later = false, bool saves_later = false);
   // After launch(..., masks_later): the last launched step's mask buffer (DeviceSampling::masks, as
   // handed in), to be written until release_masks(); then release_masks exactly once (also when
   // filling failed).
   uint32_t* pending_masks() { return last_launched().sampling.masks.data(); }
   void release_masks(bool usable);
+  // After launch(..., saves_later): the last launched step's saves (swapped in), exactly once.
+  void release_saves(std::vector<KvCopy>& saves);
   // Waits for the oldest step launched; rethrows its exception.
   void wait();
   bool in_flight() const { return launched_ > waited_; }
@@ -110,11 +115,12 @@ class ModelRunner {
     bool greedy = false;
     bool device_sampled = false;  // set by launch()
     bool masks_later = false;
+    bool saves_later = false;
     bool masks_refused = false;  // release_masks(false): the step's logits will come back (engine thread)
     bool fell_back = false;      // the thread found the masks unusable (read after wait())
     bool skipped = false;        // written by the thread before `done`
     // Guarded by mu_:
-    bool masks_released = false, masks_usable = false, done = false;
+    bool masks_released = false, masks_usable = false, saves_released = false, done = false;
     double seconds = 0;  // written by the thread before `done`
     int tokens = 0;
     std::exception_ptr error;

@@ -94,6 +94,7 @@ class Scheduler {
   // The host -> device copies of loads finished by schedule() calls since the last take (they must
   // run with the next step launched); swaps them into `out`.
   void take_loads(std::vector<KvCopy>& out);
+  bool has_loads() const { return !loads_.empty(); }
 
   int num_running() const { return int(running_.size()); }
   int num_waiting() const { return int(waiting_.size() + loading_.size()); }

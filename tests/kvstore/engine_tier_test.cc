@@ -63,13 +63,35 @@ TEST_F(EngineTier, EvictedPrefixIsServedFromHostTier) {
   EXPECT_EQ(got[2], want) << "loaded from the host tier: same greedy tokens as the cold run";
   EXPECT_EQ(c.cached["a"], 0);
   EXPECT_EQ(c.cached["a2"], 4 * kKvBlockSize) << "300 tokens: 4 full blocks, the head from the device pool "
-                                                  "and the other 3 from the host tier";
+                                                 "and the other 3 from the host tier";
   const kv::StoreStats st = store.stats();
   EXPECT_EQ(st.host.hits, 3);
   EXPECT_GE(st.host.bytes_written, int64_t(4 + 6) * int64_t(store_config(0).block_bytes));
   const EngineStats es = e.stats();
   EXPECT_EQ(es.prefix_cache_hits_below, 3 * kKvBlockSize);
   EXPECT_EQ(es.prefix_cache_hits, 4 * kKvBlockSize);
+}
+
+// Blocks filled by decode steps launched early (before the step ahead of them was applied: their
+// commit and saves come once it is) reach the host tier intact: a request that continues the first
+// one's output finds those blocks there after the device pool evicted them, and greedy decoding from
+// them gives the reference's tokens.
+TEST_F(EngineTier, BlocksFilledByEarlyStepsAreSavedIntact) {
+  const std::vector<int> a = prompt(40, 5);
+  kv::TieredStore store(store_config(64));
+  Engine e(*model_, small_pool(&store));
+  Collector c;
+  const auto first = run_in_turn(e, c, {{"a", a}}, 160);  // positions 40..199: blocks 0-2 filled by decode
+  EXPECT_EQ(first[0], reference(a, 160));
+  EXPECT_GT(e.stats().steps_early, 100);
+  std::vector<int> cont = a;
+  cont.insert(cont.end(), first[0].begin(), first[0].begin() + 150);  // 190 tokens: 2 full blocks + 62
+  const std::vector<int> evict = prompt(420, 6);
+  Collector c2;
+  const auto got = run_in_turn(e, c2, {{"evict", evict}, {"cont", cont}}, 8);
+  EXPECT_EQ(got[1], reference(cont, 8));
+  EXPECT_EQ(c2.cached["cont"], 2 * kKvBlockSize);
+  EXPECT_GE(e.stats().prefix_cache_hits_below, kKvBlockSize) << "some of them came from the host tier";
 }
 
 // Many requests sharing prefixes through a host tier smaller than their working set, two at a time
