@@ -14,10 +14,15 @@ namespace beluga {
 // the grammar allows) sends the step to the host, whose sampler reports or resolves it as before.
 bool Engine::Impl::add_device_row(Request& rq, const Seq& s) {
   // The token this row samples is output number num_output() + pending (its seed's step).
-  const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output() + s.pending,
-                          &rq.stop_ids,     rq.seed,        s.index};
+  SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output() + s.pending,
+                    &rq.stop_ids,     rq.seed,        s.index};
+  if (!rq.prompt_set.empty()) ctx.prompt_set = &rq.prompt_set;
   if (!samples_on_device(ctx)) return false;
-  DeviceSampleRow row = device_sample_row(ctx);
+  // Penalties count the token step N is still sampling (an early step): resolved by the runner.
+  const bool pending_edit = s.pending > 0 && edits_logits(rq.req.sampling);
+  if (pending_edit) dsamp.pending.push_back({int32_t(dsamp.rows.size()), s.pending_row});
+  DeviceSampleRow row = device_sample_row(ctx, &dsamp.edits, pending_edit);
+  if (dsamp.edits.size() > size_t(Model::kMaxSampleEdits)) return false;
   LogitsProcessor* proc = rq.procs.empty() ? nullptr : rq.procs[size_t(s.index)].get();
   const bool mask_stops = ctx.num_output < rq.req.sampling.min_tokens && !rq.stop_ids.empty();
   if (proc || mask_stops) {

@@ -120,7 +120,7 @@ bool ModelRunner::resolve_future(Batch& b) const {
 void ModelRunner::run_step(Slot& s) {
   std::exception_ptr err;
   const auto started = std::chrono::steady_clock::now();
-  if (!resolve_future(s.batch)) {
+  if (!resolve_future(s.batch) || (s.device_sampled && !s.sampling.resolve_pending(last_ids_))) {
     s.skipped = true;
     last_ids_.clear();
   } else {

@@ -199,12 +199,16 @@ bool samples_raw_argmax(const SampleContext& ctx) {
 }
 
 bool samples_on_device(const SampleContext& ctx) {
-  const SamplingParams& p = *ctx.params;
-  return p.logprobs <= 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+  return ctx.params->logprobs <= 0;
 }
 
-DeviceSampleRow device_sample_row(const SampleContext& ctx) {
+bool edits_logits(const SamplingParams& p) {
+  return !p.logit_bias.empty() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f;
+}
+
+DeviceSampleRow device_sample_row(const SampleContext& ctx, std::vector<DeviceLogitEdit>* edits,
+                                  bool reserve_pending) {
   const SamplingParams& p = *ctx.params;
   DeviceSampleRow r;
   r.temperature = p.temperature;
@@ -213,6 +217,40 @@ DeviceSampleRow device_sample_row(const SampleContext& ctx) {
   r.top_k = p.top_k;
   if (p.temperature > 0.0f) r.u = sample_uniform(ctx.seed, ctx.seq_index, ctx.num_output);
   r.logprob = p.logprobs >= 0 ? 1 : 0;
+  if (!edits || !edits_logits(p)) return r;
+  r.repetition_penalty = p.repetition_penalty;
+  r.presence_penalty = p.presence_penalty;
+  r.frequency_penalty = p.frequency_penalty;
+  r.edit_begin = int32_t(edits->size());
+  const bool rep = p.repetition_penalty != 1.0f, counts = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  for (const auto& [t, b] : p.logit_bias) edits->push_back({t, b, 0, kEditBias});
+  if (rep || counts)
+    for (const auto& [t, c] : *ctx.output_counts) edits->push_back({t, 0.0f, c, rep ? kEditRepeated : 0u});
+  if (rep) {
+    if (ctx.prompt_set) {
+      for (int t : *ctx.prompt_set) edits->push_back({t, 0.0f, 0, kEditRepeated});
+    } else {
+      for (int t : *ctx.prompt) edits->push_back({t, 0.0f, 0, kEditRepeated});
+    }
+  }
+  // One entry per token: sorted, the same token's entries merged.
+  auto first = edits->begin() + r.edit_begin;
+  std::sort(first, edits->end(),
+            [](const DeviceLogitEdit& a, const DeviceLogitEdit& b) { return a.token < b.token; });
+  auto out = first;
+  for (auto it = first; it != edits->end(); ++it) {
+    if (out != first && (out - 1)->token == it->token) {
+      DeviceLogitEdit& m = *(out - 1);
+      m.bias += it->bias;
+      m.count += it->count;
+      m.flags |= it->flags;
+    } else {
+      *out++ = *it;
+    }
+  }
+  edits->erase(out, edits->end());
+  r.edit_count = int32_t(edits->size()) - r.edit_begin;
+  if (reserve_pending) edits->push_back({-1, 0.0f, 0, 0u});
   return r;
 }
 

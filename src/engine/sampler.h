@@ -58,12 +58,18 @@ bool samples_speculatively(const SampleContext& ctx);
 bool samples_raw_argmax(const SampleContext& ctx);
 
 // Whether sample() for this row needs no more than the device sampler takes (backend/sample_rows.h):
-// no penalties, no logit bias, at most the sampled token's own logprob (logprobs 0). The caller folds
-// ctx.allowed and min_tokens' masked stop ids into the row's bitmask.
+// at most the sampled token's own logprob (logprobs 0; top logprobs stay on the host). The caller
+// folds ctx.allowed and min_tokens' masked stop ids into the row's bitmask.
 bool samples_on_device(const SampleContext& ctx);
 // The device sampler's row for a row samples_on_device() accepts (no mask: mask_row -1), with the
-// same uniform sample() would draw.
-DeviceSampleRow device_sample_row(const SampleContext& ctx);
+// same uniform sample() would draw. Its logit bias and penalties become edits appended to `edits`
+// (one per token: bias, the repetition set of prompt and output, output counts); with
+// `reserve_pending`, one more entry is left free after them for the token the step ahead is still
+// sampling (DeviceSampling::resolve_pending counts it).
+DeviceSampleRow device_sample_row(const SampleContext& ctx, std::vector<DeviceLogitEdit>* edits = nullptr,
+                                  bool reserve_pending = false);
+// Whether the row's logits are edited (logit bias or a penalty).
+bool edits_logits(const SamplingParams& p);
 
 // A uniform double in [0, 1) from (seed, sequence, step), independent of batch composition.
 double sample_uniform(uint64_t seed, int seq_index, int step);

@@ -230,6 +230,9 @@ void Model::set_sampler(std::unique_ptr<SampleRowsOp> sampler) {
   sample_params_ = ops_.alloc_persistent(DType::kI32, {kMaxSampleRows, int64_t(sizeof(DeviceSampleRow) / 4)});
   sample_masks_ = ops_.alloc_persistent(DType::kI32, {kMaxMaskRows, words});
   sampled_out_ = ops_.alloc_persistent(DType::kI32, {kMaxSampleRows, kSampleOutCols});
+  sample_edits_ = ops_.alloc_persistent(DType::kI32, {kMaxSampleEdits, int64_t(sizeof(DeviceLogitEdit) / 4)});
+  sample_edit_raw_ = ops_.alloc_persistent(DType::kF32, {kMaxSampleEdits});
+  sample_lse_ = ops_.alloc_persistent(DType::kF32, {kMaxSampleRows});
 }
 
 void Model::finish_sampling(const Tensor& lg, float* logits, const ForwardOptions& opt) {
@@ -239,7 +242,7 @@ void Model::finish_sampling(const Tensor& lg, float* logits, const ForwardOption
   }
   upload_sampling(*opt.sampling, size_t(lg.shape[0]));
   const Tensor out = sampled_out_.rows(0, lg.shape[0]);
-  sampler_->sample_rows(out, lg, sample_params_, sample_masks_);
+  sampler_->sample_rows(out, lg, sample_params_, sample_masks_, sample_edit_args());
   ops_.copy_to_host(out, opt.sampled);
 }
 
@@ -252,16 +255,23 @@ void Model::upload_sampling(const DeviceSampling& s, size_t logit_rows) {
   BELUGA_CHECK(s.masks.size() % size_t(words) == 0 && s.masks.size() / size_t(words) <= size_t(kMaxMaskRows),
                "device sampling: masks are not [M <= ", kMaxMaskRows, ", ", words, "] words");
   const int64_t M = int64_t(s.masks.size()) / words;
-  for (const DeviceSampleRow& r : s.rows)
+  const int64_t E = int64_t(s.edits.size());
+  BELUGA_CHECK(s.pending.empty(), "device sampling: pending edits not resolved");
+  BELUGA_CHECK(E <= kMaxSampleEdits, "device sampling: ", E, " logit edits (at most ", kMaxSampleEdits, ")");
+  for (const DeviceSampleRow& r : s.rows) {
     BELUGA_CHECK(r.mask_row < M, "device sampling: mask row ", r.mask_row, " of ", M);
+    BELUGA_CHECK(r.edit_begin >= 0 && r.edit_count >= 0 && int64_t(r.edit_begin) + r.edit_count <= E,
+                 "device sampling: edits [", r.edit_begin, ", +", r.edit_count, ") of ", E);
+  }
   // Only this step's rows: rows past them (a graph's padding) read older, still well-formed ones.
   if (!s.rows.empty()) ops_.copy_from_host(sample_params_.rows(0, int64_t(s.rows.size())), s.rows.data());
   if (M > 0) ops_.copy_from_host(sample_masks_.rows(0, M), s.masks.data());
+  if (E > 0) ops_.copy_from_host(sample_edits_.rows(0, E), s.edits.data());
 }
 
 Tensor Model::sample_logits(const Tensor& lg) {
   Tensor out = ops_.scratch(DType::kI32, {lg.shape[0], kSampleOutCols});
-  sampler_->sample_rows(out, lg, sample_params_, sample_masks_);
+  sampler_->sample_rows(out, lg, sample_params_, sample_masks_, sample_edit_args());
   return out;
 }
 

@@ -94,6 +94,7 @@ class Model {
   bool has_sampler() const { return sampler_ != nullptr; }
   // Most logit rows and mask rows one step may sample on the device.
   static constexpr int kMaxSampleRows = 4096, kMaxMaskRows = 256;
+  static constexpr int kMaxSampleEdits = 1 << 20;  // logit edits (bias, penalties) of one step
   // Graphs recorded for forward() (plain and sampling decode; verify steps replay theirs too) and for
   // mtp_forward() (proposal steps).
   int num_graphs() const {
@@ -169,6 +170,8 @@ class Model {
   // output is the sampled rows, not the logits).
   std::unique_ptr<SampleRowsOp> sampler_;
   Tensor sample_params_, sample_masks_;
+  Tensor sample_edits_, sample_edit_raw_, sample_lse_;  // SampleEdits: the entries and their scratch
+  SampleEdits sample_edit_args() const { return {sample_edits_, sample_edit_raw_, sample_lse_}; }
   Tensor sampled_out_;  // [kMaxSampleRows, kSampleOutCols]: a split step's sampled rows (not scratch)
   std::unique_ptr<DecodeGraphs> sample_graphs_;
   // The sampling half of a step split by ForwardOptions::before_sampling, on its logits `lg`.

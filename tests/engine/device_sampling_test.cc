@@ -4,13 +4,15 @@
 // tokens and logprobs exactly. Covered: seeded temperature, top_k, top_p, min_p and mixes, greedy and
 // sampled rows under a processor whose mask depends on the last accepted token (it has to be filled
 // for step N+1 after step N's token, before the launch), min_tokens with a stop token, logprobs 0,
-// n = 2, and steps that fall back to the host (a penalty row in the batch); masks filled by the engine
+// n = 2, logit bias and repetition / presence / frequency penalties (logit edits, with a logprob), and
+// steps that fall back to the host (a masked row whose mask fails); masks filled by the engine
 // thread alone and by worker threads (EngineConfig::mask_threads). With async scheduling these steps
 // are launched before the step ahead of them is applied (engine_launch.cc: launch_next early).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "engine_test_support.h"
 
@@ -20,7 +22,8 @@ namespace {
 // backend/sample_rows.h in double: host memory (CpuOps), one row at a time.
 class ReferenceSampleRows final : public SampleRowsOp {
  public:
-  void sample_rows(Tensor out, const Tensor& logits, const Tensor& rows, const Tensor& masks) override {
+  void sample_rows(Tensor out, const Tensor& logits, const Tensor& rows, const Tensor& masks,
+                   const SampleEdits& edits) override {
     const int R = int(logits.shape[0]), V = int(logits.shape[1]);
     const int words = (V + 31) / 32;
     calls++;
@@ -28,6 +31,20 @@ class ReferenceSampleRows final : public SampleRowsOp {
       const DeviceSampleRow& p = rows.ptr<const DeviceSampleRow>()[r];
       const float* raw = logits.ptr<const float>() + int64_t(r) * logits.stride[0];
       std::vector<float> x(raw, raw + V);
+      if (p.edit_count > 0) {  // the host sampler's float arithmetic, in its order
+        edited_rows++;
+        const auto* e = edits.edits.ptr<const DeviceLogitEdit>() + p.edit_begin;
+        const bool counts = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+        for (int j = 0; j < p.edit_count; ++j) {
+          const int t = e[j].token;
+          if (t < 0 || t >= V) continue;
+          float v = x[size_t(t)];
+          if (e[j].flags & kEditBias) v += e[j].bias;
+          if (e[j].flags & kEditRepeated) v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
+          if (counts && e[j].count > 0) v -= p.presence_penalty + p.frequency_penalty * float(e[j].count);
+          x[size_t(t)] = v;
+        }
+      }
       if (p.mask_row >= 0) {
         const auto* m = masks.ptr<const uint32_t>() + int64_t(p.mask_row) * words;
         for (int t = 0; t < V; ++t)
@@ -53,7 +70,7 @@ class ReferenceSampleRows final : public SampleRowsOp {
       o[3] = 0;
     }
   }
-  int calls = 0, masked_rows = 0;
+  int calls = 0, masked_rows = 0, edited_rows = 0;
 
  private:
   static int draw(const std::vector<float>& x, const DeviceSampleRow& p) {
@@ -206,14 +223,34 @@ class DeviceSampling : public EngineTest {
     add("min-tokens", 14, [](SamplingParams& s, EngineRequest&) {
       s.temperature = 1.0f, s.min_tokens = 6, s.ignore_eos = false;
     });
-    if (with_penalty)
+    if (with_penalty) {
       add("penalty", 25,
           [](SamplingParams& s, EngineRequest&) { s.temperature = 1.0f, s.presence_penalty = 0.5f; });
+      // Logit edits with the raw logprob (the edited distribution samples, the raw one scores).
+      add("rep-lp", 33, [](SamplingParams& s, EngineRequest&) {
+        s.temperature = 0.9f, s.repetition_penalty = 1.4f, s.logprobs = 0;
+      });
+      add("freq-bias", 19, [](SamplingParams& s, EngineRequest&) {
+        s.temperature = 1.1f, s.top_k = 30, s.frequency_penalty = 0.7f, s.presence_penalty = -0.2f;
+        s.logit_bias = {{5, 3.0f}, {17, -100.0f}, {40, 1.5f}};
+      });
+      // Greedy that may never repeat a token, with token 7 pushed to the top: 7 first, then never
+      // again. Its next step must count the token the step ahead of it was still sampling (the early
+      // launch's pending edit), or 7 comes back at once.
+      add("greedy-no-repeat", 6, [](SamplingParams& s, EngineRequest&) {
+        s.temperature = 0.0f, s.presence_penalty = 200.0f, s.max_tokens = 24;
+        s.logit_bias = {{7, 100.0f}};
+      });
+      add("greedy-bias-mask", 12, [](SamplingParams& s, EngineRequest& r) {
+        s.temperature = 0.0f, s.repetition_penalty = 0.8f, s.logit_bias = {{9, 2.0f}};
+        r.logits_processor = [] { return std::make_unique<ModThree>(); };
+      });
+    }
     return rs;
   }
   // What the "device" sampler did in a run (read before the model drops it).
   struct SamplerCounts {
-    int calls = 0, masked_rows = 0;
+    int calls = 0, masked_rows = 0, edited_rows = 0;
     EngineStats stats;  // the engine's, once idle
   };
   // Tokens and logprobs of the requests with and without device sampling.
@@ -248,7 +285,8 @@ class DeviceSampling : public EngineTest {
       counts.stats = wait_idle(engine);
     }
     counts.calls = sampler->calls;
-    counts.masked_rows = sampler->masked_rows;  // `sampler` is the model's until the next line
+    counts.masked_rows = sampler->masked_rows;
+    counts.edited_rows = sampler->edited_rows;  // `sampler` is the model's until the next line
     model_->set_sampler(nullptr);
   }
 };
@@ -270,6 +308,12 @@ TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
           EXPECT_EQ(dev.lps[id][i][k].second, v[k].second) << id << " @" << k;
         }
       }
+    if (with_penalty)
+      for (const auto& [i, v] : dev.tokens["greedy-no-repeat"]) {
+        ASSERT_EQ(v.size(), 24u);
+        EXPECT_EQ(v[0], 7);
+        EXPECT_EQ(std::set<int>(v.begin(), v.end()).size(), v.size()) << "a token repeated";
+      }
     for (const auto& [i, v] : host.tokens["greedy-mask"]) {
       int last = 0;
       for (int t : v) {
@@ -277,14 +321,17 @@ TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
         last = t;
       }
     }
-    // Without the penalty row every sampling step runs on the "device", masks included; with it, the
-    // steps that hold that row fall back to the host (and still agree).
-    // Those steps are launched before the step ahead of them is applied (the constrained rows' masks
-    // filled once it is): the mixed batch of the overlapped loop.
-    if (!with_penalty) {
-      EXPECT_GT(sampler.calls, 0);
-      EXPECT_GT(sampler.masked_rows, 0);
-      EXPECT_GT(sampler.stats.steps_early, sampler.stats.steps / 2);
+    // Every sampling step runs on the "device", masks included, and penalty and bias rows as logit
+    // edits (their counts including the token the step ahead was still sampling); the steps are
+    // launched before the step ahead of them is applied (the constrained rows' masks filled once it
+    // is): the mixed batch of the overlapped loop.
+    EXPECT_GT(sampler.calls, 0);
+    EXPECT_GT(sampler.masked_rows, 0);
+    EXPECT_GT(sampler.stats.steps_early, sampler.stats.steps / 2);
+    if (with_penalty) {
+      EXPECT_GT(sampler.edited_rows, 0);
+    } else {
+      EXPECT_EQ(sampler.edited_rows, 0);
     }
   }
 }

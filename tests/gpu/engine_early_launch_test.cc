@@ -1,7 +1,8 @@
 // The overlapped engine loop on CUDA (demo model, decode graphs, device sampler): steps launched before
 // the step ahead of them is applied (EngineConfig::early_launch; the runner puts that step's sampled
 // ids in) give the tokens of steps launched after it, in one mixed batch of greedy, seeded sampled
-// (temperature, top_p, top_k) and constrained rows (a mask that depends on the last token, filled
+// (temperature, top_p, top_k), penalized rows (logit bias and repetition / presence / frequency
+// penalties as logit edits) and constrained rows (a mask that depends on the last token, filled
 // once the step ahead is applied). A gate request holds the engine while the others are submitted, so
 // both runs schedule the same steps; the kernels are the same, so the tokens must be too (all but at
 // most 2 of 32 requests identical, for the run-to-run reductions of the MoE combine).
@@ -92,6 +93,12 @@ TEST(GpuEngineEarlyLaunch, SameTokensAsLaunchingAfterTheStepAhead) {
       r.sampling.top_p = i % 4 == 1 ? 0.9f : 1.0f;
       r.sampling.top_k = i % 4 == 2 ? 40 : 0;
       if (i % 3 == 0) r.logits_processor = [] { return std::make_unique<ModThree>(); };
+      if (i % 5 == 4) {  // logit edits, counting the token the step ahead is still sampling
+        r.sampling.repetition_penalty = 1.2f;
+        r.sampling.presence_penalty = 0.6f;
+        r.sampling.frequency_penalty = 0.4f;
+        r.sampling.logit_bias = {{101, 2.0f}, {105, -50.0f}};
+      }
       r.on_output = c.callback();
       EXPECT_EQ(e.submit(std::move(r)), SubmitStatus::kOk);
     }

@@ -7,7 +7,8 @@
 //     boundary may differ), never a token the mask or a filter excludes, and over 65536 draws of
 //     one 4096-token row the empirical distribution within 1.5x the sampling noise's expected total
 //     variation (Poisson mean absolute deviations) of the filtered distribution computed in double;
-//   logprob and rank of the token: within 1e-4 and equal to token_logprob's.
+//   logprob and rank of the token: within 1e-4 and equal to token_logprob's;
+//   logit bias and penalties (logit edits): the host's tokens, logprobs and ranks.
 // Fixed seeds throughout. Not part of ctest: tests/gpu/run.sh runs it (--gtest_filter=SampleRows.*).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -63,7 +64,7 @@ class SampleRows : public ::testing::Test {
     const int64_t words = (V + 31) / 32;
     Tensor lg = ops->alloc_persistent(DType::kF32, {R, V});
     ops->copy_from_host(lg, logits.data());
-    Tensor rw = ops->alloc_persistent(DType::kI32, {R, 8});
+    Tensor rw = ops->alloc_persistent(DType::kI32, {R, kSampleRowWords});
     ops->copy_from_host(rw, rows.data());
     Tensor mk;
     if (!masks.empty()) {
@@ -297,6 +298,84 @@ TEST_F(SampleRows, LogprobAndRankMatchTheHost) {
   }
 }
 
+// Logit bias and repetition / presence / frequency penalties as logit edits (device_sample_row's,
+// applied by the device in the host sampler's float arithmetic) against the host sampler given the
+// same prompt, output counts and bias: greedy rows the same token, sampled rows the same token for
+// >= 99 % of the rows, and the token's logprob and rank in the raw distribution where both agree.
+TEST_F(SampleRows, LogitEditsMatchTheHost) {
+  constexpr int R = 64, V = 129280;
+  const std::vector<float> logits = tied_logits(R, V, 2.0f, 11);
+  std::vector<SamplingParams> params(4);
+  params[0].temperature = 0.0f, params[0].repetition_penalty = 1.3f, params[0].frequency_penalty = 0.5f;
+  params[1].temperature = 0.9f, params[1].top_p = 0.95f, params[1].presence_penalty = 0.8f,
+  params[1].frequency_penalty = 0.3f;
+  params[2].temperature = 1.0f, params[2].top_k = 40, params[2].repetition_penalty = 1.5f;
+  params[3].temperature = 0.0f, params[3].repetition_penalty = 0.7f, params[3].presence_penalty = -1.0f;
+  for (auto& p : params) p.logprobs = 0;
+  std::mt19937_64 g(5);
+  std::vector<DeviceSampleRow> rows;
+  std::vector<DeviceLogitEdit> edits;
+  std::vector<int> host;
+  std::vector<TokenLogprob> host_lp;
+  std::vector<float> scratch, work;
+  std::vector<int> idx;
+  const std::vector<int> stop;
+  std::vector<SamplingParams> row_params;
+  for (int r = 0; r < R; ++r) {
+    SamplingParams p = params[size_t(r) % params.size()];
+    const float* x = logits.data() + int64_t(r) * V;
+    const int top = int(std::max_element(x, x + V) - x);
+    // The bias reaches the top tokens: the row's argmax pushed down, others up.
+    p.logit_bias = {{top, -4.0f}, {int(g() % V), 6.0f}, {int(g() % V), 2.5f}, {V + 3, 9.0f}};
+    std::vector<int> prompt;
+    for (int i = 0; i < 300; ++i) prompt.push_back(i % 5 == 0 ? top : int(g() % V));
+    std::unordered_map<int, int> counts;
+    for (int i = 0; i < 60; ++i) counts[i % 4 == 0 ? prompt[size_t(i)] : int(g() % V)] += 1 + int(g() % 3);
+    counts[top] += 1;
+    const std::vector<int> pset = distinct_tokens(prompt);
+    SampleContext ctx{&p, &prompt, &counts, 5 + r, &stop, uint64_t(77 + r), r};
+    ctx.prompt_set = &pset;
+    ASSERT_TRUE(samples_on_device(ctx));
+    rows.push_back(device_sample_row(ctx, &edits));
+    work.assign(x, x + V);
+    const SampleResult res = sample(work.data(), V, ctx, scratch, idx);
+    host.push_back(res.token);
+    host_lp.push_back(res.logprob);
+    row_params.push_back(p);
+  }
+  Tensor lg = ops->alloc_persistent(DType::kF32, {R, V});
+  ops->copy_from_host(lg, logits.data());
+  Tensor rw = ops->alloc_persistent(DType::kI32, {R, kSampleRowWords});
+  ops->copy_from_host(rw, rows.data());
+  const int64_t E = int64_t(edits.size());
+  SampleEdits se{ops->alloc_persistent(DType::kI32, {E, 4}), ops->alloc_persistent(DType::kF32, {E}),
+                 ops->alloc_persistent(DType::kF32, {R})};
+  ops->copy_from_host(se.edits, edits.data());
+  Tensor out = ops->alloc_persistent(DType::kI32, {R, kSampleOutCols});
+  sampler->sample_rows(out, lg, rw, Tensor{}, se);
+  std::vector<int32_t> o(size_t(R) * kSampleOutCols);
+  ops->copy_to_host(out, o.data());
+  int same = 0, sampled = 0;
+  for (int r = 0; r < R; ++r) {
+    const int32_t* row = o.data() + size_t(r) * kSampleOutCols;
+    const bool greedy = row_params[size_t(r)].temperature <= 0.0f;
+    if (greedy) {
+      EXPECT_EQ(row[0], host[size_t(r)]) << "greedy row " << r;
+    } else {
+      ++sampled;
+      same += row[0] == host[size_t(r)];
+    }
+    if (row[0] != host[size_t(r)]) continue;
+    float lp;
+    std::memcpy(&lp, &row[1], 4);
+    EXPECT_NEAR(lp, host_lp[size_t(r)].logprob, 1e-4) << "row " << r;
+    EXPECT_EQ(row[2], host_lp[size_t(r)].rank) << "row " << r;
+  }
+  EXPECT_GE(same * 100, sampled * 99) << same << " of " << sampled << " sampled rows";
+  std::printf("logit edits: %lld entries over %d rows; %d of %d sampled rows the host's token\n", (long long)E, R,
+              same, sampled);
+}
+
 // Not a bound: the kernel's time per launch at decode batches (V2-Lite and V3 vocabularies), printed
 // as "[figures]" lines for docs/performance.md.
 TEST_F(SampleRows, Timing) {
@@ -305,7 +384,7 @@ TEST_F(SampleRows, Timing) {
       const std::vector<float> logits = tied_logits(R, V, 3.0f, 9);
       Tensor lg = ops->alloc_persistent(DType::kF32, {R, V});
       ops->copy_from_host(lg, logits.data());
-      Tensor rw = ops->alloc_persistent(DType::kI32, {R, 8});
+      Tensor rw = ops->alloc_persistent(DType::kI32, {R, kSampleRowWords});
       Tensor out = ops->alloc_persistent(DType::kI32, {R, kSampleOutCols});
       for (const char* mode : {"greedy", "T0.8", "T0.8 top_p0.95", "T0.8 top_k50 top_p0.95"}) {
         std::vector<DeviceSampleRow> rows(static_cast<size_t>(R));

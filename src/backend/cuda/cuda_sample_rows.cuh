@@ -28,6 +28,7 @@ struct Shared {
   float fw[kWarps], fw2[kWarps];
   int iw[kWarps];
   u64 value;
+  float fvalue;
   int ivalue, tie_count, tie_min;
 };
 
@@ -231,14 +232,51 @@ __device__ __forceinline__ float block_lse(float m, float s, Shared& sh) {
   return m + logf(s);
 }
 
+// A row's logit edits (sample_rows.h: DeviceLogitEdit) in the host sampler's float arithmetic (no
+// contraction: the same bits as engine/sampler.cc), in place; each edited logit's raw value goes to
+// `raw`, and with a logprob wanted the raw row's log-sum-exp to lse[r] first (the sampler then
+// scores the token in the unedited distribution, as the host does). Rows without edits return at once.
+__global__ void __launch_bounds__(kThreads)
+    apply_edits_kernel(float* logits, int64_t ld, int V, const DeviceSampleRow* rows,
+                       const DeviceLogitEdit* edits, float* raw, float* lse) {
+  pdl_entry();
+  __shared__ Shared sh;
+  const int r = blockIdx.x;
+  const DeviceSampleRow p = rows[r];
+  if (p.edit_count == 0) return;
+  float* x = logits + int64_t(r) * ld;
+  if (p.logprob) {
+    float m = -INFINITY, sum = 0;
+    for (int i = threadIdx.x; i < V; i += kThreads) lse_merge(m, sum, x[i], 1.0f);
+    const float l = block_lse(m, sum, sh);
+    if (threadIdx.x == 0) lse[r] = l;
+  }
+  __syncthreads();
+  const bool counts = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  for (int j = threadIdx.x; j < p.edit_count; j += kThreads) {
+    const DeviceLogitEdit e = edits[p.edit_begin + j];
+    if (e.token < 0 || e.token >= V) continue;
+    float v = x[e.token];
+    raw[p.edit_begin + j] = v;
+    if (e.flags & kEditBias) v = __fadd_rn(v, e.bias);
+    if (e.flags & kEditRepeated)
+      v = v > 0.0f ? __fdiv_rn(v, p.repetition_penalty) : __fmul_rn(v, p.repetition_penalty);
+    if (counts && e.count > 0)
+      v = __fsub_rn(v, __fadd_rn(p.presence_penalty, __fmul_rn(p.frequency_penalty, float(e.count))));
+    x[e.token] = v;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(int32_t* out, const float* logits, int64_t ld, int V, const DeviceSampleRow* rows,
-                       const uint32_t* masks, int mask_words) {
+                       const uint32_t* masks, int mask_words, const DeviceLogitEdit* edits, const float* raw,
+                       const float* lse_of_edited) {
   pdl_entry();
   __shared__ Shared sh;
   const int r = blockIdx.x;
   const DeviceSampleRow p = rows[r];
   const float* x = logits + int64_t(r) * ld;
+  const bool edited = p.edit_count > 0;  // x holds the edited logits (apply_edits_kernel)
   const uint32_t* m = p.mask_row >= 0 ? masks + int64_t(p.mask_row) * mask_words : nullptr;
   auto val = [&](int i) { return (!m || ((m[i >> 5] >> (i & 31)) & 1u)) ? x[i] : -INFINITY; };
 
@@ -251,7 +289,7 @@ __global__ void __launch_bounds__(kThreads)
       best = v;
       bi = i;
     }
-    if (p.logprob) lse_merge(rmax, rsum, x[i], 1.0f);
+    if (p.logprob && !edited) lse_merge(rmax, rsum, x[i], 1.0f);
   }
   block_argmax(best, bi, sh);
   int token = bi;
@@ -305,11 +343,30 @@ __global__ void __launch_bounds__(kThreads)
 
   float lp = 0;
   int rank = 0;
-  if (p.logprob) {
+  if (p.logprob && !edited) {
     const float lse = block_lse(rmax, rsum, sh);
     lp = x[token] - lse;
     u64 local = 0;
     for (int i = threadIdx.x; i < V; i += kThreads) local += (x[i] - lse >= lp) ? 1 : 0;
+    rank = int(block_sum(local, sh));
+  } else if (p.logprob) {
+    // The raw distribution: x[i] unless edited, then raw[] has it.
+    const float lse = lse_of_edited[r];
+    if (threadIdx.x == 0) sh.fvalue = x[token];
+    __syncthreads();
+    for (int j = threadIdx.x; j < p.edit_count; j += kThreads)
+      if (edits[p.edit_begin + j].token == token) sh.fvalue = raw[p.edit_begin + j];  // one entry per token
+    __syncthreads();
+    lp = sh.fvalue - lse;
+    __syncthreads();
+    u64 local = 0;
+    for (int i = threadIdx.x; i < V; i += kThreads) local += (x[i] - lse >= lp) ? 1 : 0;
+    for (int j = threadIdx.x; j < p.edit_count; j += kThreads) {  // edited entries: count the raw value
+      const int t = edits[p.edit_begin + j].token;
+      if (t < 0 || t >= V) continue;
+      local -= (x[t] - lse >= lp) ? 1 : 0;
+      local += (raw[p.edit_begin + j] - lse >= lp) ? 1 : 0;
+    }
     rank = int(block_sum(local, sh));
   }
   if (threadIdx.x == 0) {

@@ -10,7 +10,8 @@ namespace beluga {
 class CudaSampleRows final : public SampleRowsOp {
  public:
   explicit CudaSampleRows(CudaOps& ops) : ops_(ops) {}
-  void sample_rows(Tensor out, const Tensor& logits, const Tensor& rows, const Tensor& masks) override;
+  void sample_rows(Tensor out, const Tensor& logits, const Tensor& rows, const Tensor& masks,
+                   const SampleEdits& edits = {}) override;
 
  private:
   CudaOps& ops_;
