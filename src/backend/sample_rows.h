@@ -1,8 +1,8 @@
 // Sampling on the device: one token per logit row from the CPU sampler's parameters (temperature,
 // top_k, top_p, min_p, the seeded draw, logit bias, repetition / presence / frequency penalties) and a
 // token bitmask (structured outputs, min_tokens' stop ids), so a step copies token ids back instead of
-// [rows, vocab] floats. Rows that want top logprobs (logprobs > 0) stay on the host sampler
-// (engine/sampler.h). Graph-capturable: everything a row needs is read from device memory.
+// [rows, vocab] floats, with the token's logprob and rank and up to kMaxTopLogprobs top logprobs.
+// Rows that want top logprobs and edit their logits stay on the host sampler (engine/sampler.h). Graph-capturable: everything a row needs is read from device memory.
 // Semantics (engine/sampler.h's, in its order): the row's logit edits (below) change the logits they
 // name; the mask sets disallowed logits to -inf; temperature <= 0 takes the argmax (ties: the lowest
 // id; bit-identical to the host); otherwise probabilities exp((x - max) / T), top_k, min_p and top_p
@@ -33,7 +33,10 @@ struct DeviceSampleRow {
   // token, with the penalties they take.
   int32_t edit_begin = 0, edit_count = 0;
   float repetition_penalty = 1, presence_penalty = 0, frequency_penalty = 0;
-  int32_t unused[3] = {0, 0, 0};
+  // With logprob: the raw distribution's best top_logprobs (<= kMaxTopLogprobs) tokens too, best
+  // first (ties: the lower id). Not with edits (the host takes such rows).
+  int32_t top_logprobs = 0;
+  int32_t unused[2] = {0, 0};
 };
 constexpr int kSampleRowWords = 16;
 static_assert(sizeof(DeviceSampleRow) == 4 * kSampleRowWords, "the device reads rows of 16 words");
@@ -57,8 +60,10 @@ struct PendingEdit {
   int32_t row, future_row;
 };
 
-// Columns of sample_rows' output per row: token id, logprob (F32 bits), rank (1-based), unused.
-constexpr int kSampleOutCols = 4;
+// Columns of sample_rows' output per row: token id, logprob (F32 bits), rank (1-based), the number of
+// top entries, then kMaxTopLogprobs (id, logprob bits) pairs.
+constexpr int kMaxTopLogprobs = 20;
+constexpr int kSampleOutCols = 4 + 2 * kMaxTopLogprobs;
 
 // One step's device sampling as the host prepares it: a row per logit row, and the masks they name.
 struct DeviceSampling {

@@ -278,6 +278,8 @@ void Engine::loop() {
             res.logprob.token = o[0];
             res.logprob.logprob = std::bit_cast<float>(o[1]);
             res.logprob.rank = o[2];
+            for (int j = 0; j < o[3]; ++j)
+              res.logprob.top.emplace_back(o[4 + 2 * j], std::bit_cast<float>(o[5 + 2 * j]));
           }
         } else if (im.runner.greedy()) {  // every row samples_raw_argmax(): the device took the argmax
           res.token = im.runner.greedy_tokens()[r];

@@ -199,7 +199,8 @@ bool samples_raw_argmax(const SampleContext& ctx) {
 }
 
 bool samples_on_device(const SampleContext& ctx) {
-  return ctx.params->logprobs <= 0;
+  const SamplingParams& p = *ctx.params;
+  return p.logprobs <= 0 || (p.logprobs <= kMaxTopLogprobs && !edits_logits(p));
 }
 
 bool edits_logits(const SamplingParams& p) {
@@ -217,6 +218,7 @@ DeviceSampleRow device_sample_row(const SampleContext& ctx, std::vector<DeviceLo
   r.top_k = p.top_k;
   if (p.temperature > 0.0f) r.u = sample_uniform(ctx.seed, ctx.seq_index, ctx.num_output);
   r.logprob = p.logprobs >= 0 ? 1 : 0;
+  r.top_logprobs = std::max(0, p.logprobs);
   if (!edits || !edits_logits(p)) return r;
   r.repetition_penalty = p.repetition_penalty;
   r.presence_penalty = p.presence_penalty;

@@ -58,8 +58,8 @@ bool samples_speculatively(const SampleContext& ctx);
 bool samples_raw_argmax(const SampleContext& ctx);
 
 // Whether sample() for this row needs no more than the device sampler takes (backend/sample_rows.h):
-// at most the sampled token's own logprob (logprobs 0; top logprobs stay on the host). The caller
-// folds ctx.allowed and min_tokens' masked stop ids into the row's bitmask.
+// top logprobs only up to kMaxTopLogprobs and without logit bias or penalties. The caller folds
+// ctx.allowed and min_tokens' masked stop ids into the row's bitmask.
 bool samples_on_device(const SampleContext& ctx);
 // The device sampler's row for a row samples_on_device() accepts (no mask: mask_row -1), with the
 // same uniform sample() would draw. Its logit bias and penalties become edits appended to `edits`

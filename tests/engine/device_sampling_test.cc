@@ -68,9 +68,29 @@ class ReferenceSampleRows final : public SampleRowsOp {
       std::memcpy(&o[1], &lp, 4);
       o[2] = rank;
       o[3] = 0;
+      if (p.logprob && p.top_logprobs > 0) {  // the host's order: logprob descending, then id
+        const float mx = *std::max_element(raw, raw + V);
+        double sum = 0;
+        for (int t = 0; t < V; ++t) sum += std::exp(double(raw[t] - mx));
+        const float lse = mx + float(std::log(sum));
+        std::vector<int> idx(static_cast<size_t>(V));
+        std::iota(idx.begin(), idx.end(), 0);
+        const int k = std::min(p.top_logprobs, V);
+        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+          const float la = raw[a] - lse, lb = raw[b] - lse;
+          return la > lb || (la == lb && a < b);
+        });
+        o[3] = k;
+        for (int j = 0; j < k; ++j) {
+          const float v = raw[idx[size_t(j)]] - lse;
+          o[4 + 2 * j] = idx[size_t(j)];
+          std::memcpy(&o[5 + 2 * j], &v, 4);
+        }
+        top_rows++;
+      }
     }
   }
-  int calls = 0, masked_rows = 0, edited_rows = 0;
+  int calls = 0, masked_rows = 0, edited_rows = 0, top_rows = 0;
 
  private:
   static int draw(const std::vector<float>& x, const DeviceSampleRow& p) {
@@ -163,6 +183,7 @@ struct Got {
   std::mutex mu;
   std::map<std::string, std::map<int, std::vector<int>>> tokens;
   std::map<std::string, std::map<int, std::vector<std::pair<float, int>>>> lps;
+  std::map<std::string, std::map<int, std::vector<std::vector<std::pair<int, float>>>>> tops;
   std::map<std::string, std::string> error;
   int done = 0;
   std::condition_variable cv;
@@ -172,7 +193,10 @@ struct Got {
       for (auto& s : o.seqs) {
         auto& v = tokens[o.request_id][s.index];
         v.insert(v.end(), s.tokens.begin(), s.tokens.end());
-        for (const TokenLogprob& l : s.logprobs) lps[o.request_id][s.index].emplace_back(l.logprob, l.rank);
+        for (const TokenLogprob& l : s.logprobs) {
+          lps[o.request_id][s.index].emplace_back(l.logprob, l.rank);
+          tops[o.request_id][s.index].push_back(l.top);
+        }
       }
       if (!o.error.empty()) error[o.request_id] = o.error;
       if (o.finished) done++;
@@ -208,6 +232,8 @@ class DeviceSampling : public EngineTest {
       s.temperature = 1.0f, s.top_k = 50, s.top_p = 0.9f, s.min_p = 0.01f, s.n = 2;
     });
     add("lp", 12, [](SamplingParams& s, EngineRequest&) { s.temperature = 0.7f, s.logprobs = 0; });
+    add("top-lp", 15, [](SamplingParams& s, EngineRequest&) { s.temperature = 0.9f, s.top_p = 0.9f, s.logprobs = 5; });
+    add("greedy-top-lp", 26, [](SamplingParams& s, EngineRequest&) { s.temperature = 0.0f, s.logprobs = 20; });
     add("greedy-mask", 21, [](SamplingParams& s, EngineRequest& r) {
       s.temperature = 0.0f;
       r.logits_processor = [] { return std::make_unique<ModThree>(); };
@@ -250,7 +276,7 @@ class DeviceSampling : public EngineTest {
   }
   // What the "device" sampler did in a run (read before the model drops it).
   struct SamplerCounts {
-    int calls = 0, masked_rows = 0, edited_rows = 0;
+    int calls = 0, masked_rows = 0, edited_rows = 0, top_rows = 0;
     EngineStats stats;  // the engine's, once idle
   };
   // Tokens and logprobs of the requests with and without device sampling.
@@ -286,7 +312,8 @@ class DeviceSampling : public EngineTest {
     }
     counts.calls = sampler->calls;
     counts.masked_rows = sampler->masked_rows;
-    counts.edited_rows = sampler->edited_rows;  // `sampler` is the model's until the next line
+    counts.edited_rows = sampler->edited_rows;
+    counts.top_rows = sampler->top_rows;  // `sampler` is the model's until the next line
     model_->set_sampler(nullptr);
   }
 };
@@ -306,6 +333,12 @@ TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
         for (size_t k = 0; k < v.size(); ++k) {
           EXPECT_NEAR(dev.lps[id][i][k].first, v[k].first, 1e-5) << id << " @" << k;
           EXPECT_EQ(dev.lps[id][i][k].second, v[k].second) << id << " @" << k;
+          const auto &dt = dev.tops[id][i][k], &ht = host.tops[id][i][k];
+          ASSERT_EQ(dt.size(), ht.size()) << id << " @" << k;
+          for (size_t j = 0; j < ht.size(); ++j) {
+            EXPECT_EQ(dt[j].first, ht[j].first) << id << " @" << k << " top " << j;
+            EXPECT_NEAR(dt[j].second, ht[j].second, 1e-5) << id << " @" << k << " top " << j;
+          }
         }
       }
     if (with_penalty)
@@ -327,6 +360,7 @@ TEST_F(DeviceSampling, SameTokensAndLogprobsAsTheHostPath) {
     // is): the mixed batch of the overlapped loop.
     EXPECT_GT(sampler.calls, 0);
     EXPECT_GT(sampler.masked_rows, 0);
+    EXPECT_GT(sampler.top_rows, 0);  // top logprobs on the device too
     EXPECT_GT(sampler.stats.steps_early, sampler.stats.steps / 2);
     if (with_penalty) {
       EXPECT_GT(sampler.edited_rows, 0);

@@ -7,7 +7,8 @@
 //     boundary may differ), never a token the mask or a filter excludes, and over 65536 draws of
 //     one 4096-token row the empirical distribution within 1.5x the sampling noise's expected total
 //     variation (Poisson mean absolute deviations) of the filtered distribution computed in double;
-//   logprob and rank of the token: within 1e-4 and equal to token_logprob's;
+//   logprob and rank of the token: within 1e-4 and equal to token_logprob's, and the top 5 / 20 (ids
+//     in the host's order, values within 1e-4);
 //   logit bias and penalties (logit edits): the host's tokens, logprobs and ranks.
 // Fixed seeds throughout. Not part of ctest: tests/gpu/run.sh runs it (--gtest_filter=SampleRows.*).
 #include <cuda_runtime.h>
@@ -281,10 +282,10 @@ TEST_F(SampleRows, LogprobAndRankMatchTheHost) {
   const std::vector<float> logits = tied_logits(R, V, 2.0f, 8);
   SamplingParams greedy, sampled;
   greedy.temperature = 0.0f;
-  greedy.logprobs = 0;
+  greedy.logprobs = 20;  // and the top 20 / 5
   sampled.temperature = 0.9f;
   sampled.top_p = 0.95f;
-  sampled.logprobs = 0;
+  sampled.logprobs = 5;
   std::vector<int> host;
   std::vector<TokenLogprob> lps;
   const std::vector<int32_t> out = both(logits, R, V, {greedy, sampled}, {}, &host, &lps);
@@ -295,6 +296,14 @@ TEST_F(SampleRows, LogprobAndRankMatchTheHost) {
     std::memcpy(&lp, &o[1], 4);
     EXPECT_NEAR(lp, lps[size_t(r)].logprob, 1e-4) << "row " << r;
     EXPECT_EQ(o[2], lps[size_t(r)].rank) << "row " << r;
+    const auto& top = lps[size_t(r)].top;
+    ASSERT_EQ(o[3], int(top.size())) << "row " << r;
+    for (size_t j = 0; j < top.size(); ++j) {
+      float v;
+      std::memcpy(&v, &o[5 + 2 * j], 4);
+      EXPECT_EQ(o[4 + 2 * j], top[j].first) << "row " << r << " top " << j;
+      EXPECT_NEAR(v, top[j].second, 1e-4) << "row " << r << " top " << j;
+    }
   }
 }
 

@@ -30,6 +30,9 @@ struct Shared {
   u64 value;
   float fvalue;
   int ivalue, tie_count, tie_min;
+  int top_n;
+  int top_id[kMaxTopLogprobs];
+  float top_lp[kMaxTopLogprobs];
 };
 
 // Larger float -> larger key; -inf is below every finite value.
@@ -369,12 +372,47 @@ __global__ void __launch_bounds__(kThreads)
     }
     rank = int(block_sum(local, sh));
   }
+  // The raw distribution's best k: the prefix of k of the descending order (as the host's partial
+  // selection: ties to the lower id), gathered, then sorted by logprob and id.
+  const int k = p.logprob && !edited ? min(p.top_logprobs, min(V, kMaxTopLogprobs)) : 0;
+  if (k > 0) {
+    const float lse = block_lse(rmax, rsum, sh);
+    const Boundary b = last_of_prefix(
+        V, [&](int i) { return order_key(x[i]); }, [](int) { return u64(1); }, u64(k), sh);
+    if (threadIdx.x == 0) sh.top_n = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < V; i += kThreads)
+      if (b.contains(order_key(x[i]), i)) {
+        const int at = atomicAdd(&sh.top_n, 1);
+        if (at < kMaxTopLogprobs) {
+          sh.top_id[at] = i;
+          sh.top_lp[at] = x[i] - lse;
+        }
+      }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int a = 1; a < k; ++a)  // insertion sort of k <= 20
+        for (int c = a; c > 0; --c) {
+          const float v0 = sh.top_lp[c - 1], v1 = sh.top_lp[c];
+          if (!(v1 > v0 || (v1 == v0 && sh.top_id[c] < sh.top_id[c - 1]))) break;
+          const int ti = sh.top_id[c];
+          sh.top_id[c] = sh.top_id[c - 1];
+          sh.top_id[c - 1] = ti;
+          sh.top_lp[c] = v0;
+          sh.top_lp[c - 1] = v1;
+        }
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     int32_t* o = out + int64_t(r) * kSampleOutCols;
     o[0] = token;
     o[1] = __float_as_int(lp);
     o[2] = rank;
-    o[3] = 0;
+    o[3] = k;
+    for (int j = 0; j < k; ++j) {
+      o[4 + 2 * j] = sh.top_id[j];
+      o[5 + 2 * j] = __float_as_int(sh.top_lp[j]);
+    }
   }
 }
 
