@@ -2,15 +2,15 @@
 // top_k, top_p, min_p, the seeded draw, logit bias, repetition / presence / frequency penalties) and a
 // token bitmask (structured outputs, min_tokens' stop ids), so a step copies token ids back instead of
 // [rows, vocab] floats, with the token's logprob and rank and up to kMaxTopLogprobs top logprobs.
-// Rows that want top logprobs and edit their logits stay on the host sampler (engine/sampler.h). Graph-capturable: everything a row needs is read from device memory.
-// Semantics (engine/sampler.h's, in its order): the row's logit edits (below) change the logits they
-// name; the mask sets disallowed logits to -inf; temperature <= 0 takes the argmax (ties: the lowest
-// id; bit-identical to the host); otherwise probabilities exp((x - max) / T), top_k, min_p and top_p
-// keep a prefix of the descending order (ties: the lower id) and the row's uniform u picks the token
-// where u * kept mass falls, walking that order (in id order when no filter is set), as the host does.
-// Masses are 2^-40 fixed point on the device (deterministic sums; a token below 2^-40 of the top one
-// is never drawn), so a boundary token can differ from the host's double-precision walk by rounding.
-// The logprob and rank are the raw (unedited, unmasked) distribution's, as on the host.
+// Rows that want top logprobs and edit their logits stay on the host sampler (engine/sampler.h).
+// Graph-capturable: everything a row needs is read from device memory. Semantics (engine/sampler.h's, in its
+// order): the row's logit edits (below) change the logits they name; the mask sets disallowed logits to -inf;
+// temperature <= 0 takes the argmax (ties: the lowest id; bit-identical to the host); otherwise probabilities
+// exp((x - max) / T), top_k, min_p and top_p keep a prefix of the descending order (ties: the lower id) and
+// the row's uniform u picks the token where u * kept mass falls, walking that order (in id order when no
+// filter is set), as the host does. Masses are 2^-40 fixed point on the device (deterministic sums; a token
+// below 2^-40 of the top one is never drawn), so a boundary token can differ from the host's double-precision
+// walk by rounding. The logprob and rank are the raw (unedited, unmasked) distribution's, as on the host.
 #pragma once
 
 #include <cstdint>

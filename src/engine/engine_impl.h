@@ -71,7 +71,7 @@ struct Engine::Impl {
         trace_lane(trace ? trace->add_lane("engine loop") : 0),
         runner(m, kv, cfg.step_hook, trace.get(), spec.get(),
                cfg.deterministic ? MlaMode::kAbsorbed : MlaMode::kAuto),
-        device_sampling(cfg.device_sampling && m.has_sampler() && !spec),
+        device_sampling(cfg.device_sampling && m.has_sampler()),
         deterministic(cfg.deterministic),
         mask_filler(cfg.mask_threads >= 0 ? cfg.mask_threads
                                           : MaskFiller::default_workers(std::thread::hardware_concurrency())),

@@ -83,7 +83,7 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
   bool future = false;  // some token is one step N is still sampling
   // Every row within the device sampler's reach (sampler.h: samples_on_device): sample them there,
   // constrained rows with the mask filled now (their processor has seen every token up to N).
-  bool device = device_sampling && !spec;
+  bool device = device_sampling;  // a speculating step samples on the host (below)
   dsamp.clear();
   masks.clear();
   mask_seqs.clear();
@@ -157,6 +157,9 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
   }
   std::sort(out_slots.begin(), out_slots.end());
   out_slots.erase(std::unique(out_slots.begin(), out_slots.end()), out_slots.end());
+  // A step that verifies drafts or runs the MTP pass needs its rows' logits (or argmaxes) on the
+  // host; a plain step of a speculative server samples on the device like any other.
+  if (spec && spec->speculating()) device = false;
   // All raw argmax: argmax_rows is the cheaper device path.
   greedy = greedy && !b.logit_rows.empty();
   device = device && !greedy && !b.logit_rows.empty() && dsamp.rows.size() == b.logit_rows.size();

@@ -224,7 +224,8 @@ DeviceSampleRow device_sample_row(const SampleContext& ctx, std::vector<DeviceLo
   r.presence_penalty = p.presence_penalty;
   r.frequency_penalty = p.frequency_penalty;
   r.edit_begin = int32_t(edits->size());
-  const bool rep = p.repetition_penalty != 1.0f, counts = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  const bool rep = p.repetition_penalty != 1.0f,
+             counts = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   for (const auto& [t, b] : p.logit_bias) edits->push_back({t, b, 0, kEditBias});
   if (rep || counts)
     for (const auto& [t, c] : *ctx.output_counts) edits->push_back({t, 0.0f, c, rep ? kEditRepeated : 0u});

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <set>
 
+#include "engine/spec_config.h"
 #include "engine_test_support.h"
 
 namespace beluga::engine_test {
@@ -232,8 +233,10 @@ class DeviceSampling : public EngineTest {
       s.temperature = 1.0f, s.top_k = 50, s.top_p = 0.9f, s.min_p = 0.01f, s.n = 2;
     });
     add("lp", 12, [](SamplingParams& s, EngineRequest&) { s.temperature = 0.7f, s.logprobs = 0; });
-    add("top-lp", 15, [](SamplingParams& s, EngineRequest&) { s.temperature = 0.9f, s.top_p = 0.9f, s.logprobs = 5; });
-    add("greedy-top-lp", 26, [](SamplingParams& s, EngineRequest&) { s.temperature = 0.0f, s.logprobs = 20; });
+    add("top-lp", 15,
+        [](SamplingParams& s, EngineRequest&) { s.temperature = 0.9f, s.top_p = 0.9f, s.logprobs = 5; });
+    add("greedy-top-lp", 26,
+        [](SamplingParams& s, EngineRequest&) { s.temperature = 0.0f, s.logprobs = 20; });
     add("greedy-mask", 21, [](SamplingParams& s, EngineRequest& r) {
       s.temperature = 0.0f;
       r.logits_processor = [] { return std::make_unique<ModThree>(); };
@@ -245,6 +248,12 @@ class DeviceSampling : public EngineTest {
     add("greedy-mask-n2", 11, [](SamplingParams& s, EngineRequest& r) {
       s.temperature = 0.0f, s.n = 2;
       r.logits_processor = [] { return std::make_unique<ModThree>(); };
+    });
+    // A prompt holding most of the vocabulary once: whatever it generates, prompt lookup finds the
+    // token in the prompt and drafts what followed it there.
+    add("greedy-lookup", 1500, [](SamplingParams& s, EngineRequest& r) {
+      s.temperature = 0.0f;
+      for (size_t i = 0; i < r.prompt.size(); ++i) r.prompt[i] = int((i * 7 + 3) % 2048);
     });
     add("min-tokens", 14, [](SamplingParams& s, EngineRequest&) {
       s.temperature = 1.0f, s.min_tokens = 6, s.ignore_eos = false;
@@ -281,7 +290,7 @@ class DeviceSampling : public EngineTest {
   };
   // Tokens and logprobs of the requests with and without device sampling.
   void run(bool device, bool with_penalty, Got& g, SamplerCounts& counts, int mask_threads = 0,
-           bool with_failing = false, bool async = true) {
+           bool with_failing = false, bool async = true, const std::string& spec = "") {
     auto s = std::make_unique<ReferenceSampleRows>();
     const ReferenceSampleRows* sampler = s.get();
     if (device) model_->set_sampler(std::move(s));
@@ -291,6 +300,7 @@ class DeviceSampling : public EngineTest {
     ec.device_sampling = device;
     ec.mask_threads = mask_threads;  // 5 constrained sequences: enough for the workers (mask_filler.h)
     ec.async_scheduling = async;     // on: masks filled while the step's forward runs
+    if (!spec.empty()) ec.speculative = parse_spec_config(spec);
     {
       Engine engine(*model_, ec);
       auto rs = requests(g, with_penalty);
@@ -396,6 +406,21 @@ TEST_F(DeviceSampling, AFailingMaskFailsItsRequestAlone) {
       EXPECT_EQ(sampler.stats.steps_early, 0);
     }
   }
+}
+
+// A speculative server (prompt lookup, two drafts per step): steps that verify drafts sample on the
+// host, the others (no row eligible to speculate: penalties, masks, logprobs) on the device; the tokens
+// are the host path's without speculation (speculative sampling keeps the seeded stream).
+TEST_F(DeviceSampling, PlainStepsOfASpeculativeServerSampleOnTheDevice) {
+  Got host, dev;
+  SamplerCounts unused, sampler;
+  run(false, true, host, unused);
+  run(true, true, dev, sampler, 0, false, true,
+      R"({"method":"ngram","num_speculative_tokens":2,"gating":"fixed","prompt_lookup_max":3,"prompt_lookup_min":1})");
+  EXPECT_TRUE(host.error.empty() && dev.error.empty());
+  EXPECT_EQ(dev.tokens, host.tokens);
+  EXPECT_GT(sampler.calls, 0) << "no step sampled on the device";
+  EXPECT_GT(sampler.stats.spec_draft_tokens, 0) << "nothing speculated";
 }
 
 }  // namespace

@@ -381,8 +381,8 @@ TEST_F(SampleRows, LogitEditsMatchTheHost) {
     EXPECT_EQ(row[2], host_lp[size_t(r)].rank) << "row " << r;
   }
   EXPECT_GE(same * 100, sampled * 99) << same << " of " << sampled << " sampled rows";
-  std::printf("logit edits: %lld entries over %d rows; %d of %d sampled rows the host's token\n", (long long)E, R,
-              same, sampled);
+  std::printf("logit edits: %lld entries over %d rows; %d of %d sampled rows the host's token\n",
+              (long long)E, R, same, sampled);
 }
 
 // Not a bound: the kernel's time per launch at decode batches (V2-Lite and V3 vocabularies), printed
