@@ -123,14 +123,20 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
 }
 
 bool SpecGate::regime(Band& r, int band, int64_t d) {
+  if (!r.probing) return r.on;
   if (d < kProbe) return r.probe_on;
   if (d < 2 * kProbe) return !r.probe_on;
   if (d == 2 * kProbe) {
     // The probes' measured tokens per second; too few steady steps in either (a busy server's steps
     // carry prompts): keep the regime in force.
     const Rate &off = r.rate[0], &on = r.rate[1];
-    if (off.steps >= kMinSamples && on.steps >= kMinSamples && off.seconds > 0 && on.seconds > 0)
-      r.on = on.tokens / on.seconds > kRegimeGain * (off.tokens / off.seconds);
+    if (off.steps >= kMinSamples && on.steps >= kMinSamples && off.seconds > 0 && on.seconds > 0) {
+      const double on_rate = on.tokens / on.seconds, off_rate = off.tokens / off.seconds;
+      r.on = on_rate > kRegimeGain * off_rate;
+      const bool far = std::max(on_rate, off_rate) > kFarSlower * std::min(on_rate, off_rate);
+      r.backoff = far ? std::min(kMaxQuiet, std::max(1, 2 * r.backoff)) : 0;
+      r.quiet = r.backoff;
+    }
     log::debug("engine", "spec gate: batch band ", band, ": probes ", on.steps, " drafting steps, ",
                on.tokens, " tokens in ", on.seconds * 1e3, " ms; ", off.steps, " plain steps, ", off.tokens,
                " tokens in ", off.seconds * 1e3, " ms: ", r.on ? "drafting" : "plain");
@@ -157,6 +163,8 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
     r.rate[0] = r.rate[1] = Rate{};
     r.plain = 0;
     r.probe_on = r.on;  // probe the regime in force first: one switch less when it stays
+    r.probing = r.quiet == 0;
+    if (r.quiet > 0) r.quiet--;
   }
   r.decisions++;
   Bucket& b = bucket(batch);

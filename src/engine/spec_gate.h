@@ -7,6 +7,9 @@
 // steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
 // with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
 // must win by 10 %: the steady steps leave out the MTP pass it adds to prompt steps) until the next cycle.
+// A regime that measured 1.5x slower is probed again only every 2, 4, 8 cycles (back to every cycle once it
+// is not): on the GPU a drafting probe of sampled rows at batch 64 runs ~7x a plain step, and 64 probe
+// decisions a cycle cost sampled traffic a fifth of its throughput.
 // Switching per step cost more than either regime: a step after plain steps only proposes, speculating steps
 // do not overlap, and positions decoded plainly leave holes in the MTP KV that lower acceptance for the rest
 // of the sequence (H100 run 280: K=1 switching per step ran 0.84x plain decode where always drafting
@@ -51,11 +54,13 @@ class SpecGate {
   enum class Mode { kConfidence, kCost, kFixed };
   SpecGate(int max_k, Mode mode, bool padded);
 
-  static constexpr int kMinSamples = 3;   // measured periods before a shape's cost (or a rate) is trusted
-  static constexpr int kSkipSamples = 1;  // first periods of a shape (or of a regime) dropped
-  static constexpr int kCycle = 1024;     // decisions at a bucket between re-measurements
-  static constexpr int kProbe = 32;       // decisions of each regime at the start of a cycle
-  static constexpr int kBins = 10;        // score bins of the calibration
+  static constexpr int kMinSamples = 3;      // measured periods before a shape's cost (or a rate) is trusted
+  static constexpr int kSkipSamples = 1;     // first periods of a shape (or of a regime) dropped
+  static constexpr int kCycle = 1024;        // decisions at a bucket between re-measurements
+  static constexpr int kProbe = 32;          // decisions of each regime at the start of a cycle
+  static constexpr double kFarSlower = 1.5;  // a regime this many times slower is probed less often
+  static constexpr int kMaxQuiet = 8;        // cycles without probes, at most
+  static constexpr int kBins = 10;           // score bins of the calibration
 
   // The plan of a step of `batch` sequences whose eligible decodes are `seqs`: admit[i] = drafts of
   // seqs[i] to verify (<= its num_drafts), and the return value the step's depth: the most drafts any
@@ -107,6 +112,10 @@ class SpecGate {
     bool on = true;        // the regime the last cycle chose (the first one starts drafting)
     bool probe_on = true;  // this cycle's first probe
     Rate rate[2];          // [plain, drafting] this cycle
+    // A regime measured far slower (kFarSlower) is probed again only after `quiet` more cycles,
+    // doubling up to kMaxQuiet while it stays far slower: its probes cost more than they can find.
+    int quiet = 0, backoff = 0;
+    bool probing = true;  // this cycle probes
   };
   struct Counts {
     double tried = 0, passed = 0;

@@ -148,6 +148,25 @@ TEST(SpecGate, EachCycleRunsTheRegimeWithMoreTokensPerSecond) {
   }
 }
 
+// A regime far slower than the other (1.5x or more: drafting sampled rows on the host at batch 64 ran
+// ~7x a plain step on the GPU) is probed every 2, 4, 8 cycles instead of every cycle, and is taken up
+// again when its probe finds it ahead.
+TEST(SpecGate, AFarSlowerRegimeIsProbedLessOften) {
+  SpecGate g(1, Mode::kConfidence, true);
+  // Every drafting step 4.5-5x the plain step (as when its rows go to the host sampler): 0.2-0.36x.
+  // Probes in cycles 0, 2, 5 of 8 (then 10: backoff 1, 2, 4).
+  GateRun r = simulate(g, 1.0e-3, 4.5e-3, 5.0e-3, 0.8, 8);
+  EXPECT_LE(r.drafted, 3 * SpecGate::kProbe);
+  EXPECT_GE(r.drafted, 2 * SpecGate::kProbe);
+  // Not far slower (0.9x): probed every cycle.
+  SpecGate h(1, Mode::kConfidence, true);
+  r = simulate(h, 1.0e-3, 1.1e-3, 2.0e-3, 0.8, 8);
+  EXPECT_GE(r.drafted, 8 * SpecGate::kProbe);
+  // Drafting gets cheap (1.8 tokens for 1.3x): within the longest backoff (8 cycles) it drafts again.
+  r = simulate(g, 1.0e-3, 1.1e-3, 1.3e-3, 0.8, 12);
+  EXPECT_GE(r.drafted, 2 * (SpecGate::kCycle - SpecGate::kProbe));
+}
+
 // Under load the batch moves across bucket edges (48 / 64): the regime belongs to the load band
 // (up to 64 here), so such a batch never switches between regimes step by step; the depths' costs stay
 // per bucket (each its own graph shape).
