@@ -128,9 +128,13 @@ EngineStats Engine::stats() const {
 //   a. take new requests and aborts; admit; abort (rows of N belonging to aborted requests are skipped
 //      later: they are looked up by slot).
 //   b. schedule step N+1 as chunks only, planning with tokens N has not sampled yet (Seq::pending).
+//      Where nothing in N+1 needs the host between the steps (Impl::can_launch_early), build and
+//      launch it now with N's tokens as future tokens (the runner fills them in and starts N+1 the
+//      moment N is done); its commit, masks and pending marks follow c (settle_early).
 //   c. wait for N; sample its rows and apply them (append or finish); drop the chunks of sequences
-//      that finished from N+1.
-//   d. build N+1's batch (every token is known now), launch it, commit it at once: the runner runs
+//      that finished from N+1 (an early N+1 computes their rows for nothing).
+//   d. (not launched early) build N+1's batch (every token is known now), launch it, commit it at once: the
+//   runner runs
 //      steps in order, so N+2 sees N+1's KV even though N+1 may still be computing.
 //      Requests that want prompt logprobs add a logit row per prompt position not yet asked for;
 //      such a step takes the logits back (no device argmax).
