@@ -133,9 +133,9 @@ EngineStats Engine::stats() const {
 //      moment N is done); its commit, masks and pending marks follow c (settle_early).
 //   c. wait for N; sample its rows and apply them (append or finish); drop the chunks of sequences
 //      that finished from N+1 (an early N+1 computes their rows for nothing).
-//   d. (not launched early) build N+1's batch (every token is known now), launch it, commit it at once: the
-//   runner runs
-//      steps in order, so N+2 sees N+1's KV even though N+1 may still be computing.
+//   d. (not launched early) build N+1's batch (every token is known now), launch it, commit it at
+//      once: the runner runs steps in order, so N+2 sees N+1's KV even though N+1 may still be
+//      computing.
 //      Requests that want prompt logprobs add a logit row per prompt position not yet asked for;
 //      such a step takes the logits back (no device argmax).
 //   e. while N+1 runs: emit N's outputs, retire finished requests, publish stats.
