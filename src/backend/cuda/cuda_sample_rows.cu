@@ -17,9 +17,9 @@ void CudaSampleRows::sample_rows(Tensor out, const Tensor& logits, const Tensor&
                "sample_rows: rows must be I32 [>= R, ", kSampleRowWords, "], got ", rows.describe());
   const bool with_edits = !edits.edits.empty();
   if (with_edits)
-    BELUGA_CHECK(edits.edits.dtype == DType::kI32 && edits.edits.is_contiguous() && edits.raw.dtype == DType::kF32 &&
-                     edits.raw.numel() * 4 >= edits.edits.numel() && edits.lse.dtype == DType::kF32 &&
-                     edits.lse.numel() >= R,
+    BELUGA_CHECK(edits.edits.dtype == DType::kI32 && edits.edits.is_contiguous() &&
+                     edits.raw.dtype == DType::kF32 && edits.raw.numel() * 4 >= edits.edits.numel() &&
+                     edits.lse.dtype == DType::kF32 && edits.lse.numel() >= R,
                  "sample_rows: edits must be I32 [E, 4] with F32 raw [>= E] and lse [>= R]");
   const int64_t words = (V + 31) / 32;
   BELUGA_CHECK(
@@ -33,14 +33,14 @@ void CudaSampleRows::sample_rows(Tensor out, const Tensor& logits, const Tensor&
   // Rows without edits return at once: one launch either way, so a recorded graph serves both.
   if (with_edits) {
     cuda::launch(cuda::sampling::apply_edits_kernel, dim3(unsigned(R)), dim3(cuda::sampling::kThreads), 0,
-                 cuda::S(ops_.stream()), const_cast<float*>(logits.ptr<const float>()), logits.stride[0], int(V),
-                 row_params, e, raw, lse);
+                 cuda::S(ops_.stream()), const_cast<float*>(logits.ptr<const float>()), logits.stride[0],
+                 int(V), row_params, e, raw, lse);
     BELUGA_LAUNCH_CHECK();
   }
   cuda::launch(cuda::sampling::sample_rows_kernel, dim3(unsigned(R)), dim3(cuda::sampling::kThreads), 0,
                cuda::S(ops_.stream()), out.ptr<int32_t>(), logits.ptr<const float>(), logits.stride[0],
-               int(V), row_params, masks.empty() ? nullptr : static_cast<const uint32_t*>(masks.data), int(words),
-               e, static_cast<const float*>(raw), static_cast<const float*>(lse));
+               int(V), row_params, masks.empty() ? nullptr : static_cast<const uint32_t*>(masks.data),
+               int(words), e, static_cast<const float*>(raw), static_cast<const float*>(lse));
   BELUGA_LAUNCH_CHECK();
 }
 
