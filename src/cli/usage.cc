@@ -93,8 +93,9 @@ const std::vector<CommandUsage>& command_usages() {
                "run each step serially (schedule, launch, wait, apply); the reference for the overlapped "
                "loop"},
               {"no-device-sampling", "",
-               "sample every step on the host (CUDA samples steps without penalties, logit bias or top "
-               "logprobs on the device, grammar masks included)"}}},
+               "sample every step on the host (CUDA samples on the device: penalties, logit bias, grammar "
+               "masks and up to 20 top logprobs included; a row with top logprobs and penalties or bias "
+               "goes to the host)"}}},
             {"structured outputs (docs/structured-outputs.md)",
              {{"grammar-compile-timeout-ms", "MS",
                "a schema or grammar that takes longer to compile is a 400 (default 10000)"},
