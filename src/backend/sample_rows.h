@@ -13,6 +13,7 @@
 // walk by rounding. The logprob and rank are the raw (unedited, unmasked) distribution's, as on the host.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -94,14 +95,15 @@ inline bool DeviceSampling::resolve_pending(const std::vector<int32_t>& ids) {
     const int32_t t = ids[size_t(pe.future_row)];
     DeviceSampleRow& r = rows[size_t(pe.row)];
     DeviceLogitEdit* e = edits.data() + r.edit_begin;
-    int k = 0;
-    while (k < r.edit_count && e[k].token != t) ++k;
-    if (k == r.edit_count) {  // the free entry after the row's edits
-      e[k] = DeviceLogitEdit{t, 0.0f, 0, 0u};
-      r.edit_count++;
+    // The row's edits are sorted by token (device_sample_row); this runs between two forwards.
+    DeviceLogitEdit* it = std::lower_bound(e, e + r.edit_count, t,
+                                           [](const DeviceLogitEdit& a, int32_t v) { return a.token < v; });
+    if (it == e + r.edit_count || it->token != t) {  // the free entry after the row's edits
+      it = e + r.edit_count++;
+      *it = DeviceLogitEdit{t, 0.0f, 0, 0u};
     }
-    e[k].count++;
-    if (r.repetition_penalty != 1.0f) e[k].flags |= kEditRepeated;
+    it->count++;
+    if (r.repetition_penalty != 1.0f) it->flags |= kEditRepeated;
   }
   pending.clear();
   return true;

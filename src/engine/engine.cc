@@ -259,9 +259,7 @@ void Engine::loop() {
       Seq* s = rq.seqs[size_t(im.rows[r].index)].get();
       s->pending = 0;
       if (s->finish != FinishReason::kNone) continue;
-      SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output(),
-                        &rq.stop_ids,     rq.seed,        s->index};
-      ctx.prompt_set = &rq.prompt_set;
+      SampleContext ctx = Impl::sample_context(rq, *s);  // pending is 0: ctx's step is num_output()
       LogitsProcessor* proc = rq.procs.empty() ? nullptr : rq.procs[size_t(s->index)].get();
       std::string proc_error;
       if (proc && !on_device) {

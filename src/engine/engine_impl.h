@@ -138,6 +138,14 @@ struct Engine::Impl {
   // false: the step samples on the host), and the whole step. With `async_scheduling`, constrained
   // rows' masks are filled while the forward runs.
   bool add_device_row(Request& rq, const Seq& s);
+  // The sampler's view of sequence s's next token: output number num_output() + pending (its seed's
+  // step; pending is 0 once the step ahead is applied).
+  static SampleContext sample_context(const Request& rq, const Seq& s) {
+    SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output() + s.pending,
+                      &rq.stop_ids,     rq.seed,        s.index};
+    ctx.prompt_set = &rq.prompt_set;
+    return ctx;
+  }
   // Builds and launches step N+1 from `chunks`. Early (async scheduling, step N still in flight and
   // its tokens not applied): N's pending tokens go in as future tokens (model_runner.h), and the
   // commit, the masks and the pending marks wait for finish_early(); an early build returns false,

@@ -13,10 +13,7 @@ namespace beluga {
 // cannot take as it is (a processor that throws, an empty mask, min_tokens masking the only stop
 // the grammar allows) sends the step to the host, whose sampler reports or resolves it as before.
 bool Engine::Impl::add_device_row(Request& rq, const Seq& s) {
-  // The token this row samples is output number num_output() + pending (its seed's step).
-  SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output() + s.pending,
-                    &rq.stop_ids,     rq.seed,        s.index};
-  if (!rq.prompt_set.empty()) ctx.prompt_set = &rq.prompt_set;
+  const SampleContext ctx = sample_context(rq, s);
   if (!samples_on_device(ctx)) return false;
   // Penalties count the token step N is still sampling (an early step): resolved by the runner.
   const bool pending_edit = s.pending > 0 && edits_logits(rq.req.sampling);
@@ -59,8 +56,7 @@ bool Engine::Impl::can_launch_early() const {
     if (!c.sample) continue;
     // Its row must sample without the host (launch_next's choice, foreseen so that a step that goes
     // to the host sampler is not built twice).
-    const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s.output_counts, s.num_output() + s.pending,
-                            &rq.stop_ids,     rq.seed,        s.index};
+    const SampleContext ctx = sample_context(rq, s);
     if (device_sampling ? !samples_on_device(ctx) : !(rq.procs.empty() && samples_raw_argmax(ctx)))
       return false;
   }
@@ -90,9 +86,7 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
   TraceSpan build(tr, lane, early ? "build batch (early)" : "build batch");
   // Speculation needs a distribution each row fixes alone: nothing edits the logits as tokens come.
   auto spec_ok = [&](const Request& rq, const Seq& s) {
-    return rq.procs.empty() &&
-           samples_speculatively(SampleContext{&rq.req.sampling, &rq.req.prompt, &s.output_counts,
-                                               s.num_output() + s.pending, &rq.stop_ids, rq.seed, s.index});
+    return rq.procs.empty() && samples_speculatively(sample_context(rq, s));
   };
   if (spec) {  // the gate: which drafts this step verifies
     spec_eligible.clear();
@@ -137,8 +131,7 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
         device = false;
       }
     }
-    const SampleContext ctx{&rq.req.sampling, &rq.req.prompt, &s->output_counts, s->num_output() + s->pending,
-                            &rq.stop_ids,     rq.seed,        s->index};
+    const SampleContext ctx = sample_context(rq, *s);
     const bool eligible = spec ? spec_eligible[i] != nullptr : spec_ok(rq, *s);
     const bool raw_argmax = eligible && rq.req.sampling.temperature <= 0.0f;
     if (c.sample) {

@@ -6,36 +6,6 @@
 namespace beluga::engine_test {
 namespace {
 
-// Holds the engine thread inside a request's callback until released, so that submissions made
-// meanwhile queue up deterministically.
-struct Gate {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool inside = false, open = false;
-  OutputCallback wrap(OutputCallback inner) {
-    return [this, inner](RequestOutput&& o) {
-      {
-        std::unique_lock<std::mutex> lk(mu);
-        inside = true;
-        cv.notify_all();
-        cv.wait_for(lk, std::chrono::seconds(30), [&] { return open; });
-      }
-      inner(std::move(o));
-    };
-  }
-  bool wait_inside() {
-    std::unique_lock<std::mutex> lk(mu);
-    return cv.wait_for(lk, std::chrono::seconds(30), [&] { return inside; });
-  }
-  void release() {
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      open = true;
-    }
-    cv.notify_all();
-  }
-};
-
 // An exception thrown on the engine thread after step 3's results are applied (the loop hook stands
 // in for any bug there: a failed allocation, an assertion, a throwing sampler): the two running
 // requests, whose next step was being prepared, fail with the error; the two that were still waiting

@@ -236,9 +236,7 @@ TEST_F(EngineTest, OutputsAreEmittedWhileTheNextStepRuns) {
 //   step 2: X decode + A[64,130) -> A's block 1 published; X's first output then submits B.
 //   B is admitted with blocks 0 and 1 from the cache; step 2 fails (the hook throws).
 TEST_F(EngineTest, FailedStepFailsItsRequestsAndUnpublishesTheirBlocks) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool in_gate = false, release_gate = false;
+  Gate gate;
   Collector c;
   EngineConfig ec;
   ec.num_kv_blocks = 64;
@@ -249,19 +247,9 @@ TEST_F(EngineTest, FailedStepFailsItsRequestsAndUnpublishesTheirBlocks) {
   Engine engine(*model_, ec);
   const auto p = prompt(130, 21);
   EngineRequest g = greedy("G", prompt(4, 1), 1, c);
-  g.on_output = [&, inner = g.on_output](RequestOutput&& o) {
-    std::unique_lock<std::mutex> lk(mu);
-    in_gate = true;
-    cv.notify_all();
-    cv.wait_for(lk, std::chrono::seconds(30), [&] { return release_gate; });
-    lk.unlock();
-    inner(std::move(o));
-  };
+  g.on_output = gate.wrap(g.on_output);
   ASSERT_EQ(engine.submit(std::move(g)), SubmitStatus::kOk);
-  {
-    std::unique_lock<std::mutex> lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(30), [&] { return in_gate; }));
-  }
+  ASSERT_TRUE(gate.wait_inside());
   EngineRequest x = greedy("X", prompt(4, 2), 8, c);
   x.on_output = [&, inner = x.on_output](RequestOutput&& o) {
     const bool first = c.num_tokens("X") == 0 && !o.finished;
@@ -270,11 +258,7 @@ TEST_F(EngineTest, FailedStepFailsItsRequestsAndUnpublishesTheirBlocks) {
   };
   ASSERT_EQ(engine.submit(std::move(x)), SubmitStatus::kOk);
   ASSERT_EQ(engine.submit(greedy("A", p, 4, c)), SubmitStatus::kOk);
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    release_gate = true;
-  }
-  cv.notify_all();
+  gate.release();
   ASSERT_TRUE(c.wait(4));
   for (const char* id : {"X", "A", "B"}) {
     EXPECT_EQ(c.finish[id][0], FinishReason::kError) << id;

@@ -78,6 +78,36 @@ struct Collector {
   }
 };
 
+// Holds the engine thread inside a request's callback until released, so that submissions made
+// meanwhile queue up deterministically.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool inside = false, open = false;
+  OutputCallback wrap(OutputCallback inner, int seconds = 30) {
+    return [this, inner, seconds](RequestOutput&& o) {
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        inside = true;
+        cv.notify_all();
+        cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return open; });
+      }
+      inner(std::move(o));
+    };
+  }
+  bool wait_inside(int seconds = 30) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return inside; });
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+};
+
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -58,28 +58,16 @@ TEST(GpuEngineEarlyLaunch, SameTokensAsLaunchingAfterTheStepAhead) {
     ec.max_model_len = 512;
     ec.early_launch = early;
     Collector c;
+    engine_test::Gate gate;  // before the engine: its callback holds the gate
     Engine e(*model, ec);
-    std::mutex mu;
-    std::condition_variable cv;
-    bool in_gate = false, release = false;
     EngineRequest g;
     g.id = "gate";
     g.prompt = {0, 5, 6};
     g.sampling.temperature = 0;
     g.sampling.max_tokens = 1;
-    g.on_output = [&, inner = c.callback()](RequestOutput&& o) {
-      std::unique_lock<std::mutex> lk(mu);
-      in_gate = true;
-      cv.notify_all();
-      cv.wait_for(lk, std::chrono::seconds(60), [&] { return release; });
-      lk.unlock();
-      inner(std::move(o));
-    };
+    g.on_output = gate.wrap(c.callback(), 60);
     EXPECT_EQ(e.submit(std::move(g)), SubmitStatus::kOk);
-    {
-      std::unique_lock<std::mutex> lk(mu);
-      EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return in_gate; }));
-    }
+    EXPECT_TRUE(gate.wait_inside(60));
     for (int i = 0; i < kReqs; ++i) {
       EngineRequest r;
       r.id = "r";
@@ -102,11 +90,7 @@ TEST(GpuEngineEarlyLaunch, SameTokensAsLaunchingAfterTheStepAhead) {
       r.on_output = c.callback();
       EXPECT_EQ(e.submit(std::move(r)), SubmitStatus::kOk);
     }
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      release = true;
-    }
-    cv.notify_all();
+    gate.release();
     EXPECT_TRUE(c.wait(kReqs + 1));
     for (int i = 0; i < 2000; ++i) {
       *st = e.stats();

@@ -346,15 +346,15 @@ __global__ void __launch_bounds__(kThreads)
 
   float lp = 0;
   int rank = 0;
+  // The raw distribution's log-sum-exp (an edited row's was taken before its edits).
+  const float lse = !p.logprob ? 0.0f : edited ? lse_of_edited[r] : block_lse(rmax, rsum, sh);
   if (p.logprob && !edited) {
-    const float lse = block_lse(rmax, rsum, sh);
     lp = x[token] - lse;
     u64 local = 0;
     for (int i = threadIdx.x; i < V; i += kThreads) local += (x[i] - lse >= lp) ? 1 : 0;
     rank = int(block_sum(local, sh));
   } else if (p.logprob) {
     // The raw distribution: x[i] unless edited, then raw[] has it.
-    const float lse = lse_of_edited[r];
     if (threadIdx.x == 0) sh.fvalue = x[token];
     __syncthreads();
     for (int j = threadIdx.x; j < p.edit_count; j += kThreads)
@@ -376,7 +376,6 @@ __global__ void __launch_bounds__(kThreads)
   // selection: ties to the lower id), gathered, then sorted by logprob and id.
   const int k = p.logprob && !edited ? min(p.top_logprobs, min(V, kMaxTopLogprobs)) : 0;
   if (k > 0) {
-    const float lse = block_lse(rmax, rsum, sh);
     const Boundary b = last_of_prefix(
         V, [&](int i) { return order_key(x[i]); }, [](int) { return u64(1); }, u64(k), sh);
     if (threadIdx.x == 0) sh.top_n = 0;
