@@ -291,7 +291,7 @@ int bench_model(int argc, char** argv) {
         {"threads", m.cpu->threads()},
         {"kernels", m.cpu->kernels().name},
         {"activations", dtype},
-        {"deterministic", ma.cpu.deterministic},
+        {"deterministic", ma.deterministic},
         {"batch", B},
         {"prompt_len", P},
         {"gen_len", G},

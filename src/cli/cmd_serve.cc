@@ -141,7 +141,7 @@ int cmd_serve(int argc, char** argv) {
   ecfg.enable_prefix_caching = !args.has("no-enable-prefix-caching");
   ecfg.async_scheduling = !args.has("no-async-scheduling");  // the serial reference loop
   ecfg.device_sampling = !args.has("no-device-sampling");    // the host sampler for every step
-  ecfg.deterministic = args.has("deterministic");            // with CpuOptions::deterministic (model_args)
+  ecfg.deterministic = args.has("deterministic");            // with the backends' kernels (model_args)
   if (const char* trace = std::getenv("BELUGA_TRACE"); trace && *trace) ecfg.trace_path = trace;
   if (args.has("speculative-config"))
     ecfg.speculative = parse_spec_config(args.get_or("speculative-config", ""));

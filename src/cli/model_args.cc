@@ -67,9 +67,7 @@ ModelArgs parse_model_args(const Args& args) {
   ma.max_model_len = int(args.get_int("max-model-len", 0));
   BELUGA_CHECK(ma.max_model_len >= 0, "--max-model-len must be >= 0");
   ma.enforce_eager = args.has("enforce-eager");
-  ma.cpu.deterministic = args.has("deterministic");
-  BELUGA_CHECK(!ma.cpu.deterministic || ma.device == "cpu",
-               "--deterministic is CPU only for now (docs/deterministic.md says what CUDA still needs)");
+  ma.deterministic = ma.cpu.deterministic = args.has("deterministic");
   ma.expert_parallel_size = int(args.get_int("expert-parallel-size", 1));
   BELUGA_CHECK(ma.expert_parallel_size >= 1, "--expert-parallel-size must be >= 1");
   BELUGA_CHECK(ma.expert_parallel_size == 1 || ma.device == "cpu",
@@ -83,6 +81,9 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   BELUGA_CHECK(file_exists(ma.config_path), "no config.json at ", ma.config_path);
   m.cfg = ModelConfig::from_file(ma.config_path);
   m.device = ma.device;
+  BELUGA_CHECK(!ma.deterministic || ma.device == "cpu" || m.cfg.arch != Arch::kDeepseekV4,
+               "--deterministic on CUDA covers DeepSeek V2/V3 and Llama/Qwen; DeepSeek-V4's step ops are not "
+               "batch invariant there yet (docs/deterministic.md)");
   const std::string& fmt = ma.load_format;
   const auto t0 = std::chrono::steady_clock::now();
   if (ma.device == "cpu") {
@@ -92,7 +93,9 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
     if (fmt == "dummy") m.weights = std::make_unique<DummyWeights>();
   } else {
 #ifdef BELUGA_WITH_CUDA
-    auto cuda = std::make_unique<CudaOps>();
+    CudaOptions co;
+    co.deterministic = ma.deterministic;
+    auto cuda = std::make_unique<CudaOps>(co);
     if (fmt == "dummy")
       m.weights = std::make_unique<IdTablesFrom>(std::make_unique<CudaDummyWeights>(*cuda),
                                                  std::make_unique<DummyWeights>());
@@ -124,15 +127,18 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   m.config_path = ma.config_path;
   m.model->set_enforce_eager(ma.enforce_eager);
 #ifdef BELUGA_WITH_CUDA
-  if (ma.device == "cuda")
-    m.model->set_sampler(std::make_unique<CudaSampleRows>(static_cast<CudaOps&>(*m.ops)));
+  if (ma.device == "cuda") {
+    auto& cuda = static_cast<CudaOps&>(*m.ops);
+    if (cuda.deterministic()) cuda.set_deterministic_keys(m.model->max_positions());
+    m.model->set_sampler(std::make_unique<CudaSampleRows>(cuda));
+  }
 #endif
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }
 
 MlaMode mla_mode_for(const ModelArgs& ma, MlaMode asked) {
-  if (!ma.cpu.deterministic) return asked;
+  if (!ma.deterministic) return asked;
   BELUGA_CHECK(asked != MlaMode::kExpanded,
                "--deterministic attends in the absorbed form (not --mla-mode expanded)");
   return MlaMode::kAbsorbed;

@@ -41,7 +41,7 @@ std::string default_model_dir();
 // --threads N, --dtype float32|bfloat16 (activation rounding for BF16 GEMMs), --max-model-len N,
 // --device cpu|cuda (cuda: in builds with the CUDA backend; BF16 activations, dummy weights made
 // on the GPU), --enforce-eager (no CUDA graphs for decode steps), --deterministic (batch-invariant
-// CPU kernels: CpuOptions::deterministic; the engine's part is EngineConfig::deterministic).
+// kernels: CpuOptions / CudaOptions::deterministic; the engine's part is EngineConfig::deterministic).
 struct ModelArgs {
   std::string dir, config_path;
   std::string load_format = "auto";
@@ -49,6 +49,7 @@ struct ModelArgs {
   CpuOptions cpu;
   int max_model_len = 0;
   bool enforce_eager = false;
+  bool deterministic = false;  // also in `cpu`; the CUDA backend takes it at load
   // --expert-parallel-size N: the routed experts split over N thread ranks (CPU, DeepSeek V2/V3),
   // every rank stepping every batch; 1: one model holds all experts.
   int expert_parallel_size = 1;

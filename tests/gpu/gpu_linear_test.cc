@@ -1,6 +1,6 @@
-// GPU tests: the GEMMs (cuBLAS linear with BF16 / FP8 / F32 weights, norm_linear, per-head products)
-// against the CPU backend. Bounds (relative L2, NaN never passes): 2e-2 (BF16 outputs).
-// Not part of ctest: tests/gpu/run.sh runs test_gpu on a machine with a GPU.
+// GPU tests: the GEMMs (cuBLAS linear with BF16 / FP8 / F32 weights, norm_linear, per-head products,
+// and the batch-invariant GEMM of --deterministic) against the CPU backend. Bounds (relative L2, NaN never
+// passes): 2e-2 (BF16 outputs). Not part of ctest: tests/gpu/run.sh runs test_gpu on a machine with a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -151,6 +151,106 @@ TEST_F(GpuOps, LinearHeads) {
         b2.push_back(b[i]);
       }
     EXPECT_LE(rel_l2(a2, b2), 2e-2) << "T " << T;
+  }
+}
+
+// --deterministic's GEMM (CudaOptions::deterministic: every linear and per-head product): a row's output
+// bits are the same whether it is computed with 1, 3, 16, 17, 64, 65, 128 or 300 rows, and wherever it
+// sits in its tile (the batch starts at row 0 or row 5); x views whose rows are not 16-byte pieces are
+// copied first and give the same bits; the result matches the CPU.
+TEST_F(GpuOps, DeterministicGemmRowsDoNotDependOnTheBatch) {
+  CudaOptions o;
+  o.deterministic = true;
+  CudaOps det(o);
+  const int kRows = 300;
+  for (auto [N, K] : {std::pair{2112, 2048}, {301, 120}, {64, 1408}, {1024, 512}}) {
+    auto x = rand_bf16(size_t(kRows + 1) * K), w = rand_bf16(size_t(N) * K, 0.05f);
+    std::vector<uint16_t> wb(w.size());
+    for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+    Weight cw;
+    cw.w = Tensor::make(wb.data(), DType::kBF16, {N, K});
+    Tensor co = cpu_t(std::vector<float>(size_t(kRows) * N), {kRows, N});
+    cpu.linear(co, cpu_t(std::vector<float>(x.begin(), x.begin() + int64_t(kRows) * K), {kRows, K}), cw);
+    Weight gw;
+    gw.w = det.upload(cw.w);
+    // x in a [kRows + 1, K + 8] buffer, its rows from column 0 (16-byte rows) or column 1 (not).
+    for (DType odt : {DType::kF32, DType::kBF16}) {
+      for (int shift : {0, 1}) {
+        std::vector<float> xs(size_t(kRows + 1) * (K + 8), 0.0f);
+        for (int r = 0; r < kRows; ++r)
+          std::copy(x.begin() + int64_t(r) * K, x.begin() + int64_t(r + 1) * K,
+                    xs.begin() + r * (K + 8) + shift);
+        Tensor gx = det.scratch(DType::kBF16, {kRows + 1, K + 8});
+        std::vector<uint16_t> xb(xs.size());
+        for (size_t i = 0; i < xs.size(); ++i) xb[i] = f32_to_bf16(xs[i]);
+        det.copy_from_host(gx, xb.data());
+        const Tensor xv = gx.cols(shift, shift + K);
+        Tensor full = det.scratch(odt, {kRows, N});
+        det.linear(full, xv.rows(0, kRows), gw);
+        auto bits = [&](const Tensor& t, int rows) {
+          std::vector<uint32_t> b(size_t(rows) * N);
+          if (odt == DType::kF32) {
+            det.copy_to_host(t, b.data());
+          } else {
+            std::vector<uint16_t> h(b.size());
+            det.copy_to_host(t, h.data());
+            for (size_t i = 0; i < h.size(); ++i) b[i] = h[i];
+          }
+          return b;
+        };
+        const std::vector<uint32_t> fb = bits(full, kRows);
+        if (odt == DType::kF32) {
+          std::vector<float> f(fb.size());
+          std::memcpy(f.data(), fb.data(), fb.size() * 4);
+          EXPECT_LE(rel_l2(f, read_cpu(co)), 1e-2) << N << "x" << K;
+        }
+        for (int M : {1, 3, 16, 17, 64, 65, 128}) {
+          for (int r0 : {0, 5}) {
+            Tensor part = det.scratch(odt, {M, N});
+            det.linear(part, xv.rows(r0, r0 + M), gw);
+            const std::vector<uint32_t> pb = bits(part, M);
+            EXPECT_TRUE(std::equal(pb.begin(), pb.end(), fb.begin() + int64_t(r0) * N))
+                << "rows " << r0 << ".." << r0 + M << " of " << N << "x" << K << " shift " << shift
+                << (odt == DType::kF32 ? " f32" : " bf16");
+          }
+        }
+        det.reset_scratch();
+      }
+    }
+  }
+}
+
+// The per-head product of --deterministic (the absorbed MLA's W_UK and W_UV): a token's rows are
+// the same with 1, 3, 33 or 200 tokens, and match the CPU.
+TEST_F(GpuOps, DeterministicLinearHeadsRowsDoNotDependOnTheBatch) {
+  CudaOptions o;
+  o.deterministic = true;
+  CudaOps det(o);
+  const int H = 16, K = 128, N = 512, kT = 200;
+  auto x = rand_bf16(size_t(kT) * H * 192), w = rand_bf16(size_t(H) * N * K, 0.1f);
+  Tensor cw = cpu_t(w, {H, N, K});
+  Tensor co = cpu_t(std::vector<float>(size_t(kT) * H * N), {kT, H, N});
+  cpu.linear_heads(co, cpu_t(x, {kT, H, 192}).cols(0, K), cw);
+  std::vector<uint16_t> xb(x.size()), wb(w.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+  for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+  Tensor gx = det.scratch(DType::kBF16, {kT, H, 192});
+  det.copy_from_host(gx, xb.data());
+  const Tensor gw = det.upload(Tensor::make(wb.data(), DType::kBF16, {H, N, K}));
+  auto run = [&](int T) {
+    Tensor out = det.scratch(DType::kBF16, {T, H, N});
+    det.linear_heads(out, gx.rows(0, T).cols(0, K), gw);
+    std::vector<uint16_t> h(size_t(T) * H * N);
+    det.copy_to_host(out, h.data());
+    return h;
+  };
+  const std::vector<uint16_t> full = run(kT);
+  std::vector<float> f(full.size());
+  for (size_t i = 0; i < full.size(); ++i) f[i] = bf16_to_f32(full[i]);
+  EXPECT_LE(rel_l2(f, read_cpu(co)), 2e-2);
+  for (int T : {1, 3, 33}) {
+    const std::vector<uint16_t> part = run(T);
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), full.begin())) << "T " << T;
   }
 }
 

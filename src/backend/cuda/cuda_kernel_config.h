@@ -13,6 +13,7 @@ void configure_mla_prefill_kernels();
 void configure_moe_kernels(int smem_optin);
 void configure_swap_kernels();
 void configure_wgmma_kernels();
+void configure_invariant_gemm_kernels();
 void configure_v4_attention_kernels();
 void configure_v4_indexer_kernels();
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_gemm_invariant.h"
 #include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -153,6 +154,29 @@ Tensor CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int block_n, i
 
 void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cublas) {
   const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.shape[0]);
+  if (deterministic_) {
+    InvariantGemm g;
+    g.out = out.data;
+    g.out_f32 = out.dtype == DType::kF32;
+    g.ldo = out.stride[0];
+    g.w = w.data;
+    g.ldw = w.stride[0];
+    g.M = M, g.N = N, g.K = K;
+    g.x = x.data;
+    g.ldx = x.stride[0];
+    if (!invariant_gemm_ok(g)) {  // a view whose rows are not 16-byte pieces: its values, copied
+      const Tensor x16 = scratch(DType::kBF16, {M, ceil_div(K, 8) * 8});
+      copy(x16.cols(0, K), x);
+      g.x = x16.data;
+      g.ldx = x16.stride[0];
+    }
+    BELUGA_CHECK(invariant_gemm_ok(g), "--deterministic on CUDA needs weights in rows of 8 elements (K ", K,
+                 ", row stride ", w.stride[0], ")");
+    cudaStream_t st = S(stream_);
+    if (cublas) BELUGA_CUBLAS_CHECK(cublasGetStream(static_cast<cublasHandle_t>(cublas), &st));
+    invariant_gemm(g, st);
+    return;
+  }
   // Narrow outputs (a MoE router: N = 64) leave too few warps to hide the loads; cuBLAS splits K there.
   if (!cublas && M <= kGemvRows && N >= 256 && K % 8 == 0 && x.stride[0] % 8 == 0 && w.stride[0] % 8 == 0 &&
       aligned16(x.data) && aligned16(w.data)) {
@@ -200,9 +224,9 @@ void CudaOps::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
   const int M = int(in.out.shape[0]), D = int(in.out.shape[1]), N = int(w.out_features());
   NormArgs na{};
   // Decode-sized inputs (rows in 48 KB of shared memory) whose product takes the 32-lane GEMV.
-  bool fused = M >= 1 && M <= kGemvRows && int64_t(M) * D * 2 <= (48 << 10) && D / 8 > 16 && N >= 256 &&
-               w.bias.empty() && w.in_features() == D && out.ndim == 2 && out.stride[1] == 1 &&
-               out.shape[0] == M && out.shape[1] == N &&
+  bool fused = !deterministic_ && M >= 1 && M <= kGemvRows && int64_t(M) * D * 2 <= (48 << 10) &&
+               D / 8 > 16 && N >= 256 && w.bias.empty() && w.in_features() == D && out.ndim == 2 &&
+               out.stride[1] == 1 && out.shape[0] == M && out.shape[1] == N &&
                (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && norm_args(in, &na);
   Tensor wb;
   if (fused) {
@@ -236,6 +260,33 @@ void CudaOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w_in) {
                "linear_heads: shapes ", x.describe(), " x ", w_in.describe(), " -> ", out.describe());
   if (T == 0) return;
   const Tensor& w = bf16_weight(w_in, Tensor{}, 128, 128);
+  if (deterministic_) {
+    InvariantGemm g;
+    g.out = out.data;
+    g.ldo = out.stride[0];
+    g.out_z = out.stride[1];
+    g.w = w.data;
+    g.ldw = w.stride[1];
+    g.w_z = w.stride[0];
+    g.M = int(T), g.N = int(N), g.K = int(K), g.batch = int(H);
+    g.x = x.data;
+    g.ldx = x.stride[0];
+    g.x_z = x.stride[1];
+    if (!invariant_gemm_ok(g)) {
+      const int64_t K8 = ceil_div(K, 8) * 8;
+      const Tensor x16 = scratch(DType::kBF16, {T, H, K8});
+      Tensor dst = x16;
+      dst.shape[2] = K;
+      copy(dst, x);
+      g.x = x16.data;
+      g.ldx = x16.stride[0];
+      g.x_z = x16.stride[1];
+    }
+    BELUGA_CHECK(invariant_gemm_ok(g),
+                 "--deterministic on CUDA needs per-head weights in rows of 8 elements");
+    invariant_gemm(g, stream_);
+    return;
+  }
   if (heads_gemv_ok(x, w)) {
     launch_gemv(out.ptr<bf16>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(),
                 w.stride[1], int(T), int(N), int(K / 8), HeadStrides{x.stride[1], w.stride[0], out.stride[1]},

@@ -405,8 +405,8 @@ void CudaOps::mla_attention_absorbed_uv(Tensor out, const Tensor& q, const Tenso
   const int64_t T = m.num_tokens, H = q.shape[1];
   const Tensor& w = bf16_weight(w_uv, Tensor{}, 128, 128);
   // The fused combine + W_UV needs the GEMV's conditions (few tokens, 16-byte rows) and kMDv columns.
-  const bool fusable = T >= 1 && T <= kGemvRows && kv_rank == kMDv && w.ndim == 3 && w.shape[0] == H &&
-                       w.shape[2] == kv_rank && w.stride[2] == 1 && w.stride[1] % 8 == 0 &&
+  const bool fusable = !deterministic_ && T >= 1 && T <= kGemvRows && kv_rank == kMDv && w.ndim == 3 &&
+                       w.shape[0] == H && w.shape[2] == kv_rank && w.stride[2] == 1 && w.stride[1] % 8 == 0 &&
                        w.stride[0] % 8 == 0 && aligned16(w.data) && out.dtype == DType::kBF16 &&
                        out.ndim == 3 && out.shape[0] == T && out.shape[1] == H &&
                        out.shape[2] == w.shape[1] && out.stride[2] == 1;
@@ -462,11 +462,24 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   // (bench/NOTES.md run 120). BELUGA_MLA_BY_LENGTH=0 keeps the bucket's split length there.
   const int64_t blocks = int64_t(T) * (H / kMHG);
   int64_t max_splits = kMaxSplits;
-  while (max_splits > 32 && blocks * max_splits > sm_count_) max_splits /= 2;
-  const bool by_length = max_splits > 32 || mla_by_length_;
+  if (deterministic_) {
+    // Pieces of det_split_len_ keys from each token's first key, at least two splits so that every
+    // token takes the merge (a single split normalises in the decode kernel, in another order): a
+    // token's pieces and their merge depend on its own key count alone.
+    max_splits = std::max<int64_t>(2, ceil_div(nk, det_split_len_));
+    BELUGA_CHECK(max_splits <= kMaxSplits, "MLA decode: ", nk, " keys exceed the deterministic split limit (",
+                 int64_t(kMaxSplits) * det_split_len_, ")");
+  } else {
+    while (max_splits > 32 && blocks * max_splits > sm_count_) max_splits /= 2;
+  }
   int split_len, splits;
   int tile_splits = 0;
-  if (max_splits > 32) {
+  bool by_length = max_splits > 32 || mla_by_length_;
+  if (deterministic_) {
+    split_len = det_split_len_;
+    splits = int(max_splits);
+    by_length = false;
+  } else if (max_splits > 32) {
     split_len = kMinSplitKeys;
     // Up to mla_tile_splits_ splits of one tile each for short sequences: a block's work is a latency
     // chain (ncu: ~1300 dependent instructions per warp for two tiles, 0.2 eligible warps per
@@ -502,7 +515,8 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
   // 13.30, b=256 1K 14.84 -> 14.50, 4K 23.25 -> 22.12; b=16 4K (256 blocks, half of them without keys)
   // loses with it, 8.64 -> 9.03, and keeps two buffers.
   const bool one_buf =
-      mla_decode_bufs_ == 1 || (mla_decode_bufs_ == 0 && blocks * splits > 2 * int64_t(sm_count_));
+      !deterministic_ &&
+      (mla_decode_bufs_ == 1 || (mla_decode_bufs_ == 0 && blocks * splits > 2 * int64_t(sm_count_)));
   const dim3 grid(splits, H / kMHG, T);
   if (one_buf)
     launch(mla_decode_kernel<1>, grid, kMThreads, mla_decode_smem(1), S(stream_), a);
@@ -535,6 +549,11 @@ bool CudaOps::mla_decode(Tensor out, const Tensor& q, const Tensor& cache, const
     BELUGA_LAUNCH_CHECK();
   }
   return false;
+}
+
+void CudaOps::set_deterministic_keys(int64_t max_keys) {
+  det_split_len_ =
+      int(std::max<int64_t>(4 * kMTile, ceil_div(ceil_div(max_keys, kMaxSplits), kMTile) * kMTile));
 }
 
 }  // namespace beluga

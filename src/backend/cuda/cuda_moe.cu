@@ -437,6 +437,10 @@ void CudaOps::moe(Tensor out, const NormedInput& in, const MoeLayerRef& m) {
   // One token with a shared expert: the fused gate's extra blocks run the shared expert's gate-up
   // while its router blocks route, then the routed units and the down projection.
   const int K = m.params.top_k;
+  if (deterministic_) {  // the norm, router GEMM, routing and experts as separate batch-invariant ops
+    Ops::moe(out, in, m);
+    return;
+  }
   if (in.out.shape[0] == 1 && m.shared) {
     const ExpertTable& tab = expert_table(m.experts, m.shared);
     if (one_token_path(in.out, K, tab)) {
@@ -515,6 +519,14 @@ CudaOps::ExpertPath CudaOps::expert_path(int T, int K, int E, int D, int64_t int
   // -> 26.19 (medians of 3), 8K 111.6 -> 108.7.
   p.shared_apart = shared && shared_experts_cublas_ && !p.per_expert_gemms && !p.gemv && !p.swap &&
                    p.bm == kWgTileRows && wgmma_experts_ && T >= kSharedCublasMinT;
+  if (deterministic_) {
+    // The mma.sync tiles for every row count: an element's sum over K is one warp's chain of k16 steps
+    // whatever the tile's rows (32 or 128), and Y stays F32, so a token's expert rows do not depend on
+    // how many other tokens an expert has. (The GEMV and wgmma paths sum in other orders.)
+    p = ExpertPath{};
+    p.bm = rows_per_expert >= 16 ? 128 : 32;
+    p.y_f32 = true;
+  }
   return p;
 }
 

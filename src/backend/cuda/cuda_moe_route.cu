@@ -311,7 +311,7 @@ bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weig
   const size_t route_smem = size_t(kGateWarps) * 2 * E * sizeof(float);
   const size_t smem = route_smem + (norm ? size_t(std::min(T, kGateTok)) * D * 2 : 0);
   NormArgs na{};
-  bool fused = T >= 1 && T <= kGateMaxT && E <= kGateMaxE && x.dtype == DType::kBF16 && x.ndim == 2 &&
+  bool fused = !deterministic_ && T >= 1 && T <= kGateMaxT && E <= kGateMaxE && x.dtype == DType::kBF16 && x.ndim == 2 &&
                x.stride[1] == 1 && router.bias.empty() && router.in_features() == D && D % 8 == 0 &&
                x.stride[0] % 8 == 0 && aligned16(x.data) && smem <= (48 << 10) &&
                (!norm || norm_args(*norm, &na));

@@ -202,6 +202,7 @@ CudaOps::CudaOps(CudaOptions opt) {
   configure_moe_kernels(int(prop.sharedMemPerBlockOptin));
   configure_swap_kernels();
   configure_wgmma_kernels();
+  configure_invariant_gemm_kernels();
   configure_v4_attention_kernels();
   configure_v4_indexer_kernels();
   const char* prof = std::getenv("BELUGA_CUDA_PROFILE");
@@ -227,6 +228,11 @@ CudaOps::CudaOps(CudaOptions opt) {
     mla_min_split_ = std::atoi(v);
     BELUGA_CHECK(mla_min_split_ >= 64 && mla_min_split_ % 64 == 0,
                  "BELUGA_MLA_MIN_SPLIT must be a positive multiple of 64 (the decode tile), got ", v);
+  }
+  if (opt.deterministic) {  // one expert path for every row count (cuda_ops.h, CudaOptions::deterministic)
+    deterministic_ = true;
+    token_experts_ = wgmma_experts_ = swap_experts_ = shared_experts_cublas_ = shared_on_side_ = false;
+    opt.moe_prefill = MoePrefill::kKernel;
   }
   if (opt.moe_prefill) {
     moe_prefill_ = *opt.moe_prefill;

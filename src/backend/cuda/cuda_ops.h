@@ -45,6 +45,12 @@ struct CudaOptions {
   // ~0.08 ms slower once a side stream had run (pytorch/pytorch#161104's symptom; bench/NOTES.md runs
   // 86-93, 96).
   bool shared_on_side = true;
+  // Batch-invariant results (`--deterministic`, docs/deterministic.md): a row's bits do not depend on the
+  // other rows of a step. Dense products on one fixed-order tensor-core GEMM (cuda_gemm_invariant.h)
+  // instead of cuBLAS and the GEMVs; experts on the mma.sync grouped tiles alone, F32 down rows; MLA
+  // decode splits of a fixed key count (set_deterministic_keys), always merged; no fused norm or gate
+  // kernels (their GEMVs round differently from the GEMM).
+  bool deterministic = false;
 };
 
 class CudaOps final : public Ops {
@@ -150,6 +156,11 @@ class CudaOps final : public Ops {
   // Fills a BF16/F32 device tensor with uniform values in [lo, hi) from a counter-based hash of
   // (seed, index), or with `lo` when hi <= lo. The dummy-weight source and the benchmarks use it.
   void fill_uniform(Tensor t, uint64_t seed, float lo, float hi);
+  bool deterministic() const { return deterministic_; }
+  // Deterministic mode: the longest key count a step can attend over (the model's positions). The
+  // absorbed MLA kernel splits every token's keys into pieces of a fixed length that covers it in at
+  // most its split limit, so a token's pieces depend on its own length alone.
+  void set_deterministic_keys(int64_t max_keys);
   // Forces the reference (simple, any-shape) attention kernels instead of the tensor-core ones.
   void set_reference_attention(bool on) { reference_attention_ = on; }
   // Device properties read at start.
@@ -281,6 +292,8 @@ class CudaOps final : public Ops {
   bool swap_experts_ = true;
   bool shared_experts_cublas_ = true;
   bool shared_on_side_ = true;
+  bool deterministic_ = false;
+  int det_split_len_ = 1024;     // deterministic mode: keys per MLA decode split (set_deterministic_keys)
   void* replay_events_[2] = {};  // cudaEvent_t around the last replay, when timing replays
   bool replay_timed_ = false;    // a replay recorded them since last_replay_ms() last read them
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
