@@ -240,6 +240,7 @@ void Engine::loop() {
   auto apply_step = [&] {
     const bool on_device = im.runner.device_sampled();  // the masks went with the step (step d)
     if (!on_device) prefill_host_masks();
+    if (!on_device && !im.runner.greedy() && !im.rows.empty()) im.stats.steps_host_sampled++;
     for (size_t r = 0; r < im.rows.size(); ++r) {
       if (im.rows[r].draft > 0 && im.rows[r].draft > im.spec->accepted(im.rows[r].bseq))
         continue;  // rejected

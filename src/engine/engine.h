@@ -100,6 +100,10 @@ struct EngineStats {
   // the runner: the overlap of `async_scheduling`), and those of them skipped and launched again.
   int64_t steps_early = 0;
   int64_t steps_early_retried = 0;
+  // Steps whose rows the host sampler took from copied-back logits (prompt logprobs, top logprobs with
+  // logit edits, masks the device could not take, backends without a device sampler); device sampling and
+  // device argmaxes are the rest.
+  int64_t steps_host_sampled = 0;
   int64_t last_step_unix_ms = 0;  // when the loop last finished an iteration (liveness)
   int running = 0;
   int waiting = 0;

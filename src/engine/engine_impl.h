@@ -137,7 +137,7 @@ struct Engine::Impl {
   // Step d, building and launching step N+1 (engine_launch.cc): a sequence's device-sampling row (or
   // false: the step samples on the host), and the whole step. With `async_scheduling`, constrained
   // rows' masks are filled while the forward runs.
-  bool add_device_row(Request& rq, const Seq& s);
+  bool add_device_row(Request& rq, const Seq& s, int ahead = 0);
   // The sampler's view of sequence s's next token: output number num_output() + pending (its seed's
   // step; pending is 0 once the step ahead is applied).
   static SampleContext sample_context(const Request& rq, const Seq& s) {

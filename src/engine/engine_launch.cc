@@ -12,8 +12,16 @@ namespace beluga {
 // Step d's device row for sequence s, or false: the step samples on the host. A mask the device
 // cannot take as it is (a processor that throws, an empty mask, min_tokens masking the only stop
 // the grammar allows) sends the step to the host, whose sampler reports or resolves it as before.
-bool Engine::Impl::add_device_row(Request& rq, const Seq& s) {
-  const SampleContext ctx = sample_context(rq, s);
+// ahead > 0: the row of the sequence's ahead-th draft (speculative verification, draft_verifier.h):
+// the draw of output position num_output + ahead, on logits nothing edits (samples_speculatively).
+bool Engine::Impl::add_device_row(Request& rq, const Seq& s, int ahead) {
+  SampleContext ctx = sample_context(rq, s);
+  if (ahead > 0) {
+    if (!samples_speculatively(ctx)) return false;
+    ctx.num_output += ahead;
+    dsamp.rows.push_back(device_sample_row(ctx, nullptr, false));
+    return true;
+  }
   if (!samples_on_device(ctx)) return false;
   // Penalties count the token step N is still sampling (an early step): resolved by the runner.
   const bool pending_edit = s.pending > 0 && edits_logits(rq.req.sampling);
@@ -144,15 +152,17 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
       const int k =
           spec->plan_chunk(int(i), *c.seq, c, eligible ? &ctx : nullptr, int(b.logit_rows.size()) - 1, b);
       if (spec->verifies(int(i))) out_rows.back().bseq = int(i);  // its sample row: the verifier's token
-      for (int j = 1; j <= k; ++j) out_rows.push_back({s->request, s->index, -1, j, int(i)});
+      for (int j = 1; j <= k; ++j) {
+        out_rows.push_back({s->request, s->index, -1, j, int(i)});
+        if (device) device = add_device_row(rq, *s, j);
+      }
     }
     out_slots.push_back(s->request);
   }
   std::sort(out_slots.begin(), out_slots.end());
   out_slots.erase(std::unique(out_slots.begin(), out_slots.end()), out_slots.end());
-  // A step that verifies drafts or runs the MTP pass needs its rows' logits (or argmaxes) on the
-  // host; a plain step of a speculative server samples on the device like any other.
-  if (spec && spec->speculating()) device = false;
+  // A step that verifies drafts samples every verify row on the device too: verification compares
+  // each row's draw with its draft (draft_verifier.h's coupled rule), so it needs ids, not logits.
   // All raw argmax: argmax_rows is the cheaper device path.
   greedy = greedy && !b.logit_rows.empty();
   device = device && !greedy && !b.logit_rows.empty() && dsamp.rows.size() == b.logit_rows.size();

@@ -170,11 +170,16 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
       const SampleContext ctx{&p.sampling, &kNone, &kNoCounts, p.num_output, &kNone, p.seed, p.index};
       // Verification of `n` drafts from row j on: rows j..j+n's tokens into out[j..], the drafts accepted.
       auto verify = [&](int j, int n) {
-        if (opt.greedy_tokens) {  // every row greedy: the device took the argmaxes
+        // On the device (every row greedy: argmaxes; else every row sampled there): row r drew y_r
+        // with the uniform of its output position, so the drafts are accepted while equal to the
+        // draws and the first other draw is the correction (draft_verifier.h's coupled rule).
+        if (opt.greedy_tokens || opt.sampled) {
+          auto drawn = [&](int r) {
+            return opt.greedy_tokens ? opt.greedy_tokens[r] : opt.sampled[size_t(r) * kSampleOutCols];
+          };
           int m = 0;
-          for (; m < n && draft[j + m] == opt.greedy_tokens[p.sample_row + j + m]; ++m)
-            out[j + m] = draft[j + m];
-          out[j + m] = opt.greedy_tokens[p.sample_row + j + m];
+          for (; m < n && draft[j + m] == drawn(p.sample_row + j + m); ++m) out[j + m] = draft[j + m];
+          out[j + m] = drawn(p.sample_row + j + m);
           return m;
         }
         SampleContext at = ctx;

@@ -181,6 +181,9 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
     gauge("beluga_engine_steps_early_total", "counter",
           "Steps launched before the previous step's tokens reached the host (async scheduling).",
           double(st->steps_early));
+    gauge("beluga_engine_steps_host_sampled_total", "counter",
+          "Steps sampled on the host from copied-back logits (the rest sample on the device).",
+          double(st->steps_host_sampled));
     if (!st->spec_accepted_per_position.empty()) {  // speculative decoding is on
       gauge("beluga_spec_decode_num_drafts_total", "counter",
             "Sequence-steps that verified at least one draft token.", double(st->spec_drafts));

@@ -11,6 +11,7 @@
 #include "engine/spec_config.h"
 #include "engine_test_support.h"
 #include "loader/weight_source.h"
+#include "reference_sample_rows.h"
 
 namespace beluga {
 namespace {
@@ -319,6 +320,47 @@ TEST_F(SpecDecodeTest, SampledRequestsSpeculate) {
   EngineStats st1;
   EXPECT_EQ(run(config(2), top1, &st1).tokens, run(config(0), greedy_ref).tokens);
   EXPECT_GT(st1.spec_accepted_tokens, 0);
+}
+
+// With a device sampler (reference_sample_rows.h: the host sampler's arithmetic "on the device"), a step
+// that verifies drafts samples every verify row there and accepts the drafts while they equal the
+// draws: the tokens are the host's without speculation (greedy, sampled with top_p / top_k / min_p,
+// n = 2), drafts are accepted, and no step goes to the host sampler (before, every verifying step did).
+TEST_F(SpecDecodeTest, SampledVerificationOnTheDeviceSampler) {
+  auto reqs = [&](Collector& c) {
+    std::vector<EngineRequest> v{greedy("g", prompt(20, 4), 30, c)};
+    auto add = [&](const std::string& id, int seed, float temperature) {
+      v.push_back(greedy(id, prompt(20, seed), 32, c));
+      v.back().sampling.temperature = temperature;
+      v.back().sampling.seed = uint64_t(seed);
+    };
+    add("t", 5, 0.8f);
+    add("top_p", 6, 0.8f);
+    v.back().sampling.top_p = 0.9f;
+    add("top_k", 7, 0.8f);
+    v.back().sampling.top_k = 20;
+    add("min_p", 8, 1.2f);
+    v.back().sampling.min_p = 0.05f;
+    add("n2", 9, 0.8f);
+    v.back().sampling.n = 2;
+    return v;
+  };
+  EngineStats host_st;
+  const Outcome base = run(config(0), reqs, &host_st);
+  auto sampler = std::make_unique<engine_test::ReferenceSampleRows>();
+  const engine_test::ReferenceSampleRows* rs = sampler.get();
+  model_->set_sampler(std::move(sampler));
+  EngineStats st;
+  const Outcome o = run(config(2), reqs, &st);
+  const int calls = rs->calls;
+  model_->set_sampler(nullptr);
+  EXPECT_EQ(o.tokens, base.tokens);
+  EXPECT_GT(calls, 0);
+  EXPECT_GT(st.spec_drafts, 20);
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+  EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens);
+  EXPECT_EQ(st.steps_host_sampled, 0);
+  EXPECT_GT(host_st.steps_host_sampled, 0);
 }
 
 // "synthetic_acceptance" (benchmarks): P = 0 rejects every draft (the output stays the model's), P = 1
