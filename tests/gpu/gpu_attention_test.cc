@@ -149,6 +149,74 @@ TEST_F(GpuOps, MlaAbsorbed) {
   gpu->set_reference_attention(false);
 }
 
+// --deterministic's absorbed MLA (CudaOptions::deterministic): a probe token over 701 keys gives the
+// same output bits alone, beside sequences whose lengths would pick other split counts (20000 keys,
+// 37 keys, 72 tokens of 600), and as the last row of a causal chunk over the same keys; through
+// mla_attention_absorbed_uv too (its W_UV as its own per-head product). The cache holds the same
+// values at the probe's positions in every layout (pages shuffled differently each time).
+TEST_F(GpuOps, DeterministicMlaDecodeDoesNotDependOnTheBatch) {
+  CudaOptions o;
+  o.deterministic = true;
+  CudaOps det(o);
+  det.set_deterministic_keys(32768);
+  const int H = 16, R = 512, W = 576, kProbeKeys = 701;
+  const float scale = 0.1147f;
+  auto val = [](uint32_t seq, uint32_t pos, uint32_t d) {  // BF16-exact values in [-1, 1)
+    uint32_t h = seq * 2654435761u ^ pos * 40503u ^ d * 2246822519u;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+    return bf16_to_f32(f32_to_bf16(float(h & 0xffff) / 32768.0f - 1.0f));
+  };
+  const std::vector<float> wuv = rand_bf16(size_t(H) * 128 * R, 0.05f);
+  std::vector<uint16_t> wb(wuv.size());
+  for (size_t i = 0; i < wuv.size(); ++i) wb[i] = f32_to_bf16(wuv[i]);
+  const Tensor w16 = det.upload(Tensor::make(wb.data(), DType::kBF16, {H, 128, R}));
+  // Runs `seqs` (probe: sequence `probe`, its last query token), returns the probe token's latent and
+  // W_UV outputs as raw bits.
+  auto run = [&](const std::vector<std::pair<int, int>>& seqs, int probe) {
+    MetaPair m = make_meta(det, seqs);
+    const int T = m.cpu.num_tokens, nb = m.num_blocks;
+    std::vector<float> cache(size_t(nb) * 64 * W), q(size_t(T) * H * W);
+    for (size_t sq = 0; sq < seqs.size(); ++sq) {
+      const uint32_t tag = int(sq) == probe ? 7u : 100u + uint32_t(sq);
+      const int n = seqs[sq].first + seqs[sq].second, mb = m.cpu.max_blocks;
+      for (int p = 0; p < n; ++p) {
+        const int slot = m.table[sq * size_t(mb) + p / 64] * 64 + p % 64;
+        for (int d = 0; d < W; ++d) cache[size_t(slot) * W + d] = val(tag, uint32_t(p), uint32_t(d));
+      }
+      for (int t = m.qs[sq]; t < m.qs[sq + 1]; ++t)
+        for (int h = 0; h < H; ++h)
+          for (int d = 0; d < W; ++d)
+            q[(size_t(t) * H + h) * W + d] =
+                val(tag + 1000u, uint32_t(m.pos[size_t(t)]), uint32_t(h * W + d));
+    }
+    Tensor gc = det.scratch(DType::kBF16, {nb, 64, W});
+    Tensor gq = det.scratch(DType::kBF16, {T, H, W});
+    std::vector<uint16_t> b(cache.size());
+    for (size_t i = 0; i < cache.size(); ++i) b[i] = f32_to_bf16(cache[i]);
+    det.copy_from_host(gc, b.data());
+    b.resize(q.size());
+    for (size_t i = 0; i < q.size(); ++i) b[i] = f32_to_bf16(q[i]);
+    det.copy_from_host(gq, b.data());
+    Tensor lat = det.scratch(DType::kBF16, {T, H, R}), uv = det.scratch(DType::kBF16, {T, H, 128});
+    det.mla_attention_absorbed(lat, gq, gc, m.gpu, R, scale);
+    det.mla_attention_absorbed_uv(uv, gq, gc, m.gpu, R, scale, w16);
+    std::vector<uint16_t> hl(size_t(T) * H * R), hu(size_t(T) * H * 128);
+    det.copy_to_host(lat, hl.data());
+    det.copy_to_host(uv, hu.data());
+    const int t = m.qs[size_t(probe) + 1] - 1;
+    std::vector<uint16_t> out(hl.begin() + int64_t(t) * H * R, hl.begin() + int64_t(t + 1) * H * R);
+    out.insert(out.end(), hu.begin() + int64_t(t) * H * 128, hu.begin() + int64_t(t + 1) * H * 128);
+    det.reset_scratch();
+    return out;
+  };
+  const std::vector<uint16_t> alone = run({{kProbeKeys - 1, 1}}, 0);
+  EXPECT_EQ(run({{20000, 1}, {kProbeKeys - 1, 1}, {37, 1}}, 1), alone) << "beside 20000 and 37 keys";
+  std::vector<std::pair<int, int>> many(72, {600, 1});
+  many.push_back({kProbeKeys - 1, 1});
+  EXPECT_EQ(run(many, 72), alone) << "after 72 tokens of 600 keys";
+  EXPECT_EQ(run({{kProbeKeys - 5, 5}, {3000, 1}}, 0), alone) << "last row of a 5-token causal chunk";
+}
+
 // A kernel's permission to use more than 48 KB of dynamic shared memory belongs to a device: a CudaOps
 // on the second GPU of a process must run the MLA decode (175 KB) after one on the first GPU did (a
 // process-wide "configured" flag once left the second device's launch failing). Needs two GPUs.
