@@ -14,6 +14,7 @@ DEMO_CONC=${DEMO_CONC:-1 16 64}
 V2_CONC=${V2_CONC:-1 16 64}
 KINDS=${KINDS:-greedy sampled}
 mkdir -p "$OUT_DIR"
+source "$(dirname "$0")/serve_lib.sh"
 logs=$(mktemp -d)
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$logs"' EXIT
@@ -23,21 +24,7 @@ serve() {  # name model extra-args...
   shift 2
   local args=(serve --device cuda --model "$model" --max-num-seqs 256 --no-access-log --port 0)
   [ "$model" = "$V2" ] && args+=(--load-format dummy --tokenizer "$DEMO" --kv-cache-mb 32768 --max-model-len 8192)
-  "$BIN" "${args[@]}" "$@" >"$logs/$name" 2>&1 &
-  pid=$!
-  port=
-  for _ in $(seq 1800); do
-    port=$(grep "serving " "$logs/$name" | sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' | head -1 || true)
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -n "$port" ] || { cat "$logs/$name"; exit 1; }
-}
-stop() {
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  pid=
+  start_server "$logs/$name" "$BIN" "${args[@]}" "$@"
 }
 point() {  # name extra-json bench-args...
   local name=$1 extra=$2
@@ -67,6 +54,6 @@ for model in $MODELS; do
           --output-len 256 --max-concurrency "$c"
       done
     done
-    stop
+    stop_server
   done
 done

@@ -20,6 +20,7 @@ MODELS=${MODELS:-demo v2}
 KINDS=${KINDS:-greedy sampled}  # also: penalty (sampled with repetition, presence and frequency penalties)
 SETTINGS=${SETTINGS:-old new serial}
 mkdir -p "$OUT_DIR"
+source "$(dirname "$0")/serve_lib.sh"
 logs=$(mktemp -d)
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$logs"' EXIT
@@ -29,21 +30,7 @@ serve() {  # name binary model extra-args...
   shift 3
   local args=(serve --device cuda --model "$model" --max-num-seqs 256 --no-access-log --port 0)
   [ "$model" = "$V2" ] && args+=(--load-format dummy --tokenizer "$DEMO" --kv-cache-mb 32768)
-  BELUGA_TRACE="$OUT_DIR/$name.trace.json" "$bin" "${args[@]}" "$@" >"$logs/$name" 2>&1 &
-  pid=$!
-  port=
-  for _ in $(seq 1800); do
-    port=$(grep "serving " "$logs/$name" | sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' | head -1 || true)
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -n "$port" ] || { cat "$logs/$name"; exit 1; }
-}
-stop() {
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  pid=
+  BELUGA_TRACE="$OUT_DIR/$name.trace.json" start_server "$logs/$name" "$bin" "${args[@]}" "$@"
 }
 point() {  # name extra-json bench-args...
   local name=$1 extra=$2
@@ -75,7 +62,7 @@ for model in $MODELS; do
           point "$name-$kind-c$c" "$x" --num-prompts $((c < 16 ? 16 : c * 2)) --input-len 256 --output-len 256 \
             --max-concurrency "$c"
         done
-        stop
+        stop_server
         echo "-- trace $name-c$c"
         python3 scripts/trace_summary.py "$OUT_DIR/$name-c$c.trace.json" --skip-first 20 | tail -3 || true
         rm -f "$OUT_DIR/$name-c$c.trace.json"
@@ -90,7 +77,7 @@ for model in $MODELS; do
             --max-concurrency "$c"
         done
       done
-      stop
+      stop_server
       echo "-- trace $name"
       python3 scripts/trace_summary.py "$OUT_DIR/$name.trace.json" --skip-first 20 | tail -3 || true
       rm -f "$OUT_DIR/$name.trace.json"
