@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemm_invariant.h"
 #include "backend/cuda/cuda_kernel_config.h"
+#include "backend/cuda/cuda_mma_stage.cuh"
 
 namespace beluga::cuda {
 
@@ -67,26 +68,8 @@ __global__ void __launch_bounds__(kWM* kWN * 32) invariant_gemm_kernel(Invariant
     const int nk = kt + kStages - 1;
     if (nk < KT) load(nk % kStages, nk);
     cp_async_commit();
-    const bf16* as = As + (kt % kStages) * BM * kLd;
-    const bf16* bs = Bs + (kt % kStages) * BN * kLd;
-#pragma unroll
-    for (int k16 = 0; k16 < kBK / 16; ++k16) {
-      uint32_t af[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        ldsm_x4(af[mt], as + (wm * WTM + mt * 16 + (lane & 15)) * kLd + k16 * 16 + (lane >> 4) * 8);
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t bfr[4];
-        ldsm_x4(bfr, bs + (wn * WTN + np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + k16 * 16 +
-                         ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(acc[mt][2 * np], af[mt], bfr[0], bfr[1]);
-          mma_bf16(acc[mt][2 * np + 1], af[mt], bfr[2], bfr[3]);
-        }
-      }
-    }
+    mma_stage<MT, NT, kBK, kLd>(acc, As + (kt % kStages) * BM * kLd, wm * WTM, Bs + (kt % kStages) * BN * kLd,
+                                wn * WTN, lane);
   }
   cp_async_wait<0>();
 
