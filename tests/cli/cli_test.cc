@@ -74,6 +74,17 @@ TEST(Cli, GenerateExpertParallelMatchesOneRank) {
   EXPECT_NE(dense.out.find("routed experts"), std::string::npos) << dense.out;
 }
 
+// --deterministic on CUDA refuses DeepSeek-V4 before touching a device (its step ops were not made batch
+// invariant there), with a message that says so; a build without CUDA refuses the device itself.
+TEST(Cli, DeterministicOnCudaRefusesDeepseekV4) {
+  CmdResult r =
+      run_beluga("generate " + kFixtures + "dsv4-tiny --prompt-ids 1,2 --device cuda --deterministic");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(r.out.find("DeepSeek-V4's step ops are not batch invariant") != std::string::npos ||
+              r.out.find("not available in this build") != std::string::npos)
+      << r.out;
+}
+
 // Dummy weights for a V4 shape (the hash layers' token -> experts table included): the model
 // loads and decodes; inspect reports the hybrid cache's bytes per token.
 TEST(Cli, DeepseekV4DummyWeightsRun) {
