@@ -57,21 +57,9 @@ __global__ void __launch_bounds__(kWM* kWN * 32) invariant_gemm_kernel(Invariant
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < KT) load(s, s);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    const int nk = kt + kStages - 1;
-    if (nk < KT) load(nk % kStages, nk);
-    cp_async_commit();
-    mma_stage<MT, NT, kBK, kLd>(acc, As + (kt % kStages) * BM * kLd, wm * WTM, Bs + (kt % kStages) * BN * kLd,
-                                wn * WTN, lane);
-  }
-  cp_async_wait<0>();
+  cp_async_pipeline<kStages>(KT, load, [&](int buf) {
+    mma_stage<MT, NT, kBK, kLd>(acc, As + buf * BM * kLd, wm * WTM, Bs + buf * BN * kLd, wn * WTN, lane);
+  });
 
   const int gr = lane >> 2, t4 = lane & 3;
 #pragma unroll

@@ -152,29 +152,40 @@ Tensor CudaOps::bf16_weight(const Tensor& w, const Tensor& scale, int block_n, i
   return converted_.emplace(w.data, t).first->second;
 }
 
+void CudaOps::invariant_product(Tensor out, const Tensor& x, const Tensor& w, void* stream) {
+  const bool heads = x.ndim == 3;  // x [T, H, K], w [H, N, K], out [T, H, N]; else x [M, K], w [N, K]
+  InvariantGemm g;
+  g.M = int(x.shape[0]), g.K = int(x.shape[x.ndim - 1]), g.N = int(w.shape[w.ndim - 2]);
+  g.batch = heads ? int(x.shape[1]) : 1;
+  g.out = out.data;
+  g.out_f32 = out.dtype == DType::kF32;
+  g.ldo = out.stride[0];
+  g.out_z = heads ? out.stride[1] : 0;
+  g.w = w.data;
+  g.ldw = w.stride[w.ndim - 2];
+  g.w_z = heads ? w.stride[0] : 0;
+  g.x = x.data;
+  g.ldx = x.stride[0];
+  g.x_z = heads ? x.stride[1] : 0;
+  if (!invariant_gemm_ok(g)) {  // a view whose rows are not 16-byte pieces: its values, copied
+    const Tensor x16 = heads ? scratch(DType::kBF16, {x.shape[0], x.shape[1], g.K})
+                             : scratch(DType::kBF16, {x.shape[0], g.K});
+    copy(x16, x);
+    g.x = x16.data;
+    g.ldx = x16.stride[0];
+    g.x_z = heads ? x16.stride[1] : 0;
+  }
+  BELUGA_CHECK(invariant_gemm_ok(g), "--deterministic on CUDA needs weights in rows of 8 elements (K ", g.K,
+               ", row stride ", g.ldw, ")");
+  invariant_gemm(g, stream);
+}
+
 void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cublas) {
   const int M = int(x.shape[0]), K = int(x.shape[1]), N = int(w.shape[0]);
   if (deterministic_) {
-    InvariantGemm g;
-    g.out = out.data;
-    g.out_f32 = out.dtype == DType::kF32;
-    g.ldo = out.stride[0];
-    g.w = w.data;
-    g.ldw = w.stride[0];
-    g.M = M, g.N = N, g.K = K;
-    g.x = x.data;
-    g.ldx = x.stride[0];
-    if (!invariant_gemm_ok(g)) {  // a view whose rows are not 16-byte pieces: its values, copied
-      const Tensor x16 = scratch(DType::kBF16, {M, ceil_div(K, 8) * 8});
-      copy(x16.cols(0, K), x);
-      g.x = x16.data;
-      g.ldx = x16.stride[0];
-    }
-    BELUGA_CHECK(invariant_gemm_ok(g), "--deterministic on CUDA needs weights in rows of 8 elements (K ", K,
-                 ", row stride ", w.stride[0], ")");
     cudaStream_t st = S(stream_);
     if (cublas) BELUGA_CUBLAS_CHECK(cublasGetStream(static_cast<cublasHandle_t>(cublas), &st));
-    invariant_gemm(g, st);
+    invariant_product(out, x, w, st);
     return;
   }
   // Narrow outputs (a MoE router: N = 64) leave too few warps to hide the loads; cuBLAS splits K there.
@@ -261,30 +272,7 @@ void CudaOps::linear_heads(Tensor out, const Tensor& x, const Tensor& w_in) {
   if (T == 0) return;
   const Tensor& w = bf16_weight(w_in, Tensor{}, 128, 128);
   if (deterministic_) {
-    InvariantGemm g;
-    g.out = out.data;
-    g.ldo = out.stride[0];
-    g.out_z = out.stride[1];
-    g.w = w.data;
-    g.ldw = w.stride[1];
-    g.w_z = w.stride[0];
-    g.M = int(T), g.N = int(N), g.K = int(K), g.batch = int(H);
-    g.x = x.data;
-    g.ldx = x.stride[0];
-    g.x_z = x.stride[1];
-    if (!invariant_gemm_ok(g)) {
-      const int64_t K8 = ceil_div(K, 8) * 8;
-      const Tensor x16 = scratch(DType::kBF16, {T, H, K8});
-      Tensor dst = x16;
-      dst.shape[2] = K;
-      copy(dst, x);
-      g.x = x16.data;
-      g.ldx = x16.stride[0];
-      g.x_z = x16.stride[1];
-    }
-    BELUGA_CHECK(invariant_gemm_ok(g),
-                 "--deterministic on CUDA needs per-head weights in rows of 8 elements");
-    invariant_gemm(g, stream_);
+    invariant_product(out, x, w, stream_);
     return;
   }
   if (heads_gemv_ok(x, w)) {

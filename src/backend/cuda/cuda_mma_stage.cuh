@@ -1,8 +1,8 @@
 // One shared-memory stage of a warp's tile product on mma.sync m16n8k16 (BF16 in, F32 accumulate): the
 // warp's MT x 16 rows of A against its NT x 8 rows of B (both K-contiguous in shared memory, kLd
-// elements apart), k16 steps in ascending order. The grouped expert tiles (cuda_moe.cu) and the
-// batch-invariant GEMM (cuda_gemm_invariant.cu) run their K loops on it: each accumulator element is one
-// chain of k16 steps whatever the tile around it.
+// elements apart), k16 steps in ascending order; and the multistage cp.async loop around it. The grouped
+// expert tiles (cuda_moe.cu) and the batch-invariant GEMM (cuda_gemm_invariant.cu) run their K loops on them:
+// each accumulator element is one chain of k16 steps whatever the tile around it.
 #pragma once
 
 #include "backend/cuda/cuda_common.cuh"
@@ -31,6 +31,27 @@ __device__ __forceinline__ void mma_stage(float (&acc)[MT][NT][4], const bf16* a
       }
     }
   }
+}
+
+// The K loop of a kStages-deep cp.async pipeline over KT stages: load(buffer, kt) issues stage kt's
+// copies into a buffer, compute(buffer) consumes the stage waiting there; kStages - 1 stages stay in
+// flight ahead of the one computed. Ends with every copy landed.
+template <int kStages, class Load, class Compute>
+__device__ __forceinline__ void cp_async_pipeline(int KT, Load&& load, Compute&& compute) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int nk = kt + kStages - 1;
+    if (nk < KT) load(nk % kStages, nk);
+    cp_async_commit();
+    compute(kt % kStages);
+  }
+  cp_async_wait<0>();
 }
 
 }  // namespace beluga::cuda

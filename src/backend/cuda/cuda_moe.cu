@@ -115,21 +115,9 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs p) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < KT) load(s, s);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    const int nk = kt + kStages - 1;
-    if (nk < KT) load(nk % kStages, nk);
-    cp_async_commit();
-    mma_stage<MT, 4, kBK, kLdS>(acc, As + (kt % kStages) * BM * kLdS, wm * WM,
-                                Bs + (kt % kStages) * kBN * kLdS, wn * 32, lane);
-  }
-  cp_async_wait<0>();
+  cp_async_pipeline<kStages>(KT, load, [&](int buf) {
+    mma_stage<MT, 4, kBK, kLdS>(acc, As + buf * BM * kLdS, wm * WM, Bs + buf * kBN * kLdS, wn * 32, lane);
+  });
 
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll

@@ -210,6 +210,10 @@ class CudaOps final : public Ops {
   Tensor bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
   // out[M,N] = x[M,K] w[N,K]^T on the main stream, or always through cuBLAS on `cublas`'s stream.
   void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cublas = nullptr);
+  // --deterministic's products on the batch-invariant GEMM (cuda_gemm_invariant.h): out[M,N] = x[M,K]
+  // w[N,K]^T, or per head (x [T,H,K], w [H,N,K], out [T,H,N]); x copied first when its rows are not 16-byte
+  // pieces.
+  void invariant_product(Tensor out, const Tensor& x, const Tensor& w, void* stream);
 
   const ExpertTable& expert_table(std::span<const ExpertWeights> experts, const ExpertWeights* shared);
   // The tensor-core grouped GEMMs (gate-up with SiLU-and-mul into H, down into Y) over planned rows.
