@@ -186,9 +186,6 @@ int cmd_serve(int argc, char** argv) {
     kv_listen_port = std::stoi(port);
   }
   if (*role != server::ServeRole::kBoth && kv_flags.host_gb <= 0) kv_flags.host_gb = 2;
-  BELUGA_CHECK(*role == server::ServeRole::kBoth || !ecfg.speculative.enabled(),
-               "--role prefill|decode does not combine with --speculative-config yet (speculative decoding "
-               "refuses KV tiers)");
   const auto served_name = args.get("served-model-name");
   const auto format_name = args.get("chat-format");
   std::optional<recipe::ChatFormat> format;
@@ -215,7 +212,8 @@ int cmd_serve(int argc, char** argv) {
   const std::string tok_dir = tokenizer_dir ? *tokenizer_dir : m.dir;
   // Before the store and the engine, which report to it.
   const auto kv_events = kv_events_ring > 0 ? std::make_unique<KvEventLog>(size_t(kv_events_ring)) : nullptr;
-  const KvOptions kv = open_kv_tiers(kv_flags, m, kv_events.get());  // its store outlives the engine
+  const KvOptions kv =
+      open_kv_tiers(kv_flags, m, ecfg.speculative, kv_events.get());  // its store outlives the engine
   ecfg.kv_connector = kv.store.get();
   ecfg.kv_events = kv_events.get();
   const tok::Tokenizer tokenizer = tok::Tokenizer::from_file(tok_dir + "/tokenizer.json");

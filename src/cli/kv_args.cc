@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/kv_connector.h"
 #include "kvstore/fingerprint.h"
 #include "model/batch.h"
 #include "util/error.h"
@@ -27,16 +28,17 @@ KvFlags parse_kv_flags(const Args& args) {
   return f;
 }
 
-KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m, KvEventSink* events) {
+KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m, const SpecConfig& spec, KvEventSink* events) {
   KvOptions o;
   o.retention = f.retention;
   const double host_gb = f.host_gb, disk_gb = f.disk_gb;
   const std::string& disk_dir = f.disk_dir;
   if (host_gb <= 0 && disk_dir.empty()) return o;
   kv::StoreConfig sc;
-  sc.block_bytes = m.model->kv_bytes_per_token() * kKvBlockSize;
+  // With MTP drafting the image carries the MTP layer too: another layout, another fingerprint.
+  sc.block_bytes = kv_block_image_bytes(*m.model, spec);
   sc.fingerprint = kv::model_fingerprint(read_file(m.config_path), m.weights_digest, m.ops->act_dtype(),
-                                         m.model->kv_bytes_per_token(), kKvBlockSize);
+                                         sc.block_bytes / kKvBlockSize, kKvBlockSize);
   sc.host_bytes = size_t(host_gb * double(size_t(1) << 30));
   sc.disk_dir = disk_dir;
   sc.disk_bytes = size_t(disk_gb * double(size_t(1) << 30));

@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/model_args.h"
+#include "engine/spec_config.h"
 #include "kvstore/retention.h"
 #include "kvstore/tiered_store.h"
 
@@ -29,8 +30,10 @@ struct KvOptions {
   kv::Retention retention;
   std::unique_ptr<kv::TieredStore> store;  // nullptr when no tier is asked for
 };
-// The tiers the flags ask for, keyed with the loaded model's fingerprint; `events` (null: none)
+// The tiers the flags ask for, keyed with the loaded model's fingerprint; their blocks are the
+// images an engine with speculation `spec` moves (kv_block_image_bytes); `events` (null: none)
 // hears their block events and outlives the store.
-KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m, KvEventSink* events = nullptr);
+KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m, const SpecConfig& spec,
+                        KvEventSink* events = nullptr);
 
 }  // namespace beluga::cli

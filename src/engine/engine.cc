@@ -52,15 +52,13 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
                " blocks of ", kKvBlockSize, " tokens) cannot hold one sequence of max_model_len ",
                max_model_len_, " tokens; give it more memory or lower --max-model-len");
   if (cfg.kv_connector)
-    BELUGA_CHECK(cfg.kv_connector->block_bytes() == model.kv_bytes_per_token() * kKvBlockSize,
+    BELUGA_CHECK(cfg.kv_connector->block_bytes() == kv_block_image_bytes(model, cfg.speculative),
                  "the KV connector's blocks are ", cfg.kv_connector->block_bytes(), " bytes, the model's ",
-                 model.kv_bytes_per_token() * kKvBlockSize);
+                 kv_block_image_bytes(model, cfg.speculative),
+                 cfg.speculative.method == SpecConfig::Method::kMtp ? " (with the MTP layer)" : "");
   BELUGA_CHECK(!(cfg.deterministic && cfg.speculative.enabled()),
                "--deterministic does not work with speculative decoding (whether a draft is proposed and "
                "accepted depends on the batch)");
-  if (cfg.speculative.enabled())
-    BELUGA_CHECK(!cfg.kv_connector,
-                 "speculative decoding does not work with KV offloading (--kv-offload) yet");
   impl_ = std::make_unique<Impl>(model, cfg, num_blocks);
   impl_->stats.kv_blocks_total = num_blocks;
   thread_ = std::thread([this] { loop(); });
@@ -447,13 +445,7 @@ void Engine::loop() {
     if (ok) {
       TraceSpan span(tr, lane, "sample");
       apply_step();
-      if (im.spec)
-        im.spec->after_apply(
-            [&](int slot, int index) -> Seq* {
-              auto it = im.requests.find(slot);
-              return it == im.requests.end() ? nullptr : it->second.seqs[size_t(index)].get();
-            },
-            im.scheduler);
+      if (im.spec) im.commit_verified();
       // A sequence that finished at N may still have a chunk in N+1 (a stop token arrived); its
       // blocks are already released. Seqs stay alive until step e, so c.seq is valid here.
       std::erase_if(im.chunks, [](const Chunk& c) { return c.seq->finish != FinishReason::kNone; });
@@ -589,6 +581,7 @@ void Engine::loop() {
     im.chunks.clear();
     im.step_slots.clear();
     im.published.clear();
+    im.verified_saves.clear();  // dropped with the step above
   };
 
   std::deque<EngineRequest> incoming;

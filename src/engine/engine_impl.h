@@ -117,8 +117,14 @@ struct Engine::Impl {
   std::vector<BlockHash> published_keys;  // their keys
   std::vector<const std::string*> published_classes;  // their sequences' traffic classes
   KvStepCopies kv_copies;                             // the step being launched: its KV connector copies
-  std::vector<std::pair<int, RequestOutput>> outs;    // (slot, output) of the last applied step
-  std::unordered_map<int, size_t> out_of;             // slot -> index in outs
+  // Speculation: blocks of accepted drafts published after their step (SpecDecoder::after_apply),
+  // saved with the next step (KvStepCopies::saves_first).
+  std::vector<int> verified;
+  std::vector<BlockHash> verified_keys;
+  std::vector<const std::string*> verified_classes;
+  std::vector<KvCopy> verified_saves;
+  std::vector<std::pair<int, RequestOutput>> outs;  // (slot, output) of the last applied step
+  std::unordered_map<int, size_t> out_of;           // slot -> index in outs
   std::vector<int> failed;
   std::vector<float> scratch;
   std::vector<int> index_scratch;
@@ -159,6 +165,9 @@ struct Engine::Impl {
   void finish_early();
   // Commits `chunks` (scheduler and KV connector) once their tokens are known.
   void commit_chunks(KvStepCopies*& copies);
+  // After a speculating step is applied: the verifier's accepted positions committed
+  // (SpecDecoder::after_apply) and the blocks they fill handed to the KV connector to save.
+  void commit_verified();
   // Marks the launched step's sampling chunks pending, naming each one's logit row.
   void mark_pending();
 };

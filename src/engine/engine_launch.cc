@@ -236,7 +236,27 @@ void Engine::Impl::commit_chunks(KvStepCopies*& copies) {
     for (size_t i = 0; i < published.size(); ++i)
       if (std::byte* host = kv_connector->start_save(published_keys[i], *published_classes[i]))
         copies->saves.push_back({published[i], host});
+    copies->saves_first.clear();
+    std::swap(copies->saves_first, verified_saves);
   }
+}
+
+void Engine::Impl::commit_verified() {
+  verified.clear();
+  verified_keys.clear();
+  verified_classes.clear();
+  spec->after_apply(
+      [&](int slot, int index) -> Seq* {
+        auto it = requests.find(slot);
+        return it == requests.end() ? nullptr : it->second.seqs[size_t(index)].get();
+      },
+      scheduler, &verified, &verified_keys, &verified_classes);
+  if (!kv_connector) return;
+  // Their KV was written by the step just applied; the next step copies them out before anything
+  // it runs can write to a block (one freed by an abort and reused meanwhile).
+  for (size_t i = 0; i < verified.size(); ++i)
+    if (std::byte* host = kv_connector->start_save(verified_keys[i], *verified_classes[i]))
+      verified_saves.push_back({verified[i], host});
 }
 
 void Engine::Impl::mark_pending() {
@@ -253,7 +273,8 @@ void Engine::Impl::finish_early() {
   KvStepCopies* copies = nullptr;
   commit_chunks(copies);
   if (copies) {  // the saves go with the step; the connector counts it launched from here
-    BELUGA_ASSERT(copies->loads.empty() && saves_unreleased);  // can_launch_early: no loads
+    // can_launch_early: no loads, no speculation
+    BELUGA_ASSERT(copies->loads.empty() && copies->saves_first.empty() && saves_unreleased);
     runner.release_saves(copies->saves);
     saves_unreleased = false;
     kv_connector->step_launched();

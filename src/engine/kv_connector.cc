@@ -1,5 +1,8 @@
 #include "engine/kv_connector.h"
 
+#include "model/batch.h"
+#include "model/model.h"
+
 namespace beluga {
 
 const char* kv_tier_name(KvTier t) {
@@ -12,6 +15,11 @@ const char* kv_tier_name(KvTier t) {
       return "disk";
   }
   return "?";
+}
+
+size_t kv_block_image_bytes(const Model& m, const SpecConfig& spec) {
+  const bool mtp = spec.enabled() && spec.method == SpecConfig::Method::kMtp;
+  return (m.kv_bytes_per_token() + (mtp ? m.mtp_kv_bytes_per_token() : 0)) * kKvBlockSize;
 }
 
 }  // namespace beluga

@@ -5,7 +5,10 @@
 // A block is named by the engine's chained block hash (block_manager.h: prefix, tokens, tenant salt);
 // an implementation extends it with its model fingerprint so that other models never match.
 // Every block moves as one contiguous host image of block_bytes() bytes: each layer's slice of the
-// block, layer after layer (Ops::kv_block_to_host).
+// block, layer after layer (Ops::kv_block_to_host), then, for an engine speculating with the MTP
+// module, the MTP layer's slice (its cache shares the main cache's block tables): a block loaded from
+// below then gives the drafts the context a block kept in the device pool gives
+// (kv_block_image_bytes).
 //
 // Protocol (all calls on the engine thread, except that the runner thread reads and writes the host
 // memory of the copies handed out, between the launch of a step and its end):
@@ -15,7 +18,9 @@
 //     goes away first.
 //   admission: touch() the blocks found in the device pool (their copies below are in use too).
 //   commit: start_save() for each block a step filled; it returns where the runner copies it (or
-//     nothing when the block is stored already).
+//     nothing when the block is stored already). Speculative decoding publishes a block of accepted
+//     drafts only once the step that computed it is verified: its save goes with the next step and
+//     is copied before that step's loads and forward (KvStepCopies::saves_first).
 //   runner: the engine hands the step's copies (finish_load's and start_save's) to the runner with the
 //     launch and says step_launched(); step_done(ok) once that step has finished (its host memory may
 //     be reused, its saves become visible; a failed step's saves are dropped). One step is in flight
@@ -32,6 +37,7 @@
 
 #include "backend/ops.h"
 #include "engine/block_manager.h"
+#include "engine/spec_config.h"
 
 namespace beluga {
 
@@ -43,14 +49,22 @@ const char* kv_tier_name(KvTier t);  // "device", "host", "disk"
 using KvCopy = KvBlockCopy;
 
 // A step's copies: loads run before the forward, saves after it (a failed forward saves nothing).
+// saves_first: blocks an earlier step computed (published once verified), copied before the loads,
+// so that nothing this step writes can reach them first.
 struct KvStepCopies {
-  std::vector<KvCopy> loads, saves;
-  bool empty() const { return loads.empty() && saves.empty(); }
+  std::vector<KvCopy> loads, saves, saves_first;
+  bool empty() const { return loads.empty() && saves.empty() && saves_first.empty(); }
   void clear() {
     loads.clear();
     saves.clear();
+    saves_first.clear();
   }
 };
+
+class Model;
+// The bytes of one block's image for an engine serving `m` with speculation `spec`: every layer's
+// slice of the main cache, plus the MTP layer's when `spec` drafts with the MTP module.
+size_t kv_block_image_bytes(const Model& m, const SpecConfig& spec);
 
 class KvConnector {
  public:

@@ -16,7 +16,10 @@ ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace
       trace_(trace),
       spec_(spec),
       mla_mode_(mla_mode),
-      vocab_(model.config().vocab_size) {
+      vocab_(model.config().vocab_size),
+      block_layers_(kv.layers) {
+  if (spec_ && spec_->mtp_kv())  // the block image's last layer (kv_connector.h)
+    block_layers_.insert(block_layers_.end(), spec_->mtp_kv()->layers.begin(), spec_->mtp_kv()->layers.end());
   if (trace_) trace_lane_ = trace_->add_lane("model runner");
   thread_ = std::thread([this] { run(); });
 }
@@ -143,7 +146,8 @@ void ModelRunner::run_step(Slot& s) {
           return usable;
         };
       Ops& ops = model_.ops();
-      if (!s.copies.loads.empty()) ops.kv_blocks_from_host(kv_.layers, s.copies.loads);
+      if (!s.copies.saves_first.empty()) ops.kv_blocks_to_host(block_layers_, s.copies.saves_first);
+      if (!s.copies.loads.empty()) ops.kv_blocks_from_host(block_layers_, s.copies.loads);
       if (spec_)
         spec_->run_step(s.batch, kv_, s.logits.data(), opt);
       else
@@ -152,7 +156,7 @@ void ModelRunner::run_step(Slot& s) {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return s.saves_released || stop_; });
       }
-      if (!s.copies.saves.empty()) ops.kv_blocks_to_host(kv_.layers, s.copies.saves);
+      if (!s.copies.saves.empty()) ops.kv_blocks_to_host(block_layers_, s.copies.saves);
       if (!s.copies.empty()) ops.synchronize();
       if (!usable) s.fell_back = true;  // the logits came back instead (read after wait())
     } catch (...) {

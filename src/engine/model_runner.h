@@ -60,8 +60,10 @@ class ModelRunner {
   // runner's, so the caller gets vectors back whose capacity it can reuse instead of allocating. With
   // `greedy`, the step samples each logit row's argmax on the device (ForwardOptions::greedy_tokens):
   // greedy_tokens() holds the ids and logits() is not written.
-  // `copies` (swapped like `b`, may be null): the step's KV connector copies; loads run before the
-  // forward, saves after it (none when it fails), and their host memory is not touched after the step.
+  // `copies` (swapped like `b`, may be null): the step's KV connector copies over the block image's
+  // layers (kv's, then the MTP layer's when `spec` drafts with it); saves_first, then loads, run
+  // before the forward, saves after it (none when it fails), and their host memory is not touched
+  // after the step.
   // `sampling` (swapped like `b`, may be null; the model needs a sampler): the step samples each logit
   // row on the device (ForwardOptions::sampling): sampled() holds [rows, kSampleOutCols] and logits()
   // is not written. Takes precedence over `greedy`.
@@ -142,6 +144,7 @@ class ModelRunner {
   SpecDecoder* spec_;
   MlaMode mla_mode_;
   const int vocab_;
+  std::vector<Tensor> block_layers_;  // a KV block's image: kv_'s layers, then the MTP layer's if any
   Slot slots_[2];
   int64_t launched_ = 0, waited_ = 0;  // engine thread only
   // The thread's: the ids the last step sampled per logit row (empty: it sampled none or failed).

@@ -293,7 +293,9 @@ int SpecDecoder::steady_shape() const {
   return ngram() || !plan_mtp_ ? plan_k_ : (2 * rows + int(plan_.size())) / (2 * int(plan_.size()));
 }
 
-void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler) {
+void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler,
+                              std::vector<int>* published, std::vector<BlockHash>* published_keys,
+                              std::vector<const std::string*>* published_classes) {
   const int K = cfg_.num_speculative_tokens;
   // The period since the previous step's results is this step's cost: a steady decode step was
   // launched in the iteration that applied the previous one, so idle time rarely falls inside (the
@@ -335,7 +337,7 @@ void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& fi
     s->draft_q.assign(draft_q_.begin() + int64_t(i) * K, draft_q_.begin() + int64_t(i) * K + draft_len_[i]);
   }
   // The accepted drafts' KV is valid now: count it computed and publish the blocks it fills.
-  if (!commit_.empty()) scheduler.commit(commit_);
+  if (!commit_.empty()) scheduler.commit(commit_, published, published_keys, published_classes);
 }
 
 }  // namespace beluga

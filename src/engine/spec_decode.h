@@ -91,8 +91,15 @@ class SpecDecoder {
   }
   // Engine thread, after the rows were applied: commits the accepted positions of the step's
   // sequences that are still running (`find` maps a (request slot, index) to its Seq, or null once
-  // aborted), stores the next drafts in each Seq, counts the statistics.
-  void after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler);
+  // aborted), stores the next drafts in each Seq, counts the statistics. The blocks this commit
+  // publishes are appended to `published` (with their keys and traffic classes, as
+  // Scheduler::commit gives them) when it is given.
+  void after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler,
+                   std::vector<int>* published = nullptr, std::vector<BlockHash>* published_keys = nullptr,
+                   std::vector<const std::string*>* published_classes = nullptr);
+  // The MTP module's KV cache (its layer goes into the KV connector's block images), or null
+  // (prompt lookup).
+  const KvCache* mtp_kv() const { return ngram() ? nullptr : &mtp_kv_; }
   const SpecStats& stats() const { return stats_; }
   // Whether the step last planned has a sequence whose results feed the next step's plan (it samples
   // and is eligible): the engine then applies it before scheduling the next one.

@@ -105,6 +105,7 @@ class Model {
   // The MTP module (mtp.h), when the checkpoint has one (num_nextn_predict_layers > 0).
   bool has_mtp() const { return mtp_ != nullptr; }
   KvCache make_mtp_kv_cache(int num_blocks) const;  // one layer, same blocks as the main cache
+  size_t mtp_kv_bytes_per_token() const;            // that layer's (0 without an MTP module)
   // One MTP step over `batch`: row t is (batch.tokens[t] = x_{i+1}, hidden row t = h_i) at position
   // i = context_len + j of its sequence, i.e. a sequence's MTP positions are its main positions.
   // Writes MTP KV into `kv`, the logits (or argmaxes, opt.greedy_tokens) of batch.logit_rows like

@@ -31,6 +31,10 @@ KvCache Model::make_mtp_kv_cache(int num_blocks) const {
   return kv;
 }
 
+size_t Model::mtp_kv_bytes_per_token() const {
+  return mtp_ ? size_t(cfg_.kv_entry_dim()) * dtype_size(ops_.act_dtype()) : 0;
+}
+
 Tensor Model::mtp_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
                        const Tensor& hidden, KvCache& kv, const ForwardOptions& opt, int max_query_len) {
   const MtpWeights& m = *mtp_;

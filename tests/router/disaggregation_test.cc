@@ -4,6 +4,7 @@
 //  - greedy output and usage (prompt, cached and completion tokens) are identical for chat,
 //    completions, responses and messages, and the prompt's KV really went P -> D (transfer metrics,
 //    the decode engine's host-tier hits);
+//  - with MTP speculation on every engine, the same (the blocks carry the MTP layer's KV);
 //  - a killed prefill engine: requests still succeed, identical, computed by the decode engine;
 //  - a dead decode engine: the KV transfer to it fails, the request is served by the other one,
 //    identical, and the prefill engine holds no KV block afterwards;
@@ -122,11 +123,19 @@ beluga::server::testing::HttpReply post(int port, const Call& c) {
 struct Fleet {
   std::unique_ptr<ChildProcess> prefill, colocated, router;
   std::vector<std::unique_ptr<ChildProcess>> decode;
-  explicit Fleet(int decoders = 1, std::vector<std::string> router_extra = {}) {
-    prefill = start_replica(0, {"--role", "prefill", "--kv-host-gb", "0.25"});
+  // `replica_extra`: flags for every engine (P, D and the colocated one); `decode_extra`: for D too.
+  explicit Fleet(int decoders = 1, std::vector<std::string> router_extra = {},
+                 const std::vector<std::string>& replica_extra = {},
+                 const std::vector<std::string>& decode_extra = {}) {
+    auto with = [&](std::vector<std::string> v, const std::vector<std::string>& more = {}) {
+      v.insert(v.end(), replica_extra.begin(), replica_extra.end());
+      v.insert(v.end(), more.begin(), more.end());
+      return v;
+    };
+    prefill = start_replica(0, with({"--role", "prefill", "--kv-host-gb", "0.25"}));
     for (int i = 0; i < decoders; ++i)
-      decode.push_back(start_replica(0, {"--role", "decode", "--kv-host-gb", "0.25"}));
-    colocated = start_replica(0);
+      decode.push_back(start_replica(0, with({"--role", "decode", "--kv-host-gb", "0.25"}, decode_extra)));
+    colocated = start_replica(0, with({}));
     std::vector<std::string> args = {"--prefill", prefill->url(), "--health-interval-ms", "200"};
     for (auto& d : decode) {
       args.push_back("--decode");
@@ -187,6 +196,43 @@ TEST(Disaggregation, GreedyOutputAndUsageMatchOneColocatedEngineForEveryApi) {
   EXPECT_EQ(metric_value(http_get(f.router->port(), "/metrics").body,
                          "beluga_router_prefills_total{result=\"failed\"}"),
             0);
+  EXPECT_EQ(metric(p, "beluga_kv_blocks_used"), 0);
+  EXPECT_EQ(metric(d, "beluga_kv_blocks_used"), 0);
+}
+
+// MTP speculation on every engine (DeepSeek's decode instances draft with MTP): the prompt's KV
+// blocks, their MTP layer included, go P -> D, and the decode engine's drafts give the colocated
+// engine's greedy output.
+TEST(Disaggregation, SpeculativeDecodeEngineMatchesAColocatedOne) {
+  Fleet f(1, {}, {"--speculative-config", R"({"method":"mtp","num_speculative_tokens":2,"gating":"fixed"})"});
+  ASSERT_TRUE(f.up()) << f.router->log();
+  expect_same(f, calls_for("def add(a, b): return a - b"));
+  const int p = f.prefill->port(), d = f.decode[0]->port();
+  EXPECT_EQ(labelled(p, "beluga_kv_transfers_total", ",direction=\"sent\",result=\"failed\""), 0);
+  EXPECT_GE(labelled(p, "beluga_kv_transfers_total", ",direction=\"sent\",result=\"ok\""), 4);
+  EXPECT_GT(metric_value(http_get(d, "/metrics").body,
+                         "beluga_kv_hit_tokens_total{model_name=\"beluga-demo-coder-mtp\",tier=\"host\","
+                         "traffic_class=\"chat\"}"),
+            0);
+  EXPECT_GT(metric(d, "beluga_spec_decode_num_draft_tokens_total"), 0);
+  EXPECT_GT(metric(d, "beluga_spec_decode_num_accepted_tokens_total"), 0);
+  EXPECT_EQ(metric(p, "beluga_kv_blocks_used"), 0);
+  EXPECT_EQ(metric(d, "beluga_kv_blocks_used"), 0);
+}
+
+// Only the decode engine speculates: its blocks carry the MTP layer, the prefill engine's do not,
+// so their fingerprints differ and every transfer is refused; the decode engine computes each prompt
+// itself and the output is still the colocated engine's.
+TEST(Disaggregation, MismatchedSpeculationRefusesTransfersAndLosesNothing) {
+  Fleet f(1, {}, {},
+          {"--speculative-config", R"({"method":"mtp","num_speculative_tokens":2,"gating":"fixed"})"});
+  ASSERT_TRUE(f.up()) << f.router->log();
+  expect_same(f, calls_for("def add(a, b): return a - b"), false);
+  const int p = f.prefill->port(), d = f.decode[0]->port();
+  EXPECT_EQ(labelled(p, "beluga_kv_transfers_total", ",direction=\"sent\",result=\"ok\""), 0);
+  EXPECT_GE(labelled(p, "beluga_kv_transfers_total", ",direction=\"sent\",result=\"failed\""), 4)
+      << http_get(p, "/metrics").body;
+  EXPECT_GT(metric(d, "beluga_spec_decode_num_draft_tokens_total"), 0);
   EXPECT_EQ(metric(p, "beluga_kv_blocks_used"), 0);
   EXPECT_EQ(metric(d, "beluga_kv_blocks_used"), 0);
 }

@@ -1,0 +1,187 @@
+// Speculative decoding (the demo model's MTP module, CPU) with a host KV tier below a small device
+// pool: blocks filled by accepted drafts (published only once verified) reach the tier intact, a
+// request continuing the first one's output is served from the tier with the greedy output of an
+// engine without speculation, and its drafts are the ones a device-pool hit gives (the block images
+// carry the MTP layer's KV).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+
+#include "../engine/engine_test_support.h"
+#include "backend/cpu/cpu_ops.h"
+#include "engine/block_manager.h"
+#include "engine/engine.h"
+#include "engine/kv_connector.h"
+#include "engine/spec_config.h"
+#include "kvstore/tiered_store.h"
+#include "loader/weight_source.h"
+
+namespace beluga {
+namespace {
+
+using engine_test::Collector;
+
+const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
+
+class SpecTier : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cfg_ = ModelConfig::from_file(kDemo + "/config.json");
+    ckpt_ = std::make_unique<Checkpoint>(kDemo);
+    ops_ = std::make_unique<CpuOps>(CpuOptions{2});
+    model_ = load_model(cfg_, *ckpt_, *ops_, 1024);
+  }
+  // Python-ish prompts the demo model continues with code (so drafts are often right).
+  static std::vector<int> prompt(int n, int seed) {
+    std::vector<int> p{0};
+    for (int i = 1; i < n; ++i) p.push_back(100 + (i * 37 + seed * 211) % 900);
+    return p;
+  }
+  static EngineRequest greedy(const std::string& id, std::vector<int> p, int max_tokens, Collector& c) {
+    EngineRequest r;
+    r.id = id;
+    r.prompt = std::move(p);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    r.on_output = c.callback();
+    return r;
+  }
+  // K = 2 drafts, every step verifying both (fixed gating: acceptance depends on the drafts alone).
+  static EngineConfig config(int blocks, KvConnector* kv, bool speculate = true) {
+    EngineConfig ec;
+    ec.num_kv_blocks = blocks;
+    ec.max_num_seqs = 4;
+    ec.max_model_len = 256;
+    ec.kv_connector = kv;
+    if (speculate)
+      ec.speculative = parse_spec_config(R"({"method":"mtp","num_speculative_tokens":2,"gating":"fixed"})");
+    return ec;
+  }
+  kv::StoreConfig store_config(const SpecConfig& spec) const {
+    kv::StoreConfig sc;
+    sc.block_bytes = kv_block_image_bytes(*model_, spec);
+    sc.fingerprint = {42, 7};
+    sc.host_bytes = 64 * sc.block_bytes;
+    return sc;
+  }
+  // Submits `r`, waits for it and for the engine to go idle; the tokens it gave.
+  static std::vector<int> run(Engine& e, Collector& c, EngineRequest r) {
+    const std::string id = r.id;
+    size_t before = 0;
+    {
+      std::lock_guard<std::mutex> lk(c.mu);
+      before = c.done.size();
+    }
+    EXPECT_EQ(e.submit(std::move(r)), SubmitStatus::kOk);
+    EXPECT_TRUE(c.wait(before + 1));
+    for (int i = 0; i < 2000 && e.stats().kv_blocks_used > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::lock_guard<std::mutex> lk(c.mu);
+    return c.tokens[id][0];
+  }
+
+  ModelConfig cfg_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<CpuOps> ops_;
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(SpecTier, TheBlockImageCarriesTheMtpLayerOnlyWhenDraftingWithIt) {
+  const size_t plain = model_->kv_bytes_per_token() * kKvBlockSize;
+  EXPECT_EQ(kv_block_image_bytes(*model_, SpecConfig{}), plain);
+  EXPECT_EQ(
+      kv_block_image_bytes(*model_, parse_spec_config(R"({"method":"ngram","num_speculative_tokens":2})")),
+      plain);
+  const SpecConfig mtp = parse_spec_config(R"({"method":"mtp","num_speculative_tokens":2})");
+  EXPECT_EQ(kv_block_image_bytes(*model_, mtp), plain / size_t(cfg_.num_layers) * size_t(cfg_.num_layers + 1))
+      << "one more layer of the same width";
+  // A store sized for the plain image is refused by a speculating engine, with the reason.
+  kv::TieredStore store(store_config(SpecConfig{}));
+  try {
+    Engine e(*model_, config(8, &store));
+    ADD_FAILURE() << "an engine drafting with MTP took a store of the plain block image";
+  } catch (const std::exception& ex) {
+    EXPECT_NE(std::string(ex.what()).find("with the MTP layer"), std::string::npos) << ex.what();
+  }
+}
+
+// Request "a" decodes 190 tokens after a 40-token prompt: its blocks 0-2 are filled by decode steps
+// that verify drafts, so most are published only after verification and saved with the step after.
+// A 250-token prompt then evicts them from the 5-block device pool; "cont" (a's prompt and 150 of its
+// tokens: two full blocks) finds them in the host tier.
+TEST_F(SpecTier, BlocksOfAcceptedDraftsAreSavedAndServeAHit) {
+  const SpecConfig spec = config(0, nullptr).speculative;
+  const std::vector<int> a = prompt(40, 1), evict = prompt(250, 2);
+
+  // References: no speculation, no tier.
+  Collector rc;
+  Engine ref(*model_, config(64, nullptr, false));
+  const std::vector<int> out = run(ref, rc, greedy("a", a, 190, rc));
+  ASSERT_EQ(out.size(), 190u);
+  std::vector<int> cont = a;
+  cont.insert(cont.end(), out.begin(), out.begin() + 150);
+  const std::vector<int> want = run(ref, rc, greedy("cont", cont, 40, rc));
+
+  // Speculation, the prefix kept in a large device pool: its drafts are what "cont" should see.
+  Collector dc;
+  Engine dev(*model_, config(64, nullptr));
+  ASSERT_EQ(run(dev, dc, greedy("a", a, 190, dc)), out);
+  const EngineStats d0 = dev.stats();
+  EXPECT_EQ(run(dev, dc, greedy("cont", cont, 40, dc)), want);
+  const EngineStats d1 = dev.stats();
+  EXPECT_EQ(dc.cached["cont"], 2 * kKvBlockSize);
+  ASSERT_GT(d1.spec_draft_tokens - d0.spec_draft_tokens, 0);
+
+  kv::TieredStore store(store_config(spec));
+  Collector c;
+  auto engine = std::make_unique<Engine>(*model_, config(5, &store));
+  Engine& e = *engine;
+  ASSERT_EQ(run(e, c, greedy("a", a, 190, c)), out) << "speculating with a tier: the same greedy tokens";
+  EXPECT_GT(e.stats().spec_accepted_tokens, 0);
+  EXPECT_EQ(store.stats().host.blocks, 3) << "blocks 0-2 of a, each saved once it was complete";
+  run(e, c, greedy("evict", evict, 4, c));
+  const EngineStats s0 = e.stats();
+  EXPECT_EQ(run(e, c, greedy("cont", cont, 40, c)), want)
+      << "served from the host tier: the reference's tokens";
+  const EngineStats s1 = e.stats();
+  EXPECT_EQ(c.cached["cont"], 2 * kKvBlockSize);
+  EXPECT_GE(s1.prefix_cache_hits_below - s0.prefix_cache_hits_below, kKvBlockSize) << "some from the tier";
+  // The loaded blocks brought their MTP KV: the drafts and their acceptance are the device hit's.
+  EXPECT_EQ(s1.spec_draft_tokens - s0.spec_draft_tokens, d1.spec_draft_tokens - d0.spec_draft_tokens);
+  EXPECT_EQ(s1.spec_accepted_tokens - s0.spec_accepted_tokens,
+            d1.spec_accepted_tokens - d0.spec_accepted_tokens);
+  EXPECT_EQ(s1.spec_accepted_per_position, [&] {
+    std::vector<int64_t> v = s0.spec_accepted_per_position;
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] += d1.spec_accepted_per_position[i] - d0.spec_accepted_per_position[i];
+    return v;
+  }());
+
+  // The saved images end with the MTP layer's slice of the block, written by the MTP passes: not the
+  // zeroed cache's, not a copy of the last main layer's.
+  engine.reset();  // the store is the test's alone now
+  std::vector<int> full = a;
+  full.insert(full.end(), out.begin(), out.end());
+  const std::vector<BlockHash> keys = block_hashes(full, "", 3);
+  const int blocks[3] = {0, 1, 2};
+  const kv::StoreConfig sc = store_config(spec);
+  const size_t slice = sc.block_bytes / size_t(cfg_.num_layers + 1);
+  const KvConnector::LoadId id = store.start_load(keys.data(), blocks, 3, "");
+  for (int i = 0; i < 1000 && !store.load_ready(id); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::vector<KvCopy> copies;
+  ASSERT_EQ(store.finish_load(id, copies, nullptr), 3);
+  for (const KvCopy& cp : copies) {
+    const std::byte* mtp = cp.host + sc.block_bytes - slice;
+    const std::vector<std::byte> zero(slice);
+    EXPECT_NE(std::memcmp(mtp, zero.data(), slice), 0) << "block " << cp.block << ": MTP slice never written";
+    EXPECT_NE(std::memcmp(mtp, mtp - slice, slice), 0) << "block " << cp.block << ": the last main layer's";
+  }
+  store.step_launched();
+  store.step_done(true);
+}
+
+}  // namespace
+}  // namespace beluga
