@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Speculative decoding with a host KV tier (docs/speculative-decoding.md, "With KV tiers"): the demo
-# model on the CPU, its device pool too small for the conversations' histories, a multi-turn load
-# (each turn resends the conversation so far). Four servers: without / with MTP K=2 (fixed gating, so
+# model on the CPU, its device pool (BLOCKS) too small for the prompts' shared prefixes (PREFIXES of
+# PREFIX_LEN tokens, each request one of them at random plus 64 tokens of its own). Four servers: without / with MTP K=2 (fixed gating, so
 # every decode step verifies drafts and publishes blocks after verification), each without / with
 # --kv-host-gb. Per server: bench serve's prefix-cache hit rate, TTFT p50, output tok/s, and the
 # server's host-tier hits and speculation counters from /metrics.
-# usage: [BELUGA=build/beluga] [OUT_DIR=bench/results/spec_tier] [KV_MB=4] [CONVERSATIONS=8] [TURNS=4]
+# usage: [BELUGA=build/beluga] [OUT_DIR=bench/results/spec_tier] [BLOCKS=20] [MAX_LEN=1024] [PREFIXES=16] [PREFIX_LEN=256] [PROMPTS=64]
 #        [OUTPUT_LEN=48] [THREADS=1] bench/spec_tier_cpu.sh
 set -euo pipefail
 BELUGA=${BELUGA:-build/beluga}
 OUT_DIR=${OUT_DIR:-bench/results/spec_tier}
-KV_MB=${KV_MB:-4}
-CONVERSATIONS=${CONVERSATIONS:-8}
-TURNS=${TURNS:-4}
+BLOCKS=${BLOCKS:-20}
+MAX_LEN=${MAX_LEN:-1024}
+PREFIXES=${PREFIXES:-16}
+PREFIX_LEN=${PREFIX_LEN:-256}
+PROMPTS=${PROMPTS:-64}
 OUTPUT_LEN=${OUTPUT_LEN:-48}
 THREADS=${THREADS:-1}
 mkdir -p "$OUT_DIR"
@@ -26,12 +28,12 @@ metric() {  # name-prefix: the sum of the samples whose name starts with it
 }
 printf '%-14s %9s %9s %11s %12s %11s %9s\n' setting "hit %" "TTFT p50" "out tok/s" "host hits" "drafts" accepted
 for s in plain spec plain+tier spec+tier; do
-  args=(serve --model models/beluga-demo-coder-mtp --threads "$THREADS" --kv-cache-mb "$KV_MB" --no-access-log --port 0)
+  args=(serve --model models/beluga-demo-coder-mtp --threads "$THREADS" --num-kv-blocks "$BLOCKS" --max-model-len "$MAX_LEN" --no-access-log --port 0)
   case $s in spec*) args+=(--speculative-config "$spec") ;; esac
   case $s in *tier) args+=(--kv-host-gb 0.5) ;; esac
   start_server "$logs/$s" "$BELUGA" "${args[@]}"
-  "$BELUGA" bench serve --url "http://127.0.0.1:$port" --dataset multi-turn --num-prompts "$((CONVERSATIONS * TURNS))" \
-    --num-turns "$TURNS" --max-concurrency 2 --output-len "$OUTPUT_LEN" --seed 0 \
+  "$BELUGA" bench serve --url "http://127.0.0.1:$port" --dataset shared-prefix --num-prompts "$PROMPTS" \
+    --num-prefixes "$PREFIXES" --prefix-len "$PREFIX_LEN" --input-len 64 --max-concurrency 2 --output-len "$OUTPUT_LEN" --seed 0 \
     --request-extra '{"temperature":0,"ignore_eos":true}' --out "$OUT_DIR/$s.json" >"$logs/$s.bench" 2>&1
   hit=$(grep "Prefix cache hit rate" "$logs/$s.bench" | awk '{print $NF}')
   ttft=$(grep -m1 '^TTFT' "$logs/$s.bench" | awk '{print $5}')

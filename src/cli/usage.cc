@@ -23,7 +23,7 @@ FlagGroup model_options() {
        {"deterministic", "",
         "batch-invariant results: a request gives the same token ids and logprobs alone or in any "
         "batch, with prefix hits and chunked prefill; unseeded requests use seed 0; CPU, and CUDA for "
-        "DeepSeek V2/V3 and Llama/Qwen; not with --speculative-config (docs/deterministic.md)"},
+        "DeepSeek V2/V3 and Llama/Qwen; with --speculative-config too (docs/deterministic.md)"},
        {"expert-parallel-size", "N",
         "routed experts split over N ranks (CPU: thread ranks, each stepping every batch; DeepSeek V2/V3; "
         "default 1)"}}};

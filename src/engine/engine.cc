@@ -56,9 +56,6 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
                  "the KV connector's blocks are ", cfg.kv_connector->block_bytes(), " bytes, the model's ",
                  kv_block_image_bytes(model, cfg.speculative),
                  cfg.speculative.method == SpecConfig::Method::kMtp ? " (with the MTP layer)" : "");
-  BELUGA_CHECK(!(cfg.deterministic && cfg.speculative.enabled()),
-               "--deterministic does not work with speculative decoding (whether a draft is proposed and "
-               "accepted depends on the batch)");
   impl_ = std::make_unique<Impl>(model, cfg, num_blocks);
   impl_->stats.kv_blocks_total = num_blocks;
   thread_ = std::thread([this] { loop(); });

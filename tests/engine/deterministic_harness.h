@@ -3,6 +3,9 @@
 // alone in one step, then alone with 16-token chunks, among 7 and 63 other mixed requests (greedy and
 // sampled, seeded and not, top-k, prompt lengths 3..154, half sharing the probe's first block), and
 // after a prefix hit. Each run's token ids and logprob bits are compared with the alone run's.
+// With speculative decoding (count_differing_runs(spec)): the runs speculate, the probe and most
+// others ask for no logprobs (so that they draft), and the probe's ids are compared with the alone
+// run's without speculation: verification under batch-invariant kernels gives plain decoding's tokens.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/spec_config.h"
 #include "model/batch.h"
 #include "model/model.h"
 
@@ -75,13 +79,13 @@ class Prober {
     return p;
   }
   EngineRequest request(const std::string& id, std::vector<int> prompt, bool sampled, int max_tokens,
-                        Outputs& out) const {
+                        Outputs& out, bool logprobs = true) const {
     EngineRequest r;
     r.id = id;
     r.prompt = std::move(prompt);
     r.sampling.temperature = sampled ? 0.9f : 0.0f;
     if (sampled) r.sampling.top_p = 0.95f;  // no seed: the mode's seed 0
-    r.sampling.logprobs = 3;
+    r.sampling.logprobs = logprobs ? 3 : -1;
     r.sampling.max_tokens = max_tokens;
     r.sampling.ignore_eos = true;
     r.on_output = out.callback();
@@ -90,17 +94,20 @@ class Prober {
   // The probe, submitted last after `others` mixed requests, in an engine with `budget` batched tokens
   // per step. With `warm`, the probe runs once before the batch, so the batch's probe starts from a
   // prefix-cache hit.
-  Trace run(const Probe& probe, int others, int budget, bool warm = false) {
+  // With `spec`, the engine speculates and the requests ask for logprobs only where noted above.
+  Trace run(const Probe& probe, int others, int budget, bool warm = false, const SpecConfig& spec = {}) {
     EngineConfig ec;
     ec.num_kv_blocks = 512;
     ec.max_num_seqs = 64;
     ec.max_num_batched_tokens = budget;
     ec.deterministic = det_;
+    ec.speculative = spec;
+    const bool lps = !spec.enabled();
     Engine engine(model_, ec);
     Outputs out;
     int expect = 0;
     if (warm) {
-      EXPECT_EQ(engine.submit(request("warm", probe.prompt, probe.sampled, 12, out)), SubmitStatus::kOk);
+      EXPECT_EQ(engine.submit(request("warm", probe.prompt, probe.sampled, 12, out, lps)), SubmitStatus::kOk);
       EXPECT_TRUE(out.wait(++expect));
     }
     for (int i = 0; i < others; ++i) {
@@ -110,14 +117,16 @@ class Prober {
         shared.insert(shared.end(), p.begin(), p.end());
         p = std::move(shared);
       }
-      EngineRequest r = request("other" + std::to_string(i), std::move(p), i % 3 != 0, 4 + i % 13, out);
+      EngineRequest r =
+          request("other" + std::to_string(i), std::move(p), i % 3 != 0, 4 + i % 13, out, lps || i % 4 == 3);
       if (i % 4 == 1) r.sampling.seed = uint64_t(i);
       if (i % 5 == 2) r.sampling.top_k = 20;
       EXPECT_EQ(engine.submit(std::move(r)), SubmitStatus::kOk);
     }
     expect += others;
-    EXPECT_EQ(engine.submit(request("probe", probe.prompt, probe.sampled, 12, out)), SubmitStatus::kOk);
+    EXPECT_EQ(engine.submit(request("probe", probe.prompt, probe.sampled, 12, out, lps)), SubmitStatus::kOk);
     EXPECT_TRUE(out.wait(++expect));
+    draft_tokens_ += engine.stats().spec_draft_tokens;
     std::lock_guard<std::mutex> lk(out.mu);
     // Every full block of the prompt but one that leaves a token to compute.
     if (warm) {
@@ -126,26 +135,29 @@ class Prober {
     return out.seqs["probe"];
   }
   // The whole comparison, greedy and sampled; the number of runs that differ from the alone run (the
-  // caller expects 0 with the mode on).
-  int count_differing_runs() {
+  // caller expects 0 with the mode on). With `spec`, every run but the reference speculates.
+  int count_differing_runs(const SpecConfig& spec = {}) {
     int differ = 0;
     for (bool sampled : {false, true}) {
       SCOPED_TRACE(sampled ? "sampled" : "greedy");
       const Probe probe{sampled, tokens(150, 7)};
-      const Trace alone = run(probe, 0, 2048);
+      Trace alone = run(probe, 0, 2048);
       EXPECT_EQ(alone.ids.size(), 12u);
       EXPECT_EQ(alone.bits.size(), 12u * 7);
+      if (spec.enabled()) alone.bits.clear();  // a speculating probe asks for no logprobs
       const struct {
         int others, budget;
         bool warm;
         const char* what;
-      } runs[] = {{0, 16, false, "chunked prefill, batch of 1"},
+      } runs[] = {{0, 2048, false, "batch of 1"},
+                  {0, 16, false, "chunked prefill, batch of 1"},
                   {7, 48, false, "batch of 8, chunked"},
                   {63, 256, false, "batch of 64, chunked"},
                   {63, 2048, true, "batch of 64, prefix hit"},
                   {7, 32, true, "batch of 8, prefix hit, chunked"}};
       for (const auto& r : runs) {
-        const bool same = run(probe, r.others, r.budget, r.warm) == alone;
+        if (!spec.enabled() && r.others == 0 && r.budget == 2048) continue;  // the reference itself
+        const bool same = run(probe, r.others, r.budget, r.warm, spec) == alone;
         if (det_) {
           EXPECT_TRUE(same) << r.what;
         }
@@ -155,10 +167,14 @@ class Prober {
     return differ;
   }
 
+  // Draft tokens the speculating runs verified, in all.
+  int64_t draft_tokens() const { return draft_tokens_; }
+
  private:
   Model& model_;
   int vocab_;
   bool det_;
+  int64_t draft_tokens_ = 0;
 };
 
 }  // namespace beluga::deterministic_test
