@@ -108,10 +108,11 @@ struct Engine::Impl {
   // requests, which become `rows` and `step_slots` once the step before it is done.
   std::vector<Row> next_rows;
   std::vector<int> next_slots;
-  bool early_future = false;      // the early step names the step in flight's tokens (future tokens)
-  bool masks_unreleased = false;  // the last launched step waits for masks the engine still owes it
-  bool saves_unreleased = false;  // and for its KV saves (an early step with a KV connector)
-  bool early_pending = false;     // an early step is in flight, not yet finished (finish_early)
+  bool early_future = false;           // the early step names the step in flight's tokens (future tokens)
+  bool masks_unreleased = false;       // the last launched step waits for masks the engine still owes it
+  bool saves_unreleased = false;       // and for its KV saves (an early step with a KV connector)
+  bool early_pending = false;          // an early step is in flight, not yet finished (finish_early)
+  SpecStep spec_step, next_spec_step;  // speculation: the step in flight's plan, the early step's
   std::vector<std::pair<int, int>> mask_seqs;  // (slot, index) of each of `masks`' rows being launched
   std::vector<int> published;             // the step in flight: blocks its commit put in the prefix index
   std::vector<BlockHash> published_keys;  // their keys
@@ -158,8 +159,11 @@ struct Engine::Impl {
   // launching nothing, when the step would sample on the host.
   bool launch_next(bool async_scheduling, bool early = false);
   // Whether step N+1 may be launched early: no part that needs the host between the steps
-  // (speculation, KV loads, expert-parallel peers, prompt logprobs) and N's tokens come back as ids.
-  bool can_launch_early() const;
+  // (a step that drafts, KV loads, expert-parallel peers, prompt logprobs) and N's tokens come back
+  // as ids.
+  bool can_launch_early();
+  // spec_eligible for `chunks`: each one's sampling parameters if its sequence may speculate.
+  void find_spec_eligible();
   // After step N is applied: the early step N+1's commit (its chunks' tokens are known now) with its
   // KV saves, its constrained rows' masks (their processors have taken N's tokens) and pending marks.
   void finish_early();

@@ -48,12 +48,26 @@ bool Engine::Impl::add_device_row(Request& rq, const Seq& s, int ahead) {
   return true;
 }
 
+void Engine::Impl::find_spec_eligible() {
+  spec_eligible.clear();
+  for (const Chunk& c : chunks) {
+    const Request& rq = requests.at(c.seq->request);
+    const bool ok = rq.procs.empty() && samples_speculatively(sample_context(rq, *c.seq));
+    spec_eligible.push_back(ok ? &rq.req.sampling : nullptr);
+  }
+}
+
 // Whether step N+1 (`chunks`) may be launched before step N's tokens are applied.
-bool Engine::Impl::can_launch_early() const {
-  // Speculation plans from accepted counts; KV loads finished by this schedule belong to the step
-  // (rare: launched after N then); expert-parallel peers get the batch as it is; prompt logprobs need
-  // the logits.
-  if (spec || scheduler.has_loads() || model.has_step_peers() || runner.num_in_flight() != 1) return false;
+bool Engine::Impl::can_launch_early() {
+  // A drafting step plans from accepted counts (and N, if it drafted, was applied already); KV loads
+  // finished by this schedule belong to the step (rare: launched after N then); expert-parallel peers
+  // get the batch as it is; prompt logprobs need the logits.
+  if (scheduler.has_loads() || model.has_step_peers() || runner.num_in_flight() != 1) return false;
+  if (spec) {  // N's plan is the runner's while it drafts (run_step); N+1's must not replace it
+    if (spec_step.drafting) return false;
+    find_spec_eligible();
+    if (!spec->plain_next(chunks, spec_eligible)) return false;
+  }
   const bool ids = runner.last_launch_samples_ids();
   for (const Chunk& c : chunks) {
     const Seq& s = *c.seq;
@@ -96,12 +110,8 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
   auto spec_ok = [&](const Request& rq, const Seq& s) {
     return rq.procs.empty() && samples_speculatively(sample_context(rq, s));
   };
-  if (spec) {  // the gate: which drafts this step verifies
-    spec_eligible.clear();
-    for (const Chunk& c : chunks) {
-      const Request& rq = requests.at(c.seq->request);
-      spec_eligible.push_back(spec_ok(rq, *c.seq) ? &rq.req.sampling : nullptr);
-    }
+  if (spec) {  // the gate: which drafts this step verifies (a step launched early never drafts)
+    find_spec_eligible();
     spec->begin_step(chunks, spec_eligible);
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -192,7 +202,10 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
     device = masks.all_usable();
   }
   // b, copies, dsamp: swapped for older ones (capacity)
-  runner.launch(b, greedy, copies, device ? &dsamp : nullptr, masks_later, early && copies);
+  const SpecStep planned = spec ? spec->planned() : SpecStep{};
+  BELUGA_ASSERT(!early || !planned.drafting);  // can_launch_early: SpecDecoder::plain_next
+  (early ? next_spec_step : spec_step) = planned;
+  runner.launch(b, greedy, copies, device ? &dsamp : nullptr, masks_later, early && copies, planned.drafting);
   early_future = early && future;
   masks_unreleased = masks_later;
   saves_unreleased = early && copies;
@@ -246,6 +259,7 @@ void Engine::Impl::commit_verified() {
   verified_keys.clear();
   verified_classes.clear();
   spec->after_apply(
+      spec_step,
       [&](int slot, int index) -> Seq* {
         auto it = requests.find(slot);
         return it == requests.end() ? nullptr : it->second.seqs[size_t(index)].get();
@@ -300,6 +314,7 @@ void Engine::Impl::finish_early() {
   mark_pending();
   std::swap(rows, next_rows);
   std::swap(step_slots, next_slots);
+  spec_step = next_spec_step;
   next_rows.clear();
   next_slots.clear();
   early_future = false;

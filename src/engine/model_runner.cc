@@ -34,7 +34,7 @@ ModelRunner::~ModelRunner() {
 }
 
 void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSampling* sampling,
-                         bool masks_later, bool saves_later) {
+                         bool masks_later, bool saves_later, bool speculative) {
   BELUGA_ASSERT(launched_ - waited_ < 2);
   Slot& s = slots_[launched_ % 2];
   std::swap(s.batch, b);
@@ -50,6 +50,7 @@ void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSamp
   s.greedy = greedy && !s.device_sampled;
   s.masks_later = masks_later && s.device_sampled;
   s.saves_later = saves_later;
+  s.speculative = speculative && spec_;
   s.skipped = false;
   s.masks_refused = false;
   s.fell_back = false;
@@ -148,7 +149,7 @@ void ModelRunner::run_step(Slot& s) {
       Ops& ops = model_.ops();
       if (!s.copies.saves_first.empty()) ops.kv_blocks_to_host(block_layers_, s.copies.saves_first);
       if (!s.copies.loads.empty()) ops.kv_blocks_from_host(block_layers_, s.copies.loads);
-      if (spec_)
+      if (s.speculative)
         spec_->run_step(s.batch, kv_, s.logits.data(), opt);
       else
         model_.forward(s.batch, kv_, s.logits.data(), opt);

@@ -47,8 +47,8 @@ class ModelRunner {
   // an exception it throws fails that step like a forward error. A testing aid; empty by default.
   using StepHook = std::function<void(int64_t step)>;
 
-  // `trace` (may be null) must outlive the runner. With `spec`, each step runs through
-  // SpecDecoder::run_step (forward, verification, MTP proposals). `mla_mode` goes to every step's
+  // `trace` (may be null) must outlive the runner. With `spec`, each step launched `speculative` runs
+  // through SpecDecoder::run_step (forward, verification, MTP proposals). `mla_mode` goes to every step's
   // ForwardOptions (kAbsorbed: one attention form whatever the step's query lengths).
   ModelRunner(Model& model, KvCache& kv, StepHook hook = {}, Tracer* trace = nullptr,
               SpecDecoder* spec = nullptr, MlaMode mla_mode = MlaMode::kAuto);
@@ -73,8 +73,11 @@ class ModelRunner {
   // `saves_later` (with `copies`): the step's KV saves are handed over after launch(), by
   // release_saves(), which the thread waits for after the forward (an early step's commit comes
   // once the step ahead of it is applied).
+  // `speculative` (with `spec`): the step runs through SpecDecoder::run_step; otherwise, a plain
+  // step, through Model::forward (it may run while the engine plans the next one).
   void launch(Batch& b, bool greedy = false, KvStepCopies* copies = nullptr,
-              DeviceSampling* sampling = nullptr, bool masks_later = false, bool saves_later = false);
+              DeviceSampling* sampling = nullptr, bool masks_later = false, bool saves_later = false,
+              bool speculative = false);
   // After launch(..., masks_later): the last launched step's mask buffer (DeviceSampling::masks, as
   // handed in), to be written until release_masks(); then release_masks exactly once (also when
   // filling failed).
@@ -118,6 +121,7 @@ class ModelRunner {
     bool device_sampled = false;  // set by launch()
     bool masks_later = false;
     bool saves_later = false;
+    bool speculative = false;
     bool masks_refused = false;  // release_masks(false): the step's logits will come back (engine thread)
     bool fell_back = false;      // the thread found the masks unusable (read after wait())
     bool skipped = false;        // written by the thread before `done`

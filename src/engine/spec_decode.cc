@@ -42,11 +42,11 @@ void SpecDecoder::begin_step(const std::vector<Chunk>& chunks,
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     Seq& s = *c.seq;
-    const int length = int(s.tokens.size());
-    if (!eligible[i] || !c.sample || c.len != 1 || c.start + 1 != length) continue;  // not a decode
+    const int length = int(s.tokens.size()) + s.pending;
+    if (!eligible[i] || !is_decode(c, s)) continue;
     // Prompt lookup proposes here, from the tokens so far (the engine runs speculating steps one
     // after another, so `tokens` is complete); s.draft is the buffer (its capacity is kept).
-    if (ngram()) {
+    if (ngram() && s.pending == 0) {  // (a pending token: an early step, which never drafts)
       s.draft.resize(size_t(K));
       s.draft.resize(
           size_t(propose_ngram(s.tokens, cfg_.prompt_lookup_min, cfg_.prompt_lookup_max, K, s.draft)));
@@ -68,6 +68,14 @@ void SpecDecoder::begin_step(const std::vector<Chunk>& chunks,
   }
 }
 
+bool SpecDecoder::plain_next(const std::vector<Chunk>& chunks,
+                             const std::vector<const SamplingParams*>& eligible) const {
+  bool decodes = false;
+  for (size_t i = 0; i < chunks.size() && !decodes; ++i)
+    decodes = eligible[i] && is_decode(chunks[i], *chunks[i].seq);
+  return !gate_.would_draft(int(chunks.size()), decodes);
+}
+
 int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* sampling, int sample_row,
                             Batch& b) {
   const bool eligible = sampling != nullptr;
@@ -81,7 +89,7 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* 
   p.slot = s.request;
   p.index = s.index;
   p.mtp = eligible;
-  p.length = int(s.tokens.size());
+  p.length = int(s.tokens.size()) + s.pending;
   p.max_length = s.max_length > 0 ? s.max_length : model_.max_positions();
   if (eligible) {
     const SamplingParams& sp = *sampling->params;
@@ -93,7 +101,7 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* 
     p.num_output = sampling->num_output;
   }
   int k = 0, rows = 0;
-  p.decode = eligible && c.sample && c.len == 1 && c.start + 1 == p.length;
+  p.decode = eligible && is_decode(c, s);
   if (eligible && !step_mtp_) {
     // Drafting off: a plain step, prompt chunks included (no MTP pass, so the step overlaps as a plain
     // one; the MTP KV of these positions stays stale).
@@ -293,22 +301,28 @@ int SpecDecoder::steady_shape() const {
   return ngram() || !plan_mtp_ ? plan_k_ : (2 * rows + int(plan_.size())) / (2 * int(plan_.size()));
 }
 
-void SpecDecoder::after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler,
-                              std::vector<int>* published, std::vector<BlockHash>* published_keys,
+void SpecDecoder::after_apply(const SpecStep& step, const std::function<Seq*(int slot, int index)>& find,
+                              Scheduler& scheduler, std::vector<int>* published,
+                              std::vector<BlockHash>* published_keys,
                               std::vector<const std::string*>* published_classes) {
   const int K = cfg_.num_speculative_tokens;
   // The period since the previous step's results is this step's cost: a steady decode step was
   // launched in the iteration that applied the previous one, so idle time rarely falls inside (the
   // gate drops outliers).
   const auto now = std::chrono::steady_clock::now();
-  if (last_apply_.time_since_epoch().count() != 0)
-    if (const int k = steady_shape(); k >= 0) {
-      int tokens = 0;
-      for (size_t i = 0; i < plan_.size(); ++i) tokens += 1 + accepted_[i];
-      gate_.observe_step(int(plan_.size()), plan_mtp_, k, tokens,
-                         std::chrono::duration<double>(now - last_apply_).count());
-    }
+  const double period = std::chrono::duration<double>(now - last_apply_).count();
+  const bool timed = last_apply_.time_since_epoch().count() != 0;
   last_apply_ = now;
+  if (!step.drafting) {  // plain: one token per sequence; plan_ may be the next step's already
+    if (timed && step.steady >= 0) gate_.observe_step(step.batch, false, step.steady, step.batch, period);
+    return;
+  }
+  BELUGA_ASSERT(step.batch == int(plan_.size()) && plan_mtp_);  // drafting steps never overlap
+  if (timed && step.steady >= 0) {
+    int tokens = 0;
+    for (size_t i = 0; i < plan_.size(); ++i) tokens += 1 + accepted_[i];
+    gate_.observe_step(step.batch, true, step.steady, tokens, period);
+  }
   commit_.clear();
   for (size_t i = 0; i < plan_.size(); ++i) {
     const Plan& p = plan_[i];

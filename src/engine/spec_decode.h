@@ -49,6 +49,14 @@
 
 namespace beluga {
 
+// What the engine keeps of a planned step until it is applied (a plain step may be applied after the
+// next one was planned: it was launched early behind it).
+struct SpecStep {
+  int batch = 0;          // sequences
+  bool drafting = false;  // runs the MTP pass / verifies drafts: SpecDecoder::run_step, never early
+  int steady = -1;        // the depth if a steady decode step (SpecDecoder::steady_shape), else -1
+};
+
 struct SpecStats {
   int64_t drafts = 0;        // sequence-steps that verified at least one draft token
   int64_t draft_tokens = 0;  // draft tokens verified
@@ -74,11 +82,19 @@ class SpecDecoder {
   // Engine thread, before plan_chunk() for the step's `chunks`: eligible[i] is chunk i's sampling
   // parameters if its sequence may speculate (as plan_chunk's `sampling`), else null. Prompt lookup
   // proposes here; the gate admits drafts.
+  // A sequence with a token pending (a step launched early) counts it as known.
   void begin_step(const std::vector<Chunk>& chunks, const std::vector<const SamplingParams*>& eligible);
+  // Whether the next begin_step() with these arguments will plan a plain step (the gate will not
+  // draft): such a step may be launched early, before the step ahead is applied, as without
+  // speculation (engine_launch.cc).
+  bool plain_next(const std::vector<Chunk>& chunks, const std::vector<const SamplingParams*>& eligible) const;
+  // The step planned last (after its plan_chunk() calls).
+  SpecStep planned() const { return {int(plan_.size()), plan_mtp_, steady_shape()}; }
   int step_drafts() const { return step_k_; }
   bool ngram() const { return cfg_.method == SpecConfig::Method::kNgram; }
   const SpecGate& gate() const { return gate_; }
   // Runner thread: the step's forward, the verification and the MTP pass (proposals for the next step).
+  // Only for a drafting step (planned().drafting); a plain one is Model::forward alone.
   void run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt);
   // Whether batch sequence i (of the step planned last) is sampled by the verifier: its rows' tokens
   // are token(i, j), not the engine's sampler's.
@@ -89,13 +105,15 @@ class SpecDecoder {
   int token(int i, int j) const {
     return tokens_[size_t(i) * size_t(cfg_.num_speculative_tokens + 1) + size_t(j)];
   }
-  // Engine thread, after the rows were applied: commits the accepted positions of the step's
+  // Engine thread, after the rows of `step` (its planned()) were applied: feeds the gate its period;
+  // for a drafting step (the one planned last) commits the accepted positions of the step's
   // sequences that are still running (`find` maps a (request slot, index) to its Seq, or null once
   // aborted), stores the next drafts in each Seq, counts the statistics. The blocks this commit
   // publishes are appended to `published` (with their keys and traffic classes, as
   // Scheduler::commit gives them) when it is given.
-  void after_apply(const std::function<Seq*(int slot, int index)>& find, Scheduler& scheduler,
-                   std::vector<int>* published = nullptr, std::vector<BlockHash>* published_keys = nullptr,
+  void after_apply(const SpecStep& step, const std::function<Seq*(int slot, int index)>& find,
+                   Scheduler& scheduler, std::vector<int>* published = nullptr,
+                   std::vector<BlockHash>* published_keys = nullptr,
                    std::vector<const std::string*>* published_classes = nullptr);
   // The MTP module's KV cache (its layer goes into the KV connector's block images), or null
   // (prompt lookup).
@@ -129,6 +147,10 @@ class SpecDecoder {
   // The depth of the step just applied if it was a steady decode step (every sequence a decode, all
   // drafting or all plain: 0): the drafts its sequences verified, their mean rounded; else -1.
   int steady_shape() const;
+  // Whether chunk c of sequence s decodes its last token (a pending one included).
+  static bool is_decode(const Chunk& c, const Seq& s) {
+    return c.sample && c.len == 1 && c.start + 1 == int(s.tokens.size()) + s.pending;
+  }
 
   Model& model_;
   SpecConfig cfg_;

@@ -122,18 +122,25 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
   return (1 - w) * b.by_k[size_t(lo)].seconds + w * b.by_k[size_t(hi)].seconds;
 }
 
+// The probes' verdict: whether drafting wins, and whether the loser was far slower; false when either
+// regime has too few steady steps (a busy server's steps carry prompts): the regime in force stays.
+bool SpecGate::verdict(const Band& r, bool* on, bool* far) {
+  const Rate &off = r.rate[0], &dr = r.rate[1];
+  if (off.steps < kMinSamples || dr.steps < kMinSamples || off.seconds <= 0 || dr.seconds <= 0) return false;
+  const double on_rate = dr.tokens / dr.seconds, off_rate = off.tokens / off.seconds;
+  *on = on_rate > kRegimeGain * off_rate;
+  *far = std::max(on_rate, off_rate) > kFarSlower * std::min(on_rate, off_rate);
+  return true;
+}
+
 bool SpecGate::regime(Band& r, int band, int64_t d) {
   if (!r.probing) return r.on;
   if (d < kProbe) return r.probe_on;
   if (d < 2 * kProbe) return !r.probe_on;
   if (d == 2 * kProbe) {
-    // The probes' measured tokens per second; too few steady steps in either (a busy server's steps
-    // carry prompts): keep the regime in force.
     const Rate &off = r.rate[0], &on = r.rate[1];
-    if (off.steps >= kMinSamples && on.steps >= kMinSamples && off.seconds > 0 && on.seconds > 0) {
-      const double on_rate = on.tokens / on.seconds, off_rate = off.tokens / off.seconds;
-      r.on = on_rate > kRegimeGain * off_rate;
-      const bool far = std::max(on_rate, off_rate) > kFarSlower * std::min(on_rate, off_rate);
+    bool far = false;
+    if (verdict(r, &r.on, &far)) {
       r.backoff = far ? std::min(kMaxQuiet, std::max(1, 2 * r.backoff)) : 0;
       r.quiet = r.backoff;
     }
@@ -142,6 +149,26 @@ bool SpecGate::regime(Band& r, int band, int64_t d) {
                " tokens in ", off.seconds * 1e3, " ms: ", r.on ? "drafting" : "plain");
   }
   return r.on;
+}
+
+bool SpecGate::would_draft(int batch, bool decodes) const {
+  if (mode_ == Mode::kFixed) return true;
+  if (!decodes) return last_drafting_;
+  const auto it = bands_.find(band_of(std::max(1, batch)));
+  if (it == bands_.end()) return Band{}.probe_on;  // a band's first decision
+  // plan()'s decision on a copy of the band: its cycle start, then regime() without its effects.
+  Band r = it->second;
+  const int64_t d = r.decisions % kCycle;
+  if (d == 0 && r.decisions > 0) {
+    r.probe_on = r.on;
+    r.probing = r.quiet == 0;
+  }
+  if (!r.probing) return r.on;
+  if (d < kProbe) return r.probe_on;
+  if (d < 2 * kProbe) return !r.probe_on;
+  bool on = r.on, far = false;
+  if (d == 2 * kProbe) verdict(r, &on, &far);
+  return on;
 }
 
 int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit) {

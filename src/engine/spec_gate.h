@@ -69,6 +69,10 @@ class SpecGate {
   // decode step's regime and depth.
   int plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   bool drafting() const { return last_drafting_; }
+  // What drafting() will say after the next plan() of a step of `batch` sequences with (`decodes`)
+  // or without eligible decodes, if nothing is observed in between: the engine launches a step early
+  // only when it will not draft (SpecDecoder::plain_next).
+  bool would_draft(int batch, bool decodes) const;
   // A steady decode step of `batch` sequences (every one a decode) took `seconds` from the previous
   // step's results to its own and emitted `tokens`: drafting (verifying `k` drafts each, 0..K) or not.
   void observe_step(int batch, bool drafting, int k, int tokens, double seconds);
@@ -138,6 +142,7 @@ class SpecGate {
   double step_cost(const Bucket& b, double x) const;
   // Whether the decision `d` of a band's cycle drafts (the probes, then the cycle's choice).
   bool regime(Band& r, int band, int64_t d);
+  static bool verdict(const Band& r, bool* on, bool* far);
   // The depth while drafting (the admission rule above).
   int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   // A band's rates and a bucket's costs and choices this cycle, as debug log lines.

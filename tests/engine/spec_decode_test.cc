@@ -382,6 +382,37 @@ TEST_F(SpecDecodeTest, SyntheticAcceptanceFixesTheRate) {
   }
 }
 
+// Steps the gate plans plain (no MTP pass, no verify rows) are launched early, before the step ahead
+// is applied, as on a server without speculation; drafting steps never are. Drafts always rejected
+// (synthetic acceptance 0) make drafting lose every probe, so after the first cycle's drafting probes
+// the gate runs plain. Greedy output stays the plain engine's, and the same with early launch off.
+// (Greedy rows: on the CPU sampled rows sample on the host, which no early step does.)
+TEST_F(SpecDecodeTest, PlainStepsOfASpeculatingEngineLaunchEarly) {
+  auto reqs = [&](Collector& c) {
+    std::vector<EngineRequest> v;
+    for (int i = 0; i < 4; ++i) v.push_back(greedy(name("g", i), prompt(20 + 9 * i, i), 120, c));
+    return v;
+  };
+  EngineStats base_st;
+  const Outcome base = run(config(0), reqs, &base_st);
+  EXPECT_GT(base_st.steps_early, 0);
+  for (bool early : {true, false}) {
+    SCOPED_TRACE(early ? "early launch" : "early launch off");
+    EngineConfig ec = config(2, 64, "confidence");
+    ec.speculative.synthetic_acceptance = 0;
+    ec.early_launch = early;
+    EngineStats st;
+    const Outcome o = run(ec, reqs, &st);
+    EXPECT_EQ(o.tokens, base.tokens);
+    EXPECT_GT(st.spec_draft_tokens, 0) << "the drafting probes";
+    if (early) {
+      EXPECT_GT(st.steps_early, st.steps / 4) << st.steps << " steps";
+    } else {
+      EXPECT_EQ(st.steps_early, 0);
+    }
+  }
+}
+
 TEST(SpecConfigTest, ParsesVllmSpellingAndRefusesBadInput) {
   SpecConfig c = parse_spec_config(R"({"method":"deepseek_mtp","num_speculative_tokens":3})");
   EXPECT_EQ(c.method, SpecConfig::Method::kMtp);
