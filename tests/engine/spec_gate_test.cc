@@ -90,14 +90,17 @@ TEST(SpecGate, VerifiesOnlyWhereItPaysForItsRows) {
 // `mtp`. Returns the decisions that drafted and the regime switches over `cycles` cycles at batch 16.
 struct GateRun {
   int drafted = 0, switches = 0;
+  int mispredicted = 0;  // decisions would_draft() foretold wrong
 };
 GateRun simulate(SpecGate& g, double plain, double mtp, double verify, double acc, int cycles) {
   const int B = 16;
   GateRun r;
   bool last = true;
   for (int i = 0; i < cycles * SpecGate::kCycle; ++i) {
+    const bool foretold = g.would_draft(B, true);
     const int k = choose(g, B, 1);
     const bool on = g.drafting();
+    r.mispredicted += foretold != on;
     r.drafted += on;
     r.switches += i > 0 && on != last;
     last = on;
@@ -165,6 +168,28 @@ TEST(SpecGate, AFarSlowerRegimeIsProbedLessOften) {
   // Drafting gets cheap (1.8 tokens for 1.3x): within the longest backoff (8 cycles) it drafts again.
   r = simulate(g, 1.0e-3, 1.1e-3, 1.3e-3, 0.8, 12);
   EXPECT_GE(r.drafted, 2 * (SpecGate::kCycle - SpecGate::kProbe));
+}
+
+// would_draft() foretells the next plan()'s regime exactly (the engine launches a step early only when
+// it will not draft): through probes, verdicts, backoff and a change of costs; for a step without
+// decodes it is the last regime; "fixed" always drafts.
+TEST(SpecGate, WouldDraftForetellsTheNextDecision) {
+  SpecGate g(1, Mode::kConfidence, true);
+  EXPECT_TRUE(g.would_draft(16, true)) << "a band's first decision probes drafting";
+  EXPECT_EQ(simulate(g, 1.0e-3, 4.5e-3, 5.0e-3, 0.8, 6).mispredicted, 0);  // far slower: backoff
+  EXPECT_EQ(simulate(g, 1.0e-3, 1.1e-3, 1.3e-3, 0.8, 6).mispredicted, 0);  // drafting pays again
+  SpecGate h(1, Mode::kConfidence, true);
+  const GateRun r = simulate(h, 1.0e-3, 1.1e-3, 2.0e-3, 0.8, 3);  // 0.9x: probed every cycle
+  EXPECT_EQ(r.mispredicted, 0);
+  EXPECT_GT(r.switches, 0);
+  const bool last = h.drafting();
+  EXPECT_EQ(h.would_draft(16, false), last);
+  std::vector<int> admit;
+  h.plan(16, {}, admit);  // prompt chunks only
+  EXPECT_EQ(h.drafting(), last);
+  SpecGate f(2, Mode::kFixed, true);
+  EXPECT_TRUE(f.would_draft(1, true));
+  EXPECT_TRUE(f.would_draft(64, false));
 }
 
 // Under load the batch moves across bucket edges (48 / 64): the regime belongs to the load band
