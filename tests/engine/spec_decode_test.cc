@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "backend/cpu/cpu_ops.h"
+#include "demo_model_test.h"
 #include "engine/engine.h"
 #include "engine/spec_config.h"
 #include "engine_test_support.h"
@@ -18,33 +19,8 @@ namespace {
 
 using engine_test::Collector;
 
-const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
-
-class SpecDecodeTest : public ::testing::Test {
+class SpecDecodeTest : public engine_test::DemoModelTest {
  protected:
-  void SetUp() override {
-    cfg_ = ModelConfig::from_file(kDemo + "/config.json");
-    ckpt_ = std::make_unique<Checkpoint>(kDemo);
-    ops_ = std::make_unique<CpuOps>(CpuOptions{2});
-    model_ = load_model(cfg_, *ckpt_, *ops_, 1024);
-  }
-  // Python-ish prompts the demo model continues with code (so drafts are often right).
-  std::vector<int> prompt(int n, int seed) const {
-    std::vector<int> p{0};
-    for (int i = 1; i < n; ++i) p.push_back(100 + (i * 37 + seed * 211) % 900);
-    return p;
-  }
-  EngineRequest greedy(const std::string& id, std::vector<int> p, int max_tokens, Collector& c, int n = 1) {
-    EngineRequest r;
-    r.id = id;
-    r.prompt = std::move(p);
-    r.sampling.temperature = 0;
-    r.sampling.max_tokens = max_tokens;
-    r.sampling.ignore_eos = true;
-    r.sampling.n = n;
-    r.on_output = c.callback();
-    return r;
-  }
   static std::string name(const char* prefix, int i) {
     std::string s(prefix);
     s += std::to_string(i);
@@ -98,11 +74,6 @@ class SpecDecodeTest : public ::testing::Test {
     }
     return st;
   }
-
-  ModelConfig cfg_;
-  std::unique_ptr<Checkpoint> ckpt_;
-  std::unique_ptr<CpuOps> ops_;
-  std::unique_ptr<Model> model_;
 };
 
 TEST_F(SpecDecodeTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) {

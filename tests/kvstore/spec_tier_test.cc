@@ -8,46 +8,20 @@
 #include <cstring>
 #include <memory>
 
-#include "../engine/engine_test_support.h"
-#include "backend/cpu/cpu_ops.h"
+#include "../engine/demo_model_test.h"
 #include "engine/block_manager.h"
 #include "engine/engine.h"
 #include "engine/kv_connector.h"
 #include "engine/spec_config.h"
 #include "kvstore/tiered_store.h"
-#include "loader/weight_source.h"
 
 namespace beluga {
 namespace {
 
 using engine_test::Collector;
 
-const std::string kDemo = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
-
-class SpecTier : public ::testing::Test {
+class SpecTier : public engine_test::DemoModelTest {
  protected:
-  void SetUp() override {
-    cfg_ = ModelConfig::from_file(kDemo + "/config.json");
-    ckpt_ = std::make_unique<Checkpoint>(kDemo);
-    ops_ = std::make_unique<CpuOps>(CpuOptions{2});
-    model_ = load_model(cfg_, *ckpt_, *ops_, 1024);
-  }
-  // Python-ish prompts the demo model continues with code (so drafts are often right).
-  static std::vector<int> prompt(int n, int seed) {
-    std::vector<int> p{0};
-    for (int i = 1; i < n; ++i) p.push_back(100 + (i * 37 + seed * 211) % 900);
-    return p;
-  }
-  static EngineRequest greedy(const std::string& id, std::vector<int> p, int max_tokens, Collector& c) {
-    EngineRequest r;
-    r.id = id;
-    r.prompt = std::move(p);
-    r.sampling.temperature = 0;
-    r.sampling.max_tokens = max_tokens;
-    r.sampling.ignore_eos = true;
-    r.on_output = c.callback();
-    return r;
-  }
   // K = 2 drafts, every step verifying both (fixed gating: acceptance depends on the drafts alone).
   static EngineConfig config(int blocks, KvConnector* kv, bool speculate = true) {
     EngineConfig ec;
@@ -81,11 +55,6 @@ class SpecTier : public ::testing::Test {
     std::lock_guard<std::mutex> lk(c.mu);
     return c.tokens[id][0];
   }
-
-  ModelConfig cfg_;
-  std::unique_ptr<Checkpoint> ckpt_;
-  std::unique_ptr<CpuOps> ops_;
-  std::unique_ptr<Model> model_;
 };
 
 TEST_F(SpecTier, TheBlockImageCarriesTheMtpLayerOnlyWhenDraftingWithIt) {
