@@ -56,7 +56,7 @@ for spec in $SPECS; do
       --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1 --request-extra "$REQUEST_EXTRA"
   done
   if [ "$spec" != none ]; then
-    curl -s "http://127.0.0.1:$port/metrics" | grep '^beluga_spec_decode' || true
+    curl -s "http://127.0.0.1:$port/metrics" | grep -E '^beluga_spec_decode|^beluga_engine_steps_(early_)?total' || true
   fi
   kill "$pid"
   wait "$pid" || true
