@@ -37,6 +37,16 @@ void ExpertParallelPeers::begin(const Batch& b, int num_blocks) {
   cv_.notify_all();
 }
 
+void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int num_blocks) {
+  // Between steps (the last one's end() has returned): the peers' threads wait for the next begin(),
+  // so their caches are the caller's to write.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& p : peers_) {
+    if (p->kv.num_blocks != num_blocks) p->kv = p->model->make_kv_cache(num_blocks);
+    p->ops->kv_blocks_from_host(p->kv.layers, loads);
+  }
+}
+
 void ExpertParallelPeers::end() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ == int(peers_.size()); });

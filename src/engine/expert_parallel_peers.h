@@ -2,7 +2,8 @@
 // LocalGroup), each with its own backend, model (its experts only, replicated tokens) and KV cache,
 // stepping every batch that rank 0's model steps (Model::set_step_peers). Rank 0 is the caller's
 // model, so the engine and the generator run unchanged on top of it; the KV cache is kept on every
-// rank (each writes the same blocks), so the prefix cache's block reuse stays valid.
+// rank (each writes the same blocks), so the prefix cache's block reuse stays valid, and blocks loaded
+// from the KV tiers go into every rank's cache (load_blocks; saves read rank 0's, the same).
 // A peer that fails aborts the group: rank 0's step throws, and so do the later ones.
 #pragma once
 
@@ -27,6 +28,7 @@ class ExpertParallelPeers final : public StepPeers {
   ~ExpertParallelPeers() override;
 
   void begin(const Batch& b, int num_blocks) override;
+  void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks) override;
   void end() override;
   void abort() override;
 

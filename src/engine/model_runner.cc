@@ -148,7 +148,10 @@ void ModelRunner::run_step(Slot& s) {
         };
       Ops& ops = model_.ops();
       if (!s.copies.saves_first.empty()) ops.kv_blocks_to_host(block_layers_, s.copies.saves_first);
-      if (!s.copies.loads.empty()) ops.kv_blocks_from_host(block_layers_, s.copies.loads);
+      if (!s.copies.loads.empty()) {
+        ops.kv_blocks_from_host(block_layers_, s.copies.loads);
+        if (StepPeers* peers = model_.step_peers()) peers->load_blocks(s.copies.loads, kv_.num_blocks);
+      }
       if (s.speculative)
         spec_->run_step(s.batch, kv_, s.logits.data(), opt);
       else

@@ -53,6 +53,9 @@ class StepPeers {
  public:
   virtual ~StepPeers() = default;
   virtual void begin(const Batch& b, int num_blocks) = 0;
+  // Between steps: the host images `loads` (KV tiers, Ops::kv_blocks_from_host) into the peers' own
+  // caches of `num_blocks` blocks too, as the caller's rank loads them into its own.
+  virtual void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks) = 0;
   virtual void end() = 0;    // waits for the step; rethrows a peer's error
   virtual void abort() = 0;  // this rank failed mid-step: the peers' collectives throw instead of waiting
 };
@@ -88,6 +91,7 @@ class Model {
   // The group's other ranks (not owned; null: none). Not with MTP steps (mtp_forward refuses).
   void set_step_peers(StepPeers* peers) { peers_ = peers; }
   bool has_step_peers() const { return peers_ != nullptr; }
+  StepPeers* step_peers() const { return peers_; }
   // The backend's device sampler (backend/sample_rows.h; the CLI gives CUDA's), which
   // ForwardOptions::sampling needs; null: none (the CPU backend samples on the host).
   void set_sampler(std::unique_ptr<SampleRowsOp> sampler);
