@@ -9,9 +9,12 @@
 #include "backend/cpu/cpu_ops.h"
 #include "demo_model_test.h"
 #include "engine/engine.h"
+#include "engine/expert_parallel_peers.h"
 #include "engine/spec_config.h"
 #include "engine_test_support.h"
 #include "loader/weight_source.h"
+#include "parallel/local_communicator.h"
+#include "parallel/shard.h"
 #include "reference_sample_rows.h"
 
 namespace beluga {
@@ -50,10 +53,11 @@ class SpecDecodeTest : public engine_test::DemoModelTest {
     std::map<std::string, std::map<int, int>> stop_token;
   };
   // Runs `reqs` (built against the given collector) on an engine with config `ec`, all at once.
+  // On `model` (default: the fixture's).
   Outcome run(const EngineConfig& ec, const std::function<std::vector<EngineRequest>(Collector&)>& reqs,
-              EngineStats* stats = nullptr) {
+              EngineStats* stats = nullptr, Model* model = nullptr) {
     Collector c;
-    Engine e(*model_, ec);
+    Engine e(model ? *model : *model_, ec);
     auto rs = reqs(c);
     const size_t n = rs.size();
     for (auto& r : rs) EXPECT_EQ(e.submit(std::move(r)), SubmitStatus::kOk);
@@ -142,6 +146,41 @@ TEST_F(SpecDecodeTest, NgramGreedyOutputIsTheSameAndDraftsAreAccepted) {
         EXPECT_LT(st.steps, base_st.steps) << "K=" << k << ": accepted drafts save steps";
       }
     }
+}
+
+// Prompt lookup on two expert-parallel CPU ranks: verify rows are rows of the ordinary forward, which
+// the ranks step together, so the output is one rank's greedy output; MTP speculation is refused
+// there with a clear error (the ranks do not run the MTP pass).
+TEST_F(SpecDecodeTest, NgramRunsExpertParallel) {
+  auto reqs = [&](Collector& c) {
+    std::vector<EngineRequest> v;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int> p{0};
+      for (int r = 0; r < 3; ++r)
+        for (int j = 0; j < 9; ++j) p.push_back(100 + (j * 37 + i * 211) % 900);
+      v.push_back(greedy(name("g", i), p, 24, c));
+    }
+    return v;
+  };
+  const Outcome base = run(config(0), reqs);
+  LocalGroup group(2);
+  const ExpertSharding sharding = ExpertSharding::contiguous(cfg_.n_routed_experts, 2);
+  const ExpertParallelism ep{&group.communicator(0), &sharding, true};
+  CpuOps ops(CpuOptions{1});
+  std::unique_ptr<Model> rank0 = load_model(cfg_, *ckpt_, ops, 1024, &ep);
+  ExpertParallelPeers peers(cfg_, *ckpt_, rank0->max_positions(), group, sharding, CpuOptions{1});
+  rank0->set_step_peers(&peers);
+  EngineStats st;
+  const Outcome o = run(config(2, 64, "fixed", "ngram"), reqs, &st, rank0.get());
+  EXPECT_EQ(o.tokens, base.tokens);
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+  try {
+    Engine e(*rank0, config(2));
+    ADD_FAILURE() << "MTP speculation ran expert parallel";
+  } catch (const std::exception& ex) {
+    EXPECT_NE(std::string(ex.what()).find("MTP speculation"), std::string::npos) << ex.what();
+  }
+  rank0->set_step_peers(nullptr);
 }
 
 // Cost gating switches between speculating and plain decode steps as its measurements say (it tries
