@@ -42,12 +42,6 @@ int blocks_for_bytes(const Model& m, size_t bytes) {
 Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg) {
   max_model_len_ =
       cfg.max_model_len > 0 ? std::min(cfg.max_model_len, model.max_positions()) : model.max_positions();
-  // Expert parallel ranks do not run MTP steps (the MTP pass after a verify step); prompt lookup's
-  // verify rows are rows of the ordinary forward, which the ranks step together.
-  BELUGA_CHECK(
-      !model.has_step_peers() || !cfg.speculative.enabled() ||
-          cfg.speculative.method != SpecConfig::Method::kMtp,
-      "expert parallelism does not run with MTP speculation yet (prompt lookup, method \"ngram\", does)");
   const int num_blocks =
       cfg.num_kv_blocks > 0 ? cfg.num_kv_blocks : blocks_for_bytes(model, cfg.kv_cache_bytes);
   BELUGA_CHECK(int64_t(num_blocks) * kKvBlockSize >= max_model_len_, "the KV cache (", num_blocks,

@@ -26,24 +26,49 @@ ExpertParallelPeers::~ExpertParallelPeers() {
   for (auto& p : peers_) p->thread.join();
 }
 
-void ExpertParallelPeers::begin(const Batch& b, int num_blocks) {
+void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden) {
   std::lock_guard<std::mutex> lock(mu_);
   batch_.tokens = b.tokens;
   batch_.seqs = b.seqs;
   batch_.logit_rows.clear();
   num_blocks_ = num_blocks;
+  mtp_ = false;
+  keep_hidden_ = keep_hidden;
   done_ = 0;
   ++step_;
   cv_.notify_all();
 }
 
-void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int num_blocks) {
+void ExpertParallelPeers::begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows,
+                                    bool chained) {
+  std::lock_guard<std::mutex> lock(mu_);
+  batch_.tokens = b.tokens;
+  batch_.seqs = b.seqs;
+  batch_.logit_rows.clear();
+  num_blocks_ = num_blocks;
+  mtp_ = true;
+  chained_ = chained;
+  rows_.assign(rows.begin(), rows.end());
+  done_ = 0;
+  ++step_;
+  cv_.notify_all();
+}
+
+void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
+  if (p.kv.num_blocks != num_blocks_) p.kv = p.model->make_kv_cache(num_blocks_);
+  if (mtp && p.mtp_kv.num_blocks != num_blocks_) p.mtp_kv = p.model->make_mtp_kv_cache(num_blocks_);
+}
+
+void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) {
   // Between steps (the last one's end() has returned): the peers' threads wait for the next begin(),
   // so their caches are the caller's to write.
   std::lock_guard<std::mutex> lock(mu_);
+  num_blocks_ = num_blocks;
   for (auto& p : peers_) {
-    if (p->kv.num_blocks != num_blocks) p->kv = p->model->make_kv_cache(num_blocks);
-    p->ops->kv_blocks_from_host(p->kv.layers, loads);
+    ensure_caches(*p, with_mtp);
+    std::vector<Tensor> layers = p->kv.layers;  // the image's layers (kv_connector.h)
+    if (with_mtp) layers.insert(layers.end(), p->mtp_kv.layers.begin(), p->mtp_kv.layers.end());
+    p->ops->kv_blocks_from_host(layers, loads);
   }
 }
 
@@ -67,11 +92,10 @@ void ExpertParallelPeers::run(Peer& p) {
       if (stop_) return;
       seen = step_;
     }
-    // batch_ and num_blocks_ do not change until every peer is done (end() comes first).
+    // The job's fields do not change until every peer is done (end() comes first).
     if (!p.error) {
       try {
-        if (p.kv.num_blocks != num_blocks_) p.kv = p.model->make_kv_cache(num_blocks_);
-        p.model->forward(batch_, p.kv, nullptr);
+        step(p);
       } catch (...) {
         p.error = std::current_exception();
         p.ep->comm->abort();
@@ -81,6 +105,34 @@ void ExpertParallelPeers::run(Peer& p) {
     ++done_;
     cv_.notify_all();
   }
+}
+
+void ExpertParallelPeers::step(Peer& p) {
+  ensure_caches(p, mtp_);
+  Ops& ops = *p.ops;
+  const int64_t T = int64_t(batch_.tokens.size()), D = p.model->config().hidden_size;
+  // Persistent buffers grow to the largest step seen (the first ones are the largest: prompts).
+  auto fit = [&](Tensor& t) {
+    if (t.empty() || t.shape[0] < T)
+      t = ops.alloc_persistent(ops.act_dtype(), {std::max<int64_t>(T, 256), D});
+  };
+  if (!mtp_) {
+    ForwardOptions opt;
+    if (keep_hidden_) {
+      fit(p.hidden);
+      opt.final_hidden = &p.hidden;
+    }
+    p.model->forward(batch_, p.kv, nullptr, opt);
+    return;
+  }
+  fit(p.mtp_in);
+  fit(p.mtp_out);
+  Tensor idx = ops.scratch(DType::kI32, {T});
+  ops.copy_from_host(idx, rows_.data());
+  ops.gather_rows(p.mtp_in.rows(0, T), chained_ ? p.mtp_out : p.hidden, idx);
+  ForwardOptions opt;
+  opt.final_hidden = &p.mtp_out;
+  p.model->mtp_forward(batch_, p.mtp_in, p.mtp_kv, nullptr, opt);
 }
 
 }  // namespace beluga

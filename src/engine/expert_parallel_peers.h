@@ -27,10 +27,14 @@ class ExpertParallelPeers final : public StepPeers {
                       const ExpertSharding& sharding, CpuOptions cpu);
   ~ExpertParallelPeers() override;
 
-  void begin(const Batch& b, int num_blocks) override;
-  void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks) override;
+  void begin(const Batch& b, int num_blocks, bool keep_hidden) override;
+  void begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows, bool chained) override;
+  void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) override;
   void end() override;
   void abort() override;
+  // Rank r's (1 .. group size - 1) caches, between steps (tests).
+  const KvCache& kv_of(int rank) const { return peers_[size_t(rank - 1)]->kv; }
+  const KvCache& mtp_kv_of(int rank) const { return peers_[size_t(rank - 1)]->mtp_kv; }
 
  private:
   struct Peer {
@@ -38,10 +42,17 @@ class ExpertParallelPeers final : public StepPeers {
     std::unique_ptr<ExpertParallelism> ep;
     std::unique_ptr<Model> model;
     KvCache kv;
+    // MTP steps: the last forward's final hidden states, the MTP step's input rows and its output
+    // (each [capacity, hidden]), the MTP cache.
+    Tensor hidden, mtp_in, mtp_out;
+    KvCache mtp_kv;
     std::thread thread;
     std::exception_ptr error;
   };
   void run(Peer& p);
+  void step(Peer& p);  // the job begun last, on p's thread
+  // p's caches of num_blocks_ blocks (the MTP one when `mtp`), made on first use.
+  void ensure_caches(Peer& p, bool mtp) const;
 
   LocalGroup& group_;
   std::vector<std::unique_ptr<Peer>> peers_;
@@ -49,8 +60,12 @@ class ExpertParallelPeers final : public StepPeers {
   std::condition_variable cv_;
   Batch batch_;  // the step's batch, without logit rows (only rank 0 computes logits)
   int num_blocks_ = 0;
-  uint64_t step_ = 0;  // begun steps
-  int done_ = 0;       // peers done with step_
+  bool mtp_ = false;           // the job: an MTP step (else a forward)
+  bool keep_hidden_ = false;   // a forward: keep its final hidden states
+  bool chained_ = false;       // an MTP step: its inputs from the last MTP output
+  std::vector<int32_t> rows_;  // an MTP step's input rows
+  uint64_t step_ = 0;          // begun steps
+  int done_ = 0;               // peers done with step_
   bool stop_ = false;
 };
 

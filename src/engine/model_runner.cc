@@ -150,7 +150,8 @@ void ModelRunner::run_step(Slot& s) {
       if (!s.copies.saves_first.empty()) ops.kv_blocks_to_host(block_layers_, s.copies.saves_first);
       if (!s.copies.loads.empty()) {
         ops.kv_blocks_from_host(block_layers_, s.copies.loads);
-        if (StepPeers* peers = model_.step_peers()) peers->load_blocks(s.copies.loads, kv_.num_blocks);
+        if (StepPeers* peers = model_.step_peers())
+          peers->load_blocks(s.copies.loads, kv_.num_blocks, block_layers_.size() > kv_.layers.size());
       }
       if (s.speculative)
         spec_->run_step(s.batch, kv_, s.logits.data(), opt);

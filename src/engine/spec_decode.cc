@@ -246,7 +246,8 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   probs_.resize(mb_.logit_rows.size());
   mo.greedy_tokens = ids_.data();
   mo.greedy_probs = probs_.data();
-  model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
+  const Model::MtpPeerRows rows{gather_, false};  // expert-parallel peers gather their own
+  model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo, &rows);
   for (size_t t = 0; t < seq_of_.size(); ++t) {
     drafts_[size_t(seq_of_[t]) * size_t(K)] = ids_[t];
     draft_q_[size_t(seq_of_[t]) * size_t(K)] = probs_[t];
@@ -278,7 +279,8 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
     ids_.resize(n);
     probs_.resize(n);
     mo.greedy_probs = probs_.data();
-    model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
+    const Model::MtpPeerRows chained{gather_, true};
+    model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo, &chained);
     out_row_.resize(n);
     for (size_t t = 0; t < n; ++t) {
       drafts_[size_t(seq_of_[t]) * size_t(K) + size_t(j)] = ids_[t];

@@ -277,9 +277,13 @@ Tensor Model::sample_logits(const Tensor& lg) {
 
 void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   if (!peers_) return forward_local(b, kv, logits, opt);
-  peers_->begin(b, kv.num_blocks);
+  peers_->begin(b, kv.num_blocks, opt.final_hidden != nullptr);
+  with_peers([&] { forward_local(b, kv, logits, opt); });
+}
+
+void Model::with_peers(const std::function<void()>& step) {
   try {
-    forward_local(b, kv, logits, opt);
+    step();
   } catch (...) {
     peers_->abort();
     try {

@@ -49,13 +49,20 @@ struct MtpWeights;
 // Other ranks of an expert-parallel group that step with this model (replicated tokens: each runs
 // the same batch on its own copy of the KV cache). Model::forward hands them each batch before its
 // own layers run (their MoE layers exchange rows with this model's) and waits for them after.
+// Speculative decoding's MTP steps go the same way (mtp_forward with MtpPeerRows).
 class StepPeers {
  public:
   virtual ~StepPeers() = default;
-  virtual void begin(const Batch& b, int num_blocks) = 0;
+  // `keep_hidden`: each peer keeps the step's final hidden states (the MTP step's inputs).
+  virtual void begin(const Batch& b, int num_blocks, bool keep_hidden) = 0;
+  // An MTP step over `b` on every peer, into its own MTP cache of `num_blocks` blocks; its input row t
+  // is row rows[t] of the peer's last forward's final hidden states, or (`chained`) of its last MTP
+  // step's output.
+  virtual void begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows, bool chained) = 0;
   // Between steps: the host images `loads` (KV tiers, Ops::kv_blocks_from_host) into the peers' own
-  // caches of `num_blocks` blocks too, as the caller's rank loads them into its own.
-  virtual void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks) = 0;
+  // caches of `num_blocks` blocks too, as the caller's rank loads them into its own (`with_mtp`: the
+  // images end with the MTP layer's slice, for the peers' MTP caches).
+  virtual void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) = 0;
   virtual void end() = 0;    // waits for the step; rethrows a peer's error
   virtual void abort() = 0;  // this rank failed mid-step: the peers' collectives throw instead of waiting
 };
@@ -88,7 +95,7 @@ class Model {
   void set_enforce_eager(bool on) { enforce_eager_ = on; }
   // Whether decode steps of uniform shape replay graphs (then padding a step to one shape is free).
   bool replays_graphs() const { return !enforce_eager_ && ops_.supports_graphs(); }
-  // The group's other ranks (not owned; null: none). Not with MTP steps (mtp_forward refuses).
+  // The group's other ranks (not owned; null: none).
   void set_step_peers(StepPeers* peers) { peers_ = peers; }
   bool has_step_peers() const { return peers_ != nullptr; }
   StepPeers* step_peers() const { return peers_; }
@@ -116,10 +123,20 @@ class Model {
   // forward(), and, with opt.final_hidden, its own normed output per row (the next chained row's h).
   // Steps of uniform query length replay graphs as forward() does, when `hidden` and
   // opt.final_hidden hold the padded rows (DecodeGraphs::padded_rows).
+  // With step peers, `peer_rows` says where each peer finds its input rows (StepPeers::begin_mtp).
+  struct MtpPeerRows {
+    std::span<const int32_t> rows;
+    bool chained = false;
+  };
   void mtp_forward(const Batch& batch, const Tensor& hidden, KvCache& kv, float* logits,
-                   const ForwardOptions& opt = {});
+                   const ForwardOptions& opt = {}, const MtpPeerRows* peer_rows = nullptr);
 
  protected:
+  // This rank's part of forward() / mtp_forward(); `step` between the peers' begin and end (abort on
+  // an exception).
+  void mtp_forward_local(const Batch& batch, const Tensor& hidden, KvCache& kv, float* logits,
+                         const ForwardOptions& opt);
+  void with_peers(const std::function<void()>& step);
   Model(const ModelConfig& cfg, Ops& ops);
   // What each architecture supplies for decoder layer l (pre-norm residual blocks):
   // h += attention(norm_in(h)); h += feed_forward(norm_post(h)). Both get their input as a

@@ -23,7 +23,6 @@ void Model::load_mtp(WeightSource& src) {
 
 KvCache Model::make_mtp_kv_cache(int num_blocks) const {
   BELUGA_CHECK(mtp_, "the model has no MTP module");
-  BELUGA_CHECK(!peers_, "MTP steps do not run expert parallel yet");
   KvCache kv;
   kv.num_blocks = num_blocks;
   kv.layers.push_back(
@@ -72,8 +71,17 @@ Tensor Model::mtp_body(const AttnMeta& meta, const Tensor& ids, const Tensor& po
 }
 
 void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float* logits,
-                        const ForwardOptions& opt) {
+                        const ForwardOptions& opt, const MtpPeerRows* peer_rows) {
   BELUGA_CHECK(mtp_, "the model has no MTP module");
+  if (!peers_) return mtp_forward_local(b, hidden, kv, logits, opt);
+  // The MTP layer's experts are sharded too: every rank steps it.
+  BELUGA_CHECK(peer_rows, "an expert-parallel MTP step needs the peers' input rows");
+  peers_->begin_mtp(b, kv.num_blocks, peer_rows->rows, peer_rows->chained);
+  with_peers([&] { mtp_forward_local(b, hidden, kv, logits, opt); });
+}
+
+void Model::mtp_forward_local(const Batch& b, const Tensor& hidden, KvCache& kv, float* logits,
+                              const ForwardOptions& opt) {
   // The caller's hidden rows are persistent; scratch from here on is this step's.
   ops_.reset_scratch();
   const StepPlan p = plan_step(b, kv, 1);

@@ -11,9 +11,12 @@
 #include "../engine/demo_model_test.h"
 #include "engine/block_manager.h"
 #include "engine/engine.h"
+#include "engine/expert_parallel_peers.h"
 #include "engine/kv_connector.h"
 #include "engine/spec_config.h"
 #include "kvstore/tiered_store.h"
+#include "parallel/local_communicator.h"
+#include "parallel/shard.h"
 
 namespace beluga {
 namespace {
@@ -39,6 +42,32 @@ class SpecTier : public engine_test::DemoModelTest {
     sc.fingerprint = {42, 7};
     sc.host_bytes = 64 * sc.block_bytes;
     return sc;
+  }
+  // "a" (190 tokens after its prompt), then "evict", then "cont" on `m` with a 5-block pool over
+  // `store`: cont's tokens, cached tokens and what its step verified.
+  struct TierRun {
+    std::vector<int> a, cont;
+    int cached = 0;
+    int64_t hits_below = 0, drafts = 0, accepted = 0;
+    std::vector<int64_t> per_position;
+  };
+  TierRun tier_run(Model& m, KvConnector& store, const std::vector<int>& a, const std::vector<int>& evict,
+                   const std::vector<int>& cont) {
+    TierRun r;
+    Collector c;
+    Engine e(m, config(5, &store));
+    r.a = run(e, c, greedy("a", a, 190, c));
+    run(e, c, greedy("evict", evict, 4, c));
+    const EngineStats s0 = e.stats();
+    r.cont = run(e, c, greedy("cont", cont, 40, c));
+    const EngineStats s1 = e.stats();
+    r.cached = c.cached["cont"];
+    r.hits_below = s1.prefix_cache_hits_below - s0.prefix_cache_hits_below;
+    r.drafts = s1.spec_draft_tokens - s0.spec_draft_tokens;
+    r.accepted = s1.spec_accepted_tokens - s0.spec_accepted_tokens;
+    for (size_t i = 0; i < s1.spec_accepted_per_position.size(); ++i)
+      r.per_position.push_back(s1.spec_accepted_per_position[i] - s0.spec_accepted_per_position[i]);
+    return r;
   }
   // Submits `r`, waits for it and for the engine to go idle; the tokens it gave.
   static std::vector<int> run(Engine& e, Collector& c, EngineRequest r) {
@@ -150,6 +179,73 @@ TEST_F(SpecTier, BlocksOfAcceptedDraftsAreSavedAndServeAHit) {
   }
   store.step_launched();
   store.step_done(true);
+}
+
+// ExpertParallelPeers::load_blocks writes every layer of a block image into each peer's caches, the
+// MTP layer's slice (at the image's end) into its MTP cache.
+TEST_F(SpecTier, PeersLoadEveryLayerOfTheImage) {
+  const SpecConfig spec = config(0, nullptr).speculative;
+  KvCache src = model_->make_kv_cache(4);
+  const KvCache src_mtp = model_->make_mtp_kv_cache(4);
+  std::vector<Tensor> layers = src.layers;
+  layers.insert(layers.end(), src_mtp.layers.begin(), src_mtp.layers.end());
+  for (size_t l = 0; l < layers.size(); ++l) {  // block 1 of layer l: l * 1000 + element
+    ASSERT_EQ(layers[l].dtype, DType::kF32);
+    const int64_t per = layers[l].numel() / 4;
+    float* b1 = layers[l].ptr<float>() + per;
+    for (int64_t i = 0; i < per; ++i) b1[i] = float(l * 1000) + float(i % 997);
+  }
+  std::vector<std::byte> image(kv_block_image_bytes(*model_, spec));
+  ops_->kv_block_to_host(layers, 1, image.data());
+  LocalGroup group(2);
+  const ExpertSharding sharding = ExpertSharding::contiguous(cfg_.n_routed_experts, 2);
+  ExpertParallelPeers peers(cfg_, *ckpt_, model_->max_positions(), group, sharding, CpuOptions{1});
+  const KvBlockCopy copy{2, image.data()};
+  peers.load_blocks({&copy, 1}, 4, true);
+  std::vector<Tensor> got = peers.kv_of(1).layers;
+  got.insert(got.end(), peers.mtp_kv_of(1).layers.begin(), peers.mtp_kv_of(1).layers.end());
+  ASSERT_EQ(got.size(), layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const int64_t per = layers[l].numel() / 4;
+    EXPECT_EQ(std::memcmp(got[l].ptr<float>() + 2 * per, layers[l].ptr<float>() + per, size_t(per) * 4), 0)
+        << "layer " << l << (l + 1 == layers.size() ? " (MTP)" : "");
+  }
+}
+
+// The same on two expert-parallel ranks (each with its own KV and MTP caches): blocks loaded from the
+// tier reach every rank's caches, the MTP layer's slice included, so "cont" gives one rank's tokens
+// and drafts.
+TEST_F(SpecTier, ExpertParallelRanksLoadTheMtpLayerToo) {
+  const SpecConfig spec = config(0, nullptr).speculative;
+  const std::vector<int> a = prompt(40, 1), evict = prompt(250, 2);
+  std::vector<int> cont = a;
+  {
+    Collector c;
+    Engine ref(*model_, config(64, nullptr, false));
+    const std::vector<int> out = run(ref, c, greedy("a", a, 190, c));
+    cont.insert(cont.end(), out.begin(), out.begin() + 150);
+  }
+  kv::TieredStore one_store(store_config(spec));
+  const TierRun one = tier_run(*model_, one_store, a, evict, cont);
+  ASSERT_GT(one.hits_below, 0);
+
+  LocalGroup group(2);
+  const ExpertSharding sharding = ExpertSharding::contiguous(cfg_.n_routed_experts, 2);
+  const ExpertParallelism ep{&group.communicator(0), &sharding, true};
+  CpuOps ops(CpuOptions{1});
+  std::unique_ptr<Model> rank0 = load_model(cfg_, *ckpt_, ops, 1024, &ep);
+  ExpertParallelPeers peers(cfg_, *ckpt_, rank0->max_positions(), group, sharding, CpuOptions{1});
+  rank0->set_step_peers(&peers);
+  kv::TieredStore store(store_config(spec));
+  const TierRun two = tier_run(*rank0, store, a, evict, cont);
+  rank0->set_step_peers(nullptr);
+  EXPECT_EQ(two.a, one.a);
+  EXPECT_EQ(two.cont, one.cont);
+  EXPECT_EQ(two.cached, one.cached);
+  EXPECT_EQ(two.hits_below, one.hits_below);
+  EXPECT_EQ(two.drafts, one.drafts);
+  EXPECT_EQ(two.accepted, one.accepted);
+  EXPECT_EQ(two.per_position, one.per_position);
 }
 
 }  // namespace
