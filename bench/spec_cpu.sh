@@ -55,9 +55,7 @@ for spec in $SPECS; do
     "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts $((c * PROMPTS_PER_SLOT)) \
       --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1 --request-extra "$REQUEST_EXTRA"
   done
-  if [ "$spec" != none ]; then
-    curl -s "http://127.0.0.1:$port/metrics" | grep -E '^beluga_spec_decode|^beluga_engine_steps_(early_)?total' || true
-  fi
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^beluga_spec_decode|^beluga_engine_steps' || true
   kill "$pid"
   wait "$pid" || true
   if [ -n "${KEEP_LOGS:-}" ]; then cp "$log" "$KEEP_LOGS/serve_${spec//\//_}.log"; fi
