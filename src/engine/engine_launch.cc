@@ -6,6 +6,7 @@
 
 #include "engine/engine_impl.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace beluga {
 
@@ -63,24 +64,29 @@ bool Engine::Impl::can_launch_early() {
   // finished by this schedule belong to the step (rare: launched after N then); expert-parallel peers
   // get the batch as it is; prompt logprobs need the logits.
   if (scheduler.has_loads() || model.has_step_peers() || runner.num_in_flight() != 1) return false;
+  // Why a speculating engine's step is not launched early (debug log: the overlap's diagnosis).
+  auto no = [&](const char* why) {
+    if (spec) log::debug("engine", "not early: ", why, " (", chunks.size(), " chunks)");
+    return false;
+  };
   if (spec) {  // N's plan is the runner's while it drafts (run_step); N+1's must not replace it
-    if (spec_step.drafting) return false;
+    if (spec_step.drafting) return no("the step ahead drafts");
     find_spec_eligible();
-    if (!spec->plain_next(chunks, spec_eligible)) return false;
+    if (!spec->plain_next(chunks, spec_eligible)) return no("the gate drafts");
   }
   const bool ids = runner.last_launch_samples_ids();
   for (const Chunk& c : chunks) {
     const Seq& s = *c.seq;
-    if (s.pending > 0 && !ids) return false;  // its token comes back inside the logits
+    if (s.pending > 0 && !ids) return no("the step ahead's tokens come back as logits");
     const Request& rq = requests.at(s.request);
-    if (rq.prompt_lps_pending) return false;
-    if (c.start + c.len > int(s.tokens.size()) + s.pending) return false;
+    if (rq.prompt_lps_pending) return no("prompt logprobs");
+    if (c.start + c.len > int(s.tokens.size()) + s.pending) return no("a chunk past the known tokens");
     if (!c.sample) continue;
     // Its row must sample without the host (launch_next's choice, foreseen so that a step that goes
     // to the host sampler is not built twice).
     const SampleContext ctx = sample_context(rq, s);
     if (device_sampling ? !samples_on_device(ctx) : !(rq.procs.empty() && samples_raw_argmax(ctx)))
-      return false;
+      return no("a row samples on the host");
   }
   return true;
 }
