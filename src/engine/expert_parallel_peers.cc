@@ -26,32 +26,32 @@ ExpertParallelPeers::~ExpertParallelPeers() {
   for (auto& p : peers_) p->thread.join();
 }
 
-void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden) {
+void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::function<void()>& set_job) {
   std::lock_guard<std::mutex> lock(mu_);
   batch_.tokens = b.tokens;
   batch_.seqs = b.seqs;
   batch_.logit_rows.clear();
   num_blocks_ = num_blocks;
-  mtp_ = false;
-  keep_hidden_ = keep_hidden;
+  set_job();
   done_ = 0;
   ++step_;
   cv_.notify_all();
 }
 
+void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden) {
+  post(b, num_blocks, [&] {
+    mtp_ = false;
+    keep_hidden_ = keep_hidden;
+  });
+}
+
 void ExpertParallelPeers::begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows,
                                     bool chained) {
-  std::lock_guard<std::mutex> lock(mu_);
-  batch_.tokens = b.tokens;
-  batch_.seqs = b.seqs;
-  batch_.logit_rows.clear();
-  num_blocks_ = num_blocks;
-  mtp_ = true;
-  chained_ = chained;
-  rows_.assign(rows.begin(), rows.end());
-  done_ = 0;
-  ++step_;
-  cv_.notify_all();
+  post(b, num_blocks, [&] {
+    mtp_ = true;
+    chained_ = chained;
+    rows_.assign(rows.begin(), rows.end());
+  });
 }
 
 void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {

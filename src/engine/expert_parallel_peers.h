@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -50,6 +51,8 @@ class ExpertParallelPeers final : public StepPeers {
     std::exception_ptr error;
   };
   void run(Peer& p);
+  // Hands the peers a job over `b` (without its logit rows): `set_job` sets its kind, under the lock.
+  void post(const Batch& b, int num_blocks, const std::function<void()>& set_job);
   void step(Peer& p);  // the job begun last, on p's thread
   // p's caches of num_blocks_ blocks (the MTP one when `mtp`), made on first use.
   void ensure_caches(Peer& p, bool mtp) const;

@@ -18,36 +18,14 @@ namespace beluga::engine_test {
 
 inline const std::string kDemoModel = std::string(BELUGA_SOURCE_DIR) + "/models/beluga-demo-coder-mtp";
 
-class DemoModelTest : public ::testing::Test {
+class DemoModelTest : public ModelFixture {
  protected:
-  void SetUp() override {
-    cfg_ = ModelConfig::from_file(kDemoModel + "/config.json");
-    ckpt_ = std::make_unique<Checkpoint>(kDemoModel);
-    ops_ = std::make_unique<CpuOps>(CpuOptions{2});
-    model_ = load_model(cfg_, *ckpt_, *ops_, 1024);
-  }
+  void SetUp() override { load_fixture(kDemoModel, 1024); }
   static std::vector<int> prompt(int n, int seed) {
     std::vector<int> p{0};
     for (int i = 1; i < n; ++i) p.push_back(100 + (i * 37 + seed * 211) % 900);
     return p;
   }
-  static EngineRequest greedy(const std::string& id, std::vector<int> p, int max_tokens, Collector& c,
-                              int n = 1) {
-    EngineRequest r;
-    r.id = id;
-    r.prompt = std::move(p);
-    r.sampling.temperature = 0;
-    r.sampling.max_tokens = max_tokens;
-    r.sampling.ignore_eos = true;
-    r.sampling.n = n;
-    r.on_output = c.callback();
-    return r;
-  }
-
-  ModelConfig cfg_;
-  std::unique_ptr<Checkpoint> ckpt_;
-  std::unique_ptr<CpuOps> ops_;
-  std::unique_ptr<Model> model_;
 };
 
 }  // namespace beluga::engine_test

@@ -16,11 +16,34 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
+#include "engine/expert_parallel_peers.h"
 #include "engine/generator.h"
 #include "loader/weight_source.h"
+#include "parallel/local_communicator.h"
+#include "parallel/shard.h"
 #include "util/error.h"
 
 namespace beluga::engine_test {
+
+// A two-rank CPU expert-parallel group over checkpoint `w`: the engine runs on `model` (rank 0), the
+// other rank steps with it (ExpertParallelPeers).
+struct ExpertParallelPair {
+  LocalGroup group{2};
+  ExpertSharding sharding;
+  ExpertParallelism ep;
+  CpuOps ops{CpuOptions{1}};
+  std::unique_ptr<Model> model;
+  std::unique_ptr<ExpertParallelPeers> peers;
+  ExpertParallelPair(const ModelConfig& cfg, WeightSource& w, int max_positions)
+      : sharding(ExpertSharding::contiguous(cfg.n_routed_experts, 2)),
+        ep{&group.communicator(0), &sharding, true},
+        model(load_model(cfg, w, ops, max_positions, &ep)),
+        peers(std::make_unique<ExpertParallelPeers>(cfg, w, model->max_positions(), group, sharding,
+                                                    CpuOptions{1})) {
+    model->set_step_peers(peers.get());
+  }
+  ~ExpertParallelPair() { model->set_step_peers(nullptr); }
+};
 
 struct Collector {
   std::mutex mu;
@@ -108,29 +131,42 @@ struct Gate {
   }
 };
 
-class EngineTest : public ::testing::Test {
+// A checkpoint loaded on the CPU backend (2 threads) for the test's fixture.
+class ModelFixture : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny";
+  void load_fixture(const std::string& dir, int max_positions) {
     cfg_ = ModelConfig::from_file(dir + "/config.json");
     ckpt_ = std::make_unique<Checkpoint>(dir);
     ops_ = std::make_unique<CpuOps>(CpuOptions{2});
-    model_ = load_model(cfg_, *ckpt_, *ops_, 2048);
+    model_ = load_model(cfg_, *ckpt_, *ops_, max_positions);
   }
-  std::vector<int> prompt(int n, int seed) const {
-    std::vector<int> p(n);
-    for (int i = 0; i < n; ++i) p[i] = 2 + (i * 131 + seed * 977) % (cfg_.vocab_size - 2);
-    return p;
-  }
-  EngineRequest greedy(const std::string& id, std::vector<int> p, int max_tokens, Collector& c) {
+  // A greedy request of `max_tokens` tokens (EOS ignored), `n` sequences, into `c`.
+  static EngineRequest greedy(const std::string& id, std::vector<int> p, int max_tokens, Collector& c,
+                              int n = 1) {
     EngineRequest r;
     r.id = id;
     r.prompt = std::move(p);
     r.sampling.temperature = 0;
     r.sampling.max_tokens = max_tokens;
     r.sampling.ignore_eos = true;
+    r.sampling.n = n;
     r.on_output = c.callback();
     return r;
+  }
+
+  ModelConfig cfg_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<CpuOps> ops_;
+  std::unique_ptr<Model> model_;
+};
+
+class EngineTest : public ModelFixture {
+ protected:
+  void SetUp() override { load_fixture(std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny", 2048); }
+  std::vector<int> prompt(int n, int seed) const {
+    std::vector<int> p(n);
+    for (int i = 0; i < n; ++i) p[i] = 2 + (i * 131 + seed * 977) % (cfg_.vocab_size - 2);
+    return p;
   }
   std::vector<int> reference(const std::vector<int>& p, int max_tokens) {
     GenerateParams g;
@@ -242,11 +278,6 @@ class EngineTest : public ::testing::Test {
     EXPECT_EQ(c.tokens["after"][0], reference(p, max_tokens));
     return st;
   }
-
-  ModelConfig cfg_;
-  std::unique_ptr<Checkpoint> ckpt_;
-  std::unique_ptr<CpuOps> ops_;
-  std::unique_ptr<Model> model_;
 };
 
 }  // namespace beluga::engine_test

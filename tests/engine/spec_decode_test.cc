@@ -9,18 +9,16 @@
 #include "backend/cpu/cpu_ops.h"
 #include "demo_model_test.h"
 #include "engine/engine.h"
-#include "engine/expert_parallel_peers.h"
 #include "engine/spec_config.h"
 #include "engine_test_support.h"
 #include "loader/weight_source.h"
-#include "parallel/local_communicator.h"
-#include "parallel/shard.h"
 #include "reference_sample_rows.h"
 
 namespace beluga {
 namespace {
 
 using engine_test::Collector;
+using engine_test::ExpertParallelPair;
 
 class SpecDecodeTest : public engine_test::DemoModelTest {
  protected:
@@ -167,21 +165,15 @@ TEST_F(SpecDecodeTest, SpeculationRunsExpertParallel) {
   const Outcome base = run(config(0), reqs);
   EngineStats one;
   run(config(2), reqs, &one);  // MTP on one rank
-  LocalGroup group(2);
-  const ExpertSharding sharding = ExpertSharding::contiguous(cfg_.n_routed_experts, 2);
-  const ExpertParallelism ep{&group.communicator(0), &sharding, true};
-  CpuOps ops(CpuOptions{1});
-  std::unique_ptr<Model> rank0 = load_model(cfg_, *ckpt_, ops, 1024, &ep);
-  ExpertParallelPeers peers(cfg_, *ckpt_, rank0->max_positions(), group, sharding, CpuOptions{1});
-  rank0->set_step_peers(&peers);
+  ExpertParallelPair pair(cfg_, *ckpt_, 1024);
+  Model& rank0 = *pair.model;
   EngineStats st;
-  EXPECT_EQ(run(config(2, 64, "fixed", "ngram"), reqs, &st, rank0.get()).tokens, base.tokens) << "ngram";
+  EXPECT_EQ(run(config(2, 64, "fixed", "ngram"), reqs, &st, &rank0).tokens, base.tokens) << "ngram";
   EXPECT_GT(st.spec_accepted_tokens, 0);
-  EXPECT_EQ(run(config(2), reqs, &st, rank0.get()).tokens, base.tokens) << "mtp";
+  EXPECT_EQ(run(config(2), reqs, &st, &rank0).tokens, base.tokens) << "mtp";
   EXPECT_GT(st.spec_accepted_tokens, 0);
   EXPECT_EQ(st.spec_draft_tokens, one.spec_draft_tokens);
   EXPECT_EQ(st.spec_accepted_per_position, one.spec_accepted_per_position);
-  rank0->set_step_peers(nullptr);
 }
 
 // Cost gating switches between speculating and plain decode steps as its measurements say (it tries

@@ -2,10 +2,7 @@
 // small device pool is loaded back from the host tier, the greedy output is the cold run's, and the
 // loaded tokens count as cached.
 #include "../engine/engine_test_support.h"
-#include "engine/expert_parallel_peers.h"
 #include "kvstore/tiered_store.h"
-#include "parallel/local_communicator.h"
-#include "parallel/shard.h"
 
 #include <unistd.h>
 
@@ -82,16 +79,11 @@ TEST_F(EngineTier, EvictedPrefixIsServedFromHostTier) {
 TEST_F(EngineTier, ExpertParallelRanksAllLoadTheTiersBlocks) {
   const std::vector<int> a = prompt(300, 1), b = prompt(420, 2);
   const std::vector<int> want = reference(a, 12);
-  LocalGroup group(2);
-  const ExpertSharding sharding = ExpertSharding::contiguous(cfg_.n_routed_experts, 2);
-  const ExpertParallelism ep{&group.communicator(0), &sharding, true};
-  CpuOps ops(CpuOptions{1});
-  std::unique_ptr<Model> rank0 = load_model(cfg_, *ckpt_, ops, 2048, &ep);
-  ExpertParallelPeers peers(cfg_, *ckpt_, rank0->max_positions(), group, sharding, CpuOptions{1});
-  rank0->set_step_peers(&peers);
+  ExpertParallelPair pair(cfg_, *ckpt_, 2048);
+  Model& rank0 = *pair.model;
   kv::TieredStore store(store_config(64));
   {
-    Engine e(*rank0, small_pool(&store));
+    Engine e(rank0, small_pool(&store));
     Collector c;
     const auto got = run_in_turn(e, c, {{"a", a}, {"b", b}, {"a2", a}}, 12);
     EXPECT_EQ(got[0], want);
@@ -99,7 +91,6 @@ TEST_F(EngineTier, ExpertParallelRanksAllLoadTheTiersBlocks) {
     EXPECT_EQ(c.cached["a2"], 4 * kKvBlockSize);
     EXPECT_EQ(e.stats().prefix_cache_hits_below, 3 * kKvBlockSize);
   }
-  rank0->set_step_peers(nullptr);
 }
 
 // Blocks filled by decode steps launched early (before the step ahead of them was applied: their

@@ -22,6 +22,7 @@ namespace beluga {
 namespace {
 
 using engine_test::Collector;
+using engine_test::ExpertParallelPair;
 
 class SpecTier : public engine_test::DemoModelTest {
  protected:
@@ -229,16 +230,10 @@ TEST_F(SpecTier, ExpertParallelRanksLoadTheMtpLayerToo) {
   const TierRun one = tier_run(*model_, one_store, a, evict, cont);
   ASSERT_GT(one.hits_below, 0);
 
-  LocalGroup group(2);
-  const ExpertSharding sharding = ExpertSharding::contiguous(cfg_.n_routed_experts, 2);
-  const ExpertParallelism ep{&group.communicator(0), &sharding, true};
-  CpuOps ops(CpuOptions{1});
-  std::unique_ptr<Model> rank0 = load_model(cfg_, *ckpt_, ops, 1024, &ep);
-  ExpertParallelPeers peers(cfg_, *ckpt_, rank0->max_positions(), group, sharding, CpuOptions{1});
-  rank0->set_step_peers(&peers);
+  ExpertParallelPair pair(cfg_, *ckpt_, 1024);
+  Model& rank0 = *pair.model;
   kv::TieredStore store(store_config(spec));
-  const TierRun two = tier_run(*rank0, store, a, evict, cont);
-  rank0->set_step_peers(nullptr);
+  const TierRun two = tier_run(rank0, store, a, evict, cont);
   EXPECT_EQ(two.a, one.a);
   EXPECT_EQ(two.cont, one.cont);
   EXPECT_EQ(two.cached, one.cached);
