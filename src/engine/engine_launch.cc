@@ -117,7 +117,7 @@ bool Engine::Impl::launch_next(bool async_scheduling, bool early) {
     return rq.procs.empty() && samples_speculatively(sample_context(rq, s));
   };
   if (spec) {  // the gate: which drafts this step verifies (a step launched early never drafts)
-    find_spec_eligible();
+    if (!early) find_spec_eligible();  // early: can_launch_early found it for these chunks
     spec->begin_step(chunks, spec_eligible);
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
