@@ -8,6 +8,8 @@
 # MODEL/LOAD/TOKENIZER: serve another model (default the built-in demo); SYNTHETIC=P adds
 # "synthetic_acceptance": P to every speculative config (benchmarks only: drafts accepted with probability P).
 # KEEP_LOGS=DIR keeps each server's log there (with BELUGA_LOG_LEVEL=debug: the gate's costs and choices).
+# TRACE_DIR=DIR: each server writes BELUGA_TRACE=DIR/<spec>.trace.json, summarised at its end
+# (scripts/trace_summary.py: host time per step, the runner's gaps, a speculating step's phases).
 # DEVICE: serve --device, default cpu. REQUEST_EXTRA: bench serve --request-extra, merged into every
 # request (sampled requests speculate through rejection sampling; default {}: greedy).
 # SPECS entries: none, K (confidence-gated, the default gating), K/cost (one depth for the batch) or
@@ -40,7 +42,9 @@ for spec in $SPECS; do
     fi
     extra=(--speculative-config "{\"method\":\"$method\",\"num_speculative_tokens\":$k,\"gating\":\"$gating\"$lookup$synthetic}")
   fi
-  "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb "$KV_MB" --device "${DEVICE:-cpu}" "${model_args[@]}" "${extra[@]}" >"$log" 2>&1 &
+  trace=
+  [ -n "${TRACE_DIR:-}" ] && trace="$TRACE_DIR/${spec//\//_}.trace.json"
+  BELUGA_TRACE=$trace "$BELUGA" serve --port 0 --threads "$THREADS" --kv-cache-mb "$KV_MB" --device "${DEVICE:-cpu}" "${model_args[@]}" "${extra[@]}" >"$log" 2>&1 &
   pid=$!
   port=
   for _ in $(seq 600); do
@@ -59,4 +63,5 @@ for spec in $SPECS; do
   kill "$pid"
   wait "$pid" || true
   if [ -n "${KEEP_LOGS:-}" ]; then cp "$log" "$KEEP_LOGS/serve_${spec//\//_}.log"; fi
+  if [ -n "$trace" ]; then python3 "$(dirname "$0")/../scripts/trace_summary.py" "$trace" --skip-first 8 || true; fi
 done

@@ -3,7 +3,8 @@
 iteration split by span, the model runner's forward time, how much of the host work ran while a
 forward was in flight (hidden behind it), and the gap between one forward's end and the next one's
 start on the runner thread (what the device waits for the host between steps: a step launched early
-starts right after the one ahead of it).
+starts right after the one ahead of it), and the mean of the phases inside a speculating forward
+(verify forward, verification, MTP pass, chained MTP steps).
 
 usage: scripts/trace_summary.py TRACE.json [--skip-first N]
 """
@@ -34,7 +35,9 @@ def main():
     iters = sorted((e for e in spans if e["tid"] == loop[0] and e["name"] == "step"), key=lambda e: e["ts"])
     iters = iters[skip:]
     phases = [e for e in spans if e["tid"] == loop[0] and e["name"] != "step"]
-    fwd = sorted((e for e in spans if e["tid"] == runner[0]), key=lambda e: e["ts"])
+    on_runner = [e for e in spans if e["tid"] == runner[0]]
+    fwd = sorted((e for e in on_runner if e["name"] == "forward"), key=lambda e: e["ts"])
+    inner = [e for e in on_runner if e["name"] != "forward"]  # phases inside a forward (speculation)
     if not iters:
         print("no steps", file=sys.stderr)
         return 1
@@ -78,6 +81,10 @@ def main():
     fw = sum(e["dur"] for e in fwd)
     print(f"{'step (all)':<12} {n:>7} {total / n:>9.1f}")
     print(f"{'forward':<12} {len(fwd):>7} {fw / max(1, len(fwd)):>9.1f}   (runner thread)")
+    inner = [e for e in inner if t0 <= e["ts"] <= t1]
+    for name in sorted({e["name"] for e in inner}):
+        d = [e["dur"] for e in inner if e["name"] == name]
+        print(f"  {name:<22} {len(d):>7} {sum(d) / len(d):>9.1f} us each")
     print(f"host work (every span but wait): {host / n:.1f} us/iter, {100 * host_hidden / host if host else 0:.1f}% "
           f"of it while a forward ran")
     gaps = sorted(b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(fwd, fwd[1:]))

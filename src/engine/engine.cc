@@ -497,7 +497,7 @@ void Engine::loop() {
     if (im.spec && im.spec->speculating()) finish_step();
     schedule_next();
     const bool early = cfg_.async_scheduling && cfg_.early_launch && !im.chunks.empty() &&
-                       im.runner.in_flight() && im.can_launch_early() && im.launch_next(true, true);
+                       im.can_launch_early() && im.launch_next(true, true);
     if (cfg_.async_scheduling) {
       const bool n_ids = finish_step();
       if (early) settle_early(n_ids);

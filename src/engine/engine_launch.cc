@@ -63,12 +63,14 @@ bool Engine::Impl::can_launch_early() {
   // A drafting step plans from accepted counts (and N, if it drafted, was applied already); KV loads
   // finished by this schedule belong to the step (rare: launched after N then); expert-parallel peers
   // get the batch as it is; prompt logprobs need the logits.
-  if (scheduler.has_loads() || model.has_step_peers() || runner.num_in_flight() != 1) return false;
   // Why a speculating engine's step is not launched early (debug log: the overlap's diagnosis).
   auto no = [&](const char* why) {
     if (spec) log::debug("engine", "not early: ", why, " (", chunks.size(), " chunks)");
     return false;
   };
+  if (scheduler.has_loads()) return no("KV loads");
+  if (model.has_step_peers()) return no("expert-parallel peers");
+  if (runner.num_in_flight() != 1) return no("the step ahead was applied first (it speculated)");
   if (spec) {  // N's plan is the runner's while it drafts (run_step); N+1's must not replace it
     if (spec_step.drafting) return no("the step ahead drafts");
     find_spec_eligible();

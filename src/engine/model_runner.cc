@@ -154,7 +154,7 @@ void ModelRunner::run_step(Slot& s) {
           peers->load_blocks(s.copies.loads, kv_.num_blocks, block_layers_.size() > kv_.layers.size());
       }
       if (s.speculative)
-        spec_->run_step(s.batch, kv_, s.logits.data(), opt);
+        spec_->run_step(s.batch, kv_, s.logits.data(), opt, trace_, trace_lane_);
       else
         model_.forward(s.batch, kv_, s.logits.data(), opt);
       if (s.saves_later) {

@@ -138,13 +138,18 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* 
   return rows;
 }
 
-void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
+void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt,
+                           Tracer* trace, int lane) {
   BELUGA_CHECK(ngram() || int64_t(b.tokens.size()) <= hidden_.shape[0], "speculative step of ",
                b.tokens.size(), " tokens exceeds its buffers");
   ForwardOptions o = opt;
   // A plain step (drafting off) runs no MTP pass: no hidden states to keep, and the plain decode graphs.
   if (!ngram() && plan_mtp_) o.final_hidden = &hidden_;
-  model_.forward(b, kv, logits, o);
+  {
+    TraceSpan span(trace, lane, "spec: verify forward");
+    model_.forward(b, kv, logits, o);
+  }
+  TraceSpan verify_span(trace, lane, "spec: verification");
 
   const int S = int(b.seqs.size()), K = cfg_.num_speculative_tokens;
   BELUGA_ASSERT(int(plan_.size()) == S);
@@ -231,8 +236,10 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
       draft_len_[size_t(i)] = propose;
     }
   }
+  verify_span.end();
   if (mb_.tokens.empty()) return;
 
+  TraceSpan mtp_span(trace, lane, "spec: mtp pass");
   Ops& ops = model_.ops();
   auto gather = [&](const Tensor& from, int n) {  // rows gather_[0..n) of `from` into mtp_in_
     Tensor idx = ops.scratch(DType::kI32, {n});
@@ -253,7 +260,9 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
     draft_q_[size_t(seq_of_[t]) * size_t(K)] = probs_[t];
   }
 
+  mtp_span.end();
   // Chained drafts: the module applied to its own output, one row per sequence still proposing.
+  TraceSpan chain_span(K > 1 ? trace : nullptr, lane, "spec: chained mtp");
   out_row_.assign(mb_.logit_rows.begin(), mb_.logit_rows.end());  // each proposer's row in mtp_out_
   for (int j = 1; j < K; ++j) {
     mb_.tokens.clear();

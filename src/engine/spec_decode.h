@@ -46,6 +46,7 @@
 #include "engine/spec_config.h"
 #include "engine/spec_gate.h"
 #include "model/model.h"
+#include "util/trace.h"
 
 namespace beluga {
 
@@ -94,8 +95,10 @@ class SpecDecoder {
   bool ngram() const { return cfg_.method == SpecConfig::Method::kNgram; }
   const SpecGate& gate() const { return gate_; }
   // Runner thread: the step's forward, the verification and the MTP pass (proposals for the next step).
-  // Only for a drafting step (planned().drafting); a plain one is Model::forward alone.
-  void run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt);
+  // Only for a drafting step (planned().drafting); a plain one is Model::forward alone. With `trace`,
+  // its phases (the verify forward, verification, MTP pass, chained MTP steps) are spans on `lane`.
+  void run_step(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt,
+                Tracer* trace = nullptr, int lane = 0);
   // Whether batch sequence i (of the step planned last) is sampled by the verifier: its rows' tokens
   // are token(i, j), not the engine's sampler's.
   bool verifies(int i) const { return plan_[size_t(i)].mtp && plan_[size_t(i)].sample_row >= 0; }
