@@ -92,6 +92,22 @@ def main():
         pick = lambda q: gaps[min(len(gaps) - 1, int(q * len(gaps)))]
         print(f"runner gap between forwards: mean {sum(gaps) / len(gaps):.1f} us, p50 {pick(0.5):.1f}, "
               f"p90 {pick(0.9):.1f} ({len(gaps)} gaps; idle periods included)")
+        queued = {e["args"]["step"]: e for e in spans if lanes.get(e["tid"]) == "runner queue"
+                  and "args" in e and "step" in e["args"]}
+        late_engine, late_runner = [], []  # of each gap: the launch after the step ahead ended; the rest
+        for a, b in zip(fwd, fwd[1:]):
+            q = queued.get(b.get("args", {}).get("step"))
+            if q is None:
+                continue
+            end_a = a["ts"] + a["dur"]
+            late_engine.append(max(0.0, q["ts"] - end_a))
+            late_runner.append(b["ts"] - max(end_a, q["ts"]))
+        if late_engine:
+            for what, v in (("launched after the step ahead ended", late_engine),
+                            ("the runner's start after both", late_runner)):
+                v.sort()
+                print(f"  {what}: mean {sum(v) / len(v):.1f} us, p50 {v[len(v) // 2]:.1f}, "
+                      f"p90 {v[min(len(v) - 1, int(0.9 * len(v)))]:.1f}")
         early = by.get("launch (early)", [0])[0]
         print(f"steps launched early: {early} of {len(fwd)}")
     return 0

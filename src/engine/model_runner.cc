@@ -20,7 +20,10 @@ ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace
       block_layers_(kv.layers) {
   if (spec_ && spec_->mtp_kv())  // the block image's last layer (kv_connector.h)
     block_layers_.insert(block_layers_.end(), spec_->mtp_kv()->layers.begin(), spec_->mtp_kv()->layers.end());
-  if (trace_) trace_lane_ = trace_->add_lane("model runner");
+  if (trace_) {
+    trace_lane_ = trace_->add_lane("model runner");
+    queue_lane_ = trace_->add_lane("runner queue");
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -54,6 +57,7 @@ void ModelRunner::launch(Batch& b, bool greedy, KvStepCopies* copies, DeviceSamp
   s.skipped = false;
   s.masks_refused = false;
   s.fell_back = false;
+  if (trace_) s.launched_ns = Tracer::now_ns();
   // Sized here, not on the thread: logits() stays valid for the caller between wait() and the launch
   // that reuses the slot. A step whose masks come later may fall back to the host: it needs room for
   // its logits too.
@@ -128,6 +132,7 @@ void ModelRunner::run_step(Slot& s) {
     s.skipped = true;
     last_ids_.clear();
   } else {
+    if (trace_) trace_->record(queue_lane_, "queued", s.launched_ns, Tracer::now_ns(), step_);
     TraceSpan span(trace_, trace_lane_, "forward", step_);
     try {
       if (hook_) hook_(step_);

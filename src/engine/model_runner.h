@@ -18,7 +18,9 @@
 //     ops, so the model and `kv` must not be used from elsewhere while the runner lives.
 //   - A step's KV copies (KvStepCopies) run on the same thread, around its forward.
 //   - Destruction waits for the steps launched (their results are dropped) and joins the thread.
-//   - With a Tracer, each step is a "forward" span (KV copies included) on a lane of its own.
+//   - With a Tracer, each step is a "forward" span (KV copies included) on a lane of its own, and a
+//     "queued" span on another, from launch() to the forward's start (where the device waited for the
+//     runner thread rather than for the engine).
 //   - A step launched with masks_later waits, after its forward and before sampling, for
 //     release_masks(): the engine fills the constrained rows' masks while the device computes.
 //   - After wait(), last_seconds() is that step's duration on the thread (KV copies and forward, the
@@ -127,7 +129,8 @@ class ModelRunner {
     bool skipped = false;        // written by the thread before `done`
     // Guarded by mu_:
     bool masks_released = false, masks_usable = false, saves_released = false, done = false;
-    double seconds = 0;  // written by the thread before `done`
+    int64_t launched_ns = 0;  // launch()'s time (traced runners)
+    double seconds = 0;       // written by the thread before `done`
     int tokens = 0;
     std::exception_ptr error;
   };
@@ -144,7 +147,7 @@ class ModelRunner {
   KvCache& kv_;
   StepHook hook_;
   Tracer* trace_;
-  int trace_lane_ = 0;
+  int trace_lane_ = 0, queue_lane_ = 0;
   SpecDecoder* spec_;
   MlaMode mla_mode_;
   const int vocab_;
