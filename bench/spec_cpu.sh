@@ -8,6 +8,9 @@
 # MODEL/LOAD/TOKENIZER: serve another model (default the built-in demo); SYNTHETIC=P adds
 # "synthetic_acceptance": P to every speculative config (benchmarks only: drafts accepted with probability P).
 # KEEP_LOGS=DIR keeps each server's log there (with BELUGA_LOG_LEVEL=debug: the gate's costs and choices).
+# WARMUP=1 (default; 0: off): before the measured points, each server serves one short unmeasured run per
+# concurrency (c prompts, 96 tokens), so the CUDA graphs of its shapes are recorded and the gate has
+# probed both regimes before anything is timed (a cold server pays both inside its first requests).
 # TRACE_DIR=DIR: each server writes BELUGA_TRACE=DIR/<spec>.trace.json, summarised at its end
 # (scripts/trace_summary.py: host time per step, the runner's gaps, a speculating step's phases).
 # DEVICE: serve --device, default cpu. REQUEST_EXTRA: bench serve --request-extra, merged into every
@@ -54,6 +57,12 @@ for spec in $SPECS; do
     sleep 0.1
   done
   [ -n "$port" ] || { cat "$log"; kill "$pid"; exit 1; }
+  if [ "${WARMUP:-1}" != 0 ]; then
+    for c in $CONCURRENCIES; do
+      "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts "$c" --max-concurrency "$c" \
+        --input-len "$INPUT_LEN" --output-len 96 --seed 2 --request-extra "$REQUEST_EXTRA" >/dev/null 2>&1 || true
+    done
+  fi
   for c in $CONCURRENCIES; do
     echo "== speculative K=$spec, concurrency $c"
     "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts $((c * PROMPTS_PER_SLOT)) \
