@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "engine/host_sample_rows.h"
 #include "kvstore/fingerprint.h"
 #include "loader/id_tables_from.h"
 #include "loader/progress_source.h"
@@ -133,6 +134,7 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
     m.model->set_sampler(std::make_unique<CudaSampleRows>(cuda));
   }
 #endif
+  if (ma.device == "cpu") m.model->set_sampler(std::make_unique<HostSampleRows>());
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
 }

@@ -93,9 +93,10 @@ const std::vector<CommandUsage>& command_usages() {
                "run each step serially (schedule, launch, wait, apply); the reference for the overlapped "
                "loop"},
               {"no-device-sampling", "",
-               "sample every step on the host (CUDA samples on the device: penalties, logit bias, grammar "
+               "sample every step on the engine thread (by default rows are sampled with the forward: on "
+               "the GPU with CUDA, on the model runner's thread on the CPU; penalties, logit bias, grammar "
                "masks and up to 20 top logprobs included; a row with top logprobs and penalties or bias "
-               "goes to the host)"}}},
+               "goes to the engine thread)"}}},
             {"structured outputs (docs/structured-outputs.md)",
              {{"grammar-compile-timeout-ms", "MS",
                "a schema or grammar that takes longer to compile is a 400 (default 10000)"},

@@ -103,11 +103,12 @@ void repetition_penalty(float* logits, int vocab, const SampleContext& ctx, Work
     if (valid(t)) w.seen[size_t(t) >> 6] = 0;
 }
 
-// One draw from the filtered distribution, walking the candidates idx[0, keep) in order.
-int draw(const std::vector<int>& idx, int keep, const double* prob, const SampleContext& ctx) {
+// One draw from the filtered distribution with the step's uniform, walking the candidates idx[0, keep)
+// in order.
+int draw(const std::vector<int>& idx, int keep, const double* prob, double uniform) {
   double kept = 0;
   for (int i = 0; i < keep; ++i) kept += prob[idx[size_t(i)]];
-  const double u = sample_uniform(ctx.seed, ctx.seq_index, ctx.num_output) * kept;
+  const double u = uniform * kept;
   double acc = 0;
   for (int i = 0; i < keep; ++i) {
     acc += prob[idx[size_t(i)]];
@@ -116,14 +117,19 @@ int draw(const std::vector<int>& idx, int keep, const double* prob, const Sample
   return idx[size_t(keep - 1)];
 }
 
+// The filters sample_filtered applies (SamplingParams' or a device row's).
+struct Filters {
+  float temperature, top_p, min_p;
+  int top_k;
+};
+
 // temperature > 0: top_k, top_p, min_p over the candidates in descending order, then one draw.
 // Only the candidates a filter can keep are put in order (partial selection), never the whole
 // vocabulary: top_k selects k; top_p sorts a growing front until it holds the nucleus; min_p keeps
 // the tokens above its floor (a prefix of the order: probabilities are monotone in the logit).
 // The walk order, the kept mass and the single uniform per step are those a full sort gives, so
 // the tokens are the same for a seed (up to the rounding of the normalizer, summed in id order).
-int sample_filtered(const float* logits, int vocab, const SampleContext& ctx, std::vector<int>& idx) {
-  const SamplingParams& p = *ctx.params;
+int sample_filtered(const float* logits, int vocab, const Filters& p, double uniform, std::vector<int>& idx) {
   Work& w = work(vocab);
   double* prob = w.prob.data();  // by token id
   const Descending by{logits};
@@ -144,7 +150,7 @@ int sample_filtered(const float* logits, int vocab, const SampleContext& ctx, st
   } else {
     const float mx = *std::max_element(logits, logits + vocab);
     for (int t = 0; t < vocab; ++t) sum += (prob[t] = std::exp(double(logits[t] - mx) / p.temperature));
-    if (p.top_p >= 1.0f && p.min_p <= 0.0f) return draw(idx, vocab, prob, ctx);  // id order, no filter
+    if (p.top_p >= 1.0f && p.min_p <= 0.0f) return draw(idx, vocab, prob, uniform);  // id order, no filter
   }
   if (p.min_p > 0.0f) {
     // The most likely candidate's probability: idx[0] when sorted, else the argmax (exp(0) = 1).
@@ -175,7 +181,7 @@ int sample_filtered(const float* logits, int vocab, const SampleContext& ctx, st
     }
   }
   if (sorted < keep) select_sorted(idx, size_t(sorted), size_t(keep - sorted), size_t(limit), by);
-  return draw(idx, keep, prob, ctx);
+  return draw(idx, keep, prob, uniform);
 }
 
 }  // namespace
@@ -291,8 +297,10 @@ SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vec
         if (t >= 0 && t < vocab && ((ctx.allowed[t >> 5] >> (t & 31)) & 1)) logits[t] = 0.0f;
   }
 
-  r.token = p.temperature <= 0.0f ? int(std::max_element(logits, logits + vocab) - logits)
-                                  : sample_filtered(logits, vocab, ctx, idx);
+  r.token = p.temperature <= 0.0f
+                ? int(std::max_element(logits, logits + vocab) - logits)
+                : sample_filtered(logits, vocab, Filters{p.temperature, p.top_p, p.min_p, p.top_k},
+                                  sample_uniform(ctx.seed, ctx.seq_index, ctx.num_output), idx);
   if (p.logprobs >= 0) r.logprob = logprob_entry(scratch, vocab, r.token, p.logprobs, idx);
   return r;
 }
@@ -301,6 +309,13 @@ TokenLogprob token_logprob(const float* logits, int vocab, int token, int k, std
                            std::vector<int>& idx) {
   log_softmax(logits, vocab, scratch);
   return logprob_entry(scratch, vocab, token, k, idx);
+}
+
+int sample_row(const float* logits, int vocab, const DeviceSampleRow& row, std::vector<int>& idx) {
+  return row.temperature <= 0.0f
+             ? int(std::max_element(logits, logits + vocab) - logits)
+             : sample_filtered(logits, vocab, Filters{row.temperature, row.top_p, row.min_p, row.top_k},
+                               row.u, idx);
 }
 
 }  // namespace beluga

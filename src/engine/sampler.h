@@ -46,6 +46,10 @@ SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vec
 TokenLogprob token_logprob(const float* logits, int vocab, int token, int k, std::vector<float>& scratch,
                            std::vector<int>& index_scratch);
 
+// The draw of a device sampler's row (backend/sample_rows.h) from logits its edits and mask were already
+// applied to: sample()'s argmax or filtered draw, with the row's uniform.
+int sample_row(const float* logits, int vocab, const DeviceSampleRow& row, std::vector<int>& index_scratch);
+
 // Whether sample() draws from the raw logits alone (any temperature, top_k, top_p, min_p): no logprobs
 // and nothing that edits the logits (logit bias, penalties, structured output, min_tokens' masking of
 // stop ids). Its distribution at a later position then depends on nothing sampled in between, so
