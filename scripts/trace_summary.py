@@ -81,6 +81,12 @@ def main():
     fw = sum(e["dur"] for e in fwd)
     print(f"{'step (all)':<12} {n:>7} {total / n:>9.1f}")
     print(f"{'forward':<12} {len(fwd):>7} {fw / max(1, len(fwd)):>9.1f}   (runner thread)")
+    for graphed, what in ((1, "graph-replayed"), (0, "eager")):
+        d = sorted(e["dur"] for e in fwd if e.get("args", {}).get("graph") == graphed)
+        if d:
+            tok = [e["args"].get("tokens", 0) for e in fwd if e.get("args", {}).get("graph") == graphed]
+            print(f"  {what:<22} {len(d):>7} {sum(d) / len(d):>9.1f} us each, p10 {d[len(d) // 10]:.1f}, "
+                  f"p50 {d[len(d) // 2]:.1f}; {sum(tok) / len(tok):.1f} batch tokens")
     inner = [e for e in inner if t0 <= e["ts"] <= t1]
     for name in sorted({e["name"] for e in inner}):
         d = [e["dur"] for e in inner if e["name"] == name]

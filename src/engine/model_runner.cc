@@ -162,6 +162,7 @@ void ModelRunner::run_step(Slot& s) {
         spec_->run_step(s.batch, kv_, s.logits.data(), opt, trace_, trace_lane_);
       else
         model_.forward(s.batch, kv_, s.logits.data(), opt);
+      span.set_step_args(int32_t(s.batch.tokens.size()), model_.last_forward_graphed() ? 1 : 0);
       if (s.saves_later) {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return s.saves_released || stop_; });

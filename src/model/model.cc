@@ -303,6 +303,7 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
   const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture &&
                      opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p) &&
                      (!opt.final_hidden || opt.final_hidden->shape[0] >= DecodeGraphs::padded_rows(p));
+  last_graphed_ = graph;
   if (opt.sampling) {
     BELUGA_CHECK(opt.sampled, "ForwardOptions::sampling needs `sampled`");
     BELUGA_CHECK(p.logit_rows.size() <= size_t(kMaxSampleRows), "device sampling: ", p.logit_rows.size(),

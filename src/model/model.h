@@ -93,6 +93,8 @@ class Model {
   // `enforce_eager` is set (as vLLM's --enforce-eager); results are the same up to rounding.
   void forward(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt = {});
   void set_enforce_eager(bool on) { enforce_eager_ = on; }
+  // Whether the last forward() (this rank's) replayed a recorded CUDA graph (traces).
+  bool last_forward_graphed() const { return last_graphed_; }
   // Whether decode steps of uniform shape replay graphs (then padding a step to one shape is free).
   bool replays_graphs() const { return !enforce_eager_ && ops_.supports_graphs(); }
   // The group's other ranks (not owned; null: none).
@@ -183,6 +185,7 @@ class Model {
   int64_t n_params_ = 0;
   int max_positions_ = 0;
   bool enforce_eager_ = false;
+  bool last_graphed_ = false;
   StepPeers* peers_ = nullptr;
   void forward_local(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt);
   std::unique_ptr<DecodeGraphs> graphs_;      // made on the first step that qualifies

@@ -47,13 +47,14 @@ int Tracer::add_lane(std::string name) {
   return int(lanes_.size()) - 1;
 }
 
-void Tracer::record(int lane, const char* name, int64_t begin_ns, int64_t end_ns, int64_t step) {
+void Tracer::record(int lane, const char* name, int64_t begin_ns, int64_t end_ns, int64_t step, int32_t tokens,
+                    int32_t graph) {
   Lane& l = lanes_[size_t(lane)];
   if (l.events.size() >= max_events_) {
     l.dropped++;
     return;
   }
-  l.events.push_back(Event{name, begin_ns, end_ns, step});
+  l.events.push_back(Event{name, begin_ns, end_ns, step, tokens, graph});
 }
 
 Tracer::~Tracer() {
@@ -77,10 +78,14 @@ Tracer::~Tracer() {
       // Microseconds with nanosecond digits: Chrome's unit, without losing short spans.
       std::fprintf(f, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%zu,\"ts\":%.3f,\"dur\":%.3f", e.name,
                    i, double(e.begin_ns - origin_ns_) / 1e3, double(e.end_ns - e.begin_ns) / 1e3);
-      if (e.step >= 0)
-        std::fprintf(f, ",\"args\":{\"step\":%lld}}", static_cast<long long>(e.step));
-      else
+      if (e.step >= 0) {
+        std::fprintf(f, ",\"args\":{\"step\":%lld", static_cast<long long>(e.step));
+        if (e.tokens >= 0) std::fprintf(f, ",\"tokens\":%d", e.tokens);
+        if (e.graph >= 0) std::fprintf(f, ",\"graph\":%d", e.graph);
+        std::fputs("}}", f);
+      } else {
         std::fputs("}", f);
+      }
     }
   }
   std::fprintf(f, "\n],\"otherData\":{\"dropped_events\":%lld}}\n", static_cast<long long>(dropped));

@@ -28,14 +28,17 @@ class Tracer {
   Tracer& operator=(const Tracer&) = delete;
 
   int add_lane(std::string name);  // returns the lane's id (its Chrome "tid")
-  // `name` must outlive the Tracer (a string literal); `step` < 0: none.
-  void record(int lane, const char* name, int64_t begin_ns, int64_t end_ns, int64_t step = -1);
+  // `name` must outlive the Tracer (a string literal); `step` < 0: none. A model step's span may carry
+  // its batch's `tokens` and whether it replayed a CUDA `graph` (< 0: not given).
+  void record(int lane, const char* name, int64_t begin_ns, int64_t end_ns, int64_t step = -1,
+              int32_t tokens = -1, int32_t graph = -1);
   static int64_t now_ns();  // steady clock
 
  private:
   struct Event {
     const char* name;
     int64_t begin_ns, end_ns, step;
+    int32_t tokens, graph;
   };
   struct Lane {
     std::string name;
@@ -57,8 +60,13 @@ class TraceSpan {
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;
   void end() {
-    if (t_) t_->record(lane_, name_, begin_, Tracer::now_ns(), step_);
+    if (t_) t_->record(lane_, name_, begin_, Tracer::now_ns(), step_, tokens_, graph_);
     t_ = nullptr;
+  }
+  // A model step's batch tokens and whether it replayed a graph (Tracer::record).
+  void set_step_args(int32_t tokens, int32_t graph) {
+    tokens_ = tokens;
+    graph_ = graph;
   }
 
  private:
@@ -67,6 +75,7 @@ class TraceSpan {
   const char* name_;
   int64_t step_;
   int64_t begin_;
+  int32_t tokens_ = -1, graph_ = -1;
 };
 
 }  // namespace beluga
