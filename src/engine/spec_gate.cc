@@ -135,11 +135,8 @@ bool SpecGate::verdict(const Band& r, bool* on, bool* far) {
 
 bool SpecGate::regime(Band& r, int band, int64_t d) {
   if (!r.probing) return r.on;
-  if (d < 2 * kProbe) {
-    const bool on = probe_regime(r.probe_on, d);
-    if (d % kProbeRun == 0) r.rate[on ? 1 : 0].skipped = 0;  // the run's first step: the switch's transient
-    return on;
-  }
+  if (d < kProbe) return r.probe_on;
+  if (d < 2 * kProbe) return !r.probe_on;
   if (d == 2 * kProbe) {
     const Rate &off = r.rate[0], &on = r.rate[1];
     bool far = false;
@@ -167,7 +164,8 @@ bool SpecGate::would_draft(int batch, bool decodes) const {
     r.probing = r.quiet == 0;
   }
   if (!r.probing) return r.on;
-  if (d < 2 * kProbe) return probe_regime(r.probe_on, d);
+  if (d < kProbe) return r.probe_on;
+  if (d < 2 * kProbe) return !r.probe_on;
   bool on = r.on, far = false;
   if (d == 2 * kProbe) verdict(r, &on, &far);
   return on;
@@ -280,9 +278,9 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   if (mode_ == Mode::kFixed || !(seconds > 0) || tokens <= 0) return;
   Bucket& b = bucket(batch);
   Rate& r = band(batch).rate[drafting ? 1 : 0];
-  // The first steady step of each probe run is the switch's transient (a drafting step after plain
-  // ones only proposes; graphs are recorded): dropped, like stalls. The drafting probe includes the
-  // depths' exploration: a cost of drafting, paid each cycle.
+  // The first steady steps of a regime in a cycle are its switching transient (a drafting step after
+  // plain ones only proposes; graphs are recorded): dropped, like stalls. The drafting probe includes
+  // the depths' exploration: a cost of drafting, paid each cycle.
   if (r.skipped < kSkipSamples) {
     r.skipped++;
   } else if (r.steps < kMinSamples || seconds <= kOutlier * r.seconds / r.steps) {

@@ -5,13 +5,8 @@
 // under load keeps its regime): drafting on (every eligible decode runs the MTP pass, so its drafts
 // and its MTP KV stay current, whatever is verified) or off (plain decode: no MTP pass, no verify rows;
 // steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
-// with kProbe decisions of each regime, interleaved in runs of kProbeRun (the regime in force first), then
-// runs the faster one (drafting must win by 10 %: the steady steps leave out the MTP pass it adds to prompt
-// steps) until the next cycle. Interleaved because a step's cost drifts with its sequences' lengths (at
-// batch 1 on the GPU the demo model's decode step grows from ~0.34 to ~0.78 ms over a 320-token
-// sequence): two consecutive windows compared the regimes at different lengths and, at batch 1, chose
-// plain for whole cycles where drafting ran 1.3-1.6x (H100 run 306). Each run's first step is dropped
-// (the switch's transient).
+// with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
+// must win by 10 %: the steady steps leave out the MTP pass it adds to prompt steps) until the next cycle.
 // A regime that measured 1.5x slower is probed again only every 2, 4, 8 cycles (back to every cycle once it
 // is not): on the GPU a drafting probe of sampled rows at batch 64 runs ~7x a plain step, and 64 probe
 // decisions a cycle cost sampled traffic a fifth of its throughput.
@@ -63,7 +58,6 @@ class SpecGate {
   static constexpr int kSkipSamples = 1;     // first periods of a shape (or of a regime) dropped
   static constexpr int kCycle = 1024;        // decisions at a bucket between re-measurements
   static constexpr int kProbe = 32;          // decisions of each regime at the start of a cycle
-  static constexpr int kProbeRun = 8;        // ... interleaved in runs of this many
   static constexpr double kFarSlower = 1.5;  // a regime this many times slower is probed less often
   static constexpr int kMaxQuiet = 8;        // cycles without probes, at most
   static constexpr int kBins = 10;           // score bins of the calibration
@@ -120,7 +114,7 @@ class SpecGate {
     int64_t decisions = 0;
     int64_t plain = 0;     // decisions this cycle not drafting
     bool on = true;        // the regime the last cycle chose (the first one starts drafting)
-    bool probe_on = true;  // this cycle's first probe run (the regime in force)
+    bool probe_on = true;  // this cycle's first probe
     Rate rate[2];          // [plain, drafting] this cycle
     // A regime measured far slower (kFarSlower) is probed again only after `quiet` more cycles,
     // doubling up to kMaxQuiet while it stays far slower: its probes cost more than they can find.
@@ -149,10 +143,6 @@ class SpecGate {
   // Whether the decision `d` of a band's cycle drafts (the probes, then the cycle's choice).
   bool regime(Band& r, int band, int64_t d);
   static bool verdict(const Band& r, bool* on, bool* far);
-  // The regime of probe decision d (< 2 kProbe) of a cycle that probes `probe_on` first.
-  static bool probe_regime(bool probe_on, int64_t d) {
-    return (d / kProbeRun) % 2 == 0 ? probe_on : !probe_on;
-  }
   // The depth while drafting (the admission rule above).
   int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   // A band's rates and a bucket's costs and choices this cycle, as debug log lines.
