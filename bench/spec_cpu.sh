@@ -13,6 +13,8 @@
 # probed both regimes before anything is timed (a cold server pays both inside its first requests).
 # TRACE_DIR=DIR: each server writes BELUGA_TRACE=DIR/<spec>.trace.json, summarised at its end
 # (scripts/trace_summary.py: host time per step, the runner's gaps, a speculating step's phases).
+# RATE=R: Poisson arrivals at R requests/s (bench serve --request-rate; the concurrency still caps
+# them), so requests do not start and end in lockstep as a closed loop of equal outputs makes them.
 # DEVICE: serve --device, default cpu. REQUEST_EXTRA: bench serve --request-extra, merged into every
 # request (sampled requests speculate through rejection sampling; default {}: greedy).
 # SPECS entries: none, K (confidence-gated, the default gating), K/cost (one depth for the batch) or
@@ -66,7 +68,8 @@ for spec in $SPECS; do
   for c in $CONCURRENCIES; do
     echo "== speculative K=$spec, concurrency $c"
     "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts $((c * PROMPTS_PER_SLOT)) \
-      --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1 --request-extra "$REQUEST_EXTRA"
+      --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1 --request-extra "$REQUEST_EXTRA" \
+      ${RATE:+--request-rate "$RATE"}
   done
   curl -s "http://127.0.0.1:$port/metrics" | grep -E '^beluga_spec_decode|^beluga_engine_steps' || true
   kill "$pid"
