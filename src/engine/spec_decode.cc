@@ -147,7 +147,9 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   if (!ngram() && plan_mtp_) o.final_hidden = &hidden_;
   {
     TraceSpan span(trace, lane, "spec: verify forward");
-    model_.forward(b, kv, logits, o);
+    const auto t0 = std::chrono::steady_clock::now();
+    model_.forward(b, kv, logits, o);  // synchronous: its ids or logits are on the host after it
+    forward_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   TraceSpan verify_span(trace, lane, "spec: verification");
 
@@ -332,7 +334,7 @@ void SpecDecoder::after_apply(const SpecStep& step, const std::function<Seq*(int
   if (timed && step.steady >= 0) {
     int tokens = 0;
     for (size_t i = 0; i < plan_.size(); ++i) tokens += 1 + accepted_[i];
-    gate_.observe_step(step.batch, true, step.steady, tokens, period);
+    gate_.observe_step(step.batch, true, step.steady, tokens, period, forward_seconds_);
   }
   commit_.clear();
   for (size_t i = 0; i < plan_.size(); ++i) {

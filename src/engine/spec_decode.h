@@ -186,6 +186,7 @@ class SpecDecoder {
   bool step_mtp_ = false;  // whether the step being planned drafts (runs the MTP pass)
   bool plan_mtp_ = false;  // and the step in plan_
   std::chrono::steady_clock::time_point last_apply_{};
+  double forward_seconds_ = 0;  // the last drafting step's verify forward (runner thread; read after it)
 };
 
 }  // namespace beluga

@@ -124,8 +124,8 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
 
 // The probes' verdict: whether drafting wins, and whether the loser was far slower; false when either
 // regime has too few steady steps (a busy server's steps carry prompts): the regime in force stays.
-bool SpecGate::verdict(const Band& r, bool* on, bool* far) {
-  const Rate &off = r.rate[0], &dr = r.rate[1];
+bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) {
+  const Rate &off = paired(band) ? r.paired : r.rate[0], &dr = r.rate[1];
   if (off.steps < kMinSamples || dr.steps < kMinSamples || off.seconds <= 0 || dr.seconds <= 0) return false;
   const double on_rate = dr.tokens / dr.seconds, off_rate = off.tokens / off.seconds;
   *on = on_rate > kRegimeGain * off_rate;
@@ -135,18 +135,19 @@ bool SpecGate::verdict(const Band& r, bool* on, bool* far) {
 
 bool SpecGate::regime(Band& r, int band, int64_t d) {
   if (!r.probing) return r.on;
-  if (d < kProbe) return r.probe_on;
-  if (d < 2 * kProbe) return !r.probe_on;
-  if (d == 2 * kProbe) {
-    const Rate &off = r.rate[0], &on = r.rate[1];
+  const int64_t probe_end = paired(band) ? kProbe : 2 * kProbe;
+  if (d < probe_end) return paired(band) || (d < kProbe ? r.probe_on : !r.probe_on);
+  if (d == probe_end) {
+    const Rate &off = paired(band) ? r.paired : r.rate[0], &on = r.rate[1];
     bool far = false;
-    if (verdict(r, &r.on, &far)) {
+    if (verdict(r, band, &r.on, &far)) {
       r.backoff = far ? std::min(kMaxQuiet, std::max(1, 2 * r.backoff)) : 0;
       r.quiet = r.backoff;
     }
     log::debug("engine", "spec gate: batch band ", band, ": probes ", on.steps, " drafting steps, ",
-               on.tokens, " tokens in ", on.seconds * 1e3, " ms; ", off.steps, " plain steps, ", off.tokens,
-               " tokens in ", off.seconds * 1e3, " ms: ", r.on ? "drafting" : "plain");
+               on.tokens, " tokens in ", on.seconds * 1e3, " ms; ", off.steps,
+               paired(band) ? " plain (their forwards), " : " plain steps, ", off.tokens, " tokens in ",
+               off.seconds * 1e3, " ms: ", r.on ? "drafting" : "plain");
   }
   return r.on;
 }
@@ -164,10 +165,11 @@ bool SpecGate::would_draft(int batch, bool decodes) const {
     r.probing = r.quiet == 0;
   }
   if (!r.probing) return r.on;
-  if (d < kProbe) return r.probe_on;
-  if (d < 2 * kProbe) return !r.probe_on;
+  const int band = band_of(std::max(1, batch));
+  const int64_t probe_end = paired(band) ? kProbe : 2 * kProbe;
+  if (d < probe_end) return paired(band) || (d < kProbe ? r.probe_on : !r.probe_on);
   bool on = r.on, far = false;
-  if (d == 2 * kProbe) verdict(r, &on, &far);
+  if (d == probe_end) verdict(r, band, &on, &far);
   return on;
 }
 
@@ -187,7 +189,7 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
   const int64_t d = r.decisions % kCycle;
   if (d == 0 && r.decisions > 0) {  // a new cycle: the rates measured again, from scratch
     log_band(band_id, r);
-    r.rate[0] = r.rate[1] = Rate{};
+    r.rate[0] = r.rate[1] = r.paired = Rate{};
     r.plain = 0;
     r.probe_on = r.on;  // probe the regime in force first: one switch less when it stays
     r.probing = r.quiet == 0;
@@ -274,10 +276,22 @@ int SpecGate::depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, 
   return depth;
 }
 
-void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double seconds) {
+void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double seconds,
+                            double forward_seconds) {
   if (mode_ == Mode::kFixed || !(seconds > 0) || tokens <= 0) return;
   Bucket& b = bucket(batch);
-  Rate& r = band(batch).rate[drafting ? 1 : 0];
+  Band& band_state = band(batch);
+  Rate& r = band_state.rate[drafting ? 1 : 0];
+  if (drafting && forward_seconds > 0 && paired(band_of(std::max(1, batch)))) {
+    Rate& p = band_state.paired;  // the same steps' forwards, the same transient and stalls dropped
+    if (p.skipped < kSkipSamples)
+      p.skipped++;
+    else if (p.steps < kMinSamples || forward_seconds <= kOutlier * p.seconds / p.steps) {
+      p.tokens += batch;
+      p.seconds += forward_seconds;
+      p.steps++;
+    }
+  }
   // The first steady steps of a regime in a cycle are its switching transient (a drafting step after
   // plain ones only proposes; graphs are recorded): dropped, like stalls. The drafting probe includes
   // the depths' exploration: a cost of drafting, paid each cycle.

@@ -7,6 +7,15 @@
 // steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
 // with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
 // must win by 10 %: the steady steps leave out the MTP pass it adds to prompt steps) until the next cycle.
+// At low load (bands 1 and 4: batch <= kPairedMaxBatch) the plain regime is not probed over time but
+// estimated inside the drafting probe's own steps, paired: B tokens over the step's verify forward (a
+// plain step is that forward with one row a sequence, as costly at this batch, where launches bound
+// it, and its host work overlaps). A step's cost drifts with its sequences' lengths (at batch 1 on the
+// GPU the demo model's step grows from ~0.34 to ~0.78 ms over a 320-token request) and a band-1
+// workload restarts it at each request, so two windows one after the other compared the regimes at
+// different lengths and ran plain for whole cycles where drafting was 1.3-1.6x (H100 runs 306-307;
+// interleaving the windows left holes in the MTP KV and measured worse). Such a band's cycle starts
+// with kProbe drafting decisions, then runs the faster regime.
 // A regime that measured 1.5x slower is probed again only every 2, 4, 8 cycles (back to every cycle once it
 // is not): on the GPU a drafting probe of sampled rows at batch 64 runs ~7x a plain step, and 64 probe
 // decisions a cycle cost sampled traffic a fifth of its throughput.
@@ -58,6 +67,7 @@ class SpecGate {
   static constexpr int kSkipSamples = 1;     // first periods of a shape (or of a regime) dropped
   static constexpr int kCycle = 1024;        // decisions at a bucket between re-measurements
   static constexpr int kProbe = 32;          // decisions of each regime at the start of a cycle
+  static constexpr int kPairedMaxBatch = 4;  // bands up to this batch estimate plain inside drafting steps
   static constexpr double kFarSlower = 1.5;  // a regime this many times slower is probed less often
   static constexpr int kMaxQuiet = 8;        // cycles without probes, at most
   static constexpr int kBins = 10;           // score bins of the calibration
@@ -75,7 +85,9 @@ class SpecGate {
   bool would_draft(int batch, bool decodes) const;
   // A steady decode step of `batch` sequences (every one a decode) took `seconds` from the previous
   // step's results to its own and emitted `tokens`: drafting (verifying `k` drafts each, 0..K) or not.
-  void observe_step(int batch, bool drafting, int k, int tokens, double seconds);
+  // `forward_seconds` (drafting steps; 0: not measured): its verify forward alone, the paired
+  // estimate of a plain step at low load.
+  void observe_step(int batch, bool drafting, int k, int tokens, double seconds, double forward_seconds = 0);
   // One sequence-step verified `verified` drafts (scores q, or null) and accepted the first `accepted`.
   void observe_acceptance(int verified, int accepted, const float* q, bool sampled);
 
@@ -116,6 +128,7 @@ class SpecGate {
     bool on = true;        // the regime the last cycle chose (the first one starts drafting)
     bool probe_on = true;  // this cycle's first probe
     Rate rate[2];          // [plain, drafting] this cycle
+    Rate paired;           // plain estimated inside this cycle's drafting steps (paired bands)
     // A regime measured far slower (kFarSlower) is probed again only after `quiet` more cycles,
     // doubling up to kMaxQuiet while it stays far slower: its probes cost more than they can find.
     int quiet = 0, backoff = 0;
@@ -142,7 +155,8 @@ class SpecGate {
   double step_cost(const Bucket& b, double x) const;
   // Whether the decision `d` of a band's cycle drafts (the probes, then the cycle's choice).
   bool regime(Band& r, int band, int64_t d);
-  static bool verdict(const Band& r, bool* on, bool* far);
+  static bool verdict(const Band& r, int band, bool* on, bool* far);
+  static bool paired(int band) { return band <= kPairedMaxBatch; }
   // The depth while drafting (the admission rule above).
   int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   // A band's rates and a bucket's costs and choices this cycle, as debug log lines.

@@ -151,6 +151,43 @@ TEST(SpecGate, EachCycleRunsTheRegimeWithMoreTokensPerSecond) {
   }
 }
 
+// At batch 1 a step's cost drifts with the request's length (1 + position / 64 times the first, requests
+// of 256 steps, one starting at decision 16 of every cycle, so a probe straddles the restart). The plain
+// regime is estimated inside the drafting steps (their verify forwards, 1.05x a plain step at the same
+// position), so the comparison is paired: drafting (1.8 tokens for 1.3x a plain step, 1.38x) wins every
+// cycle, and loses every cycle where it does not pay (1.8 tokens for 2.2x: 0.82x). Probing plain in a
+// window of its own measured it at the restart's short lengths and chose plain in the first case.
+TEST(SpecGate, AtLowLoadPlainIsEstimatedInsideTheDraftingSteps) {
+  const auto drift = [](int i) { return 1.0 + double(((i - 16) % 256 + 256) % 256) / 64.0; };
+  for (const auto& [verify, pays] : {std::pair{1.3e-3, true}, {2.2e-3, false}}) {
+    SpecGate g(1, Mode::kConfidence, true);
+    GateRun r;
+    bool last = true;
+    for (int i = 0; i < 4 * SpecGate::kCycle; ++i) {
+      const double m = drift(i);
+      const bool foretold = g.would_draft(1, true);
+      choose(g, 1, 1);
+      const bool on = g.drafting();
+      EXPECT_EQ(foretold, on) << "would_draft() at decision " << i;
+      r.drafted += on;
+      r.switches += i > 0 && on != last;
+      last = on;
+      if (on) {
+        g.observe_step(1, true, 1, 2, m * verify, m * 1.05e-3);
+        g.observe_acceptance(1, i % 10 < 8 ? 1 : 0, nullptr, false);
+      } else {
+        g.observe_step(1, false, 0, 1, m * 1.0e-3);
+      }
+    }
+    if (pays) {
+      EXPECT_GE(r.drafted, 4 * SpecGate::kCycle - 8) << "plain chosen at batch 1 where drafting pays";
+      EXPECT_LE(r.switches, 1);
+    } else {
+      EXPECT_LE(r.drafted, 4 * SpecGate::kProbe) << "drafting beyond its probes where it does not pay";
+    }
+  }
+}
+
 // A regime far slower than the other (1.5x or more: drafting sampled rows on the host at batch 64 ran
 // ~7x a plain step on the GPU) is probed every 2, 4, 8 cycles instead of every cycle, and is taken up
 // again when its probe finds it ahead.
@@ -357,19 +394,19 @@ TEST(SpecGate, PlansDraftsNotYetProposedAtTheMean) {
 TEST(SpecGate, PromptOnlyStepsKeepTheLastRegime) {
   SpecGate g(2, Mode::kConfidence, false);
   std::vector<int> admit;
-  EXPECT_EQ(g.plan(4, {}, admit), 2);  // nothing decided yet: speculation gets its chance
+  EXPECT_EQ(g.plan(16, {}, admit), 2);  // nothing decided yet: speculation gets its chance
   EXPECT_TRUE(g.drafting());
   accept(g, 2, 2, 200);
-  feed(g, 4, 0, 1.0e-3);
-  feed(g, 4, 1, 1.1e-3);
-  feed(g, 4, 2, 1.2e-3);
-  EXPECT_EQ(g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit), 2);
-  EXPECT_EQ(g.plan(4, {}, admit), 2);
+  feed(g, 16, 0, 1.0e-3);
+  feed(g, 16, 1, 1.1e-3);
+  feed(g, 16, 2, 1.2e-3);
+  EXPECT_EQ(g.plan(16, std::vector<DraftScores>(16, DraftScores{}), admit), 2);
+  EXPECT_EQ(g.plan(16, {}, admit), 2);
   // The plain probe: prompt-only steps inside it stay plain.
-  for (int i = 1; i < SpecGate::kProbe; ++i) g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit);
-  EXPECT_EQ(g.plan(4, std::vector<DraftScores>(4, DraftScores{}), admit), 0);
+  for (int i = 1; i < SpecGate::kProbe; ++i) g.plan(16, std::vector<DraftScores>(16, DraftScores{}), admit);
+  EXPECT_EQ(g.plan(16, std::vector<DraftScores>(16, DraftScores{}), admit), 0);
   EXPECT_FALSE(g.drafting());
-  EXPECT_EQ(g.plan(4, {}, admit), 0);
+  EXPECT_EQ(g.plan(16, {}, admit), 0);
   EXPECT_FALSE(g.drafting());
   EXPECT_TRUE(admit.empty());
 }
