@@ -84,19 +84,24 @@ TEST_F(EngineTest, TraceFileHasNestedSpansCoveringEveryStep) {
     ASSERT_GE(spans.back().dur, 0.0);
   }
   EXPECT_EQ(j["otherData"]["dropped_events"], 0);
-  int loop = -1, runner = -1;
+  int loop = -1, runner = -1, queue = -1;
   for (const auto& [tid, name] : lanes) {
     if (name == "engine loop") loop = tid;
     if (name == "model runner") runner = tid;
+    if (name == "runner queue") queue = tid;
   }
   ASSERT_GE(loop, 0);
   ASSERT_GE(runner, 0);
+  ASSERT_GE(queue, 0);
 
   // Loop iterations: disjoint "step" spans in order; every other loop span lies inside one of them,
   // and the phases of one iteration do not overlap each other.
-  std::vector<Span> iters, phases, forwards;
+  std::vector<Span> iters, phases, forwards, queued;
   for (const Span& s : spans) {
-    if (s.tid == runner) {
+    if (s.tid == queue) {
+      EXPECT_EQ(s.name, "queued");
+      queued.push_back(s);
+    } else if (s.tid == runner) {
       EXPECT_EQ(s.name, "forward");
       forwards.push_back(s);
     } else if (s.name == "step") {
@@ -132,6 +137,12 @@ TEST_F(EngineTest, TraceFileHasNestedSpansCoveringEveryStep) {
   // each, one launch and one batch build for each; the wait that collects a forward ends after it.
   ASSERT_EQ(int64_t(forwards.size()), steps);
   for (size_t k = 0; k < forwards.size(); ++k) EXPECT_EQ(forwards[k].step, int64_t(k));
+  // Each forward's time in the runner's queue: from its launch to the forward's start.
+  ASSERT_EQ(queued.size(), forwards.size());
+  for (size_t k = 0; k < queued.size(); ++k) {
+    EXPECT_EQ(queued[k].step, int64_t(k));
+    EXPECT_LE(queued[k].end(), forwards[k].ts + eps) << "step " << k << " queued past its forward's start";
+  }
   EXPECT_EQ(count["wait"], steps);
   EXPECT_EQ(count["sample"], steps);
   // A step is launched after the step ahead of it is applied, or early (its greedy rows' tokens
