@@ -184,6 +184,12 @@ int sample_filtered(const float* logits, int vocab, const Filters& p, double uni
   return draw(idx, keep, prob, uniform);
 }
 
+// The token of an edited row: the argmax when greedy (ties: the lowest id), else the filtered draw.
+int pick(const float* logits, int vocab, const Filters& f, double uniform, std::vector<int>& idx) {
+  return f.temperature <= 0.0f ? int(std::max_element(logits, logits + vocab) - logits)
+                               : sample_filtered(logits, vocab, f, uniform, idx);
+}
+
 }  // namespace
 
 std::vector<int> distinct_tokens(const std::vector<int>& prompt) {
@@ -297,10 +303,8 @@ SampleResult sample(float* logits, int vocab, const SampleContext& ctx, std::vec
         if (t >= 0 && t < vocab && ((ctx.allowed[t >> 5] >> (t & 31)) & 1)) logits[t] = 0.0f;
   }
 
-  r.token = p.temperature <= 0.0f
-                ? int(std::max_element(logits, logits + vocab) - logits)
-                : sample_filtered(logits, vocab, Filters{p.temperature, p.top_p, p.min_p, p.top_k},
-                                  sample_uniform(ctx.seed, ctx.seq_index, ctx.num_output), idx);
+  const double u = p.temperature > 0.0f ? sample_uniform(ctx.seed, ctx.seq_index, ctx.num_output) : 0.0;
+  r.token = pick(logits, vocab, Filters{p.temperature, p.top_p, p.min_p, p.top_k}, u, idx);
   if (p.logprobs >= 0) r.logprob = logprob_entry(scratch, vocab, r.token, p.logprobs, idx);
   return r;
 }
@@ -312,10 +316,7 @@ TokenLogprob token_logprob(const float* logits, int vocab, int token, int k, std
 }
 
 int sample_row(const float* logits, int vocab, const DeviceSampleRow& row, std::vector<int>& idx) {
-  return row.temperature <= 0.0f
-             ? int(std::max_element(logits, logits + vocab) - logits)
-             : sample_filtered(logits, vocab, Filters{row.temperature, row.top_p, row.min_p, row.top_k},
-                               row.u, idx);
+  return pick(logits, vocab, Filters{row.temperature, row.top_p, row.min_p, row.top_k}, row.u, idx);
 }
 
 }  // namespace beluga

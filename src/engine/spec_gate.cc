@@ -125,7 +125,7 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
 // The probes' verdict: whether drafting wins, and whether the loser was far slower; false when either
 // regime has too few steady steps (a busy server's steps carry prompts): the regime in force stays.
 bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) {
-  const Rate &off = paired(band) ? r.paired : r.rate[0], &dr = r.rate[1];
+  const Rate &off = plain_rate(r, band), &dr = r.rate[1];
   if (off.steps < kMinSamples || dr.steps < kMinSamples || off.seconds <= 0 || dr.seconds <= 0) return false;
   const double on_rate = dr.tokens / dr.seconds, off_rate = off.tokens / off.seconds;
   *on = on_rate > kRegimeGain * off_rate;
@@ -135,10 +135,9 @@ bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) {
 
 bool SpecGate::regime(Band& r, int band, int64_t d) {
   if (!r.probing) return r.on;
-  const int64_t probe_end = paired(band) ? kProbe : 2 * kProbe;
-  if (d < probe_end) return paired(band) || (d < kProbe ? r.probe_on : !r.probe_on);
-  if (d == probe_end) {
-    const Rate &off = paired(band) ? r.paired : r.rate[0], &on = r.rate[1];
+  if (d < probe_end(band)) return probe_regime(r, band, d);
+  if (d == probe_end(band)) {
+    const Rate &off = plain_rate(r, band), &on = r.rate[1];
     bool far = false;
     if (verdict(r, band, &r.on, &far)) {
       r.backoff = far ? std::min(kMaxQuiet, std::max(1, 2 * r.backoff)) : 0;
@@ -166,10 +165,9 @@ bool SpecGate::would_draft(int batch, bool decodes) const {
   }
   if (!r.probing) return r.on;
   const int band = band_of(std::max(1, batch));
-  const int64_t probe_end = paired(band) ? kProbe : 2 * kProbe;
-  if (d < probe_end) return paired(band) || (d < kProbe ? r.probe_on : !r.probe_on);
+  if (d < probe_end(band)) return probe_regime(r, band, d);
   bool on = r.on, far = false;
-  if (d == probe_end) verdict(r, band, &on, &far);
+  if (d == probe_end(band)) verdict(r, band, &on, &far);
   return on;
 }
 
@@ -280,28 +278,13 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
                             double forward_seconds) {
   if (mode_ == Mode::kFixed || !(seconds > 0) || tokens <= 0) return;
   Bucket& b = bucket(batch);
-  Band& band_state = band(batch);
-  Rate& r = band_state.rate[drafting ? 1 : 0];
-  if (drafting && forward_seconds > 0 && paired(band_of(std::max(1, batch)))) {
-    Rate& p = band_state.paired;  // the same steps' forwards, the same transient and stalls dropped
-    if (p.skipped < kSkipSamples)
-      p.skipped++;
-    else if (p.steps < kMinSamples || forward_seconds <= kOutlier * p.seconds / p.steps) {
-      p.tokens += batch;
-      p.seconds += forward_seconds;
-      p.steps++;
-    }
-  }
+  Band& r = band(batch);
   // The first steady steps of a regime in a cycle are its switching transient (a drafting step after
   // plain ones only proposes; graphs are recorded): dropped, like stalls. The drafting probe includes
   // the depths' exploration: a cost of drafting, paid each cycle.
-  if (r.skipped < kSkipSamples) {
-    r.skipped++;
-  } else if (r.steps < kMinSamples || seconds <= kOutlier * r.seconds / r.steps) {
-    r.tokens += tokens;
-    r.seconds += seconds;
-    r.steps++;
-  }
+  r.rate[drafting ? 1 : 0].add(tokens, seconds);
+  if (drafting && forward_seconds > 0 && paired(band_of(std::max(1, batch))))
+    r.paired.add(batch, forward_seconds);  // the same steps' forwards: plain's paired estimate
   if (!drafting || k < 0 || k > max_k_) return;
   Cost& c = b.by_k[size_t(k)];
   if (c.skipped < kSkipSamples) {
@@ -316,6 +299,16 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   }
   c.samples++;
   c.total++;
+}
+
+void SpecGate::Rate::add(double step_tokens, double step_seconds) {
+  if (skipped < kSkipSamples) {
+    skipped++;
+  } else if (steps < kMinSamples || step_seconds <= kOutlier * seconds / steps) {
+    tokens += step_tokens;
+    seconds += step_seconds;
+    steps++;
+  }
 }
 
 void SpecGate::observe_acceptance(int verified, int accepted, const float* q, bool sampled) {

@@ -113,6 +113,9 @@ class SpecGate {
   struct Rate {
     double tokens = 0, seconds = 0;
     int steps = 0, skipped = 0;
+    // One step's sample: the first kSkipSamples dropped (a switch's transient), then stalls
+    // (kOutlier times the mean) once kMinSamples are in.
+    void add(double step_tokens, double step_seconds);
   };
   // The depths' costs and choices, per batch bucket (a graph shape).
   struct Bucket {
@@ -157,6 +160,14 @@ class SpecGate {
   bool regime(Band& r, int band, int64_t d);
   static bool verdict(const Band& r, int band, bool* on, bool* far);
   static bool paired(int band) { return band <= kPairedMaxBatch; }
+  // The plain side of a band's comparison: its probe's steps, or (paired) the drafting steps' forwards.
+  static const Rate& plain_rate(const Band& r, int band) { return paired(band) ? r.paired : r.rate[0]; }
+  // The decision after a band's probe (kProbe drafting decisions when paired, else kProbe of each).
+  static int64_t probe_end(int band) { return paired(band) ? kProbe : 2 * kProbe; }
+  // The regime of probe decision d < probe_end(band).
+  static bool probe_regime(const Band& r, int band, int64_t d) {
+    return paired(band) || (d < kProbe ? r.probe_on : !r.probe_on);
+  }
   // The depth while drafting (the admission rule above).
   int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   // A band's rates and a bucket's costs and choices this cycle, as debug log lines.
