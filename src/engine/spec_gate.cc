@@ -76,8 +76,9 @@ void SpecGate::log_bucket(int bucket, const Bucket& b) const {
   std::string line = str("spec gate: batch bucket ", bucket, ", ", b.decisions, " decisions:");
   for (int k = 0; k <= max_k_; ++k) {
     const Cost& c = b.by_k[size_t(k)];
-    line += str(" depth ", k, " ", b.chose[size_t(k)], " (", fixed3(c.seconds * 1e3), " ms, ", c.samples,
-                " samples)");
+    line += str(" depth ", k, " ", b.chose[size_t(k)], " (",
+                paired(bucket) ? fixed3(c.seconds) + "x forward" : fixed3(c.seconds * 1e3) + " ms", ", ",
+                c.samples, " samples)");
   }
   for (int j = 0; j < max_k_; ++j) line += str("; acceptance ", j, " ", fixed3(mean_acceptance(j, false)));
   log::debug("engine", line);
@@ -133,42 +134,71 @@ bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) {
   return true;
 }
 
-bool SpecGate::regime(Band& r, int band, int64_t d) {
-  if (!r.probing) return r.on;
-  if (d < probe_end(band)) return probe_regime(r, band, d);
-  if (d == probe_end(band)) {
-    const Rate &off = plain_rate(r, band), &on = r.rate[1];
+bool SpecGate::advance(Band& r, int band, bool log) const {
+  if (paired(band)) return advance_paired(r, band, log);
+  const int64_t d = r.decisions % kCycle;
+  if (d == 0 && r.decisions > 0) {  // a new cycle: the rates measured again, from scratch
+    if (log) log_band(band, r);
+    r.rate[0] = r.rate[1] = Rate{};
+    r.plain = 0;
+    r.probe_on = r.on;  // probe the regime in force first: one switch less when it stays
+    r.probing = r.quiet == 0;
+    if (r.quiet > 0) r.quiet--;
+  }
+  r.decisions++;
+  bool on = r.on;
+  if (r.probing && d < 2 * kProbe) {
+    on = d < kProbe ? r.probe_on : !r.probe_on;
+  } else if (r.probing && d == 2 * kProbe) {
     bool far = false;
     if (verdict(r, band, &r.on, &far)) {
       r.backoff = far ? std::min(kMaxQuiet, std::max(1, 2 * r.backoff)) : 0;
       r.quiet = r.backoff;
     }
-    log::debug("engine", "spec gate: batch band ", band, ": probes ", on.steps, " drafting steps, ",
-               on.tokens, " tokens in ", on.seconds * 1e3, " ms; ", off.steps,
-               paired(band) ? " plain (their forwards), " : " plain steps, ", off.tokens, " tokens in ",
-               off.seconds * 1e3, " ms: ", r.on ? "drafting" : "plain");
+    on = r.on;
+    if (log)
+      log::debug("engine", "spec gate: batch band ", band, ": probes ", r.rate[1].steps, " drafting steps, ",
+                 r.rate[1].tokens, " tokens in ", r.rate[1].seconds * 1e3, " ms; ", r.rate[0].steps,
+                 " plain steps, ", r.rate[0].tokens, " tokens in ", r.rate[0].seconds * 1e3,
+                 " ms: ", on ? "drafting" : "plain");
   }
+  if (!on) r.plain++;
+  return on;
+}
+
+bool SpecGate::advance_paired(Band& r, int band, bool log) const {
+  if (r.on && r.run >= kPairedWindow) {  // a drafting window: its verdict (kept open while it has none)
+    bool on = true, far = false;
+    if (verdict(r, band, &on, &far)) {
+      if (log)
+        log::debug("engine", "spec gate: batch band ", band, ": ", r.rate[1].steps, " drafting steps, ",
+                   r.rate[1].tokens, " tokens in ", r.rate[1].seconds * 1e3, " ms; plain (their forwards) ",
+                   r.paired.tokens, " tokens in ", r.paired.seconds * 1e3,
+                   " ms: ", on ? "drafting" : "plain");
+      // Each window that loses doubles the next hold (a far slower one, twice); one that wins resets it.
+      r.backoff = on ? 0 : std::min(kMaxQuiet, std::max(far ? 2 : 1, (far ? 4 : 2) * r.backoff));
+      r.on = on;
+      r.run = 0;
+      r.rate[0] = r.rate[1] = r.paired = Rate{};
+    }
+  } else if (!r.on && r.run >= int64_t(kPairedHold) * r.backoff) {  // the hold is over: a drafting window
+    r.on = true;
+    r.run = 0;
+    r.rate[0] = r.rate[1] = r.paired = Rate{};
+  }
+  r.decisions++;
+  r.run++;
+  if (!r.on) r.plain++;
   return r.on;
 }
 
 bool SpecGate::would_draft(int batch, bool decodes) const {
   if (mode_ == Mode::kFixed) return true;
   if (!decodes) return last_drafting_;
-  const auto it = bands_.find(band_of(std::max(1, batch)));
-  if (it == bands_.end()) return Band{}.probe_on;  // a band's first decision
-  // plan()'s decision on a copy of the band: its cycle start, then regime() without its effects.
-  Band r = it->second;
-  const int64_t d = r.decisions % kCycle;
-  if (d == 0 && r.decisions > 0) {
-    r.probe_on = r.on;
-    r.probing = r.quiet == 0;
-  }
-  if (!r.probing) return r.on;
   const int band = band_of(std::max(1, batch));
-  if (d < probe_end(band)) return probe_regime(r, band, d);
-  bool on = r.on, far = false;
-  if (d == probe_end(band)) verdict(r, band, &on, &far);
-  return on;
+  const auto it = bands_.find(band);
+  Band r = it == bands_.end() ? Band{} : it->second;  // plan()'s decision, on a copy of the band
+  return advance(r, band, false);
 }
 
 int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit) {
@@ -183,17 +213,7 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
   if (seqs.empty()) return last_depth_;
   batch = std::max(1, batch);
   const int band_id = band_of(batch);
-  Band& r = bands_[band_id];
-  const int64_t d = r.decisions % kCycle;
-  if (d == 0 && r.decisions > 0) {  // a new cycle: the rates measured again, from scratch
-    log_band(band_id, r);
-    r.rate[0] = r.rate[1] = r.paired = Rate{};
-    r.plain = 0;
-    r.probe_on = r.on;  // probe the regime in force first: one switch less when it stays
-    r.probing = r.quiet == 0;
-    if (r.quiet > 0) r.quiet--;
-  }
-  r.decisions++;
+  last_drafting_ = advance(bands_[band_id], band_id, true);
   Bucket& b = bucket(batch);
   if (b.decisions % kCycle == 0 && b.decisions > 0) {  // and the depths' costs, at their own pace
     log_bucket(DecodeGraphs::batch_bucket(batch), b);
@@ -201,11 +221,7 @@ int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<
     std::fill(b.chose.begin(), b.chose.end(), 0);
   }
   b.decisions++;
-  last_drafting_ = regime(r, band_id, d);
-  if (!last_drafting_) {
-    r.plain++;
-    return last_depth_ = 0;
-  }
+  if (!last_drafting_) return last_depth_ = 0;
   const int k = depth(b, batch, seqs, admit);
   b.chose[size_t(k)]++;
   return last_depth_ = k;
@@ -286,6 +302,9 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   if (drafting && forward_seconds > 0 && paired(band_of(std::max(1, batch))))
     r.paired.add(batch, forward_seconds);  // the same steps' forwards: plain's paired estimate
   if (!drafting || k < 0 || k > max_k_) return;
+  // At low load a depth's cost is relative: the step's period over its own verify forward (a plain
+  // step at these lengths), so depths measured at different positions of a request compare.
+  if (forward_seconds > 0 && paired(band_of(std::max(1, batch)))) seconds /= forward_seconds;
   Cost& c = b.by_k[size_t(k)];
   if (c.skipped < kSkipSamples) {
     c.skipped++;

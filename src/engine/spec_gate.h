@@ -7,15 +7,20 @@
 // steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
 // with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
 // must win by 10 %: the steady steps leave out the MTP pass it adds to prompt steps) until the next cycle.
-// At low load (bands 1 and 4: batch <= kPairedMaxBatch) the plain regime is not probed over time but
-// estimated inside the drafting probe's own steps, paired: B tokens over the step's verify forward (a
-// plain step is that forward with one row a sequence, as costly at this batch, where launches bound
-// it, and its host work overlaps). A step's cost drifts with its sequences' lengths (at batch 1 on the
-// GPU the demo model's step grows from ~0.34 to ~0.78 ms over a 320-token request) and a band-1
+// At low load (band 1: batch <= kPairedMaxBatch) the plain regime is not probed over time but
+// estimated inside the drafting steps themselves, paired: one token over the step's verify forward (a
+// plain step is that forward with one row, as costly at batch 1, where launches bound it, and its host
+// work overlaps; H100 run 311: the estimate 5-8 % under the plain server's steps at batch 1, but 15 %
+// at batch 4 sampled, where it drafted at 0.88x). A step's cost drifts with its sequences' lengths (at batch
+// 1 on the GPU the demo model's step grows from ~0.34 to ~0.78 ms over a 320-token request) and a band-1
 // workload restarts it at each request, so two windows one after the other compared the regimes at
 // different lengths and ran plain for whole cycles where drafting was 1.3-1.6x (H100 runs 306-307;
-// interleaving the windows left holes in the MTP KV and measured worse). Such a band's cycle starts
-// with kProbe drafting decisions, then runs the faster regime.
+// interleaving the windows left holes in the MTP KV and measured worse). Since drafting measures both
+// regimes at no cost, such a band has no cycle: while drafting, every kPairedWindow decisions give a
+// verdict on that window alone (one request's stretch of unlikely drafts turns drafting off for a
+// hold, not for the next requests: H100 run 309 chose plain for a whole cycle from a 31-step window);
+// plain holds for kPairedHold decisions, doubling (up to kMaxQuiet times) while the windows after it
+// keep losing, then drafts a window again.
 // A regime that measured 1.5x slower is probed again only every 2, 4, 8 cycles (back to every cycle once it
 // is not): on the GPU a drafting probe of sampled rows at batch 64 runs ~7x a plain step, and 64 probe
 // decisions a cycle cost sampled traffic a fifth of its throughput.
@@ -31,7 +36,10 @@
 // its own). A draft's survival is the product of the calibrated acceptances of it and the drafts before
 // it. Cost: cost(B, x), the measured period of steady drafting steps at B's bucket verifying x drafts per
 // sequence at each uniform depth 0..K (0: the MTP pass only), per batch bucket (DecodeGraphs::batch_bucket:
-// a graph shape); linear in between. Admission
+// a graph shape); linear in between. At low load (paired bands) in units of the step's own verify
+// forward: a depth measured at a request's start (a depth-0 cost kept from the cycle's exploration)
+// and one at its end then compare, where absolute periods made depth 0 look cheaper as the request
+// grew and chose it for likely drafts. Admission
 // ("confidence"): the step's candidate drafts in order of survival (a sequence's own drafts in order),
 // and the engine verifies the prefix that maximises expected tokens per second,
 //   (B + sum of admitted survivals) / cost(B, x),   x = admitted drafts / B,
@@ -67,7 +75,9 @@ class SpecGate {
   static constexpr int kSkipSamples = 1;     // first periods of a shape (or of a regime) dropped
   static constexpr int kCycle = 1024;        // decisions at a bucket between re-measurements
   static constexpr int kProbe = 32;          // decisions of each regime at the start of a cycle
-  static constexpr int kPairedMaxBatch = 4;  // bands up to this batch estimate plain inside drafting steps
+  static constexpr int kPairedMaxBatch = 1;  // bands up to this batch estimate plain inside drafting steps
+  static constexpr int kPairedWindow = 128;  // their drafting decisions per verdict
+  static constexpr int kPairedHold = 256;    // their plain decisions after a verdict for plain, at least
   static constexpr double kFarSlower = 1.5;  // a regime this many times slower is probed less often
   static constexpr int kMaxQuiet = 8;        // cycles without probes, at most
   static constexpr int kBins = 10;           // score bins of the calibration
@@ -95,7 +105,8 @@ class SpecGate {
   double acceptance(int j, float q, bool sampled) const;
   // The position's mean over its bins, weighted by how often each was seen.
   double mean_acceptance(int j, bool sampled) const;
-  // The measured cost of a drafting step verifying k drafts, or < 0 while it has too few samples.
+  // The measured cost of a drafting step verifying k drafts, or < 0 while it has too few samples
+  // (at batch <= kPairedMaxBatch relative to its verify forward, when the steps gave one).
   double cost(int batch, int k) const;
   // Measured tokens per second of steady steps in a regime this cycle at the batch's band, or < 0
   // while too few.
@@ -136,6 +147,7 @@ class SpecGate {
     // doubling up to kMaxQuiet while it stays far slower: its probes cost more than they can find.
     int quiet = 0, backoff = 0;
     bool probing = true;  // this cycle probes
+    int64_t run = 0;      // paired bands: decisions in the current window (drafting) or hold (plain)
   };
   struct Counts {
     double tried = 0, passed = 0;
@@ -156,18 +168,14 @@ class SpecGate {
     return counts_[(size_t(sampled) * size_t(max_k_) + size_t(j)) * (kBins + 1) + size_t(b)];
   }
   double step_cost(const Bucket& b, double x) const;
-  // Whether the decision `d` of a band's cycle drafts (the probes, then the cycle's choice).
-  bool regime(Band& r, int band, int64_t d);
+  // One decision of a band: whether it drafts. Advances the band's cycle (or, paired, its window or
+  // hold) and takes the probes' verdicts; would_draft() runs it on a copy, with `log` off.
+  bool advance(Band& r, int band, bool log) const;
+  bool advance_paired(Band& r, int band, bool log) const;
   static bool verdict(const Band& r, int band, bool* on, bool* far);
   static bool paired(int band) { return band <= kPairedMaxBatch; }
   // The plain side of a band's comparison: its probe's steps, or (paired) the drafting steps' forwards.
   static const Rate& plain_rate(const Band& r, int band) { return paired(band) ? r.paired : r.rate[0]; }
-  // The decision after a band's probe (kProbe drafting decisions when paired, else kProbe of each).
-  static int64_t probe_end(int band) { return paired(band) ? kProbe : 2 * kProbe; }
-  // The regime of probe decision d < probe_end(band).
-  static bool probe_regime(const Band& r, int band, int64_t d) {
-    return paired(band) || (d < kProbe ? r.probe_on : !r.probe_on);
-  }
   // The depth while drafting (the admission rule above).
   int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   // A band's rates and a bucket's costs and choices this cycle, as debug log lines.
