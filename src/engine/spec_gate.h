@@ -21,9 +21,11 @@
 // hold, not for the next requests: H100 run 309 chose plain for a whole cycle from a 31-step window);
 // plain holds for kPairedHold decisions, doubling (up to kMaxQuiet times) while the windows after it
 // keep losing, then drafts a window again.
-// A regime that measured 1.5x slower is probed again only every 2, 4, 8 cycles (back to every cycle once it
-// is not): on the GPU a drafting probe of sampled rows at batch 64 runs ~7x a plain step, and 64 probe
-// decisions a cycle cost sampled traffic a fifth of its throughput.
+// A regime that measured 1.3x slower is probed again only every 2, 4, 8 cycles (back to every cycle once it
+// is not): on the GPU a drafting probe of sampled rows at batch 64 ran ~7x a plain step when they
+// sampled on the host, and 64 probe decisions a cycle cost sampled traffic a fifth of its throughput;
+// with K=3 a sampled drafting probe (every depth explored) still runs 1.4-2.7x plain steps at batch 16-64
+// (H100 run 315: probed every cycle at 1.36-1.47x, the server 0.92x).
 // Switching per step cost more than either regime: a step after plain steps only proposes, speculating steps
 // do not overlap, and positions decoded plainly leave holes in the MTP KV that lower acceptance for the rest
 // of the sequence (H100 run 280: K=1 switching per step ran 0.84x plain decode where always drafting
@@ -78,7 +80,7 @@ class SpecGate {
   static constexpr int kPairedMaxBatch = 1;  // bands up to this batch estimate plain inside drafting steps
   static constexpr int kPairedWindow = 128;  // their drafting decisions per verdict
   static constexpr int kPairedHold = 256;    // their plain decisions after a verdict for plain, at least
-  static constexpr double kFarSlower = 1.5;  // a regime this many times slower is probed less often
+  static constexpr double kFarSlower = 1.3;  // a regime this many times slower is probed less often
   static constexpr int kMaxQuiet = 8;        // cycles without probes, at most
   static constexpr int kBins = 10;           // score bins of the calibration
 

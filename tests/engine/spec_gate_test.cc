@@ -225,7 +225,7 @@ TEST(SpecGate, AtLowLoadOneUnlikelyRequestDoesNotTurnDraftingOffForTheNext) {
   EXPECT_LE(r.switches, 2);
 }
 
-// A regime far slower than the other (1.5x or more: drafting sampled rows on the host at batch 64 ran
+// A regime far slower than the other (1.3x or more: drafting sampled rows on the host at batch 64 ran
 // ~7x a plain step on the GPU) is probed every 2, 4, 8 cycles instead of every cycle, and is taken up
 // again when its probe finds it ahead.
 TEST(SpecGate, AFarSlowerRegimeIsProbedLessOften) {
@@ -235,6 +235,11 @@ TEST(SpecGate, AFarSlowerRegimeIsProbedLessOften) {
   GateRun r = simulate(g, 1.0e-3, 4.5e-3, 5.0e-3, 0.8, 8);
   EXPECT_LE(r.drafted, 3 * SpecGate::kProbe);
   EXPECT_GE(r.drafted, 2 * SpecGate::kProbe);
+  // 1.39x slower (1.8 tokens for 2.5x; the MTP pass alone 2x): backed off too, as sampled K=3 drafting
+  // at batch 16-64 on the H100 (run 315), which 1.5x left probed every cycle.
+  SpecGate m(1, Mode::kConfidence, true);
+  r = simulate(m, 1.0e-3, 2.0e-3, 2.5e-3, 0.8, 8);
+  EXPECT_LE(r.drafted, 3 * SpecGate::kProbe);
   // Not far slower (0.9x): probed every cycle.
   SpecGate h(1, Mode::kConfidence, true);
   r = simulate(h, 1.0e-3, 1.1e-3, 2.0e-3, 0.8, 8);
