@@ -139,6 +139,7 @@ bool SpecGate::advance(Band& r, int band, bool log) const {
   const int64_t d = r.decisions % kCycle;
   if (d == 0 && r.decisions > 0) {  // a new cycle: the rates measured again, from scratch
     if (log) log_band(band, r);
+    r.held = r.rate[r.on ? 1 : 0];
     r.rate[0] = r.rate[1] = Rate{};
     r.plain = 0;
     r.probe_on = r.on;  // probe the regime in force first: one switch less when it stays
@@ -151,7 +152,9 @@ bool SpecGate::advance(Band& r, int band, bool log) const {
     on = d < kProbe ? r.probe_on : !r.probe_on;
   } else if (r.probing && d == 2 * kProbe) {
     bool far = false;
-    if (verdict(r, band, &r.on, &far)) {
+    Band v = r;  // the regime in force: its probe and the last cycle's steps
+    v.rate[r.probe_on ? 1 : 0].merge(r.held);
+    if (verdict(v, band, &r.on, &far)) {
       r.backoff = far ? std::min(kMaxQuiet, std::max(1, 2 * r.backoff)) : 0;
       r.quiet = r.backoff;
     }
@@ -159,8 +162,9 @@ bool SpecGate::advance(Band& r, int band, bool log) const {
     if (log)
       log::debug("engine", "spec gate: batch band ", band, ": probes ", r.rate[1].steps, " drafting steps, ",
                  r.rate[1].tokens, " tokens in ", r.rate[1].seconds * 1e3, " ms; ", r.rate[0].steps,
-                 " plain steps, ", r.rate[0].tokens, " tokens in ", r.rate[0].seconds * 1e3,
-                 " ms: ", on ? "drafting" : "plain");
+                 " plain steps, ", r.rate[0].tokens, " tokens in ", r.rate[0].seconds * 1e3, " ms; ",
+                 r.probe_on ? "drafting" : "plain", " the last cycle ", r.held.steps, " steps, ",
+                 r.held.tokens, " tokens in ", r.held.seconds * 1e3, " ms: ", on ? "drafting" : "plain");
   }
   if (!on) r.plain++;
   return on;

@@ -7,6 +7,9 @@
 // steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
 // with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
 // must win by 10 %: the steady steps leave out the MTP pass it adds to prompt steps) until the next cycle.
+// The regime in force is measured by its probe and the last cycle's steady steps together (hundreds of
+// steps, where a 32-step window in a closed loop read 0.7-1.2x of the regime's sustained rate: H100
+// run 316, sampled K=1 at c16 drafting all run at 0.86x after probes that said 1.11x and 1.23x).
 // At low load (band 1: batch <= kPairedMaxBatch) the plain regime is not probed over time but
 // estimated inside the drafting steps themselves, paired: one token over the step's verify forward (a
 // plain step is that forward with one row, as costly at batch 1, where launches bound it, and its host
@@ -129,6 +132,11 @@ class SpecGate {
     // One step's sample: the first kSkipSamples dropped (a switch's transient), then stalls
     // (kOutlier times the mean) once kMinSamples are in.
     void add(double step_tokens, double step_seconds);
+    void merge(const Rate& o) {
+      tokens += o.tokens;
+      seconds += o.seconds;
+      steps += o.steps;
+    }
   };
   // The depths' costs and choices, per batch bucket (a graph shape).
   struct Bucket {
@@ -145,6 +153,7 @@ class SpecGate {
     bool probe_on = true;  // this cycle's first probe
     Rate rate[2];          // [plain, drafting] this cycle
     Rate paired;           // plain estimated inside this cycle's drafting steps (paired bands)
+    Rate held;             // the last cycle's steps of the regime in force at this cycle's start
     // A regime measured far slower (kFarSlower) is probed again only after `quiet` more cycles,
     // doubling up to kMaxQuiet while it stays far slower: its probes cost more than they can find.
     int quiet = 0, backoff = 0;

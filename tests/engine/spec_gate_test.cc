@@ -188,6 +188,31 @@ LowLoadRun simulate_batch1(SpecGate& g, double verify, Acc acc, int decisions, i
   return r;
 }
 
+// The regime in force is judged by its probe and the last cycle's steps together, not by a 32-step
+// window alone: here drafting's probe windows read high (their steps 1.3x a plain step, 1.38x plain
+// decode's rate) while the rest of each cycle it runs at 2x (0.9x). With the window alone drafting won
+// every cycle (H100 run 316: sampled K=1 at c16 drafted all run at 0.86x); now a cycle that drafted is
+// followed by plain, and at least every other cycle runs plain.
+TEST(SpecGate, TheRegimeInForceIsJudgedByItsCycleNotItsProbeAlone) {
+  const int B = 16;
+  SpecGate g(1, Mode::kConfidence, true);
+  int drafted = 0;
+  for (int i = 0; i < 8 * SpecGate::kCycle; ++i) {
+    const int k = choose(g, B, 1);
+    const bool on = g.drafting();
+    drafted += on && i >= SpecGate::kCycle;  // the first cycle has nothing but its probes
+    if (on) {
+      const bool probe = i % SpecGate::kCycle < SpecGate::kProbe;
+      g.observe_step(B, true, k, int(B * (k > 0 ? 1.8 : 1.0)), probe ? (k > 0 ? 1.3e-3 : 1.1e-3) : 2.0e-3);
+      if (k > 0)
+        for (int j = 0; j < B; ++j) g.observe_acceptance(1, (i * B + j) % 10 < 8 ? 1 : 0, nullptr, false);
+    } else {
+      g.observe_step(B, false, 0, B, 1.0e-3);
+    }
+  }
+  EXPECT_LE(drafted, 4 * SpecGate::kCycle + 7 * SpecGate::kProbe) << "drafting cycles at 0.9x plain";
+}
+
 // At batch 1 the plain regime is estimated inside the drafting steps (their verify forwards), so the
 // comparison is paired: drafting (1.8 tokens for 1.3x a plain step, 1.38x) wins every window, and where
 // it does not pay (1.8 tokens for 2.2x: 0.82x) it runs only its windows between holds that double
