@@ -53,6 +53,9 @@ __device__ __forceinline__ float ref_k(const RefArgs& a, const RefRow& r, int d)
   return to_f(r.k[d]);
 }
 
+constexpr int kRefThreads = 256;  // 8 warps: a block's keys split 8 ways in both passes
+constexpr int kRefCols = 128;     // output columns a warp accumulates at once (4 a lane)
+
 __global__ void ref_attention_kernel(RefArgs a) {
   pdl_entry();
   extern __shared__ float qsm[];
@@ -85,12 +88,32 @@ __global__ void ref_attention_kernel(RefArgs a) {
   }
   sum = block_sum(sum, red);  // its barriers also order the writes to sc before the reads below
   const float inv = 1.0f / sum;
+  // P.V with the keys split over the warps (each lane 4 columns of a 128-wide group, a warp's row
+  // loads coalesced), the warps' partial sums added in a fixed order: one thread per column looping
+  // over every key ran ~0.28 us a key per layer at batch 1 (demo model, H100; bench/NOTES.md run 306);
+  // split, the demo's plain decode ran 1.5-1.7x faster (run 318).
+  float* part = qsm + a.Dk;  // [warps, Dv]
+  for (int d0 = 0; d0 < a.Dv; d0 += kRefCols) {
+    float acc[kRefCols / 32] = {};
+    for (int j = w; j < n; j += nw) {
+      const RefRow r = ref_row(a, s, base, h, j);
+      const float p = sc[j];
+#pragma unroll
+      for (int c = 0; c < kRefCols / 32; ++c) {
+        const int d = d0 + lane + 32 * c;
+        if (d < a.Dv) acc[c] += p * to_f(r.v[d]);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kRefCols / 32; ++c) {
+      const int d = d0 + lane + 32 * c;
+      if (d < a.Dv) part[w * a.Dv + d] = acc[c];
+    }
+  }
+  __syncthreads();
   for (int d = threadIdx.x; d < a.Dv; d += blockDim.x) {
     float acc = 0;
-    for (int j = 0; j < n; ++j) {
-      const RefRow r = ref_row(a, s, base, h, j);
-      acc += sc[j] * to_f(r.v[d]);
-    }
+    for (int i = 0; i < nw; ++i) acc += part[i * a.Dv + d];
     a.out[t * a.o0 + h * a.o1 + d] = __float2bfloat16(acc * inv);
   }
 }
@@ -103,7 +126,10 @@ namespace cuda {
 void run_reference(RefArgs a, int T, int max_keys_, Tensor scores, cudaStream_t st) {
   a.scores = scores.ptr<float>();
   a.max_keys = max_keys_;
-  launch(ref_attention_kernel, dim3(a.H, T), 128, size_t(a.Dk) * sizeof(float), st, a);
+  const size_t smem = (size_t(a.Dk) + size_t(kRefThreads / 32) * size_t(a.Dv)) * sizeof(float);
+  BELUGA_CHECK(smem <= 48 * 1024, "reference attention: head dims ", a.Dk, "/", a.Dv, " need ", smem,
+               " bytes of shared memory");
+  launch(ref_attention_kernel, dim3(a.H, T), kRefThreads, smem, st, a);
   BELUGA_LAUNCH_CHECK();
 }
 
