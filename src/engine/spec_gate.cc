@@ -125,7 +125,7 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
 
 // The probes' verdict: whether drafting wins, and whether the loser was far slower; false when either
 // regime has too few steady steps (a busy server's steps carry prompts): the regime in force stays.
-bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) {
+bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) const {
   const Rate &off = plain_rate(r, band), &dr = r.rate[1];
   if (off.steps < kMinSamples || dr.steps < kMinSamples || off.seconds <= 0 || dr.seconds <= 0) return false;
   const double on_rate = dr.tokens / dr.seconds, off_rate = off.tokens / off.seconds;

@@ -10,17 +10,18 @@
 // The regime in force is measured by its probe and the last cycle's steady steps together (hundreds of
 // steps, where a 32-step window in a closed loop read 0.7-1.2x of the regime's sustained rate: H100
 // run 316, sampled K=1 at c16 drafting all run at 0.86x after probes that said 1.11x and 1.23x).
-// At low load (band 1: batch <= kPairedMaxBatch) the plain regime is not probed over time but
-// estimated inside the drafting steps themselves, paired: one token over the step's verify forward (a
-// plain step is that forward with one row, as costly at batch 1, where launches bound it, and its host
-// work overlaps; H100 run 311: the estimate 5-8 % under the plain server's steps at batch 1, but 15 %
-// at batch 4 sampled, where it drafted at 0.88x). A step's cost drifts with its sequences' lengths (at batch
-// 1 on the GPU the demo model's step grows from ~0.34 to ~0.78 ms over a 320-token request) and a band-1
-// workload restarts it at each request, so two windows one after the other compared the regimes at
-// different lengths and ran plain for whole cycles where drafting was 1.3-1.6x (H100 runs 306-307;
-// interleaving the windows left holes in the MTP KV and measured worse). Since drafting measures both
-// regimes at no cost, such a band has no cycle: while drafting, every kPairedWindow decisions give a
-// verdict on that window alone (one request's stretch of unlikely drafts turns drafting off for a
+// At low load on a backend that replays graphs (band 1: batch <= kPairedMaxBatch, `padded`) the plain
+// regime is not probed over time but estimated inside the drafting steps themselves, paired: one token
+// over the step's verify forward (a plain step is that forward with one row, about as costly at batch
+// 1, where launches bound it, and its host work overlaps; H100 run 311: the estimate 5-8 % under the
+// plain server's steps at batch 1, but 15 % at batch 4 sampled, where it drafted at 0.88x; after the
+// attention change of run 318 a K=3 verify forward is 387 us against 332, 14 % under). A step's cost drifts
+// with its sequences' lengths (at batch 1 on the GPU the demo model's step grows from ~0.34 to ~0.78 ms over
+// a 320-token request) and a band-1 workload restarts it at each request, so two windows one after the other
+// compared the regimes at different lengths and ran plain for whole cycles where drafting was 1.3-1.6x (H100
+// runs 306-307; interleaving the windows left holes in the MTP KV and measured worse). Since drafting
+// measures both regimes at no cost, such a band has no cycle: while drafting, every kPairedWindow decisions
+// give a verdict on that window alone (one request's stretch of unlikely drafts turns drafting off for a
 // hold, not for the next requests: H100 run 309 chose plain for a whole cycle from a 31-step window);
 // plain holds for kPairedHold decisions, doubling (up to kMaxQuiet times) while the windows after it
 // keep losing, then drafts a window again.
@@ -183,10 +184,13 @@ class SpecGate {
   // hold) and takes the probes' verdicts; would_draft() runs it on a copy, with `log` off.
   bool advance(Band& r, int band, bool log) const;
   bool advance_paired(Band& r, int band, bool log) const;
-  static bool verdict(const Band& r, int band, bool* on, bool* far);
-  static bool paired(int band) { return band <= kPairedMaxBatch; }
+  bool verdict(const Band& r, int band, bool* on, bool* far) const;
+  // Paired only where graphs replay (launch-bound at batch 1: a verify forward costs about a plain
+  // one); on an eager backend (the CPU) rows cost compute, and the verify forward of 4 rows ran 1.5x a
+  // plain step (the estimate drafted K=3 at 0.82x plain).
+  bool paired(int band) const { return padded_ && band <= kPairedMaxBatch; }
   // The plain side of a band's comparison: its probe's steps, or (paired) the drafting steps' forwards.
-  static const Rate& plain_rate(const Band& r, int band) { return paired(band) ? r.paired : r.rate[0]; }
+  const Rate& plain_rate(const Band& r, int band) const { return paired(band) ? r.paired : r.rate[0]; }
   // The depth while drafting (the admission rule above).
   int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   // A band's rates and a bucket's costs and choices this cycle, as debug log lines.

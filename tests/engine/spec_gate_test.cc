@@ -231,6 +231,33 @@ TEST(SpecGate, AtLowLoadPlainIsEstimatedInsideTheDraftingSteps) {
   EXPECT_GE(r.drafted, 4 * SpecGate::kPairedWindow) << "the windows after a hold";
 }
 
+// On an eager backend (the CPU: `padded` off) rows cost compute, so a verify forward is no plain step:
+// there batch 1 runs the A/B probes. Here the verify forward costs 1.6x a plain step and drafting makes
+// 1.8 tokens for 2x (0.9x plain decode): the paired estimate would call drafting 1.44x (on the CPU it
+// drafted K=3 at 0.82x plain), the probes keep plain but for their drafting windows.
+TEST(SpecGate, AnEagerBackendProbesBothRegimesAtBatch1) {
+  for (bool padded : {false, true}) {
+    SpecGate g(1, Mode::kConfidence, padded);
+    int drafted = 0;
+    for (int i = 0; i < 4 * SpecGate::kCycle; ++i) {
+      const int k = choose(g, 1, 1);
+      const bool on = g.drafting();
+      drafted += on;
+      if (on) {
+        const int accepted = k > 0 && i % 10 < 8 ? 1 : 0;
+        g.observe_step(1, true, k, 1 + accepted, k > 0 ? 2.0e-3 : 1.7e-3, 1.6e-3);
+        if (k > 0) g.observe_acceptance(1, accepted, nullptr, false);
+      } else {
+        g.observe_step(1, false, 0, 1, 1.0e-3);
+      }
+    }
+    if (padded)
+      EXPECT_GE(drafted, 4 * SpecGate::kCycle - 8) << "graphs: the paired estimate (launch-bound forwards)";
+    else
+      EXPECT_LE(drafted, 4 * SpecGate::kProbe) << "eager: drafting at 0.9x beyond its probes";
+  }
+}
+
 // One request whose drafts are rarely accepted (0.1: 1.1 tokens for 1.3x a plain step) among requests
 // where drafting pays (0.8: 1.38x) turns drafting off for a hold, not for the requests after it: a
 // verdict covers its own window only. Requests start at decision 0 here, and the unlikely one (the
