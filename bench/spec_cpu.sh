@@ -13,6 +13,8 @@
 # probed both regimes before anything is timed (a cold server pays both inside its first requests).
 # TRACE_DIR=DIR: each server writes BELUGA_TRACE=DIR/<spec>.trace.json, summarised at its end
 # (scripts/trace_summary.py: host time per step, the runner's gaps, a speculating step's phases).
+# RANGE=R: each request's input and output lengths uniform in [len (1 - R), len (1 + R)] (bench serve
+# --random-range-ratio), so a closed loop's requests do not end together.
 # RATE=R: Poisson arrivals at R requests/s (bench serve --request-rate; the concurrency still caps
 # them), so requests do not start and end in lockstep as a closed loop of equal outputs makes them.
 # DEVICE: serve --device, default cpu. REQUEST_EXTRA: bench serve --request-extra, merged into every
@@ -69,7 +71,7 @@ for spec in $SPECS; do
     echo "== speculative K=$spec, concurrency $c"
     "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts $((c * PROMPTS_PER_SLOT)) \
       --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1 --request-extra "$REQUEST_EXTRA" \
-      ${RATE:+--request-rate "$RATE"}
+      ${RATE:+--request-rate "$RATE"} ${RANGE:+--random-range-ratio "$RANGE"}
   done
   curl -s "http://127.0.0.1:$port/metrics" | grep -E '^beluga_spec_decode|^beluga_engine_steps' || true
   kill "$pid"

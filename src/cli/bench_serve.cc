@@ -260,6 +260,10 @@ int bench_serve(int argc, char** argv) {
   const int max_conc = int(args.get_int("max-concurrency", 0));
   const int input_len = int(args.get_int("input-len", 128));
   const int output_len = int(args.get_int("output-len", 64));
+  // Each request's input and output lengths uniform in [len (1 - r), len (1 + r)] (vLLM's
+  // --random-range-ratio): with equal outputs a closed loop keeps its requests in lockstep (they end
+  // together and their prompts arrive in waves), which favours whichever server stays in step.
+  const double range_ratio = std::stod(args.get_or("random-range-ratio", "0"));
   const int prefix_len = int(args.get_int("prefix-len", 256));
   const int num_prefixes = int(args.get_int("num-prefixes", 4));
   const int num_turns = int(args.get_int("num-turns", 4));
@@ -280,6 +284,9 @@ int bench_serve(int argc, char** argv) {
   BELUGA_CHECK(num_prompts > 0 && input_len > 0 && output_len > 0,
                "--num-prompts, --input-len, --output-len must be positive");
   BELUGA_CHECK(tenants >= 0 && system_len > 0, "--tenants must be >= 0 and --system-len positive");
+  BELUGA_CHECK(range_ratio >= 0 && range_ratio < 1, "--random-range-ratio must be in [0, 1)");
+  BELUGA_CHECK(range_ratio == 0 || dataset != "multi-turn",
+               "--random-range-ratio: random and shared-prefix only");
   BELUGA_CHECK(tenants == 0 || dataset == "multi-turn", "--tenants needs --dataset multi-turn");
   const double rate = rate_s == "inf" ? INFINITY : std::stod(rate_s);
   BELUGA_CHECK(rate > 0, "--request-rate must be positive or inf");
@@ -338,10 +345,17 @@ int bench_serve(int argc, char** argv) {
   };
   std::vector<Json> prefixes;
   for (int i = 0; i < num_prefixes; ++i) prefixes.push_back(random_ids(prefix_len));
-  auto completion_body = [&](Json ids) {
+  // A length drawn from [len (1 - r), len (1 + r)], at least 1.
+  auto vary = [&](int len) {
+    if (range_ratio == 0) return len;
+    const int lo = std::max(1, int(std::ceil(len * (1 - range_ratio))));
+    const int hi = std::max(lo, int(std::floor(len * (1 + range_ratio))));
+    return lo + int(rng() % uint64_t(hi - lo + 1));
+  };
+  auto completion_body = [&](Json ids, int max_tokens) {
     Json body{{"model", model},
               {"prompt", std::move(ids)},
-              {"max_tokens", output_len},
+              {"max_tokens", max_tokens},
               {"temperature", 0},
               {"ignore_eos", true},
               {"stream", true},
@@ -379,11 +393,12 @@ int bench_serve(int argc, char** argv) {
     }
   } else {
     for (int i = 0; i < num_prompts; ++i) {
-      Json ids = dataset == "random" ? random_ids(input_len) : prefixes[size_t(i) % prefixes.size()];
+      const int in_len = vary(input_len), out_len = vary(output_len);
+      Json ids = dataset == "random" ? random_ids(in_len) : prefixes[size_t(i) % prefixes.size()];
       if (dataset == "shared-prefix")
-        for (auto& t : random_ids(input_len)) ids.push_back(t);
+        for (auto& t : random_ids(in_len)) ids.push_back(t);
       Work w;
-      w.single.push_back(completion_body(std::move(ids)));
+      w.single.push_back(completion_body(std::move(ids), out_len));
       work.push_back(std::move(w));
     }
   }
@@ -526,6 +541,7 @@ int bench_serve(int argc, char** argv) {
            {"max_concurrency", max_conc},
            {"input_len", input_len},
            {"output_len", output_len},
+           {"random_range_ratio", range_ratio},
            {"tenants", tenants},
            {"completed", ok},
            {"failed", int(results.size()) - ok},

@@ -122,6 +122,39 @@ TEST_F(ContinuousUsageTest, BenchServeCountsEveryTokenOfAChunk) {
   std::remove(out.c_str());
 }
 
+// bench serve --random-range-ratio: each request's prompt length is drawn from [len (1 - r), len (1 + r)]
+// (here 4..12 tokens for --input-len 8 at 0.5), so the requests differ; without it every prompt is 8.
+TEST_F(ContinuousUsageTest, BenchServeRangeRatioVariesTheLengths) {
+  start({}, 128, "ab", 1ms);
+  const std::string out = ::testing::TempDir() + "/bench_serve_range.json";
+  for (const char* ratio : {"0", "0.5"}) {
+    std::remove(out.c_str());
+    std::string log;
+    ASSERT_EQ(bench_serve(std::string("--num-prompts 24 --max-concurrency 4 --input-len 8 --output-len 2 "
+                                      "--random-range-ratio ") +
+                              ratio + " --out " + out,
+                          &log),
+              0)
+        << log;
+    std::ifstream f(out);
+    const Json j = Json::parse(f);
+    ASSERT_EQ(j["completed"], 24) << log;
+    const int64_t in = j["total_input_tokens"].get<int64_t>();
+    if (std::string(ratio) == "0") {
+      EXPECT_EQ(in, 24 * 8);
+    } else {
+      EXPECT_NE(in, 24 * 8) << "every prompt 8 tokens";
+      EXPECT_GE(in, 24 * 4);
+      EXPECT_LE(in, 24 * 12);
+      EXPECT_EQ(j["random_range_ratio"].get<double>(), 0.5);
+    }
+  }
+  std::string log;
+  EXPECT_NE(bench_serve("--num-prompts 1 --random-range-ratio 1", &log), 0);
+  EXPECT_NE(log.find("--random-range-ratio must be in [0, 1)"), std::string::npos) << log;
+  std::remove(out.c_str());
+}
+
 // bench serve: a request the server refuses is reported with the server's own message (Boost 1.74's
 // parser took `body_limit(boost::none)` for a limit of nothing, so every error read "body limit
 // exceeded").
