@@ -77,8 +77,8 @@ void SpecGate::log_bucket(int bucket, const Bucket& b) const {
   for (int k = 0; k <= max_k_; ++k) {
     const Cost& c = b.by_k[size_t(k)];
     line += str(" depth ", k, " ", b.chose[size_t(k)], " (",
-                paired(bucket) ? fixed3(c.seconds) + "x forward" : fixed3(c.seconds * 1e3) + " ms", ", ",
-                c.samples, " samples)");
+                paired(band_of(bucket)) ? fixed3(c.seconds) + "x forward" : fixed3(c.seconds * 1e3) + " ms",
+                ", ", c.samples, " samples)");
   }
   for (int j = 0; j < max_k_; ++j) line += str("; acceptance ", j, " ", fixed3(mean_acceptance(j, false)));
   log::debug("engine", line);
@@ -171,6 +171,11 @@ bool SpecGate::advance(Band& r, int band, bool log) const {
 }
 
 bool SpecGate::advance_paired(Band& r, int band, bool log) const {
+  auto start = [&](bool on) {  // a new drafting window or hold, measured from scratch
+    r.on = on;
+    r.run = 0;
+    r.rate[0] = r.rate[1] = r.paired = Rate{};
+  };
   if (r.on && r.run >= kPairedWindow) {  // a drafting window: its verdict (kept open while it has none)
     bool on = true, far = false;
     if (verdict(r, band, &on, &far)) {
@@ -181,14 +186,10 @@ bool SpecGate::advance_paired(Band& r, int band, bool log) const {
                    " ms: ", on ? "drafting" : "plain");
       // Each window that loses doubles the next hold (a far slower one, twice); one that wins resets it.
       r.backoff = on ? 0 : std::min(kMaxQuiet, std::max(far ? 2 : 1, (far ? 4 : 2) * r.backoff));
-      r.on = on;
-      r.run = 0;
-      r.rate[0] = r.rate[1] = r.paired = Rate{};
+      start(on);
     }
-  } else if (!r.on && r.run >= int64_t(kPairedHold) * r.backoff) {  // the hold is over: a drafting window
-    r.on = true;
-    r.run = 0;
-    r.rate[0] = r.rate[1] = r.paired = Rate{};
+  } else if (!r.on && r.run >= int64_t(kPairedHold) * r.backoff) {  // the hold is over
+    start(true);
   }
   r.decisions++;
   r.run++;
@@ -298,17 +299,18 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
                             double forward_seconds) {
   if (mode_ == Mode::kFixed || !(seconds > 0) || tokens <= 0) return;
   Bucket& b = bucket(batch);
-  Band& r = band(batch);
+  const int band_id = band_of(std::max(1, batch));
+  Band& r = bands_[band_id];
   // The first steady steps of a regime in a cycle are its switching transient (a drafting step after
   // plain ones only proposes; graphs are recorded): dropped, like stalls. The drafting probe includes
   // the depths' exploration: a cost of drafting, paid each cycle.
   r.rate[drafting ? 1 : 0].add(tokens, seconds);
-  if (drafting && forward_seconds > 0 && paired(band_of(std::max(1, batch))))
-    r.paired.add(batch, forward_seconds);  // the same steps' forwards: plain's paired estimate
+  const bool paired_step = drafting && forward_seconds > 0 && paired(band_id);
+  if (paired_step) r.paired.add(batch, forward_seconds);  // the same steps' forwards: plain's estimate
   if (!drafting || k < 0 || k > max_k_) return;
   // At low load a depth's cost is relative: the step's period over its own verify forward (a plain
   // step at these lengths), so depths measured at different positions of a request compare.
-  if (forward_seconds > 0 && paired(band_of(std::max(1, batch)))) seconds /= forward_seconds;
+  if (paired_step) seconds /= forward_seconds;
   Cost& c = b.by_k[size_t(k)];
   if (c.skipped < kSkipSamples) {
     c.skipped++;

@@ -171,7 +171,6 @@ class SpecGate {
   Bucket& bucket(int batch);
   const Bucket* find(int batch) const;
   static int band_of(int batch);
-  Band& band(int batch) { return bands_[band_of(batch)]; }
   static int bin(float q) { return q < 0 ? kBins : q >= 1 ? kBins - 1 : int(q * kBins); }
   const Counts& counts(bool sampled, int j, int b) const {
     return counts_[(size_t(sampled) * size_t(max_k_) + size_t(j)) * (kBins + 1) + size_t(b)];
