@@ -216,10 +216,6 @@ class DeepseekModel final : public Model {
                    const ForwardOptions& opt, int max_query_len) override {
     const auto& c = cfg_;
     const Layer& L = layers_[size_t(l)];
-    // Decode steps attend in latent space; long chunks expand k/v once and reuse them per query.
-    bool absorbed = max_query_len < 16;
-    if (opt.mla_mode == MlaMode::kAbsorbed) absorbed = true;
-    if (opt.mla_mode == MlaMode::kExpanded) absorbed = false;
     Ops& ops = ops_;
     const DType act = ops.act_dtype();
     const int64_t T = in.out.shape[0], H = c.num_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
@@ -235,29 +231,57 @@ class DeepseekModel final : public Model {
       q = ops.scratch(act, {T, H * (nope + rope)});
       ops.linear(q, qa, a.q_b);
     }
-    Tensor kva = q_kva.cols(qw, qw + r + rope);
-    Tensor q3 = split_heads(q, H, nope + rope);
-    // The latent [normed c_kv | rotated k_pe] goes to the cache; the rotated q_pe stays in q3 and, for
-    // the absorbed form, also lands in qlat's rope columns.
+    const Tensor kva = q_kva.cols(qw, qw + r + rope);
     const float eps = float(c.rms_norm_eps);
     Tensor o = ops.scratch(act, {T, H, v});
-    if (absorbed) {
-      // The query in latent space: [q_nope W_UK | rotated q_pe] per head.
-      Tensor qlat = ops.scratch(act, {T, H, r + rope});
-      ops.mla_prepare_absorbed(cache, kva, a.kv_a_norm, eps, q3.cols(nope, nope + rope),
-                               qlat.cols(r, r + rope), pos, rope_, meta, qlat.cols(0, r), q3.cols(0, nope),
-                               a.w_uk_t);
-      ops.mla_attention_absorbed_uv(o, qlat, cache, meta, int(r), scale_, a.w_uv);
-    } else {
-      ops.mla_prepare(cache, kva, a.kv_a_norm, eps, q3.cols(nope, nope + rope), Tensor{}, pos, rope_, meta);
+    // The sequences whose rows are t0..t1 (metadata m), attended absorbed or expanded. The latent
+    // [normed c_kv | rotated k_pe] goes to the cache; the rotated q_pe stays in q3 and, for the
+    // absorbed form, also lands in qlat's rope columns.
+    auto attend = [&](bool absorbed, const AttnMeta& m, int64_t t0, int64_t t1) {
+      const Tensor q3 = split_heads(q.rows(t0, t1), H, nope + rope), kv_in = kva.rows(t0, t1),
+                   p = pos.rows(t0, t1);
+      Tensor out = o.rows(t0, t1);
+      if (absorbed) {
+        // The query in latent space: [q_nope W_UK | rotated q_pe] per head.
+        Tensor qlat = ops.scratch(act, {t1 - t0, H, r + rope});
+        ops.mla_prepare_absorbed(cache, kv_in, a.kv_a_norm, eps, q3.cols(nope, nope + rope),
+                                 qlat.cols(r, r + rope), p, rope_, m, qlat.cols(0, r), q3.cols(0, nope),
+                                 a.w_uk_t);
+        ops.mla_attention_absorbed_uv(out, qlat, cache, m, int(r), scale_, a.w_uv);
+        return;
+      }
+      ops.mla_prepare(cache, kv_in, a.kv_a_norm, eps, q3.cols(nope, nope + rope), Tensor{}, p, rope_, m);
       int64_t C = 0;
-      for (int s = 0; s < meta.num_seqs; ++s)
-        C += meta.h_context_len[s] + meta.h_query_start[s + 1] - meta.h_query_start[s];
+      for (int s = 0; s < m.num_seqs; ++s)
+        C += m.h_context_len[s] + m.h_query_start[s + 1] - m.h_query_start[s];
       Tensor ctx = ops.scratch(act, {C, r + rope});
-      ops.gather_context(ctx, cache, meta);
+      ops.gather_context(ctx, cache, m);
       Tensor kv = ops.scratch(act, {C, H * (nope + v)});
       ops.linear(kv, ctx.cols(0, r), a.kv_b);
-      ops.mla_attention_expanded(o, q3, split_heads(kv, H, nope + v), ctx.cols(r, r + rope), meta, scale_);
+      ops.mla_attention_expanded(out, q3, split_heads(kv, H, nope + v), ctx.cols(r, r + rope), m, scale_);
+    };
+    // Decode steps attend in latent space; long chunks expand k/v once and reuse them per query. A step
+    // with both (prompt chunks beside decodes) attends each run of sequences its own way: expanded, every
+    // decode would rebuild k/v for its whole context (at batch 64 and 1K contexts, more FLOPs than the
+    // prompt's).
+    if (opt.mla_mode != MlaMode::kAuto || max_query_len < kAbsorbedBelow) {
+      const bool absorbed = opt.mla_mode == MlaMode::kAbsorbed ||
+                            (opt.mla_mode == MlaMode::kAuto && max_query_len < kAbsorbedBelow);
+      attend(absorbed, meta, 0, T);
+    } else {
+      auto short_query = [&](int s) {
+        return meta.h_query_start[s + 1] - meta.h_query_start[s] < kAbsorbedBelow;
+      };
+      for (int s0 = 0; s0 < meta.num_seqs;) {
+        int s1 = s0 + 1;
+        while (s1 < meta.num_seqs && short_query(s1) == short_query(s0)) ++s1;
+        if (s0 == 0 && s1 == meta.num_seqs)
+          attend(short_query(0), meta, 0, T);
+        else
+          attend(short_query(s0), slice_meta(ops, meta, s0, s1), meta.h_query_start[s0],
+                 meta.h_query_start[s1]);
+        s0 = s1;
+      }
     }
     Tensor out = ops.scratch(act, {T, c.hidden_size});
     ops.linear(out, merge_heads(o), a.o_proj);
@@ -279,6 +303,8 @@ class DeepseekModel final : public Model {
               L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared});
   }
 
+  // Sequences with fewer query rows than this attend absorbed (decodes, verify steps), the rest expanded.
+  static constexpr int kAbsorbedBelow = 16;
   std::vector<Layer> layers_;
   float scale_ = 1.0f;
   RouterParams router_;

@@ -43,4 +43,29 @@ Tensor merge_heads(const Tensor& t) {
   return r;
 }
 
+AttnMeta slice_meta(Ops& ops, const AttnMeta& m, int s0, int s1) {
+  BELUGA_ASSERT(0 <= s0 && s0 <= s1 && s1 <= m.num_seqs && int(m.h_query_start.size()) == m.num_seqs + 1 &&
+                int(m.h_context_len.size()) == m.num_seqs);
+  const int t0 = m.h_query_start[size_t(s0)], t1 = m.h_query_start[size_t(s1)];
+  AttnMeta r;
+  r.num_seqs = s1 - s0;
+  r.num_tokens = t1 - t0;
+  r.block_size = m.block_size;
+  r.max_blocks = m.max_blocks;
+  r.context_len = m.context_len + s0;
+  r.block_table = m.block_table + int64_t(s0) * m.max_blocks;
+  r.slot_mapping = m.slot_mapping + t0;
+  r.positions = m.positions + t0;
+  r.h_query_start.reserve(size_t(r.num_seqs) + 1);
+  for (int s = s0; s <= s1; ++s) r.h_query_start.push_back(m.h_query_start[size_t(s)] - t0);
+  r.h_context_len.assign(m.h_context_len.begin() + s0, m.h_context_len.begin() + s1);
+  if (!m.h_block_table.empty())
+    r.h_block_table.assign(m.h_block_table.begin() + int64_t(s0) * m.max_blocks,
+                           m.h_block_table.begin() + int64_t(s1) * m.max_blocks);
+  Tensor qs = ops.scratch(DType::kI32, {int64_t(r.h_query_start.size())});
+  ops.copy_from_host(qs, r.h_query_start.data());
+  r.query_start = qs.ptr<const int32_t>();
+  return r;
+}
+
 }  // namespace beluga

@@ -20,4 +20,9 @@ Tensor head(const Tensor& t, int64_t h);
 // A [T, H, d] tensor with contiguous heads seen as [T, H*d].
 Tensor merge_heads(const Tensor& t);
 
+// Sequences [s0, s1) of a step's attention metadata, for ops run on their token rows alone
+// (rows query_start[s0] .. query_start[s1] of each token-wise tensor): the device arrays are views
+// into `m`'s, except the query starts, rebased to 0 and uploaded to scratch. Needs m's host copies.
+AttnMeta slice_meta(Ops& ops, const AttnMeta& m, int s0, int s1);
+
 }  // namespace beluga

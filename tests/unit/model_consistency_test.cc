@@ -170,6 +170,33 @@ TEST(ModelConsistency, GreedyTokensAreTheLogitArgmax) {
   EXPECT_FLOAT_EQ(prob[1], 1.0f);
 }
 
+// A step mixing a prompt chunk with a decode attends the decode absorbed (in latent space) and only
+// the chunk expanded: expanding the decode's context would rebuild its k/v, [context, H * (nope + v)]
+// (the step's scratch, 4 MB at a 3000-token context here, against ~1 MB for the rest of the step).
+TEST(ModelConsistency, MixedStepAttendsItsDecodesAbsorbed) {
+  auto scratch_of_mixed_step = [](int context) {
+    DummyWeights w(3);
+    CpuOps ops({1});
+    auto m = load_model(dsv3_like(), w, ops, 4096);
+    KvCache kv = m->make_kv_cache(64);
+    const int decode_blocks = (context + 1 + kKvBlockSize - 1) / kKvBlockSize;
+    std::vector<int> decode_table(static_cast<size_t>(decode_blocks)), prompt_table{decode_blocks};
+    for (int i = 0; i < decode_blocks; ++i) decode_table[size_t(i)] = i;
+    Batch b;
+    b.tokens = {7};
+    const std::vector<int> chunk = prompt(32, 5);
+    b.tokens.insert(b.tokens.end(), chunk.begin(), chunk.end());
+    b.seqs = {{context, 1, decode_table}, {0, 32, prompt_table}};
+    b.logit_rows = {0, 32};
+    std::vector<float> logits(2 * 512);
+    m->forward(b, kv, logits.data(), {});
+    for (float x : logits) EXPECT_TRUE(std::isfinite(x));
+    return ops.scratch_capacity();
+  };
+  const size_t near = scratch_of_mixed_step(63), far = scratch_of_mixed_step(3000);
+  EXPECT_LT(far, 2 * near) << "context 63: " << near << " bytes of scratch, context 3000: " << far;
+}
+
 // A step's scratch is one layer's plus the hidden state, not one per layer: a 12-layer model needs no
 // more scratch than a 2-layer one of the same width for the same batch.
 TEST(ModelConsistency, ScratchDoesNotGrowWithLayers) {
