@@ -60,6 +60,7 @@ void SpecDecoder::begin_step(const std::vector<Chunk>& chunks,
   }
   step_k_ = gate_.plan(int(chunks.size()), scores_, admit_scores_);
   step_mtp_ = gate_.drafting();
+  step_explored_ = gate_.explored();
   admit_.assign(chunks.size(), 0);
   held_.assign(chunks.size(), 0);
   for (size_t t = 0; t < score_seq_.size(); ++t) {
@@ -83,6 +84,7 @@ int SpecDecoder::plan_chunk(int i, Seq& s, const Chunk& c, const SampleContext* 
     plan_.clear();
     plan_k_ = step_k_;
     plan_mtp_ = step_mtp_;
+    plan_explored_ = step_explored_;
   }
   BELUGA_ASSERT(int(plan_.size()) == i);
   Plan& p = plan_.emplace_back();
@@ -334,7 +336,7 @@ void SpecDecoder::after_apply(const SpecStep& step, const std::function<Seq*(int
   if (timed && step.steady >= 0) {
     int tokens = 0;
     for (size_t i = 0; i < plan_.size(); ++i) tokens += 1 + accepted_[i];
-    gate_.observe_step(step.batch, true, step.steady, tokens, period, forward_seconds_);
+    gate_.observe_step(step.batch, true, step.steady, tokens, period, forward_seconds_, plan_explored_);
   }
   commit_.clear();
   for (size_t i = 0; i < plan_.size(); ++i) {

@@ -181,10 +181,12 @@ class SpecDecoder {
   std::mt19937_64 rng_{0x5eed};
   SpecStats stats_;
   SpecGate gate_;
-  int step_k_ = 0;         // drafts of the step being planned / in flight (gate's choice)
-  int plan_k_ = 0;         // the gate's choice for the step in plan_
-  bool step_mtp_ = false;  // whether the step being planned drafts (runs the MTP pass)
-  bool plan_mtp_ = false;  // and the step in plan_
+  int step_k_ = 0;              // drafts of the step being planned / in flight (gate's choice)
+  int plan_k_ = 0;              // the gate's choice for the step in plan_
+  bool step_mtp_ = false;       // whether the step being planned drafts (runs the MTP pass)
+  bool plan_mtp_ = false;       // and the step in plan_
+  bool step_explored_ = false;  // whether the gate explored the depth of the step being planned
+  bool plan_explored_ = false;  // and of the step in plan_
   std::chrono::steady_clock::time_point last_apply_{};
   double forward_seconds_ = 0;  // the last drafting step's verify forward (runner thread; read after it)
 };

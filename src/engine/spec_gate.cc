@@ -208,6 +208,7 @@ bool SpecGate::would_draft(int batch, bool decodes) const {
 
 int SpecGate::plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit) {
   admit.assign(seqs.size(), 0);
+  last_explored_ = false;
   if (mode_ == Mode::kFixed) {
     for (size_t i = 0; i < seqs.size(); ++i) admit[i] = std::min(seqs[i].num_drafts, max_k_);
     last_drafting_ = true;
@@ -239,7 +240,10 @@ int SpecGate::depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, 
   };
   // Depths still being measured first, the deepest first (speculation gets its chance at once).
   for (int k = max_k_; k >= 0; --k)
-    if (b.by_k[size_t(k)].samples < kMinSamples) return uniform(k);
+    if (b.by_k[size_t(k)].samples < kMinSamples) {
+      last_explored_ = true;
+      return uniform(k);
+    }
 
   // Every eligible sequence's K candidate drafts and their survivals.
   cand_.clear();
@@ -296,15 +300,15 @@ int SpecGate::depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, 
 }
 
 void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double seconds,
-                            double forward_seconds) {
+                            double forward_seconds, bool explored) {
   if (mode_ == Mode::kFixed || !(seconds > 0) || tokens <= 0) return;
   Bucket& b = bucket(batch);
   const int band_id = band_of(std::max(1, batch));
   Band& r = bands_[band_id];
   // The first steady steps of a regime in a cycle are its switching transient (a drafting step after
-  // plain ones only proposes; graphs are recorded): dropped, like stalls. The drafting probe includes
-  // the depths' exploration: a cost of drafting, paid each cycle.
-  r.rate[drafting ? 1 : 0].add(tokens, seconds);
+  // plain ones only proposes; graphs are recorded): dropped, like stalls. Exploring steps measure a
+  // depth, not the regime (they would fill half a drafting probe and are a few steps of its cycle).
+  if (!(drafting && explored)) r.rate[drafting ? 1 : 0].add(tokens, seconds);
   const bool paired_step = drafting && forward_seconds > 0 && paired(band_id);
   if (paired_step) r.paired.add(batch, forward_seconds);  // the same steps' forwards: plain's estimate
   if (!drafting || k < 0 || k > max_k_) return;

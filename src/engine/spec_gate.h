@@ -7,7 +7,10 @@
 // steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
 // with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
 // must win by 10 %: the steady steps leave out the MTP pass it adds to prompt steps) until the next cycle.
-// The regime in force is measured by its probe and the last cycle's steady steps together (hundreds of
+// The drafting regime's rate leaves out the steps that explore a depth's cost (every depth, a few steps
+// each, from scratch each cycle: half of a K=3 probe, where they made drafting read 0.8-1.0x plain at
+// batch 16 when drafting at the chosen depth ran 1.3x; H100 run 332); over a cycle they are ~2 % of its
+// steps. The regime in force is measured by its probe and the last cycle's steady steps together (hundreds of
 // steps, where a 32-step window in a closed loop read 0.7-1.2x of the regime's sustained rate: H100
 // run 316, sampled K=1 at c16 drafting all run at 0.86x after probes that said 1.11x and 1.23x).
 // At low load on a backend that replays graphs (band 1: batch <= kPairedMaxBatch, `padded`) the plain
@@ -95,6 +98,9 @@ class SpecGate {
   // decode step's regime and depth.
   int plan(int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   bool drafting() const { return last_drafting_; }
+  // Whether the last plan()'s depth was chosen to measure its cost (a depth with too few samples), not
+  // by the admission rule.
+  bool explored() const { return last_explored_; }
   // What drafting() will say after the next plan() of a step of `batch` sequences with (`decodes`)
   // or without eligible decodes, if nothing is observed in between: the engine launches a step early
   // only when it will not draft (SpecDecoder::plain_next).
@@ -102,8 +108,10 @@ class SpecGate {
   // A steady decode step of `batch` sequences (every one a decode) took `seconds` from the previous
   // step's results to its own and emitted `tokens`: drafting (verifying `k` drafts each, 0..K) or not.
   // `forward_seconds` (drafting steps; 0: not measured): its verify forward alone, the paired
-  // estimate of a plain step at low load.
-  void observe_step(int batch, bool drafting, int k, int tokens, double seconds, double forward_seconds = 0);
+  // estimate of a plain step at low load. `explored`: the step's depth was explored (explored() of its
+  // plan): its cost counts for the depth, not for the drafting regime's rate.
+  void observe_step(int batch, bool drafting, int k, int tokens, double seconds, double forward_seconds = 0,
+                    bool explored = false);
   // One sequence-step verified `verified` drafts (scores q, or null) and accepted the first `accepted`.
   void observe_acceptance(int verified, int accepted, const float* q, bool sampled);
 
@@ -205,6 +213,7 @@ class SpecGate {
   std::vector<Candidate> cand_;    // plan()'s scratch
   int last_depth_;                 // the last decode step's depth (a step without decodes keeps it)
   bool last_drafting_ = true;      // and whether it drafted
+  bool last_explored_ = false;     // and whether its depth was exploration
 };
 
 }  // namespace beluga

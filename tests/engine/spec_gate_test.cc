@@ -105,7 +105,7 @@ GateRun simulate(SpecGate& g, double plain, double mtp, double verify, double ac
     r.switches += i > 0 && on != last;
     last = on;
     if (on) {
-      g.observe_step(B, true, k, int(B * (1 + (k > 0 ? acc : 0))), k > 0 ? verify : mtp);
+      g.observe_step(B, true, k, int(B * (1 + (k > 0 ? acc : 0))), k > 0 ? verify : mtp, 0, g.explored());
       if (k > 0)  // each draft accepted with probability acc, spread evenly
         for (int j = 0; j < B; ++j)
           g.observe_acceptance(1, (i * B + j) % 10 < acc * 10 ? 1 : 0, nullptr, false);
@@ -149,6 +149,37 @@ TEST(SpecGate, EachCycleRunsTheRegimeWithMoreTokensPerSecond) {
     const GateRun r = simulate(g, 1.0e-3, 1.1e-3, 1.3e-3, 0.8, 2);
     EXPECT_GE(r.drafted, SpecGate::kCycle - SpecGate::kProbe);
   }
+}
+
+// Exploring steps measure a depth's cost, not the drafting regime's rate. Batch 16, K=3: drafting at
+// the depth the gate chooses (3) runs 1.2x plain; the cycle's exploration of every depth (four steps
+// each, half the drafting probe) runs 0.5-1.08x at depths 0-2. Counted in the probe they made it read
+// 1.075x, under the 10 % drafting must win by, and every cycle ran plain.
+TEST(SpecGate, ExploringStepsDoNotCountInTheDraftingRate) {
+  const int B = 16, cycles = 3;
+  // Plain: 1 ms for B tokens. Depth k: a sequence accepts all k drafts 9 times in 10, else none.
+  const double plain = 1.0e-3, cost[4] = {2.0e-3, 2.4e-3, 2.6e-3, 3.7e-3 / 1.2};
+  SpecGate g(3, Mode::kConfidence, true);
+  int drafted = 0, explored = 0;
+  for (int i = 0; i < cycles * SpecGate::kCycle; ++i) {
+    const int k = choose(g, B, 3);
+    if (!g.drafting()) {
+      g.observe_step(B, false, 0, B, plain);
+      continue;
+    }
+    drafted++;
+    explored += g.explored();
+    int tokens = 0;
+    for (int j = 0; j < B; ++j) {
+      const int a = (i * B + j) % 10 == 0 ? 0 : k;
+      tokens += 1 + a;
+      if (k > 0) g.observe_acceptance(k, a, nullptr, false);
+    }
+    g.observe_step(B, true, k, tokens, cost[k], 0, g.explored());
+  }
+  EXPECT_GE(drafted, cycles * (SpecGate::kCycle - 2 * SpecGate::kProbe));
+  EXPECT_LE(explored, cycles * 4 * (SpecGate::kSkipSamples + SpecGate::kMinSamples));
+  EXPECT_GT(g.rate(B, true), 1.15 * g.rate(B, false));
 }
 
 // A simulated batch-1 server: requests of 256 decisions whose step cost drifts with the position (1 +
