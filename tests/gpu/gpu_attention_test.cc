@@ -120,6 +120,7 @@ TEST_F(GpuOps, MlaAbsorbed) {
       {32, 512, 64, false, {{300, 5}, {0, 9}}},  // several query tokens per sequence (causal)
       {16, 512, 64, true, {{300, 2}, {5, 1}}},
       {4, 32, 8, false, {{50, 3}, {0, 4}}},  // falls back to the reference kernel
+      {4, 64, 16, false, {{700, 1}}},        // the demo model's shape at batch 1: 22 key splits, merged
   };
   for (const Case& c : cases) {
     gpu->set_reference_attention(c.reference);
@@ -293,16 +294,23 @@ TEST_F(GpuOps, MlaExpanded) {
   gpu->set_reference_attention(false);
 }
 
+// GQA on the reference kernel, its keys split over blocks where the grid would not fill the GPU: one
+// split (38 tokens x 8 heads), a batch-1 decode over 2000 keys (63 splits of 32 keys, merged), and
+// sequences whose tokens use different numbers of a step's splits.
 TEST_F(GpuOps, GqaAttention) {
   const int H = 8, KVH = 2, D = 64;
-  MetaPair m = make_meta(*gpu, {{90, 1}, {0, 33}, {200, 4}});
-  const int T = m.cpu.num_tokens, nb = m.num_blocks, W = 2 * KVH * D;
-  auto cache = rand_bf16(size_t(nb) * 64 * W), q = rand_bf16(size_t(T) * H * D);
-  Tensor co = cpu_t(std::vector<float>(size_t(T) * H * D), {T, H, D});
-  cpu.gqa_attention(co, cpu_t(q, {T, H, D}), cpu_t(cache, {nb, 64, W}), m.cpu, KVH, 0.125f);
-  Tensor go = gpu_out({T, H, D});
-  gpu->gqa_attention(go, gpu_t(q, {T, H, D}), gpu_t(cache, {nb, 64, W}), m.gpu, KVH, 0.125f);
-  EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2);
+  const std::vector<std::vector<std::pair<int, int>>> cases = {
+      {{90, 1}, {0, 33}, {200, 4}}, {{2000, 1}}, {{700, 1}, {30, 2}, {0, 3}}};
+  for (const auto& seqs : cases) {
+    MetaPair m = make_meta(*gpu, seqs);
+    const int T = m.cpu.num_tokens, nb = m.num_blocks, W = 2 * KVH * D;
+    auto cache = rand_bf16(size_t(nb) * 64 * W), q = rand_bf16(size_t(T) * H * D);
+    Tensor co = cpu_t(std::vector<float>(size_t(T) * H * D), {T, H, D});
+    cpu.gqa_attention(co, cpu_t(q, {T, H, D}), cpu_t(cache, {nb, 64, W}), m.cpu, KVH, 0.125f);
+    Tensor go = gpu_out({T, H, D});
+    gpu->gqa_attention(go, gpu_t(q, {T, H, D}), gpu_t(cache, {nb, 64, W}), m.gpu, KVH, 0.125f);
+    EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2) << "first sequence's keys " << seqs[0].first;
+  }
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // the absorbed MLA decode: cuda_mla_decode.cu).
 // Fast path: MLA prefill, expanded (q/k 192 = nope 128 + rope 64, v 128), on wgmma
 // (cuda_mla_prefill.cu).
-// Any other shape (and GQA) runs the reference kernel: a block per (token, head), scores in a
-// global workspace, F32 throughout. Both are tested against the CPU backend (tests/gpu).
+// Any other shape (and GQA) runs the reference kernel: a block per (token, head, key split), scores
+// in a global workspace, F32 throughout, splits merged in a fixed order. Both are tested against the
+// CPU backend (tests/gpu).
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -53,8 +54,9 @@ __device__ __forceinline__ float ref_k(const RefArgs& a, const RefRow& r, int d)
   return to_f(r.k[d]);
 }
 
-constexpr int kRefThreads = 256;  // 8 warps: a block's keys split 8 ways in both passes
-constexpr int kRefCols = 128;     // output columns a warp accumulates at once (4 a lane)
+constexpr int kRefThreads = 256;            // 8 warps: a block's keys split 8 ways in both passes
+constexpr int kRefDeterministicKeys = 128;  // --deterministic: keys of a split, whatever the batch
+constexpr int kRefCols = 128;               // output columns a warp accumulates at once (4 a lane)
 
 __global__ void ref_attention_kernel(RefArgs a) {
   pdl_entry();
@@ -63,6 +65,10 @@ __global__ void ref_attention_kernel(RefArgs a) {
   const int h = blockIdx.x, t = blockIdx.y;
   const int s = seq_of_token(a.qs, a.S, t);
   const int n = a.ctx[s] + t - a.qs[s] + 1;
+  // This block's keys; a split past the token's last key has nothing to add (the merge reads only
+  // the splits that hold keys).
+  const int j0 = int(blockIdx.z) * a.chunk, j1 = min(n, j0 + a.chunk);
+  if (j0 >= n) return;
   int64_t base = a.qs[s];
   if (a.mode == 1)
     for (int i = 0; i < s; ++i) base += a.ctx[i];
@@ -71,7 +77,7 @@ __global__ void ref_attention_kernel(RefArgs a) {
   float* sc = a.scores + (int64_t(t) * a.H + h) * a.max_keys;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
   float mx = -INFINITY;
-  for (int j = w; j < n; j += nw) {
+  for (int j = j0 + w; j < j1; j += nw) {
     const RefRow r = ref_row(a, s, base, h, j);
     float dot = 0;
     for (int d = lane; d < a.Dk; d += 32) dot += qsm[d] * ref_k(a, r, d);
@@ -81,7 +87,7 @@ __global__ void ref_attention_kernel(RefArgs a) {
   }
   mx = block_max(mx, red);
   float sum = 0;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+  for (int j = j0 + int(threadIdx.x); j < j1; j += blockDim.x) {
     const float p = __expf(sc[j] - mx);
     sc[j] = p;
     sum += p;
@@ -95,7 +101,7 @@ __global__ void ref_attention_kernel(RefArgs a) {
   float* part = qsm + a.Dk;  // [warps, Dv]
   for (int d0 = 0; d0 < a.Dv; d0 += kRefCols) {
     float acc[kRefCols / 32] = {};
-    for (int j = w; j < n; j += nw) {
+    for (int j = j0 + w; j < j1; j += nw) {
       const RefRow r = ref_row(a, s, base, h, j);
       const float p = sc[j];
 #pragma unroll
@@ -111,9 +117,43 @@ __global__ void ref_attention_kernel(RefArgs a) {
     }
   }
   __syncthreads();
+  float* split =
+      a.splits > 1 ? a.part + ((int64_t(t) * a.H + h) * a.splits + blockIdx.z) * (a.Dv + 2) : nullptr;
   for (int d = threadIdx.x; d < a.Dv; d += blockDim.x) {
     float acc = 0;
     for (int i = 0; i < nw; ++i) acc += part[i * a.Dv + d];
+    if (split)
+      split[d] = acc;
+    else
+      a.out[t * a.o0 + h * a.o1 + d] = __float2bfloat16(acc * inv);
+  }
+  if (split && threadIdx.x == 0) {
+    split[a.Dv] = mx;
+    split[a.Dv + 1] = sum;
+  }
+}
+
+// Merges a (token, head)'s splits in split order: sum_i w_i o_i / sum_i w_i l_i, w_i = exp(m_i - max).
+// One split gives acc * (1 / sum), the bits of the unsplit kernel.
+__global__ void ref_merge_kernel(RefArgs a) {
+  pdl_entry();
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int s = seq_of_token(a.qs, a.S, t);
+  const int n = a.ctx[s] + t - a.qs[s] + 1, used = (n + a.chunk - 1) / a.chunk;
+  const int64_t stride = a.Dv + 2;
+  const float* p = a.part + (int64_t(t) * a.H + h) * a.splits * stride;
+  float m = -INFINITY;
+  for (int i = 0; i < used; ++i) m = fmaxf(m, p[i * stride + a.Dv]);
+  auto weight = [&](int i) {
+    const float mi = p[i * stride + a.Dv];
+    return mi == m ? 1.0f : __expf(mi - m);
+  };
+  float l = 0;
+  for (int i = 0; i < used; ++i) l += weight(i) * p[i * stride + a.Dv + 1];
+  const float inv = 1.0f / l;
+  for (int d = threadIdx.x; d < a.Dv; d += blockDim.x) {
+    float acc = 0;
+    for (int i = 0; i < used; ++i) acc += weight(i) * p[i * stride + d];
     a.out[t * a.o0 + h * a.o1 + d] = __float2bfloat16(acc * inv);
   }
 }
@@ -129,7 +169,13 @@ void run_reference(RefArgs a, int T, int max_keys_, Tensor scores, cudaStream_t 
   const size_t smem = (size_t(a.Dk) + size_t(kRefThreads / 32) * size_t(a.Dv)) * sizeof(float);
   BELUGA_CHECK(smem <= 48 * 1024, "reference attention: head dims ", a.Dk, "/", a.Dv, " need ", smem,
                " bytes of shared memory");
-  launch(ref_attention_kernel, dim3(a.H, T), kRefThreads, smem, st, a);
+  BELUGA_CHECK(
+      a.splits >= 1 && a.chunk >= 1 && int64_t(a.splits) * a.chunk >= max_keys_ && (a.splits == 1 || a.part),
+      "reference attention: ", a.splits, " splits of ", a.chunk, " keys for ", max_keys_);
+  launch(ref_attention_kernel, dim3(a.H, T, a.splits), kRefThreads, smem, st, a);
+  BELUGA_LAUNCH_CHECK();
+  if (a.splits == 1) return;
+  launch(ref_merge_kernel, dim3(a.H, T), 128, 0, st, a);
   BELUGA_LAUNCH_CHECK();
 }
 
@@ -209,8 +255,21 @@ void CudaOps::reference_attention(RefArgs& a, const AttnMeta& m, int H, int Dk, 
   a.Dk = Dk;
   a.Dv = Dv;
   a.scale = scale;
-  const int nk = max_keys(m);
-  run_reference(a, m.num_tokens, nk, scratch(DType::kF32, {int64_t(m.num_tokens) * H, nk}), S(stream_));
+  const int nk = max_keys(m), T = m.num_tokens;
+  // Where (token, head) blocks leave SMs idle, keys split so the grid fills the GPU (about two blocks
+  // an SM), in chunks of 32 keys at least: at batch 1 the demo model's 4 heads were 4 blocks, each
+  // walking every key (plain decode 1.47x faster split; at 256 blocks the merge's launch cost 4 %,
+  // bench/NOTES.md run 339). --deterministic: chunks of
+  // a fixed count, so a token's merge order does not depend on the batch.
+  const int64_t blocks = int64_t(T) * H, sms = std::max(1, sm_count_), target = 2 * sms;
+  int64_t chunk = deterministic_ ? kRefDeterministicKeys
+                  : blocks > sms
+                      ? nk
+                      : std::max<int64_t>(32, ceil_div(ceil_div(int64_t(nk) * blocks, target), 32) * 32);
+  a.chunk = int(std::max<int64_t>(1, std::min<int64_t>(chunk, nk)));
+  a.splits = int(ceil_div(nk, a.chunk));
+  a.part = a.splits > 1 ? scratch(DType::kF32, {blocks * a.splits, int64_t(Dv) + 2}).ptr<float>() : nullptr;
+  run_reference(a, T, nk, scratch(DType::kF32, {blocks, nk}), S(stream_));
 }
 
 }  // namespace beluga

@@ -10,7 +10,8 @@ namespace beluga::cuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Reference attention: any head dims; mode 0 MLA absorbed, 1 MLA expanded, 2 GQA.
+// Reference attention: any head dims; mode 0 MLA absorbed, 1 MLA expanded, 2 GQA. A block per (token,
+// head, key split).
 struct RefArgs {
   int mode;
   const bf16* q;
@@ -33,6 +34,11 @@ struct RefArgs {
   float scale;
   float* scores;
   int64_t max_keys;
+  // Keys split over blocks: block z of a (token, head) takes keys [z chunk, (z + 1) chunk); with
+  // splits > 1 each writes its partial [Dv unnormalised sums | max | sum of exps] to `part`
+  // [T, H, splits, Dv + 2] and a second kernel merges a token's ceil(n / chunk) splits in order.
+  int chunk, splits;
+  float* part;
 };
 
 // Query and output: a.q (q0, q1) and a.out (o0, o1), [T, H, dim] BF16 with unit last stride.
@@ -71,7 +77,8 @@ void set_paged(Args& a, const Tensor& cache, const AttnMeta& m) {
   set_seqs(a, m);
 }
 
-// Launches the reference kernel for T tokens over at most max_keys keys; scores: F32 [T * H, max_keys].
+// Launches the reference kernel for T tokens over at most max_keys keys; scores: F32 [T * H, max_keys];
+// with a.splits > 1 also the merge (a.part: F32 [T, H, a.splits, Dv + 2]).
 void run_reference(RefArgs a, int T, int max_keys, Tensor scores, cudaStream_t st);
 
 }  // namespace beluga::cuda
