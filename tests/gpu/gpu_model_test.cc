@@ -111,20 +111,29 @@ TEST_P(GpuModel, LogitsAndGreedyMatch) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModel,
                          ::testing::Values("dsv3-tiny", "dsv3-tiny-fp8", "dsv2-lite-tiny", "qwen3-tiny"));
 
+// DeepSeek-V2-Lite's shapes in two layers with dummy weights, on the GPU and on the CPU (the same weights).
+ModelConfig v2_lite_two_layers() {
+  ModelConfig cfg = ModelConfig::from_file(source_dir() + "/bench/configs/deepseek-v2-lite/config.json");
+  cfg.num_layers = 2;
+  return cfg;
+}
+struct V2LiteOnBoth {
+  ModelConfig cfg = v2_lite_two_layers();
+  DummyWeights hw;
+  CudaOps gops;
+  CudaDummyWeights dw{gops};
+  CpuOps cops{CpuOptions{0, true}};
+  std::unique_ptr<Model> gm = load_model(cfg, dw, gops, 2048), cm = load_model(cfg, hw, cops, 2048);
+};
+
 // The DeepSeek-V2-Lite shapes with dummy weights (tensor-core attention, grouped GEMM tiles of both
 // heights): a GPU forward agrees with the CPU forward of the same weights on the last rows.
 TEST(GpuModelLarge, DeepseekV2LiteTwoLayersMatchesCpu) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  ModelConfig cfg = ModelConfig::from_file(source_dir() + "/bench/configs/deepseek-v2-lite/config.json");
-  cfg.num_layers = 2;
-  DummyWeights hw;
-  CudaOps gops;
-  CudaDummyWeights dw(gops);
-  CpuOps cops(CpuOptions{0, true});
-  auto gm = load_model(cfg, dw, gops, 2048);
-  auto cm = load_model(cfg, hw, cops, 2048);
-  Generator gg(*gm), cg(*cm);
+  V2LiteOnBoth both;
+  const ModelConfig& cfg = both.cfg;
+  Generator gg(*both.gm), cg(*both.cm);
   std::vector<int> prompt(300);
   for (auto& t : prompt) t = int(rng()() % cfg.vocab_size);
   for (MlaMode mode : {MlaMode::kExpanded, MlaMode::kAbsorbed}) {
@@ -218,14 +227,9 @@ void check_graphs_match_eager(const ModelConfig& cfg, WeightSource& wa, WeightSo
 TEST(GpuModelLarge, MixedDecodeAndPromptStepMatchesCpu) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  ModelConfig cfg = ModelConfig::from_file(source_dir() + "/bench/configs/deepseek-v2-lite/config.json");
-  cfg.num_layers = 2;
-  DummyWeights hw;
-  CudaOps gops;
-  CudaDummyWeights dw(gops);
-  CpuOps cops(CpuOptions{0, true});
-  auto gm = load_model(cfg, dw, gops, 2048);
-  auto cm = load_model(cfg, hw, cops, 2048);
+  V2LiteOnBoth both;
+  const ModelConfig& cfg = both.cfg;
+  Model *gm = both.gm.get(), *cm = both.cm.get();
   const int V = cfg.vocab_size;
   KvCache gkv = gm->make_kv_cache(8), ckv = cm->make_kv_cache(8);
   std::vector<int> a(201), b(40), c(91);
