@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <tuple>
 
 #include "gpu_test_support.h"
 
@@ -294,23 +295,26 @@ TEST_F(GpuOps, MlaExpanded) {
   gpu->set_reference_attention(false);
 }
 
-// GQA on the reference kernel, its keys split over blocks where the grid would not fill the GPU: one
-// split (38 tokens x 8 heads), a batch-1 decode over 2000 keys (63 splits of 32 keys, merged), and
-// sequences whose tokens use different numbers of a step's splits.
+// GQA on the reference kernel (a block per KV head for its group of 4, 2 or 8 query heads), its keys
+// split over blocks where the grid would not fill the GPU: one split (38 tokens), a batch-1 decode over
+// 2000 keys (split in 32-key chunks, merged), and sequences whose tokens use different numbers of a
+// step's splits.
 TEST_F(GpuOps, GqaAttention) {
-  const int H = 8, KVH = 2, D = 64;
   const std::vector<std::vector<std::pair<int, int>>> cases = {
       {{90, 1}, {0, 33}, {200, 4}}, {{2000, 1}}, {{700, 1}, {30, 2}, {0, 3}}};
-  for (const auto& seqs : cases) {
-    MetaPair m = make_meta(*gpu, seqs);
-    const int T = m.cpu.num_tokens, nb = m.num_blocks, W = 2 * KVH * D;
-    auto cache = rand_bf16(size_t(nb) * 64 * W), q = rand_bf16(size_t(T) * H * D);
-    Tensor co = cpu_t(std::vector<float>(size_t(T) * H * D), {T, H, D});
-    cpu.gqa_attention(co, cpu_t(q, {T, H, D}), cpu_t(cache, {nb, 64, W}), m.cpu, KVH, 0.125f);
-    Tensor go = gpu_out({T, H, D});
-    gpu->gqa_attention(go, gpu_t(q, {T, H, D}), gpu_t(cache, {nb, 64, W}), m.gpu, KVH, 0.125f);
-    EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2) << "first sequence's keys " << seqs[0].first;
-  }
+  for (const auto& [H, KVH, D] :
+       std::vector<std::tuple<int, int, int>>{{8, 2, 64}, {8, 4, 128}, {16, 2, 128}})
+    for (const auto& seqs : cases) {
+      MetaPair m = make_meta(*gpu, seqs);
+      const int T = m.cpu.num_tokens, nb = m.num_blocks, W = 2 * KVH * D;
+      auto cache = rand_bf16(size_t(nb) * 64 * W), q = rand_bf16(size_t(T) * H * D);
+      Tensor co = cpu_t(std::vector<float>(size_t(T) * H * D), {T, H, D});
+      cpu.gqa_attention(co, cpu_t(q, {T, H, D}), cpu_t(cache, {nb, 64, W}), m.cpu, KVH, 0.125f);
+      Tensor go = gpu_out({T, H, D});
+      gpu->gqa_attention(go, gpu_t(q, {T, H, D}), gpu_t(cache, {nb, 64, W}), m.gpu, KVH, 0.125f);
+      EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2)
+          << "heads " << H << " / " << KVH << " x " << D << ", first sequence's keys " << seqs[0].first;
+    }
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 // the absorbed MLA decode: cuda_mla_decode.cu).
 // Fast path: MLA prefill, expanded (q/k 192 = nope 128 + rope 64, v 128), on wgmma
 // (cuda_mla_prefill.cu).
-// Any other shape (and GQA) runs the reference kernel: a block per (token, head, key split), scores
-// in a global workspace, F32 throughout, splits merged in a fixed order. Both are tested against the
-// CPU backend (tests/gpu).
+// Any other shape (and GQA) runs the reference kernel: a block per (token, head, key split) (GQA: per
+// KV head, for its group of query heads), scores in a global workspace, F32 throughout, splits merged
+// in a fixed order. Both are tested against the CPU backend (tests/gpu).
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -158,6 +158,109 @@ __global__ void ref_merge_kernel(RefArgs a) {
   }
 }
 
+// GQA, G query heads to a KV head: a block per (token, KV head, key split) serves the G heads, so each
+// key and value row is read once for all of them (the per-head kernel above read it G times, from
+// HBM once a step's KV outgrows L2). The arithmetic of each head is the per-head kernel's, in the
+// same order: the same bits.
+template <int G>
+__global__ void gqa_ref_attention_kernel(RefArgs a) {
+  pdl_entry();
+  extern __shared__ float smem[];  // q [G, Dk], then the warps' partial P.V sums [warps, G, Dv]
+  __shared__ float red[33];
+  const int kvh = blockIdx.x, t = blockIdx.y;
+  const int s = seq_of_token(a.qs, a.S, t);
+  const int n = a.ctx[s] + t - a.qs[s] + 1;
+  const int j0 = int(blockIdx.z) * a.chunk, j1 = min(n, j0 + a.chunk);
+  if (j0 >= n) return;
+  float* qsm = smem;
+  for (int i = threadIdx.x; i < G * a.Dk; i += blockDim.x)
+    qsm[i] = to_f(a.q[t * a.q0 + (kvh * G + i / a.Dk) * a.q1 + i % a.Dk]);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float* sc = a.scores + (int64_t(t) * a.H + kvh * G) * a.max_keys;  // head g's at g * max_keys
+  auto row = [&](int j) {
+    return a.cache + (int64_t(a.bt[int64_t(s) * a.max_blocks + j / a.bs]) * a.bs + j % a.bs) * a.entry;
+  };
+  float mx[G], sum[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) mx[g] = -INFINITY;
+  for (int j = j0 + w; j < j1; j += nw) {
+    const bf16* k = row(j) + int64_t(kvh) * a.Dk;
+    float dot[G] = {};
+    for (int d = lane; d < a.Dk; d += 32) {
+      const float kd = to_f(k[d]);
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] += qsm[g * a.Dk + d] * kd;
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float x = warp_sum(dot[g]) * a.scale;
+      if (lane == 0) sc[g * a.max_keys + j] = x;
+      mx[g] = fmaxf(mx[g], x);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    mx[g] = block_max(mx[g], red);
+    float part_sum = 0;
+    for (int j = j0 + int(threadIdx.x); j < j1; j += blockDim.x) {
+      const float p = __expf(sc[g * a.max_keys + j] - mx[g]);
+      sc[g * a.max_keys + j] = p;
+      part_sum += p;
+    }
+    sum[g] = block_sum(part_sum, red);  // the last one's barriers order every head's writes to sc
+  }
+  float* part = smem + G * a.Dk;
+  for (int d0 = 0; d0 < a.Dv; d0 += kRefCols) {
+    float acc[G][kRefCols / 32] = {};
+    for (int j = j0 + w; j < j1; j += nw) {
+      const bf16* v = row(j) + int64_t(a.kv_heads + kvh) * a.Dk;
+      float p[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) p[g] = sc[g * a.max_keys + j];
+#pragma unroll
+      for (int c = 0; c < kRefCols / 32; ++c) {
+        const int d = d0 + lane + 32 * c;
+        if (d < a.Dv) {
+          const float vd = to_f(v[d]);
+#pragma unroll
+          for (int g = 0; g < G; ++g) acc[g][c] += p[g] * vd;
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int c = 0; c < kRefCols / 32; ++c) {
+        const int d = d0 + lane + 32 * c;
+        if (d < a.Dv) part[(w * G + g) * a.Dv + d] = acc[g][c];
+      }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * a.Dv; i += blockDim.x) {
+    const int g = i / a.Dv, d = i % a.Dv, h = kvh * G + g;
+    float acc = 0;
+    for (int k = 0; k < nw; ++k) acc += part[(k * G + g) * a.Dv + d];
+    if (a.splits > 1)
+      a.part[((int64_t(t) * a.H + h) * a.splits + blockIdx.z) * (a.Dv + 2) + d] = acc;
+    else
+      a.out[t * a.o0 + h * a.o1 + d] = __float2bfloat16(acc * (1.0f / sum[g]));
+  }
+  if (a.splits > 1 && threadIdx.x < G) {
+    float* split = a.part + ((int64_t(t) * a.H + kvh * G + threadIdx.x) * a.splits + blockIdx.z) * (a.Dv + 2);
+    split[a.Dv] = mx[threadIdx.x];
+    split[a.Dv + 1] = sum[threadIdx.x];
+  }
+}
+
+// The query heads a block of the reference kernel serves: a GQA group of 2, 4 or 8 (its shared
+// memory within the default 48 KB), else 1.
+int heads_per_block(const RefArgs& a) {
+  const bool group = a.mode == 2 && (a.group == 2 || a.group == 4 || a.group == 8) && a.Dk == a.Dv;
+  const size_t smem = (size_t(a.group) * a.Dk + size_t(kRefThreads / 32) * a.group * a.Dv) * sizeof(float);
+  return group && smem <= 48 * 1024 ? a.group : 1;
+}
+
 // ---------------------------------------------------------------------------------------------
 }  // namespace
 
@@ -172,7 +275,22 @@ void run_reference(RefArgs a, int T, int max_keys_, Tensor scores, cudaStream_t 
   BELUGA_CHECK(
       a.splits >= 1 && a.chunk >= 1 && int64_t(a.splits) * a.chunk >= max_keys_ && (a.splits == 1 || a.part),
       "reference attention: ", a.splits, " splits of ", a.chunk, " keys for ", max_keys_);
-  launch(ref_attention_kernel, dim3(a.H, T, a.splits), kRefThreads, smem, st, a);
+  switch (heads_per_block(a)) {
+    case 2:
+      launch(gqa_ref_attention_kernel<2>, dim3(a.kv_heads, T, a.splits), kRefThreads,
+             (2 * a.Dk + kRefThreads / 32 * 2 * a.Dv) * sizeof(float), st, a);
+      break;
+    case 4:
+      launch(gqa_ref_attention_kernel<4>, dim3(a.kv_heads, T, a.splits), kRefThreads,
+             (4 * a.Dk + kRefThreads / 32 * 4 * a.Dv) * sizeof(float), st, a);
+      break;
+    case 8:
+      launch(gqa_ref_attention_kernel<8>, dim3(a.kv_heads, T, a.splits), kRefThreads,
+             (8 * a.Dk + kRefThreads / 32 * 8 * a.Dv) * sizeof(float), st, a);
+      break;
+    default:
+      launch(ref_attention_kernel, dim3(a.H, T, a.splits), kRefThreads, smem, st, a);
+  }
   BELUGA_LAUNCH_CHECK();
   if (a.splits == 1) return;
   launch(ref_merge_kernel, dim3(a.H, T), 128, 0, st, a);
@@ -261,15 +379,16 @@ void CudaOps::reference_attention(RefArgs& a, const AttnMeta& m, int H, int Dk, 
   // walking every key (plain decode 1.47x faster split; at 256 blocks the merge's launch cost 4 %,
   // bench/NOTES.md run 339). --deterministic: chunks of
   // a fixed count, so a token's merge order does not depend on the batch.
-  const int64_t blocks = int64_t(T) * H, sms = std::max(1, sm_count_), target = 2 * sms;
+  const int64_t blocks = int64_t(T) * H / heads_per_block(a), sms = std::max(1, sm_count_), target = 2 * sms;
   int64_t chunk = deterministic_ ? kRefDeterministicKeys
                   : blocks > sms
                       ? nk
                       : std::max<int64_t>(32, ceil_div(ceil_div(int64_t(nk) * blocks, target), 32) * 32);
   a.chunk = int(std::max<int64_t>(1, std::min<int64_t>(chunk, nk)));
   a.splits = int(ceil_div(nk, a.chunk));
-  a.part = a.splits > 1 ? scratch(DType::kF32, {blocks * a.splits, int64_t(Dv) + 2}).ptr<float>() : nullptr;
-  run_reference(a, T, nk, scratch(DType::kF32, {blocks, nk}), S(stream_));
+  a.part = a.splits > 1 ? scratch(DType::kF32, {int64_t(T) * H * a.splits, int64_t(Dv) + 2}).ptr<float>()
+                        : nullptr;
+  run_reference(a, T, nk, scratch(DType::kF32, {int64_t(T) * H, nk}), S(stream_));
 }
 
 }  // namespace beluga
