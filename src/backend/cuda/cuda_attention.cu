@@ -160,8 +160,7 @@ __global__ void ref_merge_kernel(RefArgs a) {
 
 // GQA, G query heads to a KV head: a block per (token, KV head, key split) serves the G heads, so each
 // key and value row is read once for all of them (the per-head kernel above read it G times, from
-// HBM once a step's KV outgrows L2). The arithmetic of each head is the per-head kernel's, in the
-// same order: the same bits.
+// HBM once a step's KV outgrows L2). Each head's sums run in the per-head kernel's order.
 template <int G>
 __global__ void gqa_ref_attention_kernel(RefArgs a) {
   pdl_entry();
