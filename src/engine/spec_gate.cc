@@ -128,7 +128,7 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
 bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) const {
   const Rate &off = plain_rate(r, band), &dr = r.rate[1];
   if (off.steps < kMinSamples || dr.steps < kMinSamples || off.seconds <= 0 || dr.seconds <= 0) return false;
-  const double on_rate = dr.tokens / dr.seconds, off_rate = off.tokens / off.seconds;
+  const double on_rate = dr.per_seq(), off_rate = off.per_seq();
   *on = on_rate > kRegimeGain * off_rate;
   *far = std::max(on_rate, off_rate) > kFarSlower * std::min(on_rate, off_rate);
   return true;
@@ -161,8 +161,9 @@ bool SpecGate::advance(Band& r, int band, bool log) const {
     on = r.on;
     if (log)
       log::debug("engine", "spec gate: batch band ", band, ": probes ", r.rate[1].steps, " drafting steps, ",
-                 r.rate[1].tokens, " tokens in ", r.rate[1].seconds * 1e3, " ms; ", r.rate[0].steps,
-                 " plain steps, ", r.rate[0].tokens, " tokens in ", r.rate[0].seconds * 1e3, " ms; ",
+                 r.rate[1].tokens, " tokens in ", r.rate[1].seconds * 1e3, " ms (", r.rate[1].seqs,
+                 " sequence-steps); ", r.rate[0].steps, " plain steps, ", r.rate[0].tokens, " tokens in ",
+                 r.rate[0].seconds * 1e3, " ms (", r.rate[0].seqs, " sequence-steps); ",
                  r.probe_on ? "drafting" : "plain", " the last cycle ", r.held.steps, " steps, ",
                  r.held.tokens, " tokens in ", r.held.seconds * 1e3, " ms: ", on ? "drafting" : "plain");
   }
@@ -308,9 +309,9 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   // The first steady steps of a regime in a cycle are its switching transient (a drafting step after
   // plain ones only proposes; graphs are recorded): dropped, like stalls. Exploring steps measure a
   // depth, not the regime (they would fill half a drafting probe and are a few steps of its cycle).
-  if (!(drafting && explored)) r.rate[drafting ? 1 : 0].add(tokens, seconds);
+  if (!(drafting && explored)) r.rate[drafting ? 1 : 0].add(tokens, seconds, batch);
   const bool paired_step = drafting && forward_seconds > 0 && paired(band_id);
-  if (paired_step) r.paired.add(batch, forward_seconds);  // the same steps' forwards: plain's estimate
+  if (paired_step) r.paired.add(batch, forward_seconds, batch);  // the same steps' forwards: plain's estimate
   if (!drafting || k < 0 || k > max_k_) return;
   // At low load a depth's cost is relative: the step's period over its own verify forward (a plain
   // step at these lengths), so depths measured at different positions of a request compare.
@@ -330,12 +331,13 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   c.total++;
 }
 
-void SpecGate::Rate::add(double step_tokens, double step_seconds) {
+void SpecGate::Rate::add(double step_tokens, double step_seconds, int batch) {
   if (skipped < kSkipSamples) {
     skipped++;
   } else if (steps < kMinSamples || step_seconds <= kOutlier * seconds / steps) {
     tokens += step_tokens;
     seconds += step_seconds;
+    seqs += batch;
     steps++;
   }
 }

@@ -7,6 +7,11 @@
 // steps overlap). Chosen by measured tokens per second, not by a model: each cycle of kCycle decisions starts
 // with kProbe decisions in the regime in force, then kProbe in the other, then runs the faster one (drafting
 // must win by 10 %: the steady steps leave out the MTP pass it adds to prompt steps) until the next cycle.
+// The regimes compare tokens per second a sequence (over the mean batch of the steps each measured),
+// not per step: a decode step's cost hardly depends on its batch within a band, and a probe whose
+// window held prompts (steps of fewer decodes) read that much slower (H100 run 338: the plain probe's
+// steps held 11.2 sequences, the drafting ones 16, so drafting ran a whole cycle at band 16 where
+// plain decode was faster).
 // The drafting regime's rate leaves out the steps that explore a depth's cost (every depth, a few steps
 // each, from scratch each cycle: half of a K=3 probe, where they made drafting read 0.8-1.0x plain at
 // batch 16 when drafting at the chosen depth ran 1.3x; H100 run 332); over a cycle they are ~2 % of its
@@ -137,15 +142,20 @@ class SpecGate {
   };
   struct Rate {
     double tokens = 0, seconds = 0;
+    double seqs = 0;  // sequences over the steps counted (their mean batch: seqs / steps)
     int steps = 0, skipped = 0;
-    // One step's sample: the first kSkipSamples dropped (a switch's transient), then stalls
-    // (kOutlier times the mean) once kMinSamples are in.
-    void add(double step_tokens, double step_seconds);
+    // One step's sample of `batch` sequences: the first kSkipSamples dropped (a switch's transient),
+    // then stalls (kOutlier times the mean) once kMinSamples are in.
+    void add(double step_tokens, double step_seconds, int batch);
     void merge(const Rate& o) {
       tokens += o.tokens;
       seconds += o.seconds;
+      seqs += o.seqs;
       steps += o.steps;
     }
+    // Tokens per second a sequence: what the regimes compare, so that one measured over steps that
+    // held fewer sequences (prompts in its window) is not charged for them.
+    double per_seq() const { return tokens * steps / (seconds * seqs); }
   };
   // The depths' costs and choices, per batch bucket (a graph shape).
   struct Bucket {

@@ -182,6 +182,27 @@ TEST(SpecGate, ExploringStepsDoNotCountInTheDraftingRate) {
   EXPECT_GT(g.rate(B, true), 1.15 * g.rate(B, false));
 }
 
+// The regimes compare tokens per second a sequence. Band 16: a plain step costs 0.42 ms whatever its
+// batch, a K=1 drafting step 0.9 ms for 1.8 tokens a sequence (0.84x plain); but plain steps hold 11
+// sequences (prompts arrive while the gate runs plain), drafting ones 16. Per step, drafting read
+// 32.0K tokens/s against plain's 26.2K (1.22x) and ran every cycle; per sequence it is 0.84x: plain.
+TEST(SpecGate, RegimesCompareTokensPerSecondASequence) {
+  SpecGate g(1, Mode::kConfidence, true);
+  int drafted = 0;
+  const int cycles = 3;
+  for (int i = 0; i < cycles * SpecGate::kCycle; ++i) {
+    const int k = choose(g, 16, 1);
+    if (!g.drafting()) {
+      g.observe_step(11, false, 0, 11, 0.42e-3);
+      continue;
+    }
+    drafted++;
+    for (int j = 0; j < 16; ++j) g.observe_acceptance(1, (i * 16 + j) % 10 < 8 ? 1 : 0, nullptr, false);
+    g.observe_step(16, true, k, k > 0 ? int(16 * 1.8) : 16, k > 0 ? 0.9e-3 : 0.8e-3, 0, g.explored());
+  }
+  EXPECT_LE(drafted, cycles * SpecGate::kProbe + SpecGate::kProbe);
+}
+
 // A simulated batch-1 server: requests of 256 decisions whose step cost drifts with the position (1 +
 // position / 64 times the first), the first ending at decision `offset` (16: a request starts at
 // decision 16 of every 1024, so cycle-aligned windows straddle a restart). Plain steps cost 1 ms,
