@@ -21,6 +21,10 @@
 # request (sampled requests speculate through rejection sampling; default {}: greedy).
 # SPECS entries: none, K (confidence-gated, the default gating), K/cost (one depth for the batch) or
 # K/fixed (always K drafts); ngramK or ngramK/fixed: prompt lookup instead of MTP (prompt_lookup_max 3, prompt_lookup_min 1).
+# ROUNDS=N (default 1): the whole list of servers N times over, alternated (short closed-loop points
+# move 5-20 % between runs of one binary); at the end a table of each (spec, concurrency)'s median
+# output tok/s over the rounds and its ratio to "none" (when listed). RESULTS=DIR keeps each point's
+# `bench serve --out` JSON there (default: a temporary directory).
 set -euo pipefail
 BELUGA=${BELUGA:-build/beluga}
 CONCURRENCIES=${CONCURRENCIES:-"1 4"}
@@ -38,7 +42,10 @@ synthetic=
 [ -n "${SYNTHETIC:-}" ] && synthetic=",\"synthetic_acceptance\":$SYNTHETIC"
 REQUEST_EXTRA=${REQUEST_EXTRA:-"{}"}
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+results=${RESULTS:-$(mktemp -d)}
+mkdir -p "$results"
+trap 'rm -f "$log"; if [ -z "${RESULTS:-}" ]; then rm -rf "$results"; fi' EXIT
+for round in $(seq "${ROUNDS:-1}"); do
 for spec in $SPECS; do
   extra=()
   if [ "$spec" != none ]; then
@@ -71,7 +78,8 @@ for spec in $SPECS; do
     echo "== speculative K=$spec, concurrency $c"
     "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts $((c * PROMPTS_PER_SLOT)) \
       --max-concurrency "$c" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed 1 --request-extra "$REQUEST_EXTRA" \
-      ${RATE:+--request-rate "$RATE"} ${RANGE:+--random-range-ratio "$RANGE"}
+      ${RATE:+--request-rate "$RATE"} ${RANGE:+--random-range-ratio "$RANGE"} \
+      --out "$results/${spec//\//_}_c${c}_r${round}.json"
   done
   curl -s "http://127.0.0.1:$port/metrics" | grep -E '^beluga_spec_decode|^beluga_engine_steps' || true
   kill "$pid"
@@ -79,3 +87,21 @@ for spec in $SPECS; do
   if [ -n "${KEEP_LOGS:-}" ]; then cp "$log" "$KEEP_LOGS/serve_${spec//\//_}.log"; fi
   if [ -n "$trace" ]; then python3 "$(dirname "$0")/../scripts/trace_summary.py" "$trace" --skip-first 8 || true; fi
 done
+done
+python3 - "$results" "$SPECS" "$CONCURRENCIES" <<'EOF'
+import glob, json, os, statistics, sys
+d, specs, cs = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+def median(spec, c):
+    v = [json.load(open(f))["output_throughput"]
+         for f in glob.glob(os.path.join(d, f"{spec.replace('/', '_')}_c{c}_r*.json"))]
+    return (statistics.median(v), len(v)) if v else (None, 0)
+print("| spec | " + " | ".join(f"c{c} tok/s (median of n)" for c in cs) + " |")
+print("|---|" + "---|" * len(cs))
+for spec in specs:
+    cells = []
+    for c in cs:
+        m, n = median(spec, c)
+        base = median("none", c)[0] if "none" in specs and spec != "none" else None
+        cells.append("-" if m is None else f"{m:.0f} (n={n})" + (f", {m / base:.2f}x" if base else ""))
+    print(f"| {spec} | " + " | ".join(cells) + " |")
+EOF
