@@ -58,13 +58,25 @@ constexpr int kRefThreads = 256;            // 8 warps: a block's keys split 8 w
 constexpr int kRefDeterministicKeys = 128;  // --deterministic: keys of a split, whatever the batch
 constexpr int kRefCols = 128;               // output columns a warp accumulates at once (4 a lane)
 
+// Token t's sequence and how many keys it sees (its cached context and its chunk's rows up to itself).
+struct TokenKeys {
+  int s, n;
+};
+__device__ __forceinline__ TokenKeys token_keys(const RefArgs& a, int t) {
+  const int s = seq_of_token(a.qs, a.S, t);
+  return {s, a.ctx[s] + t - a.qs[s] + 1};
+}
+// Split z's partial for token t, head h (splits > 1): [Dv unnormalised sums | max | sum of exps].
+__device__ __forceinline__ float* split_slot(const RefArgs& a, int t, int h, int z) {
+  return a.part + ((int64_t(t) * a.H + h) * a.splits + z) * (a.Dv + 2);
+}
+
 __global__ void ref_attention_kernel(RefArgs a) {
   pdl_entry();
   extern __shared__ float qsm[];
   __shared__ float red[33];
   const int h = blockIdx.x, t = blockIdx.y;
-  const int s = seq_of_token(a.qs, a.S, t);
-  const int n = a.ctx[s] + t - a.qs[s] + 1;
+  const auto [s, n] = token_keys(a, t);
   // This block's keys; a split past the token's last key has nothing to add (the merge reads only
   // the splits that hold keys).
   const int j0 = int(blockIdx.z) * a.chunk, j1 = min(n, j0 + a.chunk);
@@ -117,8 +129,7 @@ __global__ void ref_attention_kernel(RefArgs a) {
     }
   }
   __syncthreads();
-  float* split =
-      a.splits > 1 ? a.part + ((int64_t(t) * a.H + h) * a.splits + blockIdx.z) * (a.Dv + 2) : nullptr;
+  float* split = a.splits > 1 ? split_slot(a, t, h, int(blockIdx.z)) : nullptr;
   for (int d = threadIdx.x; d < a.Dv; d += blockDim.x) {
     float acc = 0;
     for (int i = 0; i < nw; ++i) acc += part[i * a.Dv + d];
@@ -138,10 +149,9 @@ __global__ void ref_attention_kernel(RefArgs a) {
 __global__ void ref_merge_kernel(RefArgs a) {
   pdl_entry();
   const int h = blockIdx.x, t = blockIdx.y;
-  const int s = seq_of_token(a.qs, a.S, t);
-  const int n = a.ctx[s] + t - a.qs[s] + 1, used = (n + a.chunk - 1) / a.chunk;
+  const int n = token_keys(a, t).n, used = (n + a.chunk - 1) / a.chunk;
   const int64_t stride = a.Dv + 2;
-  const float* p = a.part + (int64_t(t) * a.H + h) * a.splits * stride;
+  const float* p = split_slot(a, t, h, 0);
   float m = -INFINITY;
   for (int i = 0; i < used; ++i) m = fmaxf(m, p[i * stride + a.Dv]);
   auto weight = [&](int i) {
@@ -167,8 +177,7 @@ __global__ void gqa_ref_attention_kernel(RefArgs a) {
   extern __shared__ float smem[];  // q [G, Dk], then the warps' partial P.V sums [warps, G, Dv]
   __shared__ float red[33];
   const int kvh = blockIdx.x, t = blockIdx.y;
-  const int s = seq_of_token(a.qs, a.S, t);
-  const int n = a.ctx[s] + t - a.qs[s] + 1;
+  const auto [s, n] = token_keys(a, t);
   const int j0 = int(blockIdx.z) * a.chunk, j1 = min(n, j0 + a.chunk);
   if (j0 >= n) return;
   float* qsm = smem;
@@ -177,14 +186,11 @@ __global__ void gqa_ref_attention_kernel(RefArgs a) {
   __syncthreads();
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
   float* sc = a.scores + (int64_t(t) * a.H + kvh * G) * a.max_keys;  // head g's at g * max_keys
-  auto row = [&](int j) {
-    return a.cache + (int64_t(a.bt[int64_t(s) * a.max_blocks + j / a.bs]) * a.bs + j % a.bs) * a.entry;
-  };
   float mx[G], sum[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) mx[g] = -INFINITY;
   for (int j = j0 + w; j < j1; j += nw) {
-    const bf16* k = row(j) + int64_t(kvh) * a.Dk;
+    const bf16* k = ref_row(a, s, 0, kvh * G, j).k;
     float dot[G] = {};
     for (int d = lane; d < a.Dk; d += 32) {
       const float kd = to_f(k[d]);
@@ -213,7 +219,7 @@ __global__ void gqa_ref_attention_kernel(RefArgs a) {
   for (int d0 = 0; d0 < a.Dv; d0 += kRefCols) {
     float acc[G][kRefCols / 32] = {};
     for (int j = j0 + w; j < j1; j += nw) {
-      const bf16* v = row(j) + int64_t(a.kv_heads + kvh) * a.Dk;
+      const bf16* v = ref_row(a, s, 0, kvh * G, j).v;
       float p[G];
 #pragma unroll
       for (int g = 0; g < G; ++g) p[g] = sc[g * a.max_keys + j];
@@ -241,23 +247,28 @@ __global__ void gqa_ref_attention_kernel(RefArgs a) {
     float acc = 0;
     for (int k = 0; k < nw; ++k) acc += part[(k * G + g) * a.Dv + d];
     if (a.splits > 1)
-      a.part[((int64_t(t) * a.H + h) * a.splits + blockIdx.z) * (a.Dv + 2) + d] = acc;
+      split_slot(a, t, h, int(blockIdx.z))[d] = acc;
     else
       a.out[t * a.o0 + h * a.o1 + d] = __float2bfloat16(acc * (1.0f / sum[g]));
   }
   if (a.splits > 1 && threadIdx.x < G) {
-    float* split = a.part + ((int64_t(t) * a.H + kvh * G + threadIdx.x) * a.splits + blockIdx.z) * (a.Dv + 2);
+    float* split = split_slot(a, t, kvh * G + int(threadIdx.x), int(blockIdx.z));
     split[a.Dv] = mx[threadIdx.x];
     split[a.Dv + 1] = sum[threadIdx.x];
   }
+}
+
+// Shared memory of a reference block serving `heads` query heads: their queries and the warps' partial
+// P.V sums.
+size_t ref_smem(const RefArgs& a, int heads) {
+  return (size_t(heads) * a.Dk + size_t(kRefThreads / 32) * heads * a.Dv) * sizeof(float);
 }
 
 // The query heads a block of the reference kernel serves: a GQA group of 2, 4 or 8 (its shared
 // memory within the default 48 KB), else 1.
 int heads_per_block(const RefArgs& a) {
   const bool group = a.mode == 2 && (a.group == 2 || a.group == 4 || a.group == 8) && a.Dk == a.Dv;
-  const size_t smem = (size_t(a.group) * a.Dk + size_t(kRefThreads / 32) * a.group * a.Dv) * sizeof(float);
-  return group && smem <= 48 * 1024 ? a.group : 1;
+  return group && ref_smem(a, a.group) <= 48 * 1024 ? a.group : 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -268,24 +279,23 @@ namespace cuda {
 void run_reference(RefArgs a, int T, int max_keys_, Tensor scores, cudaStream_t st) {
   a.scores = scores.ptr<float>();
   a.max_keys = max_keys_;
-  const size_t smem = (size_t(a.Dk) + size_t(kRefThreads / 32) * size_t(a.Dv)) * sizeof(float);
+  const int heads = heads_per_block(a);
+  const size_t smem = ref_smem(a, heads);
   BELUGA_CHECK(smem <= 48 * 1024, "reference attention: head dims ", a.Dk, "/", a.Dv, " need ", smem,
                " bytes of shared memory");
   BELUGA_CHECK(
       a.splits >= 1 && a.chunk >= 1 && int64_t(a.splits) * a.chunk >= max_keys_ && (a.splits == 1 || a.part),
       "reference attention: ", a.splits, " splits of ", a.chunk, " keys for ", max_keys_);
-  switch (heads_per_block(a)) {
+  const dim3 groups(a.kv_heads, T, a.splits);
+  switch (heads) {
     case 2:
-      launch(gqa_ref_attention_kernel<2>, dim3(a.kv_heads, T, a.splits), kRefThreads,
-             (2 * a.Dk + kRefThreads / 32 * 2 * a.Dv) * sizeof(float), st, a);
+      launch(gqa_ref_attention_kernel<2>, groups, kRefThreads, smem, st, a);
       break;
     case 4:
-      launch(gqa_ref_attention_kernel<4>, dim3(a.kv_heads, T, a.splits), kRefThreads,
-             (4 * a.Dk + kRefThreads / 32 * 4 * a.Dv) * sizeof(float), st, a);
+      launch(gqa_ref_attention_kernel<4>, groups, kRefThreads, smem, st, a);
       break;
     case 8:
-      launch(gqa_ref_attention_kernel<8>, dim3(a.kv_heads, T, a.splits), kRefThreads,
-             (8 * a.Dk + kRefThreads / 32 * 8 * a.Dv) * sizeof(float), st, a);
+      launch(gqa_ref_attention_kernel<8>, groups, kRefThreads, smem, st, a);
       break;
     default:
       launch(ref_attention_kernel, dim3(a.H, T, a.splits), kRefThreads, smem, st, a);
