@@ -164,7 +164,8 @@ class Ops {
   // add_rmsnorm (into in.residual_out), or rmsnorm of the residual alone when `in` has no delta.
   virtual void normalize(const NormedInput& in);
   virtual void add(Tensor out, const Tensor& a, const Tensor& b) = 0;
-  virtual void copy(Tensor out, const Tensor& x) = 0;  // same shape, any strides
+  // Same shape, any strides; BF16/F32 (CPU: F32), or I32 to I32 (contiguous on CUDA).
+  virtual void copy(Tensor out, const Tensor& x) = 0;
   // out [M, I] = silu(gate_up[:, :I]) * gate_up[:, I:]
   virtual void silu_mul(Tensor out, const Tensor& gate_up) = 0;
   // x [T, heads, dim] (dim >= rotary_dim; the first rotary_dim values rotate), in place.

@@ -1,6 +1,7 @@
 #include "engine/spec_decode.h"
 
 #include <algorithm>
+#include <bit>
 #include <unordered_map>
 
 #include "engine/draft_verifier.h"
@@ -31,6 +32,7 @@ SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, in
   hidden_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   mtp_in_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   mtp_out_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
+  chain_ = ops.alloc_persistent(DType::kI32, {2 * int64_t(cfg.num_speculative_tokens) * rows});
 }
 
 void SpecDecoder::begin_step(const std::vector<Chunk>& chunks,
@@ -242,15 +244,79 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   }
   verify_span.end();
   if (mb_.tokens.empty()) return;
+  // Every proposer drafting equally deep (all but those near their maximum length) chains on the
+  // device; expert-parallel peers take each pass's ids from the host.
+  int depth = seq_of_.empty() ? 0 : draft_len_[size_t(seq_of_[0])];
+  for (int i : seq_of_)
+    if (draft_len_[size_t(i)] != depth) depth = 0;
+  if (depth > 0 && !model_.has_step_peers()) {
+    TraceSpan span(trace, lane, "spec: mtp chain");
+    run_mtp_chain_on_device(b, depth);
+    return;
+  }
+  run_mtp_chain(b, trace, lane);
+}
 
-  TraceSpan mtp_span(trace, lane, "spec: mtp pass");
+void SpecDecoder::gather_mtp_input(const Tensor& from, int n) {
   Ops& ops = model_.ops();
-  auto gather = [&](const Tensor& from, int n) {  // rows gather_[0..n) of `from` into mtp_in_
-    Tensor idx = ops.scratch(DType::kI32, {n});
-    ops.copy_from_host(idx, gather_.data());
-    ops.gather_rows(mtp_in_.rows(0, n), from, idx);
+  Tensor idx = ops.scratch(DType::kI32, {n});
+  ops.copy_from_host(idx, gather_.data());
+  ops.gather_rows(mtp_in_.rows(0, n), from, idx);
+}
+
+void SpecDecoder::run_mtp_chain_on_device(const Batch& b, int depth) {
+  const int K = cfg_.num_speculative_tokens, P = int(seq_of_.size());
+  BELUGA_ASSERT(depth <= K && int64_t(2) * K * P <= chain_.numel());
+  auto ids = [&](int j) { return chain_.rows(int64_t(2) * j * P, int64_t(2) * j * P + P); };
+  auto probs = [&](int j) {
+    Tensor t = chain_.rows(int64_t(2) * j * P + P, int64_t(2) * (j + 1) * P);
+    t.dtype = DType::kF32;  // same 4 bytes an element
+    return t;
   };
-  gather(hidden_, int(gather_.size()));
+  gather_mtp_input(hidden_, int(gather_.size()));
+  ForwardOptions mo;
+  mo.final_hidden = &mtp_out_;
+  mo.device_greedy = ids(0);
+  mo.device_greedy_probs = probs(0);
+  model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
+  // Chained passes: proposer t's row is row t, its token the previous pass's draft (on the device;
+  // the batch's ids are placeholders), one position further on.
+  gather_.assign(mb_.logit_rows.begin(), mb_.logit_rows.end());  // each proposer's row in mtp_out_
+  Tensor prev;
+  for (int j = 1; j < depth; ++j) {
+    if (j == 1) {
+      mb_.tokens.assign(size_t(P), 0);
+      mb_.seqs.clear();
+      mb_.logit_rows.clear();
+      for (int t = 0; t < P; ++t) {
+        mb_.seqs.push_back({last_pos_[size_t(t)] + 1, 1, b.seqs[size_t(seq_of_[size_t(t)])].block_table});
+        mb_.logit_rows.push_back(t);
+      }
+    } else {
+      for (SeqChunk& sc : mb_.seqs) ++sc.context_len;
+    }
+    gather_mtp_input(mtp_out_, P);
+    for (int t = 0; t < P; ++t) gather_[size_t(t)] = t;
+    prev = ids(j - 1);
+    mo.device_ids = &prev;
+    mo.device_greedy = ids(j);
+    mo.device_greedy_probs = probs(j);
+    model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
+  }
+  chain_host_.resize(size_t(2) * size_t(depth) * size_t(P));
+  model_.ops().copy_to_host(chain_.rows(0, int64_t(chain_host_.size())), chain_host_.data());
+  for (int j = 0; j < depth; ++j)
+    for (int t = 0; t < P; ++t) {
+      const size_t at = size_t(seq_of_[size_t(t)]) * size_t(K) + size_t(j);
+      drafts_[at] = chain_host_[size_t(2 * j * P + t)];
+      draft_q_[at] = std::bit_cast<float>(chain_host_[size_t(2 * j * P + P + t)]);
+    }
+}
+
+void SpecDecoder::run_mtp_chain(const Batch& b, Tracer* trace, int lane) {
+  const int K = cfg_.num_speculative_tokens;
+  TraceSpan mtp_span(trace, lane, "spec: mtp pass");
+  gather_mtp_input(hidden_, int(gather_.size()));
   ForwardOptions mo;
   mo.final_hidden = &mtp_out_;
   ids_.resize(mb_.logit_rows.size());
@@ -288,7 +354,7 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
     seq_of_.resize(n);
     last_pos_.resize(n);
     if (n == 0) break;
-    gather(mtp_out_, int(n));
+    gather_mtp_input(mtp_out_, int(n));
     ids_.resize(n);
     probs_.resize(n);
     mo.greedy_probs = probs_.data();

@@ -8,7 +8,8 @@
 // after the accepted ones: 1 + accepted tokens per step, the tokens decoding without speculation gives
 // (greedy; sampled with the same seed). The MTP module then runs over the step's accepted positions (its KV
 // lives in a cache of its own that shares the main cache's block tables, so rolling back a sequence's length
-// rolls back both) and, chained on its own output, proposes the next step's drafts.
+// rolls back both) and, chained on its own output, proposes the next step's drafts (the chained passes
+// read the previous pass's drafts on the device: the chain costs one host round trip, not one a pass).
 //
 // Gating (SpecGate): before each step the engine calls begin_step(); the gate decides whether the step
 // drafts (the regime, by measured tokens per second: plain steps run no MTP pass and overlap as
@@ -150,6 +151,15 @@ class SpecDecoder {
   // The depth of the step just applied if it was a steady decode step (every sequence a decode, all
   // drafting or all plain: 0): the drafts its sequences verified, their mean rounded; else -1.
   int steady_shape() const;
+  // The MTP pass over mb_ (its proposers seq_of_, their rows in mtp_out_ mb_.logit_rows) and the
+  // chained passes after it, drafts into drafts_ / draft_q_.
+  // `b` is the verify step's batch (the proposers' block tables).
+  void run_mtp_chain(const Batch& b, Tracer* trace, int lane);
+  // The passes of one proposal chain when every proposer drafts `depth` tokens: each reads the
+  // previous pass's drafts on the device, one read-back at the end.
+  void run_mtp_chain_on_device(const Batch& b, int depth);
+  // Rows gather_[0..n) of `from` into mtp_in_ (the next MTP pass's h rows).
+  void gather_mtp_input(const Tensor& from, int n);
   // Whether chunk c of sequence s decodes its last token (a pending one included).
   static bool is_decode(const Chunk& c, const Seq& s) {
     return c.sample && c.len == 1 && c.start + 1 == int(s.tokens.size()) + s.pending;
@@ -158,9 +168,13 @@ class SpecDecoder {
   Model& model_;
   SpecConfig cfg_;
   KvCache mtp_kv_;
-  Tensor hidden_;           // the step's final hidden states, every row
-  Tensor mtp_in_;           // the MTP step's h rows
-  Tensor mtp_out_;          // its own normed output (chained into the next MTP step)
+  Tensor hidden_;   // the step's final hidden states, every row
+  Tensor mtp_in_;   // the MTP step's h rows
+  Tensor mtp_out_;  // its own normed output (chained into the next MTP step)
+  // The drafts of a chain kept on the device (run_mtp_chain): pass j's ids at [2jP, 2jP + P) and their
+  // probabilities (F32 bits) at [2jP + P, 2jP + 2P), P proposers; read back once after the last pass.
+  Tensor chain_;
+  std::vector<int32_t> chain_host_;
   std::vector<Plan> plan_;  // per batch sequence of the step being built / in flight
   // Runner-thread results, read by the engine after wait().
   std::vector<int> accepted_;

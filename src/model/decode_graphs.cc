@@ -82,13 +82,17 @@ int DecodeGraphs::batch_bucket(int n) {
 }
 
 void DecodeGraphs::run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy, Variant variant,
-                       float* greedy_prob) {
-  run(p, body, variant, [&](const Tensor& lg) {
-    read_logits(ops_, lg, logits, greedy, greedy_ids_, greedy_prob, greedy_probs_);
-  });
+                       float* greedy_prob, const Tensor* device_ids) {
+  run(
+      p, body, variant,
+      [&](const Tensor& lg) {
+        read_logits(ops_, lg, logits, greedy, greedy_ids_, greedy_prob, greedy_probs_);
+      },
+      device_ids);
 }
 
-void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, const Consume& consume) {
+void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, const Consume& consume,
+                       const Tensor* device_ids) {
   const int S = p.num_seqs, B = batch_bucket(S), Q = p.max_query_len;
   const int W = int(std::bit_ceil(unsigned(std::max(1, p.max_blocks))));
   BELUGA_CHECK(qualifies(p) && W <= width_cap_, "DecodeGraphs: step does not qualify");
@@ -123,6 +127,8 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, con
 
   auto field = [&](size_t off, int64_t n) { return inputs_.rows(int64_t(off), int64_t(off) + n); };
   const Tensor ids = field(0, T), pos = field(kMaxTokens, T), rows = field(3 * size_t(kMaxTokens), R);
+  // The real rows' ids from the device (padding rows keep sequence 0's host ids: valid, never kept).
+  if (device_ids) ops_.copy(ids.rows(0, int64_t(S) * Q), device_ids->rows(0, int64_t(S) * Q));
   AttnMeta meta;
   meta.num_seqs = B;
   meta.num_tokens = T;

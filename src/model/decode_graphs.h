@@ -69,14 +69,17 @@ class DecodeGraphs {
   static int padded_rows(const StepPlan& p) { return batch_bucket(p.num_seqs) * p.max_query_len; }
   // Runs the step (replaying or recording its graph) and copies its logits to `logits` (host), or
   // with `greedy` each row's argmax instead (see read_logits).
+  // With `device_ids` (I32 on the device, >= the step's token rows) the step's ids are copied from
+  // there after the host's inputs are uploaded: a step chained on the previous one's device output.
   void run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy = nullptr,
-           Variant variant = {}, float* greedy_prob = nullptr);
+           Variant variant = {}, float* greedy_prob = nullptr, const Tensor* device_ids = nullptr);
   // As run(), but hands the step's device logits [its logit rows, vocab] to `consume` instead of
   // copying them to the host: the graph's own memory after a replay (so `consume` must take no
   // scratch: a replay does not advance the scratch cursor), or an eager first run's result, consumed
   // before the graph is recorded.
   using Consume = std::function<void(const Tensor& logits)>;
-  void run(const StepPlan& p, const Body& body, Variant variant, const Consume& consume);
+  void run(const StepPlan& p, const Body& body, Variant variant, const Consume& consume,
+           const Tensor* device_ids = nullptr);
   int num_graphs() const { return int(graphs_.size()); }
 
  private:

@@ -30,6 +30,13 @@ struct ForwardOptions {
   int32_t* greedy_tokens = nullptr;
   // With greedy_tokens: each row's softmax probability of its argmax here too (a draft's confidence).
   float* greedy_probs = nullptr;
+  // mtp_forward() only, so chained MTP steps follow each other on the device without a host round
+  // trip: with `device_greedy` (I32 [>= logit rows]) the argmaxes, and with `device_greedy_probs` (F32)
+  // their probabilities, stay in these device tensors and nothing is copied to the host (the call
+  // returns once the step is queued); `device_ids` (I32, >= the step's token rows) gives the step's
+  // token ids in place of batch.tokens, whose values must still be valid ids (padding rows read them).
+  Tensor device_greedy, device_greedy_probs;
+  const Tensor* device_ids = nullptr;
   // When set: the final-normed hidden state of every token row is copied here (a persistent device
   // tensor of at least [tokens, hidden] in the backend's activation dtype): the MTP module's input.
   Tensor* final_hidden = nullptr;
@@ -138,6 +145,8 @@ class Model {
   // an exception).
   void mtp_forward_local(const Batch& batch, const Tensor& hidden, KvCache& kv, float* logits,
                          const ForwardOptions& opt);
+  // The step's argmaxes (and probabilities) of `logits` into opt.device_greedy(_probs), on the device.
+  void keep_greedy(const Tensor& logits, const ForwardOptions& opt);
   void with_peers(const std::function<void()>& step);
   Model(const ModelConfig& cfg, Ops& ops);
   // What each architecture supplies for decoder layer l (pre-norm residual blocks):

@@ -76,6 +76,8 @@ void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float
   if (!peers_) return mtp_forward_local(b, hidden, kv, logits, opt);
   // The MTP layer's experts are sharded too: every rank steps it.
   BELUGA_CHECK(peer_rows, "an expert-parallel MTP step needs the peers' input rows");
+  // The peers take their ids from the batch: every step's ids must be on the host.
+  BELUGA_CHECK(!opt.device_ids, "an expert-parallel MTP step takes its ids from the host");
   peers_->begin_mtp(b, kv.num_blocks, peer_rows->rows, peer_rows->chained);
   with_peers([&] { mtp_forward_local(b, hidden, kv, logits, opt); });
 }
@@ -99,23 +101,39 @@ void Model::mtp_forward_local(const Batch& b, const Tensor& hidden, KvCache& kv,
     // name its variant.
     const DecodeGraphs::Variant variant{kv.layers[0].data, hidden.data,
                                         opt.final_hidden ? opt.final_hidden->data : nullptr};
-    mtp_graphs_->run(
-        p,
-        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
-          return mtp_body(meta, ids, pos, rows, hidden, kv, opt, q);
-        },
-        logits, opt.greedy_tokens, variant, opt.greedy_probs);
+    auto body = [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
+      return mtp_body(meta, ids, pos, rows, hidden, kv, opt, q);
+    };
+    if (!opt.device_greedy.empty())
+      mtp_graphs_->run(
+          p, body, variant, [&](const Tensor& lg) { keep_greedy(lg, opt); }, opt.device_ids);
+    else
+      mtp_graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs, opt.device_ids);
     return;
   }
   Tensor ids, pos;
   const AttnMeta meta = upload_meta(p, &ids, &pos);
+  if (opt.device_ids) ops_.copy(ids, opt.device_ids->rows(0, T));
   Tensor rows;
   if (!p.logit_rows.empty()) {
     rows = ops_.scratch(DType::kI32, {int64_t(p.logit_rows.size())});
     ops_.copy_from_host(rows, p.logit_rows.data());
   }
   Tensor lg = mtp_body(meta, ids, pos, rows, hidden, kv, opt, p.max_query_len);
-  if (!lg.empty()) read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
+  if (lg.empty()) return;
+  if (!opt.device_greedy.empty())
+    keep_greedy(lg, opt);
+  else
+    read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
+}
+
+void Model::keep_greedy(const Tensor& logits, const ForwardOptions& opt) {
+  const int64_t R = logits.shape[0];
+  BELUGA_CHECK(opt.device_greedy.numel() >= R &&
+                   (opt.device_greedy_probs.empty() || opt.device_greedy_probs.numel() >= R),
+               "ForwardOptions::device_greedy holds fewer rows than the step's ", R, " logit rows");
+  ops_.argmax_rows(opt.device_greedy.rows(0, R), logits,
+                   opt.device_greedy_probs.empty() ? Tensor{} : opt.device_greedy_probs.rows(0, R));
 }
 
 }  // namespace beluga

@@ -106,6 +106,11 @@ TEST_F(SpecDecodeTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
       sum += st.spec_accepted_per_position[j];
       if (j > 0) {
         EXPECT_LE(st.spec_accepted_per_position[j], st.spec_accepted_per_position[j - 1]);
+        // A chained draft is accepted often where its predecessor was (its token and hidden state
+        // are the previous pass's: the chain on the device reads them there; wrong ones fall to ~0).
+        EXPECT_GT(double(st.spec_accepted_per_position[j]),
+                  0.35 * double(st.spec_accepted_per_position[j - 1]))
+            << "K=" << k << " position " << j;
       }
     }
     EXPECT_EQ(sum, st.spec_accepted_tokens);

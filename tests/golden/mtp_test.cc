@@ -88,6 +88,89 @@ TEST(DemoModelMtp, LogitsMatchReference) {
   }
 }
 
+// A proposal chain (the MTP step, then steps over its own output) gives the same drafts when each
+// step reads the previous one's argmaxes on the device (ForwardOptions::device_ids, device_greedy:
+// one read-back for the chain) as when they go through the host: two sequences, three steps.
+TEST(DemoModelMtp, ChainedStepsReadTheirDraftsOnTheDevice) {
+  Demo d;
+  const int D = d.cfg.hidden_size, kSeqs = 2, kSteps = 3;
+  std::vector<int> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back(100 + (i * 37) % 900);
+  const int P = int(prompt.size());
+  struct Drafts {
+    std::vector<int32_t> ids;
+    std::vector<float> probs;
+  };
+  auto chain = [&](bool on_device) {
+    KvCache kv = d.model->make_kv_cache(4), mkv = d.model->make_mtp_kv_cache(4);
+    Tensor hidden = d.ops.alloc_persistent(d.ops.act_dtype(), {kSeqs * P, D});
+    Tensor in = d.ops.alloc_persistent(d.ops.act_dtype(), {kSeqs * P, D});
+    Tensor out = d.ops.alloc_persistent(d.ops.act_dtype(), {kSeqs * P, D});
+    Batch main;
+    for (int s = 0; s < kSeqs; ++s) {  // sequence 1: the prompt reversed
+      if (s == 0)
+        main.tokens.insert(main.tokens.end(), prompt.begin(), prompt.end());
+      else
+        main.tokens.insert(main.tokens.end(), prompt.rbegin(), prompt.rend());
+      main.seqs.push_back({0, P, {2 * s, 2 * s + 1}});
+    }
+    ForwardOptions fo;
+    fo.final_hidden = &hidden;
+    d.model->forward(main, kv, nullptr, fo);
+    Tensor dev_ids = d.ops.alloc_persistent(DType::kI32, {kSteps * kSeqs});
+    Tensor dev_probs = d.ops.alloc_persistent(DType::kF32, {kSteps * kSeqs});
+    Drafts r{std::vector<int32_t>(size_t(kSteps * kSeqs)), std::vector<float>(size_t(kSteps * kSeqs))};
+    Tensor prev;
+    for (int j = 0; j < kSteps; ++j) {
+      // Step 0: each sequence's last P - 1 rows (h_i, x_{i+1}), its proposal row the last; then one row
+      // a sequence, h its previous output row, x the previous draft.
+      Batch b;
+      for (int s = 0; s < kSeqs; ++s) {
+        if (j == 0) {
+          b.tokens.insert(b.tokens.end(), main.tokens.begin() + s * P + 1, main.tokens.begin() + (s + 1) * P);
+          b.seqs.push_back({0, P - 1, {2 * s, 2 * s + 1}});
+          b.logit_rows.push_back((s + 1) * (P - 1) - 1);
+        } else {
+          b.tokens.push_back(on_device ? 0 : r.ids[size_t((j - 1) * kSeqs + s)]);
+          b.seqs.push_back({P - 2 + j, 1, {2 * s, 2 * s + 1}});
+          b.logit_rows.push_back(s);
+        }
+      }
+      if (j == 0) {
+        d.ops.copy(in.rows(0, P - 1), hidden.rows(0, P - 1));
+        d.ops.copy(in.rows(P - 1, 2 * (P - 1)), hidden.rows(P, 2 * P - 1));
+      } else {
+        for (int s = 0; s < kSeqs; ++s)
+          d.ops.copy(in.rows(s, s + 1),
+                     j == 1 ? out.rows((s + 1) * (P - 1) - 1, (s + 1) * (P - 1)) : out.rows(s, s + 1));
+      }
+      ForwardOptions mo;
+      mo.final_hidden = &out;
+      if (on_device) {
+        mo.device_greedy = dev_ids.rows(j * kSeqs, (j + 1) * kSeqs);
+        mo.device_greedy_probs = dev_probs.rows(j * kSeqs, (j + 1) * kSeqs);
+        if (j > 0) {
+          prev = dev_ids.rows((j - 1) * kSeqs, j * kSeqs);
+          mo.device_ids = &prev;
+        }
+      } else {
+        mo.greedy_tokens = r.ids.data() + j * kSeqs;
+        mo.greedy_probs = r.probs.data() + j * kSeqs;
+      }
+      d.model->mtp_forward(b, in, mkv, nullptr, mo);
+    }
+    if (on_device) {
+      d.ops.copy_to_host(dev_ids, r.ids.data());
+      d.ops.copy_to_host(dev_probs, r.probs.data());
+    }
+    return r;
+  };
+  const Drafts host = chain(false), device = chain(true);
+  EXPECT_EQ(device.ids, host.ids);
+  EXPECT_EQ(device.probs, host.probs);
+  EXPECT_NE(host.ids[0], host.ids[1]) << "the two sequences propose different drafts (a real check)";
+}
+
 // The MTP layer is not part of the main model: its logits and parameter count are the same as a
 // checkpoint without it would give (the golden test checks the logits; here, the count excludes it).
 TEST(DemoModelMtp, ParametersExcludeTheModule) {

@@ -150,7 +150,9 @@ void CpuOps::add(Tensor out, const Tensor& a, const Tensor& b) {
 
 void CpuOps::copy(Tensor out, const Tensor& x) {
   cpu::OpProfile::Scope prof(profile_, "copy");
-  BELUGA_ASSERT(out.ndim == x.ndim && out.dtype == DType::kF32 && x.dtype == DType::kF32);
+  // F32, or I32 ids (4 bytes either way: copied as they are).
+  BELUGA_ASSERT(out.ndim == x.ndim && out.dtype == x.dtype &&
+                (x.dtype == DType::kF32 || x.dtype == DType::kI32));
   // Collapses to at most 3 leading loops over a contiguous last dimension.
   const int nd = x.ndim;
   int64_t s0 = nd >= 3 ? x.shape[nd - 3] : 1, s1 = nd >= 2 ? x.shape[nd - 2] : 1, D = x.shape[nd - 1];

@@ -600,6 +600,12 @@ void CudaOps::copy(Tensor out, const Tensor& x) {
   if (total == 0) return;
   const int g = grid_for(total);
   cudaStream_t st = S(stream_);
+  if (out.dtype == DType::kI32 || x.dtype == DType::kI32) {  // ids: copied as they are
+    BELUGA_CHECK(out.dtype == x.dtype && out.is_contiguous() && x.is_contiguous(),
+                 "copy: I32 only to I32, contiguous");
+    BELUGA_CUDA_CHECK(cudaMemcpyAsync(out.data, x.data, x.nbytes(), cudaMemcpyDeviceToDevice, st));
+    return;
+  }
   const bool ob = out.dtype == DType::kBF16, xb = x.dtype == DType::kBF16;
   BELUGA_CHECK((ob || out.dtype == DType::kF32) && (xb || x.dtype == DType::kF32), "copy: BF16/F32 only");
   if (ob && xb)
