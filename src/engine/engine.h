@@ -54,6 +54,10 @@ struct EngineConfig {
   // delivered before the next one starts (the same tokens; for comparing and debugging).
   bool async_scheduling = true;
   bool early_launch = true;  // with async_scheduling; off: launched after N is applied (A/B, tests)
+  // How long the engine thread and the model runner's poll for each other (yielding) before they
+  // block (ModelRunner): a wake-up costs tens of microseconds, a small model's whole step on a GPU.
+  // -1: 2000 on a device backend, 0 on the CPU (whose compute threads want the cores).
+  int poll_micros = -1;
   // Steps whose every sample row needs no sequence history (sampler.h: samples_on_device) sample on
   // the device when the model has a sampler (CUDA), constrained rows with their masks uploaded with
   // the step; off (`--no-device-sampling`): the logits come to the host sampler (the reference).

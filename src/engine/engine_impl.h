@@ -70,7 +70,10 @@ struct Engine::Impl {
         trace(cfg.trace_path.empty() ? nullptr : std::make_unique<Tracer>(cfg.trace_path)),
         trace_lane(trace ? trace->add_lane("engine loop") : 0),
         runner(m, kv, cfg.step_hook, trace.get(), spec.get(),
-               cfg.deterministic ? MlaMode::kAbsorbed : MlaMode::kAuto),
+               cfg.deterministic ? MlaMode::kAbsorbed : MlaMode::kAuto,
+               cfg.poll_micros >= 0               ? cfg.poll_micros
+               : m.ops().device() == Device::kCpu ? 0
+                                                  : 2000),
         device_sampling(cfg.device_sampling && m.has_sampler()),
         deterministic(cfg.deterministic),
         mask_filler(cfg.mask_threads >= 0 ? cfg.mask_threads

@@ -9,13 +9,14 @@
 namespace beluga {
 
 ModelRunner::ModelRunner(Model& model, KvCache& kv, StepHook hook, Tracer* trace, SpecDecoder* spec,
-                         MlaMode mla_mode)
+                         MlaMode mla_mode, int poll_micros)
     : model_(model),
       kv_(kv),
       hook_(std::move(hook)),
       trace_(trace),
       spec_(spec),
       mla_mode_(mla_mode),
+      poll_micros_(poll_micros),
       vocab_(model.config().vocab_size),
       block_layers_(kv.layers) {
   if (spec_ && spec_->mtp_kv())  // the block image's last layer (kv_connector.h)
@@ -106,6 +107,7 @@ void ModelRunner::wait() {
   BELUGA_ASSERT(in_flight());
   Slot& s = slots_[waited_ % 2];
   std::exception_ptr err;
+  poll_for([&] { return completed_.load(std::memory_order_acquire) > waited_; });
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return s.done; });
@@ -202,6 +204,9 @@ void ModelRunner::run() {
   }
   int64_t next = 0;  // the next step to run
   for (;;) {
+    // A serial step (speculating, or not launched early) comes tens of microseconds after the step
+    // ahead ended: polled for, it starts without a wake-up's latency.
+    poll_for([&] { return queued_.load(std::memory_order_acquire) > next; });
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return queued_ > next || stop_; });
@@ -218,8 +223,16 @@ void ModelRunner::run() {
       run_step(s);
     }
     ++next;
+    completed_.store(next, std::memory_order_release);
     cv_.notify_all();
   }
+}
+
+template <typename Ready>
+void ModelRunner::poll_for(Ready ready) const {
+  if (poll_micros_ <= 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(poll_micros_);
+  while (!ready() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
 }
 
 }  // namespace beluga

@@ -27,6 +27,7 @@
 //     results on the host) and last_tokens() its batch tokens: the samples of the step cost model.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -52,8 +53,11 @@ class ModelRunner {
   // `trace` (may be null) must outlive the runner. With `spec`, each step launched `speculative` runs
   // through SpecDecoder::run_step (forward, verification, MTP proposals). `mla_mode` goes to every step's
   // ForwardOptions (kAbsorbed: one attention form whatever the step's query lengths).
+  // `poll_micros` > 0: each thread polls (yielding) for the other this long before it blocks on the
+  // condition variable: the engine in wait(), the thread for the next launch. A blocked thread's
+  // wake-up costs tens of microseconds on virtual machines, a step's worth of a small model's graph.
   ModelRunner(Model& model, KvCache& kv, StepHook hook = {}, Tracer* trace = nullptr,
-              SpecDecoder* spec = nullptr, MlaMode mla_mode = MlaMode::kAuto);
+              SpecDecoder* spec = nullptr, MlaMode mla_mode = MlaMode::kAuto, int poll_micros = 0);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -138,6 +142,9 @@ class ModelRunner {
   const Slot& last_launched() const { return slots_[(launched_ - 1) % 2]; }
   const Slot& done_slot() const { return slots_[(waited_ + 1) % 2]; }  // step waited_ - 1
   Slot& done_slot() { return slots_[(waited_ + 1) % 2]; }
+  // Returns once ready() or after poll_micros_ (at once when polling is off).
+  template <typename Ready>
+  void poll_for(Ready ready) const;
   void run();
   void run_step(Slot& s);
   // Replaces the batch's future tokens with the previous step's ids; false when it has none.
@@ -150,6 +157,7 @@ class ModelRunner {
   int trace_lane_ = 0, queue_lane_ = 0;
   SpecDecoder* spec_;
   MlaMode mla_mode_;
+  const int poll_micros_;
   const int vocab_;
   std::vector<Tensor> block_layers_;  // a KV block's image: kv_'s layers, then the MTP layer's if any
   Slot slots_[2];
@@ -159,7 +167,9 @@ class ModelRunner {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  int64_t queued_ = 0;  // steps launched (guarded: the thread's view of launched_)
+  // Steps launched (the thread's view of launched_; written under mu_) and steps done (stored once
+  // the step's slot says done); read without the lock while polling.
+  std::atomic<int64_t> queued_ = 0, completed_ = 0;
   bool stop_ = false;
   int64_t step_ = 0;    // the thread's next step
   std::thread thread_;  // last: starts after everything above is initialised

@@ -234,5 +234,39 @@ TEST_F(EngineTest, SerialLoopGivesTheOverlappedLoopsTokens) {
   std::remove(path.c_str());
 }
 
+// Threads that poll for each other before blocking (EngineConfig::poll_micros, on by default for
+// GPU backends) give the blocking loop's tokens, with early launches and serial steps alike: a wait
+// that returned before its step was done would read another step's ids.
+TEST_F(EngineTest, PollingThreadsGiveTheBlockingLoopsTokens) {
+  auto run = [&](int poll_micros, bool early) {
+    Collector c;
+    EngineConfig ec;
+    ec.max_num_batched_tokens = 64;
+    ec.num_kv_blocks = 256;
+    ec.poll_micros = poll_micros;
+    ec.early_launch = early;
+    Engine engine(*model_, ec);
+    // Greedy (so steps launch early), prompts of several chunks, ends at different steps.
+    for (int i = 0; i < 8; ++i) {
+      std::string id = "g";
+      id += std::to_string(i);
+      EXPECT_EQ(engine.submit(greedy(id, prompt(10 + 23 * i, i), 12 + 5 * i, c)), SubmitStatus::kOk);
+    }
+    EXPECT_TRUE(c.wait(8));
+    const EngineStats st = wait_idle(engine);
+    EXPECT_EQ(st.kv_blocks_used, 0);
+    EXPECT_EQ(c.late, 0);
+    if (early) {
+      EXPECT_GT(st.steps_early, 0) << "poll " << poll_micros;
+    }
+    return c.tokens;
+  };
+  const auto blocking = run(0, true);
+  ASSERT_EQ(blocking.size(), 8u);
+  EXPECT_EQ(run(1000000, true), blocking) << "polling for up to a second, early launches";
+  EXPECT_EQ(run(1000000, false), blocking) << "polling, serial launches";
+  EXPECT_EQ(run(30, true), blocking) << "polls that time out and block";
+}
+
 }  // namespace
 }  // namespace beluga::engine_test
