@@ -125,8 +125,16 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
 
 // The probes' verdict: whether drafting wins, and whether the loser was far slower; false when either
 // regime has too few steady steps (a busy server's steps carry prompts): the regime in force stays.
+SpecGate::Rate SpecGate::plain_rate(const Band& r, int band) const {
+  if (!paired(band)) return r.rate[0];
+  Rate p = r.paired;
+  p.seconds *= r.plain_factor;
+  return p;
+}
+
 bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) const {
-  const Rate &off = plain_rate(r, band), &dr = r.rate[1];
+  const Rate off = plain_rate(r, band);
+  const Rate& dr = r.rate[1];
   if (off.steps < kMinSamples || dr.steps < kMinSamples || off.seconds <= 0 || dr.seconds <= 0) return false;
   const double on_rate = dr.per_seq(), off_rate = off.per_seq();
   *on = on_rate > kRegimeGain * off_rate;
@@ -177,13 +185,47 @@ bool SpecGate::advance_paired(Band& r, int band, bool log) const {
     r.run = 0;
     r.rate[0] = r.rate[1] = r.paired = Rate{};
   };
+  // A calibration window: plain decisions; its verdict once its steps are in (they follow the
+  // decisions by a step or two), then the drafting window's verdict below.
+  bool calibrated = false;
+  if (r.calib > 0 || r.calib_done) {
+    if (r.calib > 0 && --r.calib == 0) r.calib_done = true;
+    if (r.calib_done && r.calib_plain.steps + kCalibSkip + 2 >= kCalibSteps) {
+      const double plain_step = r.calib_plain.seconds / r.calib_plain.steps;
+      if (r.calib_forward > 0) r.plain_factor = plain_step / r.calib_forward;
+      if (log)
+        log::debug("engine", "spec gate: batch band ", band, ": calibration: plain step ", plain_step * 1e6,
+                   " us against verify forwards of ", r.calib_forward * 1e6, " us: factor ", r.plain_factor);
+      r.calib_done = false;
+      calibrated = true;
+    } else if (r.calib_done && ++r.calib_wait > 4 * kCalibSteps) {  // its steps never came: keep the factor
+      r.calib_done = false;
+      calibrated = true;
+    } else {
+      r.decisions++;
+      r.plain++;
+      return false;
+    }
+  }
+  if (r.on && r.run >= kPairedWindow && !calibrated && r.windows % kCalibEvery == 0 &&
+      r.calibrated_window != r.windows && r.recent_forward > 0) {
+    r.calibrated_window = r.windows;
+    r.calib = kCalibSteps - 1;  // this decision is its first
+    r.calib_seen = r.calib_wait = 0;
+    r.calib_plain = Rate{};
+    r.calib_forward = r.recent_forward;
+    r.decisions++;
+    r.plain++;
+    return false;
+  }
   if (r.on && r.run >= kPairedWindow) {  // a drafting window: its verdict (kept open while it has none)
     bool on = true, far = false;
     if (verdict(r, band, &on, &far)) {
+      r.windows++;
       if (log)
         log::debug("engine", "spec gate: batch band ", band, ": ", r.rate[1].steps, " drafting steps, ",
-                   r.rate[1].tokens, " tokens in ", r.rate[1].seconds * 1e3, " ms; plain (their forwards) ",
-                   r.paired.tokens, " tokens in ", r.paired.seconds * 1e3,
+                   r.rate[1].tokens, " tokens in ", r.rate[1].seconds * 1e3, " ms; plain (their forwards x ",
+                   r.plain_factor, ") ", r.paired.tokens, " tokens in ", r.paired.seconds * 1e3,
                    " ms: ", on ? "drafting" : "plain");
       // Each window that loses doubles the next hold (a far slower one, twice); one that wins resets it.
       r.backoff = on ? 0 : std::min(kMaxQuiet, std::max(far ? 2 : 1, (far ? 4 : 2) * r.backoff));
@@ -311,7 +353,14 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   // depth, not the regime (they would fill half a drafting probe and are a few steps of its cycle).
   if (!(drafting && explored)) r.rate[drafting ? 1 : 0].add(tokens, seconds, batch);
   const bool paired_step = drafting && forward_seconds > 0 && paired(band_id);
-  if (paired_step) r.paired.add(batch, forward_seconds, batch);  // the same steps' forwards: plain's estimate
+  if (paired_step) {
+    r.paired.add(batch, forward_seconds, batch);  // the same steps' forwards: plain's estimate
+    r.recent_forward = r.recent_forward > 0
+                           ? r.recent_forward + kRecentWeight * (forward_seconds - r.recent_forward)
+                           : forward_seconds;
+  }
+  if (!drafting && paired(band_id) && (r.calib > 0 || r.calib_done) && ++r.calib_seen > kCalibSkip)
+    r.calib_plain.add(tokens, seconds, batch);
   if (!drafting || k < 0 || k > max_k_) return;
   // At low load a depth's cost is relative: the step's period over its own verify forward (a plain
   // step at these lengths), so depths measured at different positions of a request compare.

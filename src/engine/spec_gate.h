@@ -32,7 +32,11 @@
 // give a verdict on that window alone (one request's stretch of unlikely drafts turns drafting off for a
 // hold, not for the next requests: H100 run 309 chose plain for a whole cycle from a 31-step window);
 // plain holds for kPairedHold decisions, doubling (up to kMaxQuiet times) while the windows after it
-// keep losing, then drafts a window again.
+// keep losing, then drafts a window again. The estimate is calibrated: after a band's first drafting
+// window and every kCalibEvery-th, kCalibSteps plain decisions measure a plain step against the verify
+// forwards just before them (a moving mean: the cost drifts with length), and plain's estimate is the
+// forwards times that ratio. A verify forward of 1 + K rows is no plain step once plain steps are cheap:
+// H100 run 349, 305 us against 231, so sampled K=3 drafting read 1.12x where it ran 0.93x.
 // A regime that measured 1.3x slower is probed again only every 2, 4, 8 cycles (back to every cycle once it
 // is not): on the GPU a drafting probe of sampled rows at batch 64 ran ~7x a plain step when they
 // sampled on the host, and 64 probe decisions a cycle cost sampled traffic a fifth of its throughput;
@@ -92,9 +96,13 @@ class SpecGate {
   static constexpr int kPairedMaxBatch = 1;  // bands up to this batch estimate plain inside drafting steps
   static constexpr int kPairedWindow = 128;  // their drafting decisions per verdict
   static constexpr int kPairedHold = 256;    // their plain decisions after a verdict for plain, at least
-  static constexpr double kFarSlower = 1.3;  // a regime this many times slower is probed less often
-  static constexpr int kMaxQuiet = 8;        // cycles without probes, at most
-  static constexpr int kBins = 10;           // score bins of the calibration
+  // Paired bands: a calibration window of kCalibSteps plain decisions follows the band's first drafting
+  // window and every kCalibEvery-th after it (its first kCalibSkip plain steps are the switch's transient).
+  static constexpr int kCalibSteps = 16, kCalibEvery = 8, kCalibSkip = 2;
+  static constexpr double kRecentWeight = 0.25;  // recent_forward's moving mean: about the last 4 steps
+  static constexpr double kFarSlower = 1.3;      // a regime this many times slower is probed less often
+  static constexpr int kMaxQuiet = 8;            // cycles without probes, at most
+  static constexpr int kBins = 10;               // score bins of the calibration
 
   // The plan of a step of `batch` sequences whose eligible decodes are `seqs`: admit[i] = drafts of
   // seqs[i] to verify (<= its num_drafts), and the return value the step's depth: the most drafts any
@@ -178,6 +186,19 @@ class SpecGate {
     int quiet = 0, backoff = 0;
     bool probing = true;  // this cycle probes
     int64_t run = 0;      // paired bands: decisions in the current window (drafting) or hold (plain)
+    // Paired bands: a plain step costs `plain_factor` times the drafting steps' verify forwards, as a
+    // calibration window measured it (plain steps against the forwards of the drafting steps just
+    // before them, `recent_forward`, a moving mean: a step's cost drifts with the sequence's length).
+    double plain_factor = 1.0;
+    double recent_forward = 0;
+    int calib = 0;                   // plain decisions left in the calibration window running (0: none)
+    int calib_seen = 0;              // its plain steps observed so far
+    int calib_wait = 0;              // decisions since its last one, waiting for its steps to come in
+    bool calib_done = false;         // its decisions are over: the verdict once its steps are in
+    double calib_forward = 0;        // recent_forward when it began
+    Rate calib_plain;                // its steps after the transient
+    int64_t windows = 0;             // drafting windows judged
+    int64_t calibrated_window = -1;  // the one whose end ran the last calibration window
   };
   struct Counts {
     double tried = 0, passed = 0;
@@ -206,8 +227,9 @@ class SpecGate {
   // one); on an eager backend (the CPU) rows cost compute, and the verify forward of 4 rows ran 1.5x a
   // plain step (the estimate drafted K=3 at 0.82x plain).
   bool paired(int band) const { return padded_ && band <= kPairedMaxBatch; }
-  // The plain side of a band's comparison: its probe's steps, or (paired) the drafting steps' forwards.
-  const Rate& plain_rate(const Band& r, int band) const { return paired(band) ? r.paired : r.rate[0]; }
+  // The plain side of a band's comparison: its probe's steps, or (paired) the drafting steps' forwards
+  // times the calibrated plain factor.
+  Rate plain_rate(const Band& r, int band) const;
   // The depth while drafting (the admission rule above).
   int depth(Bucket& b, int batch, const std::vector<DraftScores>& seqs, std::vector<int>& admit);
   // A band's rates and a bucket's costs and choices this cycle, as debug log lines.

@@ -274,8 +274,12 @@ TEST(SpecGate, AtLowLoadPlainIsEstimatedInsideTheDraftingSteps) {
   const auto acc = [](int) { return 0.8; };
   SpecGate pays(1, Mode::kConfidence, true);
   LowLoadRun r = simulate_batch1(pays, 1.3e-3, acc, 4 * SpecGate::kCycle);
-  EXPECT_GE(r.drafted, 4 * SpecGate::kCycle - 8) << "plain chosen at batch 1 where drafting pays";
-  EXPECT_LE(r.switches, 1);
+  // Plain only in the calibration windows (after the first window and every kCalibEvery-th).
+  const int calibrations =
+      (4 * SpecGate::kCycle / SpecGate::kPairedWindow + SpecGate::kCalibEvery - 1) / SpecGate::kCalibEvery;
+  EXPECT_GE(r.drafted, 4 * SpecGate::kCycle - 8 - calibrations * SpecGate::kCalibSteps)
+      << "plain chosen at batch 1 where drafting pays";
+  EXPECT_LE(r.switches, 1 + 2 * calibrations);
   SpecGate loses(1, Mode::kConfidence, true);
   r = simulate_batch1(loses, 2.2e-3, acc, 4 * SpecGate::kCycle);
   EXPECT_LE(r.drafted, 4 * SpecGate::kPairedWindow + 8)
@@ -285,8 +289,11 @@ TEST(SpecGate, AtLowLoadPlainIsEstimatedInsideTheDraftingSteps) {
 
 // On an eager backend (the CPU: `padded` off) rows cost compute, so a verify forward is no plain step:
 // there batch 1 runs the A/B probes. Here the verify forward costs 1.6x a plain step and drafting makes
-// 1.8 tokens for 2x (0.9x plain decode): the paired estimate would call drafting 1.44x (on the CPU it
-// drafted K=3 at 0.82x plain), the probes keep plain but for their drafting windows.
+// 1.8 tokens for 2x (0.9x plain decode): the paired estimate alone would call drafting 1.44x (on the
+// CPU it drafted K=3 at 0.82x plain), the probes keep plain but for their drafting windows. With graphs
+// (`padded`) the paired estimate is calibrated by plain steps (a plain step against the verify
+// forwards just before it: 1 / 1.6 here; H100 run 349: 231 against 305 us, where sampled drafting read
+// 1.12x and ran 0.93x), so it keeps plain too, but for its windows.
 TEST(SpecGate, AnEagerBackendProbesBothRegimesAtBatch1) {
   for (bool padded : {false, true}) {
     SpecGate g(1, Mode::kConfidence, padded);
@@ -304,7 +311,7 @@ TEST(SpecGate, AnEagerBackendProbesBothRegimesAtBatch1) {
       }
     }
     if (padded)
-      EXPECT_GE(drafted, 4 * SpecGate::kCycle - 8) << "graphs: the paired estimate (launch-bound forwards)";
+      EXPECT_LE(drafted, 4 * SpecGate::kPairedWindow + 8) << "graphs: drafting at 0.9x beyond its windows";
     else
       EXPECT_LE(drafted, 4 * SpecGate::kProbe) << "eager: drafting at 0.9x beyond its probes";
   }
@@ -325,8 +332,12 @@ TEST(SpecGate, AtLowLoadOneUnlikelyRequestDoesNotTurnDraftingOffForTheNext) {
   int plain_elsewhere = 0;
   for (size_t q = 1; q <= 16; ++q)
     if (q != 5) plain_elsewhere += 256 - r.drafted_by_request[q];
-  EXPECT_LE(plain_elsewhere, SpecGate::kPairedHold) << "plain beyond one hold after the unlikely request";
-  EXPECT_LE(r.switches, 2);
+  // Calibration windows: after the first drafting window and every kCalibEvery-th.
+  const int calibrations =
+      (4 * SpecGate::kCycle / SpecGate::kPairedWindow + SpecGate::kCalibEvery - 1) / SpecGate::kCalibEvery;
+  EXPECT_LE(plain_elsewhere, SpecGate::kPairedHold + calibrations * SpecGate::kCalibSteps)
+      << "plain beyond one hold after the unlikely request";
+  EXPECT_LE(r.switches, 2 + 2 * calibrations);
 }
 
 // A regime far slower than the other (1.3x or more: drafting sampled rows on the host at batch 64 ran
