@@ -184,14 +184,20 @@ TEST_F(EngineTest, TracePathThatCannotBeWrittenFailsAtConstruction) {
   EXPECT_THROW(Engine(*model_, ec), Error);
 }
 
+// Prompts in chunks of 64 tokens (several steps each), room for every request.
+EngineConfig chunked_config() {
+  EngineConfig ec;
+  ec.max_num_batched_tokens = 64;
+  ec.num_kv_blocks = 256;
+  return ec;
+}
+
 // The serial reference (no overlap) gives exactly the overlapped loop's tokens, greedy and seeded
 // sampling alike, and with no step in flight while it schedules.
 TEST_F(EngineTest, SerialLoopGivesTheOverlappedLoopsTokens) {
   auto run = [&](bool async, const std::string& trace) {
     Collector c;
-    EngineConfig ec;
-    ec.max_num_batched_tokens = 64;
-    ec.num_kv_blocks = 256;
+    EngineConfig ec = chunked_config();
     ec.async_scheduling = async;
     ec.trace_path = trace;
     {
@@ -240,9 +246,7 @@ TEST_F(EngineTest, SerialLoopGivesTheOverlappedLoopsTokens) {
 TEST_F(EngineTest, PollingThreadsGiveTheBlockingLoopsTokens) {
   auto run = [&](int poll_micros, bool early) {
     Collector c;
-    EngineConfig ec;
-    ec.max_num_batched_tokens = 64;
-    ec.num_kv_blocks = 256;
+    EngineConfig ec = chunked_config();
     ec.poll_micros = poll_micros;
     ec.early_launch = early;
     Engine engine(*model_, ec);
