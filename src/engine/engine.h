@@ -56,7 +56,9 @@ struct EngineConfig {
   bool early_launch = true;  // with async_scheduling; off: launched after N is applied (A/B, tests)
   // How long the engine thread and the model runner's poll for each other (yielding) before they
   // block (ModelRunner): a wake-up costs tens of microseconds, a small model's whole step on a GPU.
-  // -1: 2000 on a device backend, 0 on the CPU (whose compute threads want the cores).
+  // -1: 2000 on a device backend, 0 on the CPU (whose compute threads want the cores). While steps
+  // run back to back both threads stay busy (yielding to any other runnable thread); an idle engine
+  // polls at most once, for this long, after its last step.
   int poll_micros = -1;
   // Steps whose every sample row needs no sequence history (sampler.h: samples_on_device) sample on
   // the device when the model has a sampler (CUDA), constrained rows with their masks uploaded with
