@@ -123,8 +123,6 @@ double SpecGate::step_cost(const Bucket& b, double x) const {
   return (1 - w) * b.by_k[size_t(lo)].seconds + w * b.by_k[size_t(hi)].seconds;
 }
 
-// The probes' verdict: whether drafting wins, and whether the loser was far slower; false when either
-// regime has too few steady steps (a busy server's steps carry prompts): the regime in force stays.
 SpecGate::Rate SpecGate::plain_rate(const Band& r, int band) const {
   if (!paired(band)) return r.rate[0];
   Rate p = r.paired;
@@ -132,6 +130,8 @@ SpecGate::Rate SpecGate::plain_rate(const Band& r, int band) const {
   return p;
 }
 
+// The probes' verdict: whether drafting wins, and whether the loser was far slower; false when either
+// regime has too few steady steps (a busy server's steps carry prompts): the regime in force stays.
 bool SpecGate::verdict(const Band& r, int band, bool* on, bool* far) const {
   const Rate off = plain_rate(r, band);
   const Rate& dr = r.rate[1];
@@ -185,35 +185,35 @@ bool SpecGate::advance_paired(Band& r, int band, bool log) const {
     r.run = 0;
     r.rate[0] = r.rate[1] = r.paired = Rate{};
   };
-  // A calibration window: plain decisions; its verdict once its steps are in (they follow the
-  // decisions by a step or two), then the drafting window's verdict below.
+  // A calibration window: plain decisions until its steps are in (they follow the decisions by a step
+  // or two), then the drafting window's verdict below.
   bool calibrated = false;
-  if (r.calib > 0 || r.calib_done) {
-    if (r.calib > 0 && --r.calib == 0) r.calib_done = true;
-    if (r.calib_done && r.calib_plain.steps + kCalibSkip + 2 >= kCalibSteps) {
-      const double plain_step = r.calib_plain.seconds / r.calib_plain.steps;
-      if (r.calib_forward > 0) r.plain_factor = plain_step / r.calib_forward;
-      if (log)
-        log::debug("engine", "spec gate: batch band ", band, ": calibration: plain step ", plain_step * 1e6,
-                   " us against verify forwards of ", r.calib_forward * 1e6, " us: factor ", r.plain_factor);
-      r.calib_done = false;
-      calibrated = true;
-    } else if (r.calib_done && ++r.calib_wait > 4 * kCalibSteps) {  // its steps never came: keep the factor
-      r.calib_done = false;
-      calibrated = true;
-    } else {
+  if (r.calibrating) {
+    const bool measured =
+        r.calib_decisions >= kCalibSteps && r.calib_plain.steps + kCalibSkip + 2 >= kCalibSteps;
+    if (!measured && r.calib_decisions < 5 * kCalibSteps) {  // else its steps never came: the factor stays
+      r.calib_decisions++;
       r.decisions++;
       r.plain++;
       return false;
     }
+    if (measured && r.calib_forward > 0) {
+      const double plain_step = r.calib_plain.seconds / r.calib_plain.steps;
+      r.plain_factor = plain_step / r.calib_forward;
+      if (log)
+        log::debug("engine", "spec gate: batch band ", band, ": calibration: plain step ", plain_step * 1e6,
+                   " us against verify forwards of ", r.calib_forward * 1e6, " us: factor ", r.plain_factor);
+    }
+    r.calibrating = false;
+    calibrated = true;
   }
-  if (r.on && r.run >= kPairedWindow && !calibrated && r.windows % kCalibEvery == 0 &&
-      r.calibrated_window != r.windows && r.recent_forward > 0) {
-    r.calibrated_window = r.windows;
-    r.calib = kCalibSteps - 1;  // this decision is its first
-    r.calib_seen = r.calib_wait = 0;
+  if (r.on && r.run >= kPairedWindow && !calibrated && r.windows_to_calib == 0 && r.recent_forward > 0) {
+    r.calibrating = true;
+    r.calib_decisions = 1;  // this one
+    r.calib_seen = 0;
     r.calib_plain = Rate{};
     r.calib_forward = r.recent_forward;
+    r.windows_to_calib = kCalibEvery;
     r.decisions++;
     r.plain++;
     return false;
@@ -221,7 +221,7 @@ bool SpecGate::advance_paired(Band& r, int band, bool log) const {
   if (r.on && r.run >= kPairedWindow) {  // a drafting window: its verdict (kept open while it has none)
     bool on = true, far = false;
     if (verdict(r, band, &on, &far)) {
-      r.windows++;
+      if (r.windows_to_calib > 0) r.windows_to_calib--;
       if (log)
         log::debug("engine", "spec gate: batch band ", band, ": ", r.rate[1].steps, " drafting steps, ",
                    r.rate[1].tokens, " tokens in ", r.rate[1].seconds * 1e3, " ms; plain (their forwards x ",
@@ -359,7 +359,7 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
                            ? r.recent_forward + kRecentWeight * (forward_seconds - r.recent_forward)
                            : forward_seconds;
   }
-  if (!drafting && paired(band_id) && (r.calib > 0 || r.calib_done) && ++r.calib_seen > kCalibSkip)
+  if (!drafting && paired(band_id) && r.calibrating && ++r.calib_seen > kCalibSkip)
     r.calib_plain.add(tokens, seconds, batch);
   if (!drafting || k < 0 || k > max_k_) return;
   // At low load a depth's cost is relative: the step's period over its own verify forward (a plain

@@ -191,14 +191,13 @@ class SpecGate {
     // before them, `recent_forward`, a moving mean: a step's cost drifts with the sequence's length).
     double plain_factor = 1.0;
     double recent_forward = 0;
-    int calib = 0;                   // plain decisions left in the calibration window running (0: none)
-    int calib_seen = 0;              // its plain steps observed so far
-    int calib_wait = 0;              // decisions since its last one, waiting for its steps to come in
-    bool calib_done = false;         // its decisions are over: the verdict once its steps are in
-    double calib_forward = 0;        // recent_forward when it began
-    Rate calib_plain;                // its steps after the transient
-    int64_t windows = 0;             // drafting windows judged
-    int64_t calibrated_window = -1;  // the one whose end ran the last calibration window
+    // A calibration window: `calib_decisions` plain decisions so far (kCalibSteps, more while its
+    // steps come in), `calib_seen` plain steps observed, those past the transient in `calib_plain`.
+    bool calibrating = false;
+    int calib_decisions = 0, calib_seen = 0;
+    double calib_forward = 0;  // recent_forward when it began
+    Rate calib_plain;
+    int windows_to_calib = 0;  // drafting windows judged before the next calibration
   };
   struct Counts {
     double tried = 0, passed = 0;
