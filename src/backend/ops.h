@@ -124,6 +124,11 @@ class Ops {
   virtual Tensor upload(const Tensor& host) = 0;
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;
   virtual void copy_from_host(Tensor dst, const void* src) = 0;
+  // Copies `src` to `dst` behind the ops queued before it and returns at once; the bytes are there
+  // once wait_host_copies() returns, so the host reads a step's small outputs while later ops run
+  // (CUDA: `dst` must be host_alloc memory, page-locked, or the copy completes before returning).
+  virtual void copy_to_host_async(const Tensor& src, void* dst) { copy_to_host(src, dst); }
+  virtual void wait_host_copies() {}
   virtual void synchronize() = 0;
   // Called once on each thread that will issue ops (CUDA: selects the device).
   virtual void bind_thread() {}
@@ -171,6 +176,8 @@ class Ops {
   // x [T, heads, dim] (dim >= rotary_dim; the first rotary_dim values rotate), in place.
   virtual void rope(Tensor x, const Tensor& positions, const RopeTable& table) = 0;
   virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;  // rows I32
+  // out I32 [R] = ids[rows[r]] (ids I32, contiguous; rows I32 [R]): token ids picked by row.
+  virtual void gather_ids(Tensor out, const Tensor& ids, const Tensor& rows) = 0;
   // ids I32 [R] = argmax of each row of logits F32 [R, V] (ties: the lowest id), for greedy sampling
   // without copying the logits to the host; with `probs` (F32 [R], or empty) also each row's softmax
   // probability of that id, 1 / sum_v exp(l_v - max) (a draft's confidence, speculative decoding).

@@ -33,6 +33,49 @@ SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, in
   mtp_in_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   mtp_out_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   chain_ = ops.alloc_persistent(DType::kI32, {2 * int64_t(cfg.num_speculative_tokens) * rows});
+  verify_ids_ = ops.alloc_persistent(DType::kI32, {rows});
+  verify_ids_host_ = static_cast<int32_t*>(ops.host_alloc(size_t(rows) * sizeof(int32_t)));
+  BELUGA_CHECK(verify_ids_host_, "speculative decoding: no host memory for the verify step's ids");
+}
+
+SpecDecoder::~SpecDecoder() {
+  if (verify_ids_host_) model_.ops().host_free(verify_ids_host_);
+}
+
+bool SpecDecoder::mtp_ahead(const Batch& b, const ForwardOptions& opt) const {
+  if (ngram() || !plan_mtp_ || cfg_.synthetic_acceptance >= 0 || !opt.greedy_tokens || opt.sampled ||
+      opt.sampling || model_.has_step_peers() || b.logit_rows.size() != b.tokens.size())
+    return false;
+  const int depth = std::min(cfg_.num_speculative_tokens, step_k_ + 1);
+  int row0 = 0;
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    const Plan& p = plan_[i];
+    const SeqChunk& sc = b.seqs[i];
+    // A decode verifying its drafts, its logit rows its token rows, drafting `depth` however many of
+    // its drafts are accepted.
+    if (!p.mtp || !p.decode || p.sample_row != row0 || sc.query_len != 1 + p.num_rows ||
+        p.max_length - (p.length + p.num_draft + 1) < depth)
+      return false;
+    row0 += sc.query_len;
+  }
+  return row0 == int(b.tokens.size());
+}
+
+void SpecDecoder::run_mtp_on_every_row(const Batch& b) {
+  const int T = int(b.tokens.size());
+  mb_.tokens.assign(b.tokens.begin(), b.tokens.end());  // placeholders: the ids are the verify step's
+  mb_.seqs.clear();
+  for (const SeqChunk& sc : b.seqs) mb_.seqs.push_back({sc.context_len, sc.query_len, sc.block_table});
+  mb_.logit_rows.resize(size_t(T));
+  for (int r = 0; r < T; ++r) mb_.logit_rows[size_t(r)] = r;
+  const Tensor y = verify_ids_.rows(0, T);
+  ForwardOptions mo;
+  mo.final_hidden = &mtp_out_;
+  mo.device_ids = &y;
+  mo.device_greedy = chain_.rows(0, T);
+  mo.device_greedy_probs = chain_.rows(T, 2 * int64_t(T));
+  mo.device_greedy_probs.dtype = DType::kF32;  // same 4 bytes an element
+  model_.mtp_forward(mb_, hidden_, mtp_kv_, nullptr, mo);
 }
 
 void SpecDecoder::begin_step(const std::vector<Chunk>& chunks,
@@ -149,10 +192,29 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   ForwardOptions o = opt;
   // A plain step (drafting off) runs no MTP pass: no hidden states to keep, and the plain decode graphs.
   if (!ngram() && plan_mtp_) o.final_hidden = &hidden_;
+  // What verification reads: the forward's host outputs, or (MTP ahead) the argmaxes copied back
+  // while the MTP pass runs.
+  ForwardOptions vo = opt;
+  const bool ahead = mtp_ahead(b, opt);
   {
     TraceSpan span(trace, lane, "spec: verify forward");
     const auto t0 = std::chrono::steady_clock::now();
-    model_.forward(b, kv, logits, o);  // synchronous: its ids or logits are on the host after it
+    if (ahead) {
+      // Every row's argmax stays on the device: the MTP pass over every verify row, whose token is
+      // that argmax (for the accepted rows and the correction: the token after each row), is queued
+      // behind the forward before the host waits for the argmaxes.
+      const Tensor y = verify_ids_.rows(0, int64_t(b.tokens.size()));
+      o.greedy_tokens = nullptr;
+      o.greedy_probs = nullptr;
+      o.device_greedy = y;
+      model_.forward(b, kv, logits, o);
+      model_.ops().copy_to_host_async(y, verify_ids_host_);
+      run_mtp_on_every_row(b);
+      model_.ops().wait_host_copies();
+      vo.greedy_tokens = verify_ids_host_;
+    } else {
+      model_.forward(b, kv, logits, o);  // synchronous: its ids or logits are on the host after it
+    }
     forward_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   TraceSpan verify_span(trace, lane, "spec: verification");
@@ -192,9 +254,9 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
         // On the device (every row greedy: argmaxes; else every row sampled there): row r drew y_r
         // with the uniform of its output position, so the drafts are accepted while equal to the
         // draws and the first other draw is the correction (draft_verifier.h's coupled rule).
-        if (opt.greedy_tokens || opt.sampled) {
+        if (vo.greedy_tokens || vo.sampled) {
           auto drawn = [&](int r) {
-            return opt.greedy_tokens ? opt.greedy_tokens[r] : opt.sampled[size_t(r) * kSampleOutCols];
+            return vo.greedy_tokens ? vo.greedy_tokens[r] : vo.sampled[size_t(r) * kSampleOutCols];
           };
           int m = 0;
           for (; m < n && draft[j + m] == drawn(p.sample_row + j + m); ++m) out[j + m] = draft[j + m];
@@ -249,9 +311,10 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   int depth = seq_of_.empty() ? 0 : draft_len_[size_t(seq_of_[0])];
   for (int i : seq_of_)
     if (draft_len_[size_t(i)] != depth) depth = 0;
+  BELUGA_ASSERT(!ahead || (depth > 0 && int(seq_of_.size()) == S));
   if (depth > 0 && !model_.has_step_peers()) {
     TraceSpan span(trace, lane, "spec: mtp chain");
-    run_mtp_chain_on_device(b, depth);
+    run_mtp_chain_on_device(b, depth, ahead ? int(b.tokens.size()) : 0);
     return;
   }
   run_mtp_chain(b, trace, lane);
@@ -264,21 +327,31 @@ void SpecDecoder::gather_mtp_input(const Tensor& from, int n) {
   ops.gather_rows(mtp_in_.rows(0, n), from, idx);
 }
 
-void SpecDecoder::run_mtp_chain_on_device(const Batch& b, int depth) {
+void SpecDecoder::run_mtp_chain_on_device(const Batch& b, int depth, int every_row) {
   const int K = cfg_.num_speculative_tokens, P = int(seq_of_.size());
-  BELUGA_ASSERT(depth <= K && int64_t(2) * K * P <= chain_.numel());
-  auto ids = [&](int j) { return chain_.rows(int64_t(2) * j * P, int64_t(2) * j * P + P); };
+  // The first pass's argmaxes: one a proposer, or (`every_row`) one a verify row, proposer t's at its
+  // row mb_.logit_rows[t]. Pass j >= 1 leaves P after them.
+  const int R0 = every_row > 0 ? every_row : P;
+  BELUGA_ASSERT(depth <= K && int64_t(2) * R0 + int64_t(2) * (depth - 1) * P <= chain_.numel());
+  auto at = [&](int j) { return j == 0 ? int64_t(0) : int64_t(2) * R0 + int64_t(2) * (j - 1) * P; };
+  auto ids = [&](int j) { return chain_.rows(at(j), at(j) + (j == 0 ? R0 : P)); };
   auto probs = [&](int j) {
-    Tensor t = chain_.rows(int64_t(2) * j * P + P, int64_t(2) * (j + 1) * P);
+    const int64_t n = j == 0 ? R0 : P;
+    Tensor t = chain_.rows(at(j) + n, at(j) + 2 * n);
     t.dtype = DType::kF32;  // same 4 bytes an element
     return t;
   };
-  gather_mtp_input(hidden_, int(gather_.size()));
+  // Each pass gathers its h rows inside its own step (graph): the first from the verify forward's
+  // rows, the second from the proposers' rows of the first's output, later ones read the previous
+  // pass's output in place (proposer t at row t).
   ForwardOptions mo;
   mo.final_hidden = &mtp_out_;
-  mo.device_greedy = ids(0);
-  mo.device_greedy_probs = probs(0);
-  model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
+  if (every_row == 0) {
+    mo.device_greedy = ids(0);
+    mo.device_greedy_probs = probs(0);
+    mo.hidden_rows = gather_;
+    model_.mtp_forward(mb_, hidden_, mtp_kv_, nullptr, mo);
+  }
   // Chained passes: proposer t's row is row t, its token the previous pass's draft (on the device;
   // the batch's ids are placeholders), one position further on.
   gather_.assign(mb_.logit_rows.begin(), mb_.logit_rows.end());  // each proposer's row in mtp_out_
@@ -292,25 +365,32 @@ void SpecDecoder::run_mtp_chain_on_device(const Batch& b, int depth) {
         mb_.seqs.push_back({last_pos_[size_t(t)] + 1, 1, b.seqs[size_t(seq_of_[size_t(t)])].block_table});
         mb_.logit_rows.push_back(t);
       }
+      mo.hidden_rows = gather_;
+      // After a pass over every row, proposer t's draft is that pass's argmax at its row.
+      mo.ids_from_hidden_rows = every_row > 0;
     } else {
       for (SeqChunk& sc : mb_.seqs) ++sc.context_len;
+      mo.hidden_rows = {};
+      mo.ids_from_hidden_rows = false;
     }
-    gather_mtp_input(mtp_out_, P);
-    for (int t = 0; t < P; ++t) gather_[size_t(t)] = t;
     prev = ids(j - 1);
     mo.device_ids = &prev;
     mo.device_greedy = ids(j);
     mo.device_greedy_probs = probs(j);
-    model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo);
+    model_.mtp_forward(mb_, mtp_out_, mtp_kv_, nullptr, mo);
   }
-  chain_host_.resize(size_t(2) * size_t(depth) * size_t(P));
+  chain_host_.resize(size_t(at(depth)));
   model_.ops().copy_to_host(chain_.rows(0, int64_t(chain_host_.size())), chain_host_.data());
-  for (int j = 0; j < depth; ++j)
-    for (int t = 0; t < P; ++t) {
-      const size_t at = size_t(seq_of_[size_t(t)]) * size_t(K) + size_t(j);
-      drafts_[at] = chain_host_[size_t(2 * j * P + t)];
-      draft_q_[at] = std::bit_cast<float>(chain_host_[size_t(2 * j * P + P + t)]);
+  for (int t = 0; t < P; ++t) {
+    const size_t first = size_t(seq_of_[size_t(t)]) * size_t(K);
+    const size_t r = every_row > 0 ? size_t(gather_[size_t(t)]) : size_t(t);
+    drafts_[first] = chain_host_[r];
+    draft_q_[first] = std::bit_cast<float>(chain_host_[size_t(R0) + r]);
+    for (int j = 1; j < depth; ++j) {
+      drafts_[first + size_t(j)] = chain_host_[size_t(at(j)) + size_t(t)];
+      draft_q_[first + size_t(j)] = std::bit_cast<float>(chain_host_[size_t(at(j)) + size_t(P + t)]);
     }
+  }
 }
 
 void SpecDecoder::run_mtp_chain(const Batch& b, Tracer* trace, int lane) {

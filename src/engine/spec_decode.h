@@ -70,6 +70,9 @@ class SpecDecoder {
  public:
   // `max_rows`: the most tokens one step can hold (the scheduler's budget plus every sequence's drafts).
   SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows);
+  ~SpecDecoder();
+  SpecDecoder(const SpecDecoder&) = delete;
+  SpecDecoder& operator=(const SpecDecoder&) = delete;
 
   const SpecConfig& config() const { return cfg_; }
   int lookahead() const { return 2 * cfg_.num_speculative_tokens; }
@@ -156,8 +159,17 @@ class SpecDecoder {
   // `b` is the verify step's batch (the proposers' block tables).
   void run_mtp_chain(const Batch& b, Tracer* trace, int lane);
   // The passes of one proposal chain when every proposer drafts `depth` tokens: each reads the
-  // previous pass's drafts on the device, one read-back at the end.
-  void run_mtp_chain_on_device(const Batch& b, int depth);
+  // previous pass's drafts on the device, one read-back at the end. With `every_row` > 0 the first
+  // pass ran already (run_mtp_on_every_row, over that many rows).
+  void run_mtp_chain_on_device(const Batch& b, int depth, int every_row);
+  // Whether the step's MTP pass can be queued behind its verify forward, before the host has
+  // verified anything: every sequence a decode verifying on the device by argmax (greedy), its rows
+  // all logit rows, drafting as deep whatever it accepts; no peers, no synthetic acceptance.
+  bool mtp_ahead(const Batch& b, const ForwardOptions& opt) const;
+  // That first MTP pass: every verify row, its token the forward's argmax left in verify_ids_ (row r
+  // of an accepted prefix continues with the draft it accepted, the next with the correction; later
+  // rows are never read), every row's argmax and probability into chain_.
+  void run_mtp_on_every_row(const Batch& b);
   // Rows gather_[0..n) of `from` into mtp_in_ (the next MTP pass's h rows).
   void gather_mtp_input(const Tensor& from, int n);
   // Whether chunk c of sequence s decodes its last token (a pending one included).
@@ -171,11 +183,14 @@ class SpecDecoder {
   Tensor hidden_;   // the step's final hidden states, every row
   Tensor mtp_in_;   // the MTP step's h rows
   Tensor mtp_out_;  // its own normed output (chained into the next MTP step)
-  // The drafts of a chain kept on the device (run_mtp_chain): pass j's ids at [2jP, 2jP + P) and their
-  // probabilities (F32 bits) at [2jP + P, 2jP + 2P), P proposers; read back once after the last pass.
+  // The drafts of a chain kept on the device (run_mtp_chain_on_device): the first pass's ids [R0] and
+  // their probabilities (F32 bits) [R0], R0 = P proposers or every verify row; then pass j's ids [P] and
+  // probabilities [P]; read back once after the last pass.
   Tensor chain_;
   std::vector<int32_t> chain_host_;
-  std::vector<Plan> plan_;  // per batch sequence of the step being built / in flight
+  Tensor verify_ids_;                   // the verify forward's argmaxes (MTP ahead)
+  int32_t* verify_ids_host_ = nullptr;  // and their copy (Ops::host_alloc: page-locked on CUDA)
+  std::vector<Plan> plan_;              // per batch sequence of the step being built / in flight
   // Runner-thread results, read by the engine after wait().
   std::vector<int> accepted_;
   std::vector<int> tokens_;     // [seq, K + 1] flat: the tokens each row emits, 1 + accepted_ of each valid

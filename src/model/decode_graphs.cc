@@ -10,9 +10,9 @@ namespace beluga {
 
 namespace {
 
-// Token-row fields (ids, positions, slots, logit rows) of kMaxTokens each, then context_len
-// [kMaxBatch], query_start [kMaxBatch + 1] and the block table.
-constexpr int kTokenFields = 4;
+// Token-row fields (ids, positions, slots, logit rows, source rows) of kMaxTokens each, then
+// context_len [kMaxBatch], query_start [kMaxBatch + 1] and the block table.
+constexpr int kTokenFields = 5;
 constexpr size_t kOffCtx = size_t(kTokenFields) * DecodeGraphs::kMaxTokens;
 constexpr size_t kOffQs = kOffCtx + DecodeGraphs::kMaxBatch;
 constexpr size_t kOffBt = kOffQs + DecodeGraphs::kMaxBatch + 1;
@@ -60,6 +60,7 @@ bool DecodeGraphs::qualifies(const StepPlan& p) {
   const int S = p.num_seqs, Q = p.max_query_len;
   if (S < 1 || S > kMaxBatch || Q < 1 || Q > kMaxQuery || batch_bucket(S) * Q > kMaxTokens) return false;
   if (int(p.tokens.size()) != S * Q) return false;
+  if (!p.source_rows.empty() && p.source_rows.size() != p.tokens.size()) return false;
   for (int i = 0; i <= S; ++i)
     if (p.query_start[size_t(i)] != i * Q) return false;
   if (all_rows(p)) {
@@ -100,8 +101,12 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, con
     drop();
     epoch_ = ops_.scratch_epoch();
   }
-  const bool all = all_rows(p);
+  const bool all = all_rows(p), gathers = !p.source_rows.empty();
   const int T = B * Q, R = all ? T : B;  // rows and logit rows of the padded step
+  // Unpadded chained steps read their ids where the previous step left them.
+  const bool ids_in_place = device_ids && B == S;
+  BELUGA_CHECK(!device_ids || device_ids->numel() >= int64_t(S) * Q, "DecodeGraphs: ", device_ids->numel(),
+               " device ids for ", S * Q, " rows");
 
   // Inputs, padded to B sequences: padding sequences repeat sequence 0 (valid cache reads) but write
   // no KV.
@@ -113,6 +118,7 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, con
       host_[0 * kMaxTokens + r] = p.tokens[from];
       host_[1 * kMaxTokens + r] = p.positions[from];
       host_[2 * kMaxTokens + r] = i < S ? p.slots[from] : -1;
+      if (gathers) host_[4 * kMaxTokens + r] = p.source_rows[from];
     }
     host_[kOffCtx + size_t(i)] = p.context_len[size_t(src)];
     host_[kOffQs + size_t(i)] = i * Q;
@@ -126,16 +132,22 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, con
   ops_.copy_from_host(inputs_.rows(0, int64_t(host_.size())), host_.data());
 
   auto field = [&](size_t off, int64_t n) { return inputs_.rows(int64_t(off), int64_t(off) + n); };
-  const Tensor ids = field(0, T), pos = field(kMaxTokens, T), rows = field(3 * size_t(kMaxTokens), R);
-  // The real rows' ids from the device (padding rows keep sequence 0's host ids: valid, never kept).
-  if (device_ids) ops_.copy(ids.rows(0, int64_t(S) * Q), device_ids->rows(0, int64_t(S) * Q));
-  AttnMeta meta;
+  Inputs in;
+  in.ids = ids_in_place ? device_ids->rows(0, T) : field(0, T);
+  in.positions = field(kMaxTokens, T);
+  in.logit_rows = field(3 * size_t(kMaxTokens), R);
+  if (gathers) in.source_rows = field(4 * size_t(kMaxTokens), T);
+  in.max_query_len = Q;
+  // A padded step's real rows' ids from the device (padding rows keep sequence 0's host ids).
+  if (device_ids && !ids_in_place)
+    ops_.copy(in.ids.rows(0, int64_t(S) * Q), device_ids->rows(0, int64_t(S) * Q));
+  AttnMeta& meta = in.meta;
   meta.num_seqs = B;
   meta.num_tokens = T;
   meta.block_size = kKvBlockSize;
   meta.max_blocks = W;
   meta.slot_mapping = field(2 * size_t(kMaxTokens), T).ptr<const int32_t>();
-  meta.positions = pos.ptr<const int32_t>();
+  meta.positions = in.positions.ptr<const int32_t>();
   meta.context_len = field(kOffCtx, B).ptr<const int32_t>();
   meta.query_start = field(kOffQs, B + 1).ptr<const int32_t>();
   meta.block_table = field(kOffBt, int64_t(B) * W).ptr<const int32_t>();
@@ -146,7 +158,7 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, con
   meta.h_context_len.assign(size_t(B), W * kKvBlockSize - Q);
   const int real_rows = all ? S * Q : S;
 
-  const Key key{B, Q, all, W, variant};
+  const Key key{B, Q, all, W, variant, gathers, ids_in_place ? device_ids->data : nullptr};
   auto it = graphs_.find(key);
   if (it != graphs_.end()) {
     ops_.replay(it->second.id);
@@ -154,7 +166,7 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, con
     return;
   }
   // First step of this shape: run it eagerly (its result is this step's), then record it.
-  Tensor lg = body(meta, ids, pos, rows, Q);
+  Tensor lg = body(in);
   consume(lg.rows(0, real_rows));
   ops_.reset_scratch();  // may merge scratch chunks the eager run grew
   if (ops_.scratch_epoch() != epoch_) {
@@ -164,7 +176,7 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, con
   ops_.begin_capture();
   Graph g;
   try {
-    g.logits = body(meta, ids, pos, rows, Q);
+    g.logits = body(in);
   } catch (...) {
     ops_.release_graph(ops_.end_capture());
     throw;

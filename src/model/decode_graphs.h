@@ -27,6 +27,8 @@ namespace beluga {
 // One step's inputs on the host, as Model::forward lays them out.
 struct StepPlan {
   std::vector<int32_t> tokens, positions, slots, query_start, context_len, logit_rows;
+  // MTP steps: the row of the step's hidden input each token row reads (empty: its own row).
+  std::vector<int32_t> source_rows;
   std::vector<int32_t> block_table;  // [num_seqs, max_blocks]
   int num_seqs = 0, max_blocks = 1, max_query_len = 0;
 };
@@ -45,9 +47,14 @@ class DecodeGraphs {
   // `max_query_len` is the step's Q.
   // What else the body reads or writes at fixed addresses (the KV cache, side-output and input
   // buffers): a graph recorded against one engine's cache must never replay against another's.
-  using Variant = std::array<const void*, 3>;
-  using Body = std::function<Tensor(const AttnMeta& meta, const Tensor& ids, const Tensor& positions,
-                                    const Tensor& logit_rows, int max_query_len)>;
+  using Variant = std::array<const void*, 4>;
+  // The body's device inputs: `source_rows` is StepPlan::source_rows (empty when the plan's is).
+  struct Inputs {
+    AttnMeta meta;
+    Tensor ids, positions, logit_rows, source_rows;
+    int max_query_len = 0;
+  };
+  using Body = std::function<Tensor(const Inputs& in)>;
 
   // `max_positions` bounds the block-table width the input buffer holds.
   DecodeGraphs(Ops& ops, int max_positions);
@@ -69,8 +76,10 @@ class DecodeGraphs {
   static int padded_rows(const StepPlan& p) { return batch_bucket(p.num_seqs) * p.max_query_len; }
   // Runs the step (replaying or recording its graph) and copies its logits to `logits` (host), or
   // with `greedy` each row's argmax instead (see read_logits).
-  // With `device_ids` (I32 on the device, >= the step's token rows) the step's ids are copied from
-  // there after the host's inputs are uploaded: a step chained on the previous one's device output.
+  // With `device_ids` (I32 on the device, >= the step's token rows) the step's ids come from there: a
+  // step chained on the previous one's device output. An unpadded step (its batch a bucket) reads them
+  // in place (the graph records their address); a padded one copies them into its input buffer after
+  // the host's upload (padding rows keep sequence 0's host ids, valid whatever the device buffer holds).
   void run(const StepPlan& p, const Body& body, float* logits, int32_t* greedy = nullptr,
            Variant variant = {}, float* greedy_prob = nullptr, const Tensor* device_ids = nullptr);
   // As run(), but hands the step's device logits [its logit rows, vocab] to `consume` instead of
@@ -87,14 +96,15 @@ class DecodeGraphs {
     int id = -1;
     Tensor logits;  // where the graph leaves its logits
   };
-  // (batch bucket, Q, every row a logit row, width, variant)
-  using Key = std::tuple<int, int, bool, int, Variant>;
+  // (batch bucket, Q, every row a logit row, width, variant, gathers source rows, ids read in place)
+  using Key = std::tuple<int, int, bool, int, Variant, bool, const void*>;
   void drop();
 
   Ops& ops_;
   int width_cap_;  // block-table columns the input buffer holds
-  Tensor inputs_;  // persistent I32: ids, positions, slots, rows [kMaxTokens] each, context_len
-                   // [kMaxBatch], query start [kMaxBatch + 1], then the block table [kMaxBatch, width_cap_]
+  // Persistent I32: ids, positions, slots, logit rows, source rows [kMaxTokens] each, context_len
+  // [kMaxBatch], query start [kMaxBatch + 1], then the block table [kMaxBatch, width_cap_].
+  Tensor inputs_;
   Tensor greedy_ids_;    // argmax rows of a replayed step
   Tensor greedy_probs_;  // and their probabilities
   std::vector<int32_t> host_;

@@ -311,9 +311,9 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
     if (!opt.before_sampling) upload_sampling(*opt.sampling, p.logit_rows.size());
   }
   const DecodeGraphs::Variant variant{kv.layers[0].data, opt.final_hidden ? opt.final_hidden->data : nullptr,
-                                      nullptr};
-  auto body = [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
-    return step_body(meta, ids, pos, rows, kv, opt, q);
+                                      nullptr, nullptr};
+  auto body = [&](const DecodeGraphs::Inputs& in) {
+    return step_body(in.meta, in.ids, in.positions, in.logit_rows, kv, opt, in.max_query_len);
   };
   if (graph && opt.sampling && opt.before_sampling) {  // the forward's graph, then the sampler after the wait
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
@@ -324,16 +324,16 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
     if (!sample_graphs_) sample_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
     // The body's output is the sampled rows: DecodeGraphs copies them back as it would logits (bytes).
     sample_graphs_->run(
-        p,
-        [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
-          return sample_logits(body(meta, ids, pos, rows, q));
-        },
+        p, [&](const DecodeGraphs::Inputs& in) { return sample_logits(body(in)); },
         reinterpret_cast<float*>(opt.sampled), nullptr, variant);
     return;
   }
   if (graph) {
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
-    graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs);
+    if (!opt.device_greedy.empty())
+      graphs_->run(p, body, variant, [&](const Tensor& lg) { keep_greedy(lg, opt); });
+    else
+      graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs);
     return;
   }
 
@@ -351,6 +351,8 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
     finish_sampling(lg, logits, opt);
   else if (opt.sampling)
     ops_.copy_to_host(sample_logits(lg), opt.sampled);
+  else if (!opt.device_greedy.empty())
+    keep_greedy(lg, opt);
   else
     read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
 }

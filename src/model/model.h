@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/ops.h"
@@ -30,13 +31,19 @@ struct ForwardOptions {
   int32_t* greedy_tokens = nullptr;
   // With greedy_tokens: each row's softmax probability of its argmax here too (a draft's confidence).
   float* greedy_probs = nullptr;
-  // mtp_forward() only, so chained MTP steps follow each other on the device without a host round
-  // trip: with `device_greedy` (I32 [>= logit rows]) the argmaxes, and with `device_greedy_probs` (F32)
-  // their probabilities, stay in these device tensors and nothing is copied to the host (the call
-  // returns once the step is queued); `device_ids` (I32, >= the step's token rows) gives the step's
-  // token ids in place of batch.tokens, whose values must still be valid ids (padding rows read them).
+  // So steps follow each other on the device without a host round trip: with `device_greedy` (I32
+  // [>= logit rows]) the argmaxes, and with `device_greedy_probs` (F32; mtp_forward() only) their
+  // probabilities, stay in these device tensors and nothing is copied to the host (the call returns
+  // once the step is queued). mtp_forward() only: `device_ids` (I32, >= the step's token rows) gives
+  // the step's token ids in place of batch.tokens, whose values must still be valid ids (padding rows
+  // read them).
   Tensor device_greedy, device_greedy_probs;
   const Tensor* device_ids = nullptr;
+  // mtp_forward() only: token row t takes row hidden_rows[t] of the `hidden` input (the step gathers
+  // them itself, inside its graph); empty: row t. With `ids_from_hidden_rows` (and device_ids) its
+  // token id is (*device_ids)[hidden_rows[t]] too: the argmax the previous pass left at that row.
+  std::span<const int32_t> hidden_rows;
+  bool ids_from_hidden_rows = false;
   // When set: the final-normed hidden state of every token row is copied here (a persistent device
   // tensor of at least [tokens, hidden] in the backend's activation dtype): the MTP module's input.
   Tensor* final_hidden = nullptr;
@@ -175,8 +182,8 @@ class Model {
   // cfg_.num_layers, loaded by the architecture.
   void load_mtp(WeightSource& src);
   // The MTP step from device inputs (mtp.cc), the body of mtp_forward's eager and graph paths.
-  Tensor mtp_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
-                  const Tensor& hidden, KvCache& kv, const ForwardOptions& opt, int max_query_len);
+  Tensor mtp_body(const DecodeGraphs::Inputs& in, const Tensor& hidden, KvCache& kv,
+                  const ForwardOptions& opt);
   // Embedding, layers, then the F32 logits [rows, vocab] of the given rows (none: empty `rows`).
   // Virtual for architectures whose step is not a stack of pre-norm residual layers (DeepSeek-V4).
   virtual Tensor step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,

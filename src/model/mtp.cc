@@ -34,18 +34,29 @@ size_t Model::mtp_kv_bytes_per_token() const {
   return mtp_ ? size_t(cfg_.kv_entry_dim()) * dtype_size(ops_.act_dtype()) : 0;
 }
 
-Tensor Model::mtp_body(const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows,
-                       const Tensor& hidden, KvCache& kv, const ForwardOptions& opt, int max_query_len) {
+Tensor Model::mtp_body(const DecodeGraphs::Inputs& in, const Tensor& hidden, KvCache& kv,
+                       const ForwardOptions& opt) {
   const MtpWeights& m = *mtp_;
+  const AttnMeta& meta = in.meta;
   const int64_t T = meta.num_tokens, D = cfg_.hidden_size;
   const DType act = ops_.act_dtype();
   const float eps = float(cfg_.rms_norm_eps);
 
+  Tensor ids = in.ids;
+  if (opt.ids_from_hidden_rows) {  // the previous pass's argmax at each row this step continues from
+    ids = ops_.scratch(DType::kI32, {T});
+    ops_.gather_ids(ids, *opt.device_ids, in.source_rows);
+  }
   Tensor emb = ops_.scratch(act, {T, D});
   ops_.embedding(emb, m.embed.empty() ? embed_ : m.embed, ids);
+  Tensor h = hidden.rows(0, T);
+  if (!in.source_rows.empty()) {  // read before opt.final_hidden is written: it may be `hidden` itself
+    h = ops_.scratch(act, {T, D});
+    ops_.gather_rows(h, hidden, in.source_rows);
+  }
   Tensor cat = ops_.scratch(act, {T, 2 * D});
   ops_.rmsnorm(cat.cols(0, D), emb, m.enorm, eps);
-  ops_.rmsnorm(cat.cols(D, 2 * D), hidden.rows(0, T), m.hnorm, eps);
+  ops_.rmsnorm(cat.cols(D, 2 * D), h, m.hnorm, eps);
   Tensor x = ops_.scratch(act, {T, D});
   ops_.linear(x, cat, m.eh_proj);
 
@@ -53,18 +64,18 @@ Tensor Model::mtp_body(const AttnMeta& meta, const Tensor& ids, const Tensor& po
   const LayerNorms n = layer_norms(m.layer);
   Tensor xn = ops_.scratch(act, {T, D});
   Tensor sum = ops_.scratch(act, {T, D});
-  Tensor attn = attention(m.layer, NormedInput{x, {}, n.input, xn, eps, {}}, meta, pos, kv.layers[0], opt,
-                          max_query_len);
+  Tensor attn = attention(m.layer, NormedInput{x, {}, n.input, xn, eps, {}}, meta, in.positions, kv.layers[0],
+                          opt, in.max_query_len);
   Tensor ff = ops_.scratch(act, {T, D});
   feed_forward(m.layer, NormedInput{x, attn, n.post, xn, eps, sum}, ff);
-  Tensor out = ops_.scratch(act, {T, D});
+  // Normed straight into opt.final_hidden when given (`h` was read from it already if it is `hidden`).
+  Tensor out = opt.final_hidden ? opt.final_hidden->rows(0, T) : ops_.scratch(act, {T, D});
   ops_.add_rmsnorm(sum, ff, out, m.head_norm, eps);
-  if (opt.final_hidden) ops_.copy(opt.final_hidden->rows(0, T), out);
-  if (rows.empty()) return {};
+  if (in.logit_rows.empty()) return {};
 
-  const int64_t R = rows.numel();
+  const int64_t R = in.logit_rows.numel();
   Tensor sel = ops_.scratch(act, {R, D});
-  ops_.gather_rows(sel, out, rows);
+  ops_.gather_rows(sel, out, in.logit_rows);
   Tensor lg = ops_.scratch(DType::kF32, {R, cfg_.vocab_size});
   ops_.linear(lg, sel, m.head.w.empty() ? lm_head_ : m.head);
   return lg;
@@ -86,40 +97,60 @@ void Model::mtp_forward_local(const Batch& b, const Tensor& hidden, KvCache& kv,
                               const ForwardOptions& opt) {
   // The caller's hidden rows are persistent; scratch from here on is this step's.
   ops_.reset_scratch();
-  const StepPlan p = plan_step(b, kv, 1);
+  StepPlan p = plan_step(b, kv, 1);
   const int64_t T = int64_t(p.tokens.size()), D = cfg_.hidden_size;
-  BELUGA_CHECK(hidden.ndim == 2 && hidden.shape[0] >= T && hidden.shape[1] == D,
-               "MTP hidden input has the wrong shape");
-  // Padded rows read `hidden` too (finite values: the caller's buffers start zeroed).
+  BELUGA_CHECK(hidden.ndim == 2 && hidden.shape[1] == D, "MTP hidden input has the wrong shape");
+  if (opt.hidden_rows.empty()) {
+    BELUGA_CHECK(hidden.shape[0] >= T, "MTP hidden input has ", hidden.shape[0], " rows for ", T, " tokens");
+  } else {
+    BELUGA_CHECK(int64_t(opt.hidden_rows.size()) == T, "MTP hidden_rows: ", opt.hidden_rows.size(), " for ",
+                 T, " tokens");
+    for (int32_t r : opt.hidden_rows)
+      BELUGA_CHECK(r >= 0 && r < hidden.shape[0], "MTP hidden row ", r, " outside the input's ",
+                   hidden.shape[0]);
+    p.source_rows.assign(opt.hidden_rows.begin(), opt.hidden_rows.end());
+  }
+  const bool by_row = opt.ids_from_hidden_rows;
+  BELUGA_CHECK(!by_row || (opt.device_ids && !opt.hidden_rows.empty()),
+               "ForwardOptions::ids_from_hidden_rows needs device_ids and hidden_rows");
+  if (by_row)
+    for (int32_t r : opt.hidden_rows)
+      BELUGA_CHECK(r < opt.device_ids->numel(), "MTP hidden row ", r, " past the ", opt.device_ids->numel(),
+                   " device ids");
+  // Padded rows read `hidden` too (finite values: the caller's buffers start zeroed), in place or
+  // (hidden_rows) through sequence 0's rows.
   const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture &&
                      opt.mla_mode != MlaMode::kExpanded && DecodeGraphs::qualifies(p) &&
-                     hidden.shape[0] >= DecodeGraphs::padded_rows(p) &&
+                     (!p.source_rows.empty() || hidden.shape[0] >= DecodeGraphs::padded_rows(p)) &&
                      (!opt.final_hidden || opt.final_hidden->shape[0] >= DecodeGraphs::padded_rows(p));
+  auto body = [&](const DecodeGraphs::Inputs& in) { return mtp_body(in, hidden, kv, opt); };
   if (graph) {
     if (!mtp_graphs_) mtp_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
     // The graph reads `hidden` and writes the cache and opt.final_hidden at fixed addresses: all three
     // name its variant.
     const DecodeGraphs::Variant variant{kv.layers[0].data, hidden.data,
-                                        opt.final_hidden ? opt.final_hidden->data : nullptr};
-    auto body = [&](const AttnMeta& meta, const Tensor& ids, const Tensor& pos, const Tensor& rows, int q) {
-      return mtp_body(meta, ids, pos, rows, hidden, kv, opt, q);
-    };
+                                        opt.final_hidden ? opt.final_hidden->data : nullptr,
+                                        by_row ? opt.device_ids->data : nullptr};
+    const Tensor* ids = by_row ? nullptr : opt.device_ids;  // by row: the body gathers them
     if (!opt.device_greedy.empty())
       mtp_graphs_->run(
-          p, body, variant, [&](const Tensor& lg) { keep_greedy(lg, opt); }, opt.device_ids);
+          p, body, variant, [&](const Tensor& lg) { keep_greedy(lg, opt); }, ids);
     else
-      mtp_graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs, opt.device_ids);
+      mtp_graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs, ids);
     return;
   }
-  Tensor ids, pos;
-  const AttnMeta meta = upload_meta(p, &ids, &pos);
-  if (opt.device_ids) ops_.copy(ids, opt.device_ids->rows(0, T));
-  Tensor rows;
-  if (!p.logit_rows.empty()) {
-    rows = ops_.scratch(DType::kI32, {int64_t(p.logit_rows.size())});
-    ops_.copy_from_host(rows, p.logit_rows.data());
-  }
-  Tensor lg = mtp_body(meta, ids, pos, rows, hidden, kv, opt, p.max_query_len);
+  DecodeGraphs::Inputs in;
+  in.meta = upload_meta(p, &in.ids, &in.positions);
+  in.max_query_len = p.max_query_len;
+  if (opt.device_ids && !by_row) ops_.copy(in.ids, opt.device_ids->rows(0, T));
+  auto upload = [&](const std::vector<int32_t>& v) {
+    Tensor t = ops_.scratch(DType::kI32, {int64_t(v.size())});
+    ops_.copy_from_host(t, v.data());
+    return t;
+  };
+  if (!p.logit_rows.empty()) in.logit_rows = upload(p.logit_rows);
+  if (!p.source_rows.empty()) in.source_rows = upload(p.source_rows);
+  Tensor lg = body(in);
   if (lg.empty()) return;
   if (!opt.device_greedy.empty())
     keep_greedy(lg, opt);

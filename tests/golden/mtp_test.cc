@@ -90,7 +90,8 @@ TEST(DemoModelMtp, LogitsMatchReference) {
 
 // A proposal chain (the MTP step, then steps over its own output) gives the same drafts when each
 // step reads the previous one's argmaxes on the device (ForwardOptions::device_ids, device_greedy:
-// one read-back for the chain) as when they go through the host: two sequences, three steps.
+// one read-back for the chain) and gathers its own h rows (hidden_rows; the third step reads the
+// buffer it writes) as when they go through the host: two sequences, three steps.
 TEST(DemoModelMtp, ChainedStepsReadTheirDraftsOnTheDevice) {
   Demo d;
   const int D = d.cfg.hidden_size, kSeqs = 2, kSteps = 3;
@@ -136,16 +137,21 @@ TEST(DemoModelMtp, ChainedStepsReadTheirDraftsOnTheDevice) {
           b.logit_rows.push_back(s);
         }
       }
-      if (j == 0) {
-        d.ops.copy(in.rows(0, P - 1), hidden.rows(0, P - 1));
-        d.ops.copy(in.rows(P - 1, 2 * (P - 1)), hidden.rows(P, 2 * P - 1));
-      } else {
-        for (int s = 0; s < kSeqs; ++s)
-          d.ops.copy(in.rows(s, s + 1),
-                     j == 1 ? out.rows((s + 1) * (P - 1) - 1, (s + 1) * (P - 1)) : out.rows(s, s + 1));
-      }
+      // Through the host, each step's h rows are copied into `in` first; on the device the step
+      // gathers them (hidden_rows), the later steps reading `out`, which they also write, in place.
+      std::vector<int32_t> rows;
+      for (int s = 0; s < kSeqs; ++s)
+        if (j == 0)
+          for (int i = 0; i < P - 1; ++i) rows.push_back(s * P + i);
+        else
+          rows.push_back(j == 1 ? (s + 1) * (P - 1) - 1 : s);
+      const Tensor& from = j == 0 ? hidden : out;
       ForwardOptions mo;
       mo.final_hidden = &out;
+      if (on_device && j < 2) mo.hidden_rows = rows;
+      if (!on_device)
+        for (size_t t = 0; t < rows.size(); ++t)
+          d.ops.copy(in.rows(int64_t(t), int64_t(t) + 1), from.rows(rows[t], rows[t] + 1));
       if (on_device) {
         mo.device_greedy = dev_ids.rows(j * kSeqs, (j + 1) * kSeqs);
         mo.device_greedy_probs = dev_probs.rows(j * kSeqs, (j + 1) * kSeqs);
@@ -157,7 +163,7 @@ TEST(DemoModelMtp, ChainedStepsReadTheirDraftsOnTheDevice) {
         mo.greedy_tokens = r.ids.data() + j * kSeqs;
         mo.greedy_probs = r.probs.data() + j * kSeqs;
       }
-      d.model->mtp_forward(b, in, mkv, nullptr, mo);
+      d.model->mtp_forward(b, on_device ? from : in, mkv, nullptr, mo);
     }
     if (on_device) {
       d.ops.copy_to_host(dev_ids, r.ids.data());

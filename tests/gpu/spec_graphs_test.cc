@@ -1,6 +1,7 @@
 // Speculative decoding on CUDA with graphs: verify steps (batch x (1 + K) query rows, final hidden
-// states out) and MTP proposal steps replayed from graphs give the eager path's logits and hidden
-// states (padded batch buckets included), and the engine's greedy output with MTP speculation (fixed
+// states out), MTP proposal steps and chained MTP steps (rows gathered inside the step, ids from the
+// device) replayed from graphs give the eager path's logits and hidden states (padded batch buckets
+// included), and the engine's greedy output with MTP speculation (fixed
 // K, cost-gated and confidence-gated: sequences with fewer admitted drafts than the step's depth
 // carry filler rows) is the same as without it, graphs on in both, up to the first token whose top-2
 // margin is below 0.05 (bf16: a verify step computes in batches of another shape), in all but at most
@@ -56,6 +57,7 @@ TEST(GpuSpecGraphs, VerifyAndMtpStepsMatchEager) {
          hb = ops.alloc_persistent(act, {DecodeGraphs::kMaxTokens, D});
   Tensor oa = ops.alloc_persistent(act, {DecodeGraphs::kMaxTokens, D}),
          ob = ops.alloc_persistent(act, {DecodeGraphs::kMaxTokens, D});
+  Tensor chain_ids = ops.alloc_persistent(DType::kI32, {8 * 3});  // a chained pass's device ids (8 x Q)
   auto table = [&](int s) {
     std::vector<int> t(kBlocks);
     for (int i = 0; i < kBlocks; ++i) t[size_t(i)] = s * kBlocks + i;
@@ -116,6 +118,44 @@ TEST(GpuSpecGraphs, VerifyAndMtpStepsMatchEager) {
       ASSERT_LE(rel_l2(x, y), 3e-2) << "MTP step " << step << " seq " << s;
     }
     ASSERT_LE(rel_l2(to_host_f32(ops, oa, n * Q), to_host_f32(ops, ob, n * Q)), 3e-2) << "step " << step;
+    {
+      // A chained pass over each sequence's proposal row of that output, gathered inside the step
+      // (hidden_rows) from the buffer the pass writes; the graphed model takes its ids from the device
+      // (in place or copied where the batch is padded; on odd steps picked by row,
+      // ids_from_hidden_rows), its batch's ids placeholders; the eager one takes them from the host.
+      const bool by_row = step % 2 == 1;
+      Batch c, cg;
+      std::vector<int32_t> rows, ids(size_t(8 * Q), 0);
+      for (int s = 0; s < n; ++s) {
+        const int r = s * Q + (step + s) % Q, id = 300 + (step * 5 + s * 11) % 600;
+        rows.push_back(r);
+        c.tokens.push_back(id);
+        cg.tokens.push_back(0);
+        c.seqs.push_back({len[size_t(s)] + Q, 1, table(s)});
+        c.logit_rows.push_back(s);
+        ids[size_t(by_row ? r : s)] = id;
+      }
+      cg.seqs = c.seqs;
+      cg.logit_rows = c.logit_rows;
+      ops.copy_from_host(chain_ids, ids.data());
+      std::vector<float> ca(size_t(n) * V), cb(ca.size());
+      ForwardOptions qa, qb;
+      qa.final_hidden = &oa;
+      qb.final_hidden = &ob;
+      qa.hidden_rows = rows;
+      qb.hidden_rows = rows;
+      qa.device_ids = &chain_ids;
+      qa.ids_from_hidden_rows = by_row;
+      ga->mtp_forward(cg, oa, ma, ca.data(), qa);
+      gb->mtp_forward(c, ob, mb, cb.data(), qb);
+      for (int s = 0; s < n; ++s) {
+        const std::vector<float> x(ca.begin() + int64_t(s) * V, ca.begin() + int64_t(s + 1) * V),
+            y(cb.begin() + int64_t(s) * V, cb.begin() + int64_t(s + 1) * V);
+        worst = std::max(worst, rel_l2(x, y));
+        ASSERT_LE(rel_l2(x, y), 3e-2) << "chained MTP step " << step << " seq " << s;
+      }
+      ASSERT_LE(rel_l2(to_host_f32(ops, oa, n), to_host_f32(ops, ob, n)), 3e-2) << "chained, step " << step;
+    }
     for (int s = 0; s < n; ++s) len[size_t(s)] += 1;  // as if one token were accepted
   }
   EXPECT_GT(ga->num_graphs(), 0);

@@ -199,6 +199,18 @@ void CpuOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
   }
 }
 
+void CpuOps::gather_ids(Tensor out, const Tensor& ids, const Tensor& rows) {
+  BELUGA_CHECK(out.dtype == DType::kI32 && ids.dtype == DType::kI32 && rows.dtype == DType::kI32 &&
+                   out.is_contiguous() && ids.is_contiguous() && rows.is_contiguous() &&
+                   out.numel() == rows.numel(),
+               "gather_ids: out I32 [R], ids I32 [N], rows I32 [R]");
+  for (int64_t r = 0; r < rows.numel(); ++r) {
+    const int32_t at = rows.ptr<const int32_t>()[r];
+    BELUGA_CHECK(at >= 0 && at < ids.numel(), "gather_ids: row ", at, " of ", ids.numel());
+    out.ptr<int32_t>()[r] = ids.ptr<const int32_t>()[at];
+  }
+}
+
 void CpuOps::argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) {
   BELUGA_CHECK(ids.dtype == DType::kI32 && logits.dtype == DType::kF32 && logits.ndim == 2 &&
                    logits.stride[1] == 1 && ids.numel() == logits.shape[0] &&

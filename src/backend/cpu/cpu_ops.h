@@ -62,6 +62,7 @@ class CpuOps final : public Ops {
   void rope(Tensor x, const Tensor& positions, const RopeTable& table) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
   void argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) override;
+  void gather_ids(Tensor out, const Tensor& ids, const Tensor& rows) override;
 
   void linear(Tensor out, const Tensor& x, const Weight& w) override;
   void linear_heads(Tensor out, const Tensor& x, const Tensor& w) override;

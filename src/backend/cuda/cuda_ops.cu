@@ -168,6 +168,12 @@ __global__ void gather_kernel(bf16* out, int64_t ldo, const T* src, int64_t lds,
   }
 }
 
+__global__ void gather_ids_kernel(int32_t* out, const int32_t* ids, const int32_t* rows, int R) {
+  pdl_entry();
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < R; r += gridDim.x * blockDim.x)
+    out[r] = ids[rows[r]];
+}
+
 // gather_kernel for BF16 rows in 16-byte pieces (D, the strides and the pointers 16-byte aligned).
 __global__ void gather_rows8_kernel(bf16* out, int64_t ldo, const bf16* src, int64_t lds, const int32_t* idx,
                                     int R, int D) {
@@ -298,6 +304,7 @@ CudaOps::~CudaOps() {
   if (fork_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_));
   for (void* e : replay_events_)
     if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  if (host_copy_event_) cudaEventDestroy(static_cast<cudaEvent_t>(host_copy_event_));
   cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   cudaFree(cublas_ws_);
   cudaStreamDestroy(S(stream_));
@@ -407,6 +414,22 @@ void CudaOps::copy_to_host(const Tensor& src, void* dst) {
   BELUGA_CHECK(src.is_contiguous(), "copy_to_host: tensor must be contiguous, got ", src.describe());
   BELUGA_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, S(stream_)));
   BELUGA_CUDA_CHECK(cudaStreamSynchronize(S(stream_)));
+}
+
+void CudaOps::copy_to_host_async(const Tensor& src, void* dst) {
+  Prof prof_scope(this, "copy_to_host_async");
+  BELUGA_CHECK(src.is_contiguous(), "copy_to_host_async: tensor must be contiguous, got ", src.describe());
+  if (!host_copy_event_) {
+    cudaEvent_t e = nullptr;
+    BELUGA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    host_copy_event_ = e;
+  }
+  BELUGA_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, S(stream_)));
+  BELUGA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(host_copy_event_), S(stream_)));
+}
+
+void CudaOps::wait_host_copies() {
+  if (host_copy_event_) BELUGA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(host_copy_event_)));
 }
 
 void CudaOps::copy_from_host(Tensor dst, const void* src) {
@@ -537,6 +560,19 @@ void CudaOps::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
   else
     launch(gather_kernel<bf16>, grid_for(int64_t(R) * D), 256, 0, S(stream_), out.ptr<bf16>(), out.stride[0],
            x.ptr<const bf16>(), x.stride[0], rows.ptr<const int32_t>(), R, D);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::gather_ids(Tensor out, const Tensor& ids, const Tensor& rows) {
+  Prof prof_scope(this, "gather_ids");
+  BELUGA_CHECK(out.dtype == DType::kI32 && ids.dtype == DType::kI32 && rows.dtype == DType::kI32 &&
+                   out.is_contiguous() && ids.is_contiguous() && rows.is_contiguous() &&
+                   out.numel() == rows.numel(),
+               "gather_ids: out I32 [R], ids I32 [N], rows I32 [R]");
+  const int R = int(rows.numel());
+  if (R == 0) return;
+  launch(gather_ids_kernel, grid_for(R), 256, 0, S(stream_), out.ptr<int32_t>(), ids.ptr<const int32_t>(),
+         rows.ptr<const int32_t>(), R);
   BELUGA_LAUNCH_CHECK();
 }
 

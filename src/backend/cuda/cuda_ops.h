@@ -72,6 +72,8 @@ class CudaOps final : public Ops {
   Tensor upload(const Tensor& host) override;
   void copy_to_host(const Tensor& src, void* dst) override;
   void copy_from_host(Tensor dst, const void* src) override;
+  void copy_to_host_async(const Tensor& src, void* dst) override;
+  void wait_host_copies() override;
   void synchronize() override;
   void bind_thread() override;
   // Asynchronous on the stream (pinned host memory from host_alloc overlaps with compute); batched
@@ -99,6 +101,7 @@ class CudaOps final : public Ops {
   void rope(Tensor x, const Tensor& positions, const RopeTable& table) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
   void argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) override;
+  void gather_ids(Tensor out, const Tensor& ids, const Tensor& rows) override;
 
   void linear(Tensor out, const Tensor& x, const Weight& w) override;
   void linear_heads(Tensor out, const Tensor& x, const Tensor& w) override;
@@ -297,9 +300,10 @@ class CudaOps final : public Ops {
   bool shared_experts_cublas_ = true;
   bool shared_on_side_ = true;
   bool deterministic_ = false;
-  int det_split_len_ = 1024;     // deterministic mode: keys per MLA decode split (set_deterministic_keys)
-  void* replay_events_[2] = {};  // cudaEvent_t around the last replay, when timing replays
-  bool replay_timed_ = false;    // a replay recorded them since last_replay_ms() last read them
+  int det_split_len_ = 1024;         // deterministic mode: keys per MLA decode split (set_deterministic_keys)
+  void* replay_events_[2] = {};      // cudaEvent_t around the last replay, when timing replays
+  void* host_copy_event_ = nullptr;  // cudaEvent_t: after the last copy_to_host_async
+  bool replay_timed_ = false;        // a replay recorded them since last_replay_ms() last read them
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
   // occupancy query runs once per size, not once per layer).
   size_t gate_occupancy_smem_ = 0;
