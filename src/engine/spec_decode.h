@@ -10,6 +10,11 @@
 // lives in a cache of its own that shares the main cache's block tables, so rolling back a sequence's length
 // rolls back both) and, chained on its own output, proposes the next step's drafts (the chained passes
 // read the previous pass's drafts on the device: the chain costs one host round trip, not one a pass).
+// When every sequence is a greedy decode (argmaxes on the device), the first MTP pass does not wait for
+// verification: its rows are all verify rows and row r's token is the target's argmax at r (for the
+// accepted rows and the correction, the token that follows; later rows are never read), so it is
+// queued behind the verify forward while the argmaxes come back (mtp_ahead), and the chained passes
+// pick each proposer's row on the device.
 //
 // Gating (SpecGate): before each step the engine calls begin_step(); the gate decides whether the step
 // drafts (the regime, by measured tokens per second: plain steps run no MTP pass and overlap as
