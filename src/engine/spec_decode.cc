@@ -192,9 +192,6 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   ForwardOptions o = opt;
   // A plain step (drafting off) runs no MTP pass: no hidden states to keep, and the plain decode graphs.
   if (!ngram() && plan_mtp_) o.final_hidden = &hidden_;
-  // What verification reads: the forward's host outputs, or (MTP ahead) the argmaxes copied back
-  // while the MTP pass runs.
-  ForwardOptions vo = opt;
   const bool ahead = mtp_ahead(b, opt);
   {
     TraceSpan span(trace, lane, "spec: verify forward");
@@ -211,7 +208,8 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
       model_.ops().copy_to_host_async(y, verify_ids_host_);
       run_mtp_on_every_row(b);
       model_.ops().wait_host_copies();
-      vo.greedy_tokens = verify_ids_host_;
+      // The caller's buffer too, as a synchronous forward fills it (the runner reads it after the step).
+      std::copy_n(verify_ids_host_, b.tokens.size(), opt.greedy_tokens);
     } else {
       model_.forward(b, kv, logits, o);  // synchronous: its ids or logits are on the host after it
     }
@@ -254,9 +252,9 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
         // On the device (every row greedy: argmaxes; else every row sampled there): row r drew y_r
         // with the uniform of its output position, so the drafts are accepted while equal to the
         // draws and the first other draw is the correction (draft_verifier.h's coupled rule).
-        if (vo.greedy_tokens || vo.sampled) {
+        if (opt.greedy_tokens || opt.sampled) {
           auto drawn = [&](int r) {
-            return vo.greedy_tokens ? vo.greedy_tokens[r] : vo.sampled[size_t(r) * kSampleOutCols];
+            return opt.greedy_tokens ? opt.greedy_tokens[r] : opt.sampled[size_t(r) * kSampleOutCols];
           };
           int m = 0;
           for (; m < n && draft[j + m] == drawn(p.sample_row + j + m); ++m) out[j + m] = draft[j + m];
