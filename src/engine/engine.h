@@ -60,6 +60,11 @@ struct EngineConfig {
   // run back to back both threads stay busy (yielding to any other runnable thread); an idle engine
   // polls at most once, for this long, after its last step.
   int poll_micros = -1;
+  // Speculative decoding: whether a step of greedy decodes queues its first MTP pass behind the
+  // verify forward before the host verifies (SpecDecoder::mtp_ahead). -1: on a device backend, whose
+  // queue runs the pass while the host verifies; off on the CPU, where nothing overlaps and the pass
+  // would only compute more logit rows; 0 / 1: off / on (tests).
+  int mtp_ahead = -1;
   // Steps whose every sample row needs no sequence history (sampler.h: samples_on_device) sample on
   // the device when the model has a sampler (CUDA), constrained rows with their masks uploaded with
   // the step; off (`--no-device-sampling`): the logits come to the host sampler (the reference).

@@ -58,7 +58,8 @@ struct Engine::Impl {
                  ? std::make_unique<SpecDecoder>(
                        m, cfg.speculative, num_blocks,
                        cfg.max_num_batched_tokens +
-                           cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1))
+                           cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1),
+                       cfg.mtp_ahead >= 0 ? cfg.mtp_ahead > 0 : m.ops().device() != Device::kCpu)
                  : nullptr),
         blocks(num_blocks, cfg.enable_prefix_caching, cfg.kv_events),
         policy(cfg.latency),

@@ -16,8 +16,11 @@ const std::vector<int> kNone;
 const std::unordered_map<int, int> kNoCounts;
 }  // namespace
 
-SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows)
-    : model_(model), cfg_(cfg), gate_(cfg.num_speculative_tokens, cfg.gating, model.replays_graphs()) {
+SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows, bool mtp_ahead)
+    : model_(model),
+      cfg_(cfg),
+      gate_(cfg.num_speculative_tokens, cfg.gating, model.replays_graphs()),
+      allow_ahead_(mtp_ahead) {
   BELUGA_CHECK(cfg.enabled(), "speculative decoding is not configured");
   stats_.accepted_per_position.assign(size_t(cfg.num_speculative_tokens), 0);
   if (cfg.method == SpecConfig::Method::kNgram) return;  // drafts from the tokens: no MTP state
@@ -43,8 +46,8 @@ SpecDecoder::~SpecDecoder() {
 }
 
 bool SpecDecoder::mtp_ahead(const Batch& b, const ForwardOptions& opt) const {
-  if (ngram() || !plan_mtp_ || cfg_.synthetic_acceptance >= 0 || !opt.greedy_tokens || opt.sampled ||
-      opt.sampling || model_.has_step_peers() || b.logit_rows.size() != b.tokens.size())
+  if (!allow_ahead_ || ngram() || !plan_mtp_ || cfg_.synthetic_acceptance >= 0 || !opt.greedy_tokens ||
+      opt.sampled || opt.sampling || model_.has_step_peers() || b.logit_rows.size() != b.tokens.size())
     return false;
   const int depth = std::min(cfg_.num_speculative_tokens, step_k_ + 1);
   int row0 = 0;

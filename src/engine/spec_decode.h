@@ -74,7 +74,8 @@ struct SpecStats {
 class SpecDecoder {
  public:
   // `max_rows`: the most tokens one step can hold (the scheduler's budget plus every sequence's drafts).
-  SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows);
+  // `mtp_ahead`: whether steps that allow it queue their first MTP pass before verifying (mtp_ahead()).
+  SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, int max_rows, bool mtp_ahead);
   ~SpecDecoder();
   SpecDecoder(const SpecDecoder&) = delete;
   SpecDecoder& operator=(const SpecDecoder&) = delete;
@@ -221,6 +222,7 @@ class SpecDecoder {
   bool plan_mtp_ = false;       // and the step in plan_
   bool step_explored_ = false;  // whether the gate explored the depth of the step being planned
   bool plan_explored_ = false;  // and of the step in plan_
+  bool allow_ahead_ = false;    // the constructor's mtp_ahead
   std::chrono::steady_clock::time_point last_apply_{};
   double forward_seconds_ = 0;  // the last drafting step's verify forward (runner thread; read after it)
 };

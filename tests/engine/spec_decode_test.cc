@@ -4,6 +4,7 @@
 // are refused with a clear error.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 
 #include "backend/cpu/cpu_ops.h"
@@ -90,10 +91,15 @@ TEST_F(SpecDecodeTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
   Outcome base = run(config(0), reqs, &base_st);
   EXPECT_EQ(base_st.spec_drafts, 0);
   EXPECT_TRUE(base_st.spec_accepted_per_position.empty());
-  for (int k : {1, 2, 3}) {
+  // K = 1..3, and K = 3 with the first MTP pass queued ahead of verification (EngineConfig::mtp_ahead:
+  // off on the CPU by default), whose later passes pick each proposer's row on the device.
+  for (int k : {1, 2, 3, -3}) {
+    EngineConfig ec = config(std::abs(k));
+    ec.mtp_ahead = k < 0 ? 1 : 0;
+    k = std::abs(k);
     EngineStats st;
-    Outcome spec = run(config(k), reqs, &st);
-    EXPECT_EQ(spec.tokens, base.tokens) << "K=" << k;
+    Outcome spec = run(ec, reqs, &st);
+    EXPECT_EQ(spec.tokens, base.tokens) << "K=" << k << " ahead " << ec.mtp_ahead;
     EXPECT_EQ(spec.finish, base.finish) << "K=" << k;
     // Drafts are verified and the MTP module's are right often (the demo's agrees with the main
     // model's next greedy token 73% of the time under teacher forcing).
