@@ -76,9 +76,12 @@ void SpecGate::log_bucket(int bucket, const Bucket& b) const {
   std::string line = str("spec gate: batch bucket ", bucket, ", ", b.decisions, " decisions:");
   for (int k = 0; k <= max_k_; ++k) {
     const Cost& c = b.by_k[size_t(k)];
-    line += str(" depth ", k, " ", b.chose[size_t(k)], " (",
-                paired(band_of(bucket)) ? fixed3(c.seconds) + "x forward" : fixed3(c.seconds * 1e3) + " ms",
-                ", ", c.samples, " samples)");
+    const double n = std::max(1, c.samples);
+    line +=
+        str(" depth ", k, " ", b.chose[size_t(k)], " (",
+            paired(band_of(bucket)) ? fixed3(c.seconds) + "x forward" : fixed3(c.seconds * 1e3) + " ms", ", ",
+            c.samples, " samples, mean period ", fixed3(c.period_sum / n * 1e6), " us",
+            c.forward_sum > 0 ? ", forward " + fixed3(c.forward_sum / n * 1e6) + " us" : std::string(), ")");
   }
   for (int j = 0; j < max_k_; ++j) line += str("; acceptance ", j, " ", fixed3(mean_acceptance(j, false)));
   log::debug("engine", line);
@@ -364,6 +367,7 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   if (!drafting || k < 0 || k > max_k_) return;
   // At low load a depth's cost is relative: the step's period over its own verify forward (a plain
   // step at these lengths), so depths measured at different positions of a request compare.
+  const double period = seconds;
   if (paired_step) seconds /= forward_seconds;
   Cost& c = b.by_k[size_t(k)];
   if (c.skipped < kSkipSamples) {
@@ -378,6 +382,8 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   }
   c.samples++;
   c.total++;
+  c.period_sum += period;
+  if (paired_step) c.forward_sum += forward_seconds;
 }
 
 void SpecGate::Rate::add(double step_tokens, double step_seconds, int batch) {

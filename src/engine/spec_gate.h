@@ -147,6 +147,8 @@ class SpecGate {
     int samples = 0;     // trusted samples this cycle
     int skipped = 0;     // first samples dropped
     int total = 0;       // trusted samples ever
+    // This cycle's trusted samples: their periods and (paired) verify forwards, for the debug log.
+    double period_sum = 0, forward_sum = 0;
   };
   struct Rate {
     double tokens = 0, seconds = 0;
