@@ -33,7 +33,6 @@ SpecDecoder::SpecDecoder(Model& model, const SpecConfig& cfg, int num_blocks, in
   // Graph-replayed steps compute padded rows (up to DecodeGraphs::kMaxTokens) into these too.
   const int64_t rows = std::max<int64_t>(max_rows, DecodeGraphs::kMaxTokens);
   hidden_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
-  mtp_in_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   mtp_out_ = ops.alloc_persistent(ops.act_dtype(), {rows, D});
   chain_ = ops.alloc_persistent(DType::kI32, {2 * int64_t(cfg.num_speculative_tokens) * rows});
   verify_ids_ = ops.alloc_persistent(DType::kI32, {rows});
@@ -321,13 +320,6 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
   run_mtp_chain(b, trace, lane);
 }
 
-void SpecDecoder::gather_mtp_input(const Tensor& from, int n) {
-  Ops& ops = model_.ops();
-  Tensor idx = ops.scratch(DType::kI32, {n});
-  ops.copy_from_host(idx, gather_.data());
-  ops.gather_rows(mtp_in_.rows(0, n), from, idx);
-}
-
 void SpecDecoder::run_mtp_chain_on_device(const Batch& b, int depth, int every_row) {
   const int K = cfg_.num_speculative_tokens, P = int(seq_of_.size());
   // The first pass's argmaxes: one a proposer, or (`every_row`) one a verify row, proposer t's at its
@@ -397,15 +389,15 @@ void SpecDecoder::run_mtp_chain_on_device(const Batch& b, int depth, int every_r
 void SpecDecoder::run_mtp_chain(const Batch& b, Tracer* trace, int lane) {
   const int K = cfg_.num_speculative_tokens;
   TraceSpan mtp_span(trace, lane, "spec: mtp pass");
-  gather_mtp_input(hidden_, int(gather_.size()));
   ForwardOptions mo;
   mo.final_hidden = &mtp_out_;
+  mo.hidden_rows = gather_;  // each pass gathers its h rows itself
   ids_.resize(mb_.logit_rows.size());
   probs_.resize(mb_.logit_rows.size());
   mo.greedy_tokens = ids_.data();
   mo.greedy_probs = probs_.data();
   const Model::MtpPeerRows rows{gather_, false};  // expert-parallel peers gather their own
-  model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo, &rows);
+  model_.mtp_forward(mb_, hidden_, mtp_kv_, nullptr, mo, &rows);
   for (size_t t = 0; t < seq_of_.size(); ++t) {
     drafts_[size_t(seq_of_[t]) * size_t(K)] = ids_[t];
     draft_q_[size_t(seq_of_[t]) * size_t(K)] = probs_[t];
@@ -435,12 +427,12 @@ void SpecDecoder::run_mtp_chain(const Batch& b, Tracer* trace, int lane) {
     seq_of_.resize(n);
     last_pos_.resize(n);
     if (n == 0) break;
-    gather_mtp_input(mtp_out_, int(n));
     ids_.resize(n);
     probs_.resize(n);
     mo.greedy_probs = probs_.data();
+    mo.hidden_rows = gather_;  // rows of the previous pass's output, which this pass overwrites
     const Model::MtpPeerRows chained{gather_, true};
-    model_.mtp_forward(mb_, mtp_in_, mtp_kv_, nullptr, mo, &chained);
+    model_.mtp_forward(mb_, mtp_out_, mtp_kv_, nullptr, mo, &chained);
     out_row_.resize(n);
     for (size_t t = 0; t < n; ++t) {
       drafts_[size_t(seq_of_[t]) * size_t(K) + size_t(j)] = ids_[t];

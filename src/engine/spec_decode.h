@@ -176,8 +176,6 @@ class SpecDecoder {
   // of an accepted prefix continues with the draft it accepted, the next with the correction; later
   // rows are never read), every row's argmax and probability into chain_.
   void run_mtp_on_every_row(const Batch& b);
-  // Rows gather_[0..n) of `from` into mtp_in_ (the next MTP pass's h rows).
-  void gather_mtp_input(const Tensor& from, int n);
   // Whether chunk c of sequence s decodes its last token (a pending one included).
   static bool is_decode(const Chunk& c, const Seq& s) {
     return c.sample && c.len == 1 && c.start + 1 == int(s.tokens.size()) + s.pending;
@@ -187,7 +185,6 @@ class SpecDecoder {
   SpecConfig cfg_;
   KvCache mtp_kv_;
   Tensor hidden_;   // the step's final hidden states, every row
-  Tensor mtp_in_;   // the MTP step's h rows
   Tensor mtp_out_;  // its own normed output (chained into the next MTP step)
   // The drafts of a chain kept on the device (run_mtp_chain_on_device): the first pass's ids [R0] and
   // their probabilities (F32 bits) [R0], R0 = P proposers or every verify row; then pass j's ids [P] and
