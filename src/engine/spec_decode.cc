@@ -48,7 +48,7 @@ bool SpecDecoder::mtp_ahead(const Batch& b, const ForwardOptions& opt) const {
   if (!allow_ahead_ || ngram() || !plan_mtp_ || cfg_.synthetic_acceptance >= 0 || !opt.greedy_tokens ||
       opt.sampled || opt.sampling || model_.has_step_peers() || b.logit_rows.size() != b.tokens.size())
     return false;
-  const int depth = std::min(cfg_.num_speculative_tokens, step_k_ + 1);
+  const int depth = propose_depth();
   int row0 = 0;
   for (size_t i = 0; i < plan_.size(); ++i) {
     const Plan& p = plan_[i];
@@ -293,10 +293,8 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
       gather_.push_back(row0 + r);
     }
     mb_.seqs.push_back({sc.context_len, rows, sc.block_table});
-    // Proposals: one past the step's depth (so the gate can go deeper next step), up to K, as many as
-    // fit before the sequence's maximum length.
-    const int propose =
-        p.sample_row >= 0 ? std::min(std::min(K, step_k_ + 1), p.max_length - (p.length + a + 1)) : 0;
+    // Proposals: propose_depth(), as many as fit before the sequence's maximum length.
+    const int propose = p.sample_row >= 0 ? std::min(propose_depth(), p.max_length - (p.length + a + 1)) : 0;
     if (propose > 0 && next >= 0) {
       mb_.logit_rows.push_back(first + valid - 1);
       seq_of_.push_back(i);

@@ -172,6 +172,9 @@ class SpecDecoder {
   // verified anything: every sequence a decode verifying on the device by argmax (greedy), its rows
   // all logit rows, drafting as deep whatever it accepts; no peers, no synthetic acceptance.
   bool mtp_ahead(const Batch& b, const ForwardOptions& opt) const;
+  // Drafts a sequence proposes for the next step, room allowing: one past the step's depth (so the
+  // gate can go deeper), up to K.
+  int propose_depth() const { return std::min(cfg_.num_speculative_tokens, step_k_ + 1); }
   // That first MTP pass: every verify row, its token the forward's argmax left in verify_ids_ (row r
   // of an accepted prefix continues with the draft it accepted, the next with the correction; later
   // rows are never read), every row's argmax and probability into chain_.

@@ -32,7 +32,7 @@ struct ForwardOptions {
   // With greedy_tokens: each row's softmax probability of its argmax here too (a draft's confidence).
   float* greedy_probs = nullptr;
   // So steps follow each other on the device without a host round trip: with `device_greedy` (I32
-  // [>= logit rows]) the argmaxes, and with `device_greedy_probs` (F32; mtp_forward() only) their
+  // [>= logit rows]) the argmaxes, and with `device_greedy_probs` (F32) their
   // probabilities, stay in these device tensors and nothing is copied to the host (the call returns
   // once the step is queued). mtp_forward() only: `device_ids` (I32, >= the step's token rows) gives
   // the step's token ids in place of batch.tokens, whose values must still be valid ids (padding rows

@@ -1,5 +1,7 @@
 #include "model/mtp.h"
 
+#include <algorithm>
+
 #include "model/model.h"
 #include "util/error.h"
 
@@ -100,23 +102,20 @@ void Model::mtp_forward_local(const Batch& b, const Tensor& hidden, KvCache& kv,
   StepPlan p = plan_step(b, kv, 1);
   const int64_t T = int64_t(p.tokens.size()), D = cfg_.hidden_size;
   BELUGA_CHECK(hidden.ndim == 2 && hidden.shape[1] == D, "MTP hidden input has the wrong shape");
+  const bool by_row = opt.ids_from_hidden_rows;
+  BELUGA_CHECK(!by_row || (opt.device_ids && !opt.hidden_rows.empty()),
+               "ForwardOptions::ids_from_hidden_rows needs device_ids and hidden_rows");
   if (opt.hidden_rows.empty()) {
     BELUGA_CHECK(hidden.shape[0] >= T, "MTP hidden input has ", hidden.shape[0], " rows for ", T, " tokens");
   } else {
     BELUGA_CHECK(int64_t(opt.hidden_rows.size()) == T, "MTP hidden_rows: ", opt.hidden_rows.size(), " for ",
                  T, " tokens");
+    // Each row indexes the hidden input and (by_row) the device ids.
+    const int64_t rows = by_row ? std::min(hidden.shape[0], opt.device_ids->numel()) : hidden.shape[0];
     for (int32_t r : opt.hidden_rows)
-      BELUGA_CHECK(r >= 0 && r < hidden.shape[0], "MTP hidden row ", r, " outside the input's ",
-                   hidden.shape[0]);
+      BELUGA_CHECK(r >= 0 && r < rows, "MTP hidden row ", r, " outside the input's ", rows, " rows");
     p.source_rows.assign(opt.hidden_rows.begin(), opt.hidden_rows.end());
   }
-  const bool by_row = opt.ids_from_hidden_rows;
-  BELUGA_CHECK(!by_row || (opt.device_ids && !opt.hidden_rows.empty()),
-               "ForwardOptions::ids_from_hidden_rows needs device_ids and hidden_rows");
-  if (by_row)
-    for (int32_t r : opt.hidden_rows)
-      BELUGA_CHECK(r < opt.device_ids->numel(), "MTP hidden row ", r, " past the ", opt.device_ids->numel(),
-                   " device ids");
   // Padded rows read `hidden` too (finite values: the caller's buffers start zeroed), in place or
   // (hidden_rows) through sequence 0's rows.
   const bool graph = !enforce_eager_ && ops_.supports_graphs() && !opt.hidden_capture &&
