@@ -210,13 +210,19 @@ bool SpecGate::advance_paired(Band& r, int band, bool log) const {
     r.calibrating = false;
     calibrated = true;
   }
-  if (r.on && r.run >= kPairedWindow && !calibrated && r.windows_to_calib == 0 && r.recent_forward > 0) {
+  if (r.on && r.run >= kPairedWindow && !calibrated && r.windows_to_calib == 0 && r.recent_filled > 0) {
     r.calibrating = true;
     r.calib_decisions = 1;  // this one
     r.calib_seen = 0;
     r.calib_plain = Rate{};
-    r.calib_forward = r.recent_forward;
+    r.calib_forward = r.recent_forward();
     r.windows_to_calib = kCalibEvery;
+    if (log && log::enabled(log::Level::kDebug)) {
+      std::string fw;
+      for (int i = 0; i < r.recent_filled; ++i) fw += str(i ? " " : "", fixed3(r.recent[size_t(i)] * 1e6));
+      log::debug("engine", "spec gate: batch band ", band, ": calibration window: last verify forwards [", fw,
+                 "] us, median ", r.calib_forward * 1e6, " us");
+    }
     r.decisions++;
     r.plain++;
     return false;
@@ -358,9 +364,9 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   const bool paired_step = drafting && forward_seconds > 0 && paired(band_id);
   if (paired_step) {
     r.paired.add(batch, forward_seconds, batch);  // the same steps' forwards: plain's estimate
-    r.recent_forward = r.recent_forward > 0
-                           ? r.recent_forward + kRecentWeight * (forward_seconds - r.recent_forward)
-                           : forward_seconds;
+    r.recent[size_t(r.recent_next)] = forward_seconds;
+    r.recent_next = (r.recent_next + 1) % kRecentForwards;
+    r.recent_filled = std::min(r.recent_filled + 1, kRecentForwards);
   }
   if (!drafting && paired(band_id) && r.calibrating && ++r.calib_seen > kCalibSkip)
     r.calib_plain.add(tokens, seconds, batch);
@@ -384,6 +390,14 @@ void SpecGate::observe_step(int batch, bool drafting, int k, int tokens, double 
   c.total++;
   c.period_sum += period;
   if (paired_step) c.forward_sum += forward_seconds;
+}
+
+double SpecGate::Band::recent_forward() const {
+  const int n = recent_filled;
+  if (n == 0) return 0;
+  std::array<double, kRecentForwards> v = recent;
+  std::nth_element(v.begin(), v.begin() + n / 2, v.begin() + n);
+  return v[size_t(n / 2)];
 }
 
 void SpecGate::Rate::add(double step_tokens, double step_seconds, int batch) {

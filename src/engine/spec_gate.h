@@ -70,6 +70,7 @@
 // rates, costs and choices ("spec gate: ...").
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -99,10 +100,14 @@ class SpecGate {
   // Paired bands: a calibration window of kCalibSteps plain decisions follows the band's first drafting
   // window and every kCalibEvery-th after it (its first kCalibSkip plain steps are the switch's transient).
   static constexpr int kCalibSteps = 16, kCalibEvery = 8, kCalibSkip = 2;
-  static constexpr double kRecentWeight = 0.25;  // recent_forward's moving mean: about the last 4 steps
-  static constexpr double kFarSlower = 1.3;      // a regime this many times slower is probed less often
-  static constexpr int kMaxQuiet = 8;            // cycles without probes, at most
-  static constexpr int kBins = 10;               // score bins of the calibration
+  // The calibration's reference: the median of the last kRecentForwards verify forwards. A moving mean
+  // of about the last 4 (weight 0.25) read 464 and 521 us at the calibrations of H100 run 353, where the
+  // windows' forwards averaged ~300 us: plain was estimated at 0.46-0.51x a forward (0.74-0.78 measured
+  // in runs 350-352), and confidence K=3 drafted at 1.02-1.04x where fixed K=3 ran 1.39-1.43x.
+  static constexpr int kRecentForwards = 9;
+  static constexpr double kFarSlower = 1.3;  // a regime this many times slower is probed less often
+  static constexpr int kMaxQuiet = 8;        // cycles without probes, at most
+  static constexpr int kBins = 10;           // score bins of the calibration
 
   // The plan of a step of `batch` sequences whose eligible decodes are `seqs`: admit[i] = drafts of
   // seqs[i] to verify (<= its num_drafts), and the return value the step's depth: the most drafts any
@@ -190,14 +195,16 @@ class SpecGate {
     int64_t run = 0;      // paired bands: decisions in the current window (drafting) or hold (plain)
     // Paired bands: a plain step costs `plain_factor` times the drafting steps' verify forwards, as a
     // calibration window measured it (plain steps against the forwards of the drafting steps just
-    // before them, `recent_forward`, a moving mean: a step's cost drifts with the sequence's length).
+    // before them, their median: a step's cost drifts with the sequence's length).
     double plain_factor = 1.0;
-    double recent_forward = 0;
+    std::array<double, kRecentForwards> recent{};  // the last forwards, a ring
+    int recent_next = 0, recent_filled = 0;        // the ring's next slot; slots holding a forward
+    double recent_forward() const;                 // their median (0: none yet)
     // A calibration window: `calib_decisions` plain decisions so far (kCalibSteps, more while its
     // steps come in), `calib_seen` plain steps observed, those past the transient in `calib_plain`.
     bool calibrating = false;
     int calib_decisions = 0, calib_seen = 0;
-    double calib_forward = 0;  // recent_forward when it began
+    double calib_forward = 0;  // recent_forward() when it began
     Rate calib_plain;
     int windows_to_calib = 0;  // drafting windows judged before the next calibration
   };
