@@ -126,11 +126,12 @@ MoeLayer make_moe_layer(CudaOps& gpu, int D, int I, int E) {
 
 TEST_F(GpuOps, MoeExperts) {
   const int E = 16, K = 4;
-  // 1: one token's kernels; 2 to 100 tokens (0.5 to 25 rows per expert, the shared expert up to 100):
-  // 32-row swapped tiles (128 weight rows x 16 or 32 tokens, wgmma), 160, 300 and 2100 (40 to 525 rows
-  // per expert): 128-row tiles (wgmma), those of at most 64 rows (all of 160's, the remainders of
-  // 2100's) on both warpgroups; from 256 tokens the shared expert as cuBLAS GEMMs (also forced back into
-  // the tiles; MoePrefillSharedOnSide covers them on a side stream). The other paths are forced
+  // 1, 2, 7: the few-token kernels (this layer's 21 MB of experts fit in half an H100's or H200's L2);
+  // 2 to 100 tokens (0.5 to 25 rows per expert, the shared expert up to 100), those up to 8 with the
+  // few-token kernels off: 32-row swapped tiles (128 weight rows x 16 or 32 tokens, wgmma), 160, 300 and 2100
+  // (40 to 525 rows per expert): 128-row tiles (wgmma), those of at most 64 rows (all of 160's, the
+  // remainders of 2100's) on both warpgroups; from 256 tokens the shared expert as cuBLAS GEMMs (also forced
+  // back into the tiles; MoePrefillSharedOnSide covers them on a side stream). The other paths are forced
   // too: one cuBLAS GEMM per expert and grouped cuBLAS (from 300 tokens: they need 64 rows per expert),
   // token-row tiles on mma.sync (32 or 128 rows) and on wgmma instead of the swapped ones. The second
   // shape has partial tiles in N and K (D = 576: 4 x 128 + 64 or 256 + 256 + 64 output columns; I = 200:
@@ -143,8 +144,11 @@ TEST_F(GpuOps, MoeExperts) {
   for (MoePrefill m : {MoePrefill::kKernel, MoePrefill::kPerExpert, MoePrefill::kCublasGrouped})
     forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, m}), 300});
   forced.push_back(
-      {std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, /*wgmma_experts=*/false}), 7});
-  forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true,
+      {std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, /*token_experts=*/false}), 2});
+  forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, /*token_experts=*/false,
+                                                          /*wgmma_experts=*/false}),
+                    7});
+  forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, /*token_experts=*/false,
                                                           /*wgmma_experts=*/true, /*swap_experts=*/false}),
                     7});
   forced.push_back({std::make_unique<CudaOps>(CudaOptions{0, MoePrefill::kKernel, true, true, true,
@@ -435,8 +439,58 @@ TEST_F(GpuOps, MoeExpertsOneTokenMatchesPlanned) {
   }
 }
 
-// moe for one token with a shared expert (the fused gate's extra blocks run the shared expert's
-// gate-up beside the routing): output, new residual and normalized row equal the composition
+// A few tokens' experts (2-8: a verify step's rows, where the layer's experts fit in half the L2): each
+// token's output row equals the one it gets alone, bit for bit (a verify row computes as a plain decode
+// step's token), and the planned path's (few-token kernels off) up to F32 summation order. The demo
+// model's widths (D 256, I 256, E 8, top-2) and wider ones (D 1024, I 512, E 16, top-6).
+TEST_F(GpuOps, MoeExpertsFewTokensComputeEachTokenAsAlone) {
+  CudaOps planned(CudaOptions{0, std::nullopt, /*token_experts=*/false});
+  struct Case {
+    int D, I, E, K;
+  };
+  for (const Case c : {Case{256, 256, 8, 2}, Case{1024, 512, 16, 6}}) {
+    const Experts ex = make_experts(*gpu, c.D, c.I, c.E);
+    for (int T : {2, 4, 8}) {
+      for (bool with_shared : {true, false}) {
+        SCOPED_TRACE(testing::Message() << "D " << c.D << " T " << T << " shared " << with_shared);
+        const ExpertWeights* gs = with_shared ? &ex.gpu_shared : nullptr;
+        const auto x = rand_bf16(size_t(T) * c.D);
+        std::vector<int32_t> ids(size_t(T) * c.K);
+        std::vector<float> w(size_t(T) * c.K);
+        std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+        for (int t = 0; t < T; ++t) {
+          std::vector<int> perm(c.E);
+          for (int e = 0; e < c.E; ++e) perm[e] = e;
+          std::shuffle(perm.begin(), perm.end(), rng());
+          for (int k = 0; k < c.K; ++k) {
+            ids[size_t(t) * c.K + k] = perm[k];
+            w[size_t(t) * c.K + k] = ud(rng());
+          }
+        }
+        const Tensor gx = gpu_t(x, {T, c.D}), gw = gpu_t(w, {T, c.K}, DType::kF32);
+        Tensor gid = gpu->scratch(DType::kI32, {T, c.K});
+        gpu->copy_from_host(gid, ids.data());
+        Tensor go = gpu_out({T, c.D}), po = gpu_out({T, c.D});
+        gpu->moe_experts(go, gx, gid, gw, ex.gpu, gs);
+        const std::vector<float> got = read(go);
+        for (int t = 0; t < T; ++t) {
+          Tensor one = gpu_out({1, c.D});
+          gpu->moe_experts(one, gx.rows(t, t + 1), gid.rows(t, t + 1), gw.rows(t, t + 1), ex.gpu, gs);
+          const std::vector<float> alone = read(one);
+          EXPECT_TRUE(std::equal(alone.begin(), alone.end(), got.begin() + int64_t(t) * c.D))
+              << "token " << t;
+        }
+        gpu->synchronize();  // `planned` runs on its own stream
+        planned.moe_experts(po, gx, gid, gw, ex.gpu, gs);
+        planned.synchronize();
+        EXPECT_LE(rel_l2(got, read(po)), 2e-3);
+      }
+    }
+  }
+}
+
+// moe for one token (and for a few, below) with a shared expert (the fused gate's extra blocks run the
+// shared expert's gate-up beside the routing): output, new residual and normalized row equal the composition
 // norm_moe_gate + moe_experts (Ops::moe) bit for bit; without a shared expert it is the composition.
 // Twice each: the gate's arrival counter must be back at 0.
 TEST_F(GpuOps, MoeOneTokenMatchesComposed) {
@@ -444,6 +498,13 @@ TEST_F(GpuOps, MoeOneTokenMatchesComposed) {
   for (bool with_shared : {true, false}) {
     SCOPED_TRACE(testing::Message() << "shared " << with_shared);
     expect_moe_matches_composed(1, layer.norm_w, layer.ref(with_shared));
+  }
+  // A few tokens of a layer whose experts fit in half the L2 (the demo model's widths): the fused
+  // gate's extra blocks run every token's shared-expert units.
+  const MoeLayer small = make_moe_layer(*gpu, 256, 256, 8);
+  for (int T : {2, 4, 8}) {
+    SCOPED_TRACE(testing::Message() << "T " << T);
+    expect_moe_matches_composed(T, small.norm_w, small.ref());
   }
 }
 

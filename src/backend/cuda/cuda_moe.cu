@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_mma_stage.cuh"
 #include "backend/cuda/cuda_moe_grouped.cuh"
 #include "backend/cuda/cuda_moe_plan.cuh"
+#include "backend/cuda/cuda_moe_token.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace beluga {
@@ -405,20 +406,21 @@ const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights>
 }
 
 void CudaOps::moe(Tensor out, const NormedInput& in, const MoeLayerRef& m) {
-  // One token with a shared expert: the fused gate's extra blocks run the shared expert's gate-up
+  // A few tokens with a shared expert: the fused gate's extra blocks run the shared expert's gate-up
   // while its router blocks route, then the routed units and the down projection.
   const int K = m.params.top_k;
   if (deterministic_) {  // the norm, router GEMM, routing and experts as separate batch-invariant ops
     Ops::moe(out, in, m);
     return;
   }
-  if (in.out.shape[0] == 1 && m.shared) {
+  const int64_t T0 = in.out.shape[0];
+  if (T0 >= 1 && T0 <= kTokMaxTokens && m.shared && m.experts[0].swiglu_limit == 0) {
     const ExpertTable& tab = expert_table(m.experts, m.shared);
-    if (one_token_path(in.out, K, tab)) {
+    if (few_token_path(in.out, K, tab)) {
       Prof prof_scope(this, "moe");
       const ScratchMark mark = scratch_mark();
-      Tensor ids = scratch(DType::kI32, {1, K}), weights = scratch(DType::kF32, {1, K});
-      Tensor H = scratch(DType::kBF16, {K + 1, tab.i_max});
+      Tensor ids = scratch(DType::kI32, {T0, K}), weights = scratch(DType::kF32, {T0, K});
+      Tensor H = scratch(DType::kBF16, {T0 * (K + 1), tab.i_max});
       const bool done = fused_gate(ids, weights, in.out, m.router, m.bias, m.params, &in, &tab, H) &&
                         token_experts(out, in.out, ids, weights, tab, true, H, /*shared_done=*/true);
       scratch_release(mark);

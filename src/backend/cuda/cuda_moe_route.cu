@@ -165,7 +165,8 @@ struct GateArgs {
 
 // kNorm: each block first normalizes its group's rows into shared memory after the routing scratch
 // (block_rmsnorm_rows; block 0 also stores them and the new residual rows).
-template <bool kNorm, int kRows>  // kRows: the group's rows a block holds (kGateTok, or 1 for one token)
+template <bool kNorm,
+          int kRows>  // kRows: the group's rows a block holds (kGateTok, or 1 or 4 for T <= kRows)
 __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
   static_assert(kGateThreads == kNormThreads);
   extern __shared__ __align__(16) float gate_sm[];  // routing scratch: [kGateWarps][2 E]; rows [nt][D]
@@ -177,11 +178,14 @@ __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t0 = blockIdx.y * kGateTok, nt = min(kRows, g.r.T - t0);
   bf16* xs = reinterpret_cast<bf16*>(gate_sm + kGateWarps * 2 * E);
-  if (kNorm && e >= E) {  // the shared expert's units, on the token normalized here as well
-    block_rmsnorm_rows<kRows>(g.norm, 0, 1, xs, g.norm.D, xs, g.norm.D, false);
-    const int nb = int(gridDim.x) - E;
-    for (int u = (e - E) * kGateWarps + warp; u < g.tok.Is; u += nb * kGateWarps)
-      token_gate_up_unit(g.tok, reinterpret_cast<const uint4*>(xs), g.tok.K, u, g.tok.ne - 1);
+  if (kNorm && e >= E) {  // the shared expert's units, on the tokens normalized here as well (one group)
+    block_rmsnorm_rows<kRows>(g.norm, 0, nt, xs, g.norm.D, xs, g.norm.D, false);
+    const int nb = int(gridDim.x) - E, Is = g.tok.Is;
+    for (int v = (e - E) * kGateWarps + warp; v < nt * Is; v += nb * kGateWarps) {
+      const int t = v / Is, u = v - t * Is;
+      token_gate_up_unit(g.tok, reinterpret_cast<const uint4*>(xs + t * g.norm.D),
+                         t * (g.tok.K + 1) + g.tok.K, u, g.tok.ne - 1);
+    }
     return;
   }
   // With a norm: the first round of the router row into registers before it (volatile loads stay
@@ -311,9 +315,9 @@ bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weig
   const size_t route_smem = size_t(kGateWarps) * 2 * E * sizeof(float);
   const size_t smem = route_smem + (norm ? size_t(std::min(T, kGateTok)) * D * 2 : 0);
   NormArgs na{};
-  bool fused = !deterministic_ && T >= 1 && T <= kGateMaxT && E <= kGateMaxE && x.dtype == DType::kBF16 && x.ndim == 2 &&
-               x.stride[1] == 1 && router.bias.empty() && router.in_features() == D && D % 8 == 0 &&
-               x.stride[0] % 8 == 0 && aligned16(x.data) && smem <= (48 << 10) &&
+  bool fused = !deterministic_ && T >= 1 && T <= kGateMaxT && E <= kGateMaxE && x.dtype == DType::kBF16 &&
+               x.ndim == 2 && x.stride[1] == 1 && router.bias.empty() && router.in_features() == D &&
+               D % 8 == 0 && x.stride[0] % 8 == 0 && aligned16(x.data) && smem <= (48 << 10) &&
                (!norm || norm_args(*norm, &na));
   Tensor wb;
   if (fused) {
@@ -336,29 +340,37 @@ bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weig
   g.K8 = D / 8;
   g.counters = arrival_counters(kGateCounters + 1);
   const GatePlanLayout L(T, p.top_k, E);
-  const bool plan = T > 1 || !token_experts_;
+  // No plan where the few-token kernels follow (they need none).
+  const bool plan = tab ? !few_token_path(x, p.top_k, *tab) : T > 1 || !token_experts_;
   if (plan && L.total > gate_plan_capacity_) {
     BELUGA_CHECK(!capturing(S(stream_)), "moe_gate: the plan buffer must grow before graph capture");
     gate_plan_buf_ = alloc_persistent(DType::kI32, {L.total}).ptr<int>();
     gate_plan_capacity_ = L.total;
   }
   g.plan = plan ? gate_plan_buf_ : nullptr;
+  // One token (up to 4: a K=3 verify step's rows): the kernel sized for them (fewer registers, so more
+  // shared-expert blocks fit).
+  const auto kernel = norm ? (T == 1   ? moe_gate_kernel<true, 1>
+                              : T <= 4 ? moe_gate_kernel<true, 4>
+                                       : moe_gate_kernel<true, kGateTok>)
+                           : (T == 1   ? moe_gate_kernel<false, 1>
+                              : T <= 4 ? moe_gate_kernel<false, 4>
+                                       : moe_gate_kernel<false, kGateTok>);
   int shared_blocks = 0;
-  if (tab && norm && T == 1 && tab->i_shared > 0) {
+  static_assert(kTokMaxTokens <= kGateTok, "the few-token path's tokens are one token group");
+  if (tab && norm && tab->i_shared > 0 && T <= kTokMaxTokens) {
     // As many shared-expert blocks as fit beside the router's E at once.
-    if (smem != gate_occupancy_smem_) {
-      BELUGA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &gate_occupancy_, moe_gate_kernel<true, 1>, kGateThreads, smem));
+    if (smem != gate_occupancy_smem_ || reinterpret_cast<const void*>(kernel) != gate_occupancy_kernel_) {
+      BELUGA_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&gate_occupancy_, kernel, kGateThreads, smem));
       gate_occupancy_smem_ = smem;
+      gate_occupancy_kernel_ = reinterpret_cast<const void*>(kernel);
     }
     g.tok = token_args(x, ids, weights, *tab, true, H);
     shared_blocks = int(std::clamp<int64_t>(int64_t(sm_count_) * std::max(gate_occupancy_, 1) - E, 1,
-                                            ceil_div(tab->i_shared, kGateWarps)));
+                                            ceil_div(int64_t(T) * tab->i_shared, kGateWarps)));
   }
   const dim3 grid(unsigned(E + shared_blocks), unsigned(ceil_div(T, kGateTok)));
-  // One token: the kernel sized for one row (fewer registers, so more shared-expert blocks fit).
-  const auto kernel = norm ? (T == 1 ? moe_gate_kernel<true, 1> : moe_gate_kernel<true, kGateTok>)
-                           : (T == 1 ? moe_gate_kernel<false, 1> : moe_gate_kernel<false, kGateTok>);
   launch(kernel, grid, kGateThreads, smem, S(stream_), g);
   BELUGA_LAUNCH_CHECK();
   scratch_release(mark);

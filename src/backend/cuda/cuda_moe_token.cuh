@@ -1,6 +1,6 @@
-// One token's experts (batch-1 decode): the arguments and the gate-up of one hidden unit, shared by
-// the expert kernels (cuda_moe_token.cu) and the fused gate, whose extra blocks run the shared
-// expert's units while the router blocks route (cuda_moe_route.cu).
+// A few tokens' experts (batch-1 decode, a verify step's rows): the arguments and the gate-up of one
+// hidden unit, shared by the expert kernels (cuda_moe_token.cu) and the fused gate, whose extra blocks
+// run the shared expert's units while the router blocks route (cuda_moe_route.cu).
 #pragma once
 
 #include "backend/cuda/cuda_common.cuh"
@@ -9,22 +9,30 @@
 namespace beluga::cuda {
 
 constexpr int kTokThreads = 256, kTokWarps = kTokThreads / 32;
+// Tokens the unplanned kernels take (one fused gate's token group: kGateTok).
+constexpr int kTokMaxTokens = 8;
 constexpr int kTokGateUpLoads = 4;  // 16-byte loads in flight per lane and matrix
 
 struct TokenArgs {
-  const bf16* x;            // [D]: the token's normalized row
-  const int32_t* ids;       // [K]
-  const float* w;           // [K]: routing weights (scaling included)
+  const bf16* x;  // [T, ldx]: the tokens' normalized rows
+  int64_t ldx;
+  const int32_t* ids;       // [T, K]
+  const float* w;           // [T, K]: routing weights (scaling included)
   const void* const* ptrs;  // the expert table's gate[ne], up[ne], down[ne]
-  int ne, K, D, I, Is;      // routed width I; shared width Is (0: none; the table's last expert)
-  bf16* h;                  // [K + 1, ldh]: silu(gate) * up of slot k; slot K is the shared expert
+  int ne, T, K, D, I, Is;   // routed width I; shared width Is (0: none; the table's last expert)
+  // [T (K + 1), ldh]: silu(gate) * up of token t's slot k in row t (K + 1) + k; slot K is the shared
+  // expert.
+  bf16* h;
   int ldh;
-  bf16* out;  // [D]
+  bf16* out;  // [T, ldo]
+  int64_t ldo;
 };
 
-// One warp: hidden unit u of expert e for slot k, h[k][u] = silu(gate_u . x) * (up_u . x). x may be in
-// shared memory (the fused gate's normalized row) or global; the sums run in the same order either way.
-__device__ __forceinline__ void token_gate_up_unit(const TokenArgs& a, const uint4* x, int k, int u, int e) {
+// One warp: hidden unit u of expert e for one token's row x, h[row][u] = silu(gate_u . x) * (up_u . x).
+// x may be in shared memory (the fused gate's normalized rows) or global; the sums run in the same order
+// either way.
+__device__ __forceinline__ void token_gate_up_unit(const TokenArgs& a, const uint4* x, int row, int u,
+                                                   int e) {
   constexpr int U = kTokGateUpLoads;
   const int lane = threadIdx.x & 31, K8 = a.D / 8;
   const bf16* wg = static_cast<const bf16*>(a.ptrs[e]) + int64_t(u) * a.D;
@@ -49,18 +57,20 @@ __device__ __forceinline__ void token_gate_up_unit(const TokenArgs& a, const uin
   }
   ag = warp_sum(ag);
   au = warp_sum(au);
-  if (lane == 0) a.h[int64_t(k) * a.ldh + u] = __float2bfloat16(ag / (1.0f + __expf(-ag)) * au);
+  if (lane == 0) a.h[int64_t(row) * a.ldh + u] = __float2bfloat16(ag / (1.0f + __expf(-ag)) * au);
 }
 
-// The arguments for token x's experts (ids, weights [1, K]) over `tab`, with H [K + 1, >= i_max].
+// The arguments for tokens x's experts (ids, weights [T, K]) over `tab`, with H [T (K + 1), >= i_max].
 inline TokenArgs token_args(const Tensor& x, const Tensor& ids, const Tensor& weights,
                             const CudaOps::ExpertTable& tab, bool shared, Tensor H) {
   TokenArgs a{};
   a.x = x.ptr<const bf16>();
+  a.ldx = x.stride[0];
   a.ids = ids.ptr<const int32_t>();
   a.w = weights.ptr<const float>();
   a.ptrs = tab.ptrs;
   a.ne = tab.ne;
+  a.T = int(x.shape[0]);
   a.K = int(ids.shape[1]);
   a.D = tab.d;
   a.I = tab.i_routed;

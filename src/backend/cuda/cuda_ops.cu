@@ -203,6 +203,7 @@ CudaOps::CudaOps(CudaOptions opt) {
   BELUGA_CHECK(prop.major >= 9, "the CUDA backend is built for sm_90a (Hopper); device ", prop.name,
                " is sm_", prop.major, prop.minor);
   sm_count_ = prop.multiProcessorCount;
+  l2_bytes_ = prop.l2CacheSize;
   configure_mla_decode_kernels();
   configure_mla_prefill_kernels();
   configure_moe_kernels(int(prop.sharedMemPerBlockOptin));

@@ -257,17 +257,18 @@ class CudaOps final : public Ops {
                                 const ExpertWeights* shared, const int* start, const int* row_token, int R);
   // moe_gate (or norm_moe_gate, with `norm`) as one kernel for up to 32 tokens; false: not applicable
   // here, nothing enqueued.
-  // With `tab` (one token, a norm, a shared expert): extra blocks also compute the shared expert's
-  // gate-up into row K of H, beside the routing it does not depend on.
+  // With `tab` (the few-token path's tokens, a norm, a shared expert): extra blocks also compute the
+  // shared expert's gate-up into rows t (K + 1) + K of H, beside the routing it does not depend on.
   bool fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
                   const RouterParams& p, const NormedInput* norm, const ExpertTable* tab = nullptr,
                   Tensor H = {});
-  // One token's experts (decode at batch 1): gate-up over a flat list of the token's hidden units,
-  // down with the weighted sum fused (cuda_moe_token.cu). False: not applicable, nothing enqueued.
-  // Whether token x with K routed experts takes the one-token kernels (token_experts).
-  bool one_token_path(const Tensor& x, int K, const ExpertTable& tab) const;
-  // H: [K + 1, i_max] for the hidden rows (empty: scratch); shared_done: row K (the shared expert's)
-  // is there already (fused_gate computed it).
+  // A few tokens' experts (decode at batch 1, a verify step's rows): gate-up over a flat list of the
+  // tokens' hidden units, down with the weighted sum fused (cuda_moe_token.cu). False: not applicable,
+  // nothing enqueued. Whether tokens x with K routed experts take these kernels (token_experts): one
+  // token, or up to kTokMaxTokens where the layer's experts fit in half the L2.
+  bool few_token_path(const Tensor& x, int K, const ExpertTable& tab) const;
+  // H: [T (K + 1), i_max] for the hidden rows (empty: scratch); shared_done: rows t (K + 1) + K (the
+  // shared expert's) are there already (fused_gate computed them).
   bool token_experts(Tensor out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                      const ExpertTable& tab, bool shared, Tensor H = {}, bool shared_done = false);
   // The absorbed MLA decode kernel (and its split combine) into `out` [T, H, kv_rank]; with w_uv
@@ -307,6 +308,7 @@ class CudaOps final : public Ops {
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
   // occupancy query runs once per size, not once per layer).
   size_t gate_occupancy_smem_ = 0;
+  const void* gate_occupancy_kernel_ = nullptr;
   int gate_occupancy_ = 0;
   // Streams for independent work within one op, each with its own cuBLAS handle and workspace (a
   // workspace must not be shared by GEMMs that run at the same time); made on first use.
@@ -333,6 +335,7 @@ class CudaOps final : public Ops {
   void* cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
   int sm_count_ = 0;
+  int64_t l2_bytes_ = 0;  // the device's L2
   bool reference_attention_ = false;
   // The shortest key split of the absorbed MLA decode kernel (BELUGA_MLA_MIN_SPLIT, a multiple of
   // its 64-key tile; for benchmarking the trade of parallelism against partial outputs).
