@@ -12,58 +12,73 @@ using namespace cuda;
 
 namespace {
 
+// A thread's running maximum (its first index) and, with kProbs, the sum of exp(l - max) over the
+// elements it saw, rescaled whenever the maximum rises: one pass over the row.
+struct RowMax {
+  float m = -INFINITY, s = 0;
+  int i = INT_MAX;
+};
+
+template <bool kProbs>
+__device__ __forceinline__ void push(RowMax& r, float v, int i) {
+  if (v > r.m || r.i == INT_MAX) {  // strictly greater: the lowest index wins ties within a thread
+    if (kProbs) r.s = r.i == INT_MAX ? 1.0f : r.s * __expf(r.m - v) + 1.0f;
+    r.m = v;
+    r.i = i;
+  } else if (kProbs && r.m > -INFINITY) {
+    r.s += __expf(v - r.m);
+  }
+}
+
+template <bool kProbs>
+__device__ __forceinline__ void merge(RowMax& r, const RowMax& o) {
+  const bool take = o.m > r.m || (o.m == r.m && o.i < r.i);
+  if (kProbs) {
+    const float m = fmaxf(r.m, o.m);
+    r.s = m == -INFINITY ? r.s + o.s : r.s * __expf(r.m - m) + o.s * __expf(o.m - m);
+  }
+  if (take) {
+    r.m = o.m;
+    r.i = o.i;
+  }
+}
+
 // One block per row: the first index of the row's maximum (as std::max_element on the host), and
-// with `probs` its softmax probability (a second pass over the row, summing exp(l - max)).
-__global__ void argmax_kernel(int32_t* ids, float* probs, const float* logits, int64_t ld, int V) {
+// with kProbs its softmax probability, in one pass (16-byte loads where the rows allow: the demo
+// model's 8192 logits took 6.7-8.1 us in two scalar passes, H100 run 353).
+template <bool kProbs>
+__global__ void argmax_kernel(int32_t* ids, float* probs, const float* logits, int64_t ld, int V, bool vec) {
   pdl_entry();
-  __shared__ float sv[32];
-  __shared__ int si[32];
+  __shared__ RowMax part[32];
   const float* row = logits + int64_t(blockIdx.x) * ld;
-  float best = -INFINITY;
-  int bi = INT_MAX;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = row[i];
-    if (v > best || bi == INT_MAX) {  // strictly greater: the lowest index wins ties within a thread
-      best = v;
-      bi = i;
+  RowMax r;
+  if (vec) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+#pragma unroll 4
+    for (int c = threadIdx.x; c < V / 4; c += blockDim.x) {
+      const float4 v = row4[c];
+      push<kProbs>(r, v.x, 4 * c);
+      push<kProbs>(r, v.y, 4 * c + 1);
+      push<kProbs>(r, v.z, 4 * c + 2);
+      push<kProbs>(r, v.w, 4 * c + 3);
     }
+  } else {
+    for (int i = threadIdx.x; i < V; i += blockDim.x) push<kProbs>(r, row[i], i);
   }
   for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > best || (ov == best && oi < bi)) {
-      best = ov;
-      bi = oi;
-    }
+    RowMax x;
+    x.m = __shfl_xor_sync(0xffffffffu, r.m, o);
+    x.s = __shfl_xor_sync(0xffffffffu, r.s, o);
+    x.i = __shfl_xor_sync(0xffffffffu, r.i, o);
+    merge<kProbs>(r, x);
   }
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  if (lane == 0) {
-    sv[w] = best;
-    si[w] = bi;
-  }
+  if (lane == 0) part[w] = r;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int k = 1; k < int(blockDim.x >> 5); ++k)
-      if (sv[k] > best || (sv[k] == best && si[k] < bi)) {
-        best = sv[k];
-        bi = si[k];
-      }
-    ids[blockIdx.x] = bi;
-    sv[0] = best;
-  }
-  if (!probs) return;
-  __syncthreads();
-  const float mx = sv[0];
-  float sum = 0;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) sum += __expf(row[i] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  __syncthreads();  // everyone has read sv[0]
-  if (lane == 0) sv[w] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0;
-    for (int k = 0; k < int(blockDim.x >> 5); ++k) total += sv[k];
-    probs[blockIdx.x] = 1.0f / total;
+    for (int k = 1; k < int(blockDim.x >> 5); ++k) merge<kProbs>(r, part[k]);
+    ids[blockIdx.x] = r.i;
+    if (kProbs) probs[blockIdx.x] = 1.0f / r.s;
   }
 }
 
@@ -77,9 +92,11 @@ void CudaOps::argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) {
                "argmax_rows: ids I32 [R], logits F32 [R, V], probs F32 [R] or none");
   const int R = int(logits.shape[0]);
   if (R == 0) return;
-  launch(argmax_kernel, R, 512, 0, S(stream_), ids.ptr<int32_t>(),
-         probs.empty() ? nullptr : probs.ptr<float>(), logits.ptr<const float>(), logits.stride[0],
-         int(logits.shape[1]));
+  const int V = int(logits.shape[1]);
+  const bool vec = V % 4 == 0 && logits.stride[0] % 4 == 0 && aligned16(logits.data);
+  launch(probs.empty() ? argmax_kernel<false> : argmax_kernel<true>, R, 512, 0, S(stream_),
+         ids.ptr<int32_t>(), probs.empty() ? nullptr : probs.ptr<float>(), logits.ptr<const float>(),
+         logits.stride[0], V, vec);
   BELUGA_LAUNCH_CHECK();
 }
 
