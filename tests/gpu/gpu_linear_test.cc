@@ -20,8 +20,9 @@ using namespace gpu_test;
 
 // ---- GEMMs ----
 TEST_F(GpuOps, Linear) {
-  // M <= 4, N >= 256, K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven; K <= 128: several
-  // rows per warp); the rest: cuBLAS.
+  // M <= 4, N >= 256 or K <= 512, K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven; K <= 128:
+  // several rows per warp; N 192 / 208 at K 128 / 256: the demo model's q_b and q_a + kv_a); the rest:
+  // cuBLAS.
   for (auto [M, N, K] : {std::tuple{1, 2112, 2048},
                          {3, 3072, 2048},
                          {4, 512, 1408},
@@ -29,6 +30,8 @@ TEST_F(GpuOps, Linear) {
                          {1, 260, 120},  // 16 lanes per row, K8 = 15
                          {1, 64, 2048},
                          {2, 100, 100},
+                         {4, 192, 128},
+                         {1, 208, 256},
                          {17, 576, 2048},
                          {300, 1024, 512}}) {
     auto x = rand_bf16(size_t(M) * K), w = rand_bf16(size_t(N) * K, 0.05f), b = rand_bf16(N);
@@ -52,20 +55,21 @@ TEST_F(GpuOps, Linear) {
 
 // norm_linear (add_rmsnorm folded into the decode GEMV) leaves the product, the residual and the
 // normalized rows bit-identical to add_rmsnorm + linear on the same backend, and matches the CPU.
-// M 1..4 take the fused kernel (with and without a delta; BF16 and F32 outputs); 6 rows and a
-// biased weight fall back to the composition. Each case runs twice: the arrival counter must be back
-// at 0 after a call.
+// M 1..4 take the fused kernel (with and without a delta; BF16 and F32 outputs; N 208 at D 256, the
+// demo model's q_a + kv_a); 6 rows and a biased weight fall back to the composition. Each case runs twice:
+// the arrival counter must be back at 0 after a call.
 TEST_F(GpuOps, NormLinearMatchesComposed) {
-  const int D = 2048;
-  const auto nw = rand_bf16(D);
-  for (auto [M, N, with_delta, bias, odt] : {std::tuple{1, 3648, true, false, DType::kBF16},
-                                             {1, 2048, false, false, DType::kF32},
-                                             {3, 2816, true, false, DType::kBF16},
-                                             {4, 1024, true, false, DType::kF32},
-                                             {6, 512, true, false, DType::kBF16},
-                                             {1, 512, true, true, DType::kBF16}}) {
-    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " delta " << with_delta << " bias "
-                                    << bias);
+  for (auto [D, M, N, with_delta, bias, odt] : {std::tuple{2048, 1, 3648, true, false, DType::kBF16},
+                                                {2048, 1, 2048, false, false, DType::kF32},
+                                                {2048, 3, 2816, true, false, DType::kBF16},
+                                                {2048, 4, 1024, true, false, DType::kF32},
+                                                {2048, 6, 512, true, false, DType::kBF16},
+                                                {2048, 1, 512, true, true, DType::kBF16},
+                                                {256, 1, 208, true, false, DType::kBF16},
+                                                {256, 4, 208, true, false, DType::kBF16}}) {
+    SCOPED_TRACE(testing::Message() << "D " << D << " M " << M << " N " << N << " delta " << with_delta
+                                    << " bias " << bias);
+    const auto nw = rand_bf16(size_t(D));
     const auto r = rand_bf16(size_t(M) * D), d = rand_bf16(size_t(M) * D),
                w = rand_bf16(size_t(N) * D, 0.05f);
     Weight gw;
