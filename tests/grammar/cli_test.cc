@@ -25,6 +25,17 @@ std::string dir() {
   return d;
 }
 
+// The directory goes when the process's tests end (ctest runs each test in a process of its own).
+class RemoveDir : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir(), ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const remove_dir =
+    ::testing::AddGlobalTestEnvironment(new RemoveDir);
+
 std::string write(const std::string& name, const std::string& text) {
   std::string p = dir() + "/" + name;
   std::ofstream(p) << text;
