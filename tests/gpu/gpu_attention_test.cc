@@ -297,8 +297,8 @@ TEST_F(GpuOps, MlaExpanded) {
 
 // GQA on the reference kernel (a block per KV head for its group of 4, 2 or 8 query heads), its keys
 // split over blocks where the grid would not fill the GPU: one split (38 tokens), a batch-1 decode over
-// 2000 keys (split in 32-key chunks, merged), and sequences whose tokens use different numbers of a
-// step's splits.
+// 2000 keys (split in 32-key chunks, merged by the last split to finish), and sequences whose tokens use
+// different numbers of a step's splits. Twice each: the same bits.
 TEST_F(GpuOps, GqaAttention) {
   const std::vector<std::vector<std::pair<int, int>>> cases = {
       {{90, 1}, {0, 33}, {200, 4}}, {{2000, 1}}, {{700, 1}, {30, 2}, {0, 3}}};
@@ -314,6 +314,10 @@ TEST_F(GpuOps, GqaAttention) {
       gpu->gqa_attention(go, gpu_t(q, {T, H, D}), gpu_t(cache, {nb, 64, W}), m.gpu, KVH, 0.125f);
       EXPECT_LE(rel_l2(read(go), read_cpu(co)), 2e-2)
           << "heads " << H << " / " << KVH << " x " << D << ", first sequence's keys " << seqs[0].first;
+      // Again: the last split of each (token, KV head) merged them, and put its counter back to zero.
+      Tensor go2 = gpu_out({T, H, D});
+      gpu->gqa_attention(go2, gpu_t(q, {T, H, D}), gpu_t(cache, {nb, 64, W}), m.gpu, KVH, 0.125f);
+      EXPECT_EQ(read(go2), read(go)) << "second run differs, first sequence's keys " << seqs[0].first;
     }
 }
 

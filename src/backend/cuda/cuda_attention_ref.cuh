@@ -36,9 +36,12 @@ struct RefArgs {
   int64_t max_keys;
   // Keys split over blocks: block z of a (token, head) takes keys [z chunk, (z + 1) chunk); with
   // splits > 1 each writes its partial [Dv unnormalised sums | max | sum of exps] to `part`
-  // [T, H, splits, Dv + 2] and a second kernel merges a token's ceil(n / chunk) splits in order.
+  // [T, H, splits, Dv + 2] and the token's ceil(n / chunk) splits are merged in order: by the last of
+  // them to finish where `counters` ([T, H / heads a block serves] zeroed arrival counters) is set,
+  // else by a second kernel.
   int chunk, splits;
   float* part;
+  int* counters;
 };
 
 // Query and output: a.q (q0, q1) and a.out (o0, o1), [T, H, dim] BF16 with unit last stride.
@@ -78,7 +81,7 @@ void set_paged(Args& a, const Tensor& cache, const AttnMeta& m) {
 }
 
 // Launches the reference kernel for T tokens over at most max_keys keys; scores: F32 [T * H, max_keys];
-// with a.splits > 1 also the merge (a.part: F32 [T, H, a.splits, Dv + 2]).
+// with a.splits > 1 and no a.counters also the merge kernel (a.part: F32 [T, H, a.splits, Dv + 2]).
 void run_reference(RefArgs a, int T, int max_keys, Tensor scores, cudaStream_t st);
 
 }  // namespace beluga::cuda
