@@ -34,7 +34,7 @@
 // plain holds for kPairedHold decisions, doubling (up to kMaxQuiet times) while the windows after it
 // keep losing, then drafts a window again. The estimate is calibrated: after a band's first drafting
 // window and every kCalibEvery-th, kCalibSteps plain decisions measure a plain step against the verify
-// forwards just before them (a moving mean: the cost drifts with length), and plain's estimate is the
+// forwards just before them (their median: the cost drifts with length), and plain's estimate is the
 // forwards times that ratio. A verify forward of 1 + K rows is no plain step once plain steps are cheap:
 // H100 run 349, 305 us against 231, so sampled K=3 drafting read 1.12x where it ran 0.93x.
 // A regime that measured 1.3x slower is probed again only every 2, 4, 8 cycles (back to every cycle once it
