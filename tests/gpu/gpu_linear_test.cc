@@ -20,9 +20,9 @@ using namespace gpu_test;
 
 // ---- GEMMs ----
 TEST_F(GpuOps, Linear) {
-  // M <= 4, N >= 256 or K <= 512, K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven; K <= 128:
-  // several rows per warp; N 192 / 208 at K 128 / 256: the demo model's q_b and q_a + kv_a); the rest:
-  // cuBLAS.
+  // M <= 4, N >= 256 or 128 < K <= 512, K % 8 == 0: the GEMV kernel (K = 1408 leaves lanes uneven;
+  // K <= 128: several rows per warp; N 208 at K 256: the demo model's q_a + kv_a); the rest (N 192 at
+  // K 128: its q_b) cuBLAS.
   for (auto [M, N, K] : {std::tuple{1, 2112, 2048},
                          {3, 3072, 2048},
                          {4, 512, 1408},

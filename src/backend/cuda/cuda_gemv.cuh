@@ -10,7 +10,7 @@ namespace beluga::cuda {
 // L1 and dots it with each of the M <= kGemvRows activation rows, which every warp of the SM shares
 // through L1. cuBLAS at M = 1..4 reaches about a third of the bandwidth on these shapes.
 constexpr int kGemvRows = 4, kGemvThreads = 256;
-// Rows this short take the GEMV whatever the output width (few warps have little to stream).
+// Rows this short take the 32-lane GEMV whatever the output width (few warps have little to stream).
 constexpr int kGemvShortK = 512;
 
 __device__ __forceinline__ void store_out(float* p, float v) {
