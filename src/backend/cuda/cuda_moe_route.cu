@@ -165,8 +165,8 @@ struct GateArgs {
 
 // kNorm: each block first normalizes its group's rows into shared memory after the routing scratch
 // (block_rmsnorm_rows; block 0 also stores them and the new residual rows).
-template <bool kNorm,
-          int kRows>  // kRows: the group's rows a block holds (kGateTok, or 1 or 4 for T <= kRows)
+// kRows: the group's rows a block holds (kGateTok, or 1 or 4 for T <= kRows).
+template <bool kNorm, int kRows>
 __global__ void __launch_bounds__(kGateThreads) moe_gate_kernel(GateArgs g) {
   static_assert(kGateThreads == kNormThreads);
   extern __shared__ __align__(16) float gate_sm[];  // routing scratch: [kGateWarps][2 E]; rows [nt][D]
@@ -350,24 +350,25 @@ bool CudaOps::fused_gate(Tensor ids, Tensor weights, const Tensor& x, const Weig
   g.plan = plan ? gate_plan_buf_ : nullptr;
   // One token (up to 4: a K=3 verify step's rows): the kernel sized for them (fewer registers, so more
   // shared-expert blocks fit).
-  const auto kernel = norm ? (T == 1   ? moe_gate_kernel<true, 1>
-                              : T <= 4 ? moe_gate_kernel<true, 4>
-                                       : moe_gate_kernel<true, kGateTok>)
-                           : (T == 1   ? moe_gate_kernel<false, 1>
-                              : T <= 4 ? moe_gate_kernel<false, 4>
-                                       : moe_gate_kernel<false, kGateTok>);
+  const int variant = T == 1 ? 0 : T <= 4 ? 1 : 2;
+  const auto kernel = norm ? (variant == 0   ? moe_gate_kernel<true, 1>
+                              : variant == 1 ? moe_gate_kernel<true, 4>
+                                             : moe_gate_kernel<true, kGateTok>)
+                           : (variant == 0   ? moe_gate_kernel<false, 1>
+                              : variant == 1 ? moe_gate_kernel<false, 4>
+                                             : moe_gate_kernel<false, kGateTok>);
   int shared_blocks = 0;
   static_assert(kTokMaxTokens <= kGateTok, "the few-token path's tokens are one token group");
   if (tab && norm && tab->i_shared > 0 && T <= kTokMaxTokens) {
     // As many shared-expert blocks as fit beside the router's E at once.
-    if (smem != gate_occupancy_smem_ || reinterpret_cast<const void*>(kernel) != gate_occupancy_kernel_) {
+    GateOccupancy& occ = gate_occupancy_[size_t(variant)];  // per kernel: verify and MTP steps alternate
+    if (smem != occ.smem) {
       BELUGA_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&gate_occupancy_, kernel, kGateThreads, smem));
-      gate_occupancy_smem_ = smem;
-      gate_occupancy_kernel_ = reinterpret_cast<const void*>(kernel);
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ.blocks, kernel, kGateThreads, smem));
+      occ.smem = smem;
     }
     g.tok = token_args(x, ids, weights, *tab, true, H);
-    shared_blocks = int(std::clamp<int64_t>(int64_t(sm_count_) * std::max(gate_occupancy_, 1) - E, 1,
+    shared_blocks = int(std::clamp<int64_t>(int64_t(sm_count_) * std::max(occ.blocks, 1) - E, 1,
                                             ceil_div(int64_t(T) * tab->i_shared, kGateWarps)));
   }
   const dim3 grid(unsigned(E + shared_blocks), unsigned(ceil_div(T, kGateTok)));

@@ -4,6 +4,8 @@
 // and synchronize wait for the device. This header carries no CUDA types, so host code can include it.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -307,9 +309,12 @@ class CudaOps final : public Ops {
   bool replay_timed_ = false;        // a replay recorded them since last_replay_ms() last read them
   // The one-token fused gate's blocks per SM at the shared memory it was last launched with (the
   // occupancy query runs once per size, not once per layer).
-  size_t gate_occupancy_smem_ = 0;
-  const void* gate_occupancy_kernel_ = nullptr;
-  int gate_occupancy_ = 0;
+  // The fused gate's blocks per SM at its shared memory, per kernel instance (1, 4 or 8 rows).
+  struct GateOccupancy {
+    size_t smem = 0;
+    int blocks = 0;
+  };
+  std::array<GateOccupancy, 3> gate_occupancy_{};
   // Streams for independent work within one op, each with its own cuBLAS handle and workspace (a
   // workspace must not be shared by GEMMs that run at the same time); made on first use.
   static constexpr int kSideStreams = 4;
