@@ -219,7 +219,10 @@ bool SpecGate::advance_paired(Band& r, int band, bool log) const {
     r.windows_to_calib = kCalibEvery;
     if (log && log::enabled(log::Level::kDebug)) {
       std::string fw;
-      for (int i = 0; i < r.recent_filled; ++i) fw += str(i ? " " : "", fixed3(r.recent[size_t(i)] * 1e6));
+      for (int i = 0; i < r.recent_filled; ++i) {  // oldest first
+        const int j = (r.recent_next - r.recent_filled + i + kRecentForwards) % kRecentForwards;
+        fw += str(i ? " " : "", fixed3(r.recent[size_t(j)] * 1e6));
+      }
       log::debug("engine", "spec gate: batch band ", band, ": calibration window: last verify forwards [", fw,
                  "] us, median ", r.calib_forward * 1e6, " us");
     }

@@ -12,6 +12,14 @@ namespace beluga::cuda {
 constexpr int kGemvRows = 4, kGemvThreads = 256;
 // Rows this short take the 32-lane GEMV whatever the output width (few warps have little to stream).
 constexpr int kGemvShortK = 512;
+// Whether an [N, K] product of up to kGemvRows rows takes the GEMV rather than cuBLAS (gemm_bf16), and
+// so whether norm_linear may fold its norm in (the same bits). Narrow outputs (a MoE router: N = 64)
+// leave too few warps to hide the loads, where cuBLAS splits K; short rows on 32 lanes (128 < K <=
+// kGemvShortK) have little to hide. Narrower lane groups stay on cuBLAS: the demo model's q_b (N 192,
+// K 128, 16 lanes) ran 3.9-4.3 us on the GEMV against 3.5 on cuBLAS (H100 runs 353, 355).
+inline bool gemv_shape(int N, int K) {
+  return N >= 256 || (K <= kGemvShortK && K / 8 > 16);
+}
 
 __device__ __forceinline__ void store_out(float* p, float v) {
   *p = v;

@@ -188,13 +188,7 @@ void CudaOps::gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cubl
     invariant_product(out, x, w, st);
     return;
   }
-  // Narrow outputs (a MoE router: N = 64) leave too few warps to hide the loads; cuBLAS splits K there.
-  // Short rows on 32 lanes (128 < K <= kGemvShortK) have little to hide, and take the GEMV as
-  // norm_linear's fused kernel does (the same bits). Narrower lane groups stay on cuBLAS: the demo
-  // model's q_b (N 192, K 128, 16 lanes) ran 3.9-4.3 us on the GEMV against 3.5 on cuBLAS (H100 runs
-  // 353, 355).
-  const bool short_rows = K <= kGemvShortK && K / 8 > 16;
-  if (!cublas && M <= kGemvRows && (N >= 256 || short_rows) && K % 8 == 0 && x.stride[0] % 8 == 0 &&
+  if (!cublas && M <= kGemvRows && gemv_shape(N, K) && K % 8 == 0 && x.stride[0] % 8 == 0 &&
       w.stride[0] % 8 == 0 && aligned16(x.data) && aligned16(w.data)) {
     if (out.dtype == DType::kF32)
       launch_gemv(out.ptr<float>(), out.stride[0], x.ptr<const bf16>(), x.stride[0], w.ptr<const bf16>(),
@@ -243,8 +237,8 @@ void CudaOps::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
   // gemm_bf16 would: the same bits): the demo model's q_a + kv_a (N 208, D 256) in one kernel of
   // 5.3-5.5 us where an rmsnorm and a cuBLAS GEMM took 3.2 + 3.9 (H100 runs 353, 355).
   bool fused = !deterministic_ && M >= 1 && M <= kGemvRows && int64_t(M) * D * 2 <= (48 << 10) &&
-               D / 8 > 16 && (N >= 256 || D <= kGemvShortK) && w.bias.empty() && w.in_features() == D &&
-               out.ndim == 2 && out.stride[1] == 1 && out.shape[0] == M && out.shape[1] == N &&
+               D / 8 > 16 && gemv_shape(N, D) && w.bias.empty() && w.in_features() == D && out.ndim == 2 &&
+               out.stride[1] == 1 && out.shape[0] == M && out.shape[1] == N &&
                (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && norm_args(in, &na);
   Tensor wb;
   if (fused) {
