@@ -92,6 +92,15 @@ struct NormedInput {
   Tensor residual_out;
 };
 
+// The MTP module's input stage (DeepSeek-V3): out [T, D] = eh_proj . [rmsnorm(e_t, enorm) ;
+// rmsnorm(h_t, hnorm)], with h_t = hidden[r_t], r_t = rows[t] (t when rows is empty), and e_t =
+// table[ids[i_t]], i_t = r_t when ids_by_row (the previous pass's ids, one per hidden row) else t.
+struct MtpInput {
+  Tensor table, ids, hidden, rows, enorm, hnorm;
+  bool ids_by_row = false;
+  float eps = 0;
+};
+
 // One KV block's copy between the device cache and a host image of it (every layer's slice of the
 // block, layer after layer): the engine's KvCopy (engine/kv_connector.h).
 struct KvBlockCopy {
@@ -188,6 +197,9 @@ class Ops {
   // normalize(in), then linear(out, in.out, w): a backend may fold the norm into the product's pass
   // over its input (decode: one kernel instead of two); the results must equal the composition.
   virtual void norm_linear(Tensor out, const NormedInput& in, const Weight& w);
+  // The MTP input stage as one op (six at a drafting step: the id and row gathers, the embedding,
+  // two norms and the product); a backend may fuse them; the results must equal the composition.
+  virtual void mtp_input(Tensor out, const MtpInput& in, const Weight& eh_proj);
   // Per-head products: out [T, H, N] = x [T, H, K] · w[h]^T with w [H, N, K] (may be strided).
   virtual void linear_heads(Tensor out, const Tensor& x, const Tensor& w) = 0;
 
@@ -434,6 +446,27 @@ inline void Ops::normalize(const NormedInput& in) {
 inline void Ops::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
   normalize(in);
   linear(out, in.out, w);
+}
+
+inline void Ops::mtp_input(Tensor out, const MtpInput& in, const Weight& eh_proj) {
+  const int64_t T = out.shape[0], D = out.shape[1];
+  const DType act = out.dtype;
+  Tensor ids = in.ids;
+  if (in.ids_by_row) {
+    ids = scratch(DType::kI32, {T});
+    gather_ids(ids, in.ids, in.rows);
+  }
+  Tensor emb = scratch(act, {T, D});
+  embedding(emb, in.table, ids);
+  Tensor h = in.hidden.rows(0, T);
+  if (!in.rows.empty()) {
+    h = scratch(act, {T, D});
+    gather_rows(h, in.hidden, in.rows);
+  }
+  Tensor cat = scratch(act, {T, 2 * D});
+  rmsnorm(cat.cols(0, D), emb, in.enorm, in.eps);
+  rmsnorm(cat.cols(D, 2 * D), h, in.hnorm, in.eps);
+  linear(out, cat, eh_proj);
 }
 
 inline void Ops::norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, const Weight& router,

@@ -44,23 +44,18 @@ Tensor Model::mtp_body(const DecodeGraphs::Inputs& in, const Tensor& hidden, KvC
   const DType act = ops_.act_dtype();
   const float eps = float(cfg_.rms_norm_eps);
 
-  Tensor ids = in.ids;
-  if (opt.ids_from_hidden_rows) {  // the previous pass's argmax at each row this step continues from
-    ids = ops_.scratch(DType::kI32, {T});
-    ops_.gather_ids(ids, *opt.device_ids, in.source_rows);
-  }
-  Tensor emb = ops_.scratch(act, {T, D});
-  ops_.embedding(emb, m.embed.empty() ? embed_ : m.embed, ids);
-  Tensor h = hidden.rows(0, T);
-  if (!in.source_rows.empty()) {  // read before opt.final_hidden is written: it may be `hidden` itself
-    h = ops_.scratch(act, {T, D});
-    ops_.gather_rows(h, hidden, in.source_rows);
-  }
-  Tensor cat = ops_.scratch(act, {T, 2 * D});
-  ops_.rmsnorm(cat.cols(0, D), emb, m.enorm, eps);
-  ops_.rmsnorm(cat.cols(D, 2 * D), h, m.hnorm, eps);
+  // by row: each row continues from the previous pass's argmax at its hidden row.
+  MtpInput mi{m.embed.empty() ? embed_ : m.embed,
+              opt.ids_from_hidden_rows ? *opt.device_ids : in.ids,
+              hidden,
+              in.source_rows,
+              m.enorm,
+              m.hnorm,
+              opt.ids_from_hidden_rows,
+              eps};
+  // Read before opt.final_hidden is written: it may be `hidden` itself.
   Tensor x = ops_.scratch(act, {T, D});
-  ops_.linear(x, cat, m.eh_proj);
+  ops_.mtp_input(x, mi, m.eh_proj);
 
   // One pre-norm residual decoder layer, as in run_layers.
   const LayerNorms n = layer_norms(m.layer);

@@ -104,6 +104,60 @@ TEST_F(GpuOps, NormLinearMatchesComposed) {
   }
 }
 
+// mtp_input (the MTP module's gathers, two norms and eh_proj in one kernel) gives the bits of the
+// composition on the same backend (Ops::mtp_input) and matches the CPU: ids by row (a chained pass) or
+// by token, hidden rows gathered or in place; 1-4 rows take the fused kernel (the demo's D 256), 6 rows
+// and D 64 (a product on 8 lanes) the composition. The rows are permuted so a row/ids mix-up shows.
+TEST_F(GpuOps, MtpInputMatchesComposed) {
+  const int V = 50;
+  for (auto [D, T, by_row, gathered] : {std::tuple{256, 1, false, false},
+                                        {256, 1, true, true},
+                                        {256, 3, false, true},
+                                        {256, 4, true, true},
+                                        {256, 4, false, false},
+                                        {512, 2, true, true},
+                                        {256, 6, true, true},
+                                        {64, 2, false, true}}) {
+    SCOPED_TRACE(testing::Message() << "D " << D << " T " << T << " by_row " << by_row << " gathered "
+                                    << gathered);
+    const int H = T + 3;  // hidden rows (and ids, by row)
+    const auto table = rand_bf16(size_t(V) * D), hidden = rand_bf16(size_t(H) * D), en = rand_bf16(size_t(D)),
+               hn = rand_bf16(size_t(D)), w = rand_bf16(size_t(D) * 2 * D, 0.05f);
+    std::vector<int32_t> rows(T), ids(by_row ? H : T);
+    for (int t = 0; t < T; ++t) rows[t] = (t * 2 + 1) % H;
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 17 + 5) % V);
+    Weight gw;
+    gw.w = gpu_t(w, {D, 2 * D});
+    const MtpInput g{gpu_t(table, {V, D}),
+                     gpu_i32(ids),
+                     gpu_t(hidden, {H, D}),
+                     gathered ? gpu_i32(rows) : Tensor{},
+                     gpu_t(en, {D}, DType::kF32),
+                     gpu_t(hn, {D}),
+                     by_row,
+                     1e-6f};
+    Tensor ref = gpu_out({T, D});
+    gpu->Ops::mtp_input(ref, g, gw);
+    Tensor out = gpu_out({T, D});
+    gpu->mtp_input(out, g, gw);
+    EXPECT_EQ(read(out), read(ref));
+    // The CPU (F32) from the same inputs.
+    Weight cw;
+    cw.w = cpu_t(w, {D, 2 * D});
+    const MtpInput c{cpu_t(table, {V, D}),
+                     Tensor::make(ids.data(), DType::kI32, {int64_t(ids.size())}),
+                     cpu_t(hidden, {H, D}),
+                     gathered ? Tensor::make(rows.data(), DType::kI32, {T}) : Tensor{},
+                     cpu_t(en, {D}),
+                     cpu_t(hn, {D}),
+                     by_row,
+                     1e-6f};
+    Tensor co = cpu_t(std::vector<float>(size_t(T) * D), {T, D});
+    cpu.mtp_input(co, c, cw);
+    EXPECT_LE(rel_l2(read(out), read_cpu(co)), 2e-2);
+  }
+}
+
 TEST_F(GpuOps, LinearFp8AndF32Weights) {
   const int M = 5, N = 256, K = 384;
   std::vector<uint8_t> w8(size_t(N) * K);

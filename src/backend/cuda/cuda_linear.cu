@@ -22,22 +22,22 @@ __global__ void __launch_bounds__(kGemvThreads)
   gemv_block<OutT, kLanes>(out, ldo, x, ldx, w, ldw, M, N, K8, hs, blockIdx.x, blockIdx.y);
 }
 
-// norm_linear for M <= kGemvRows rows: every block normalizes the input rows into shared memory
-// (block_rmsnorm_rows; block 0 also stores them) while its first weights load, then runs
-// gemv_kernel's products (32 lanes per unit, same order: same bits).
-// kRows: the rows a block holds (1, or kGemvRows): one row needs fewer registers, and 4 blocks per SM
-// keep V2-Lite's q/kv_a product (456 blocks) in one wave.
-template <typename OutT, int kRows>
-__global__ void __launch_bounds__(kGemvThreads, 4)
-    norm_gemv_kernel(OutT* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N, NormArgs n) {
-  extern __shared__ __align__(16) unsigned char norm_smem[];
-  bf16* xs = reinterpret_cast<bf16*>(norm_smem);  // [M, D]
-  const int lane = threadIdx.x & 31, K8 = n.D / 8;
+// A GEMV whose M <= kRows input rows [M, K] a block builds in shared memory itself: fill(xs) writes
+// them (and ends with a barrier) while the unit's first weights load, then gemv_kernel's products run
+// on them (32 lanes per unit, same order: same bits). kRows: the rows a block holds (1, or
+// kGemvRows): one row needs fewer registers, and 4 blocks per SM keep V2-Lite's q/kv_a product (456
+// blocks) in one wave.
+template <typename OutT, int kRows, typename Fill>
+__device__ __forceinline__ void smem_gemv(OutT* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N,
+                                          int K, Fill fill) {
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
+  bf16* xs = reinterpret_cast<bf16*>(gemv_smem);  // [M, K]
+  const int lane = threadIdx.x & 31, K8 = K / 8;
   const int u = (blockIdx.x * kGemvThreads + threadIdx.x) / 32;
   const bool ok = u < N;
   const bf16* wr = w + int64_t(u) * ldw;
   pdl_entry();
-  // Before the norm: the first round of the unit's weights into registers (one row: registers to
+  // Before the fill: the first round of the unit's weights into registers (one row: registers to
   // spare) and the rest of its row into L2 (128-byte lines), so the prologue runs under the loads'
   // latency.
   constexpr int U = 4, kEarly = kRows == 1 ? U : 0;
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kGemvThreads, 4)
   if (ok)
     for (int l = 4 * kEarly + lane; l < K8 / 8; l += 32)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
-  block_rmsnorm_rows<kRows>(n, 0, M, xs, n.D, xs, n.D, blockIdx.x == 0);
+  fill(xs);
   float acc[kRows] = {};
   for (int k0 = lane; k0 < K8; k0 += 32 * U) {
     uint4 wv[U];
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kGemvThreads, 4)
       if (k8 >= K8) break;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        if (r < M) acc[r] += dot8(wv[j], reinterpret_cast<const uint4*>(xs + r * n.D)[k8]);
+        if (r < M) acc[r] += dot8(wv[j], reinterpret_cast<const uint4*>(xs + r * K)[k8]);
     }
   }
 #pragma unroll
@@ -72,6 +72,51 @@ __global__ void __launch_bounds__(kGemvThreads, 4)
     const float v = warp_sum(acc[r]);
     if (lane == 0 && ok) store_out(out + r * ldo + u, v);
   }
+}
+
+// norm_linear for M <= kGemvRows rows: every block normalizes the input rows into shared memory
+// (block_rmsnorm_rows; block 0 also stores them), then the GEMV.
+template <typename OutT, int kRows>
+__global__ void __launch_bounds__(kGemvThreads, 4)
+    norm_gemv_kernel(OutT* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N, NormArgs n) {
+  smem_gemv<OutT, kRows>(out, ldo, w, ldw, M, N, n.D, [&](bf16* xs) {
+    block_rmsnorm_rows<kRows>(n, 0, M, xs, n.D, xs, n.D, blockIdx.x == 0);
+  });
+}
+
+// The device view of an MtpInput whose fused kernel applies (BF16 table and rows in 16-byte pieces).
+struct MtpInputArgs {
+  const bf16* table;
+  int64_t ldt;
+  const int32_t* ids;
+  const bf16* hidden;
+  int64_t ldh;
+  const int32_t* rows;  // null: row t
+  bool ids_by_row;
+  VecRef enorm, hnorm;
+  float eps;
+  int D;
+};
+
+// mtp_input for M <= kGemvRows rows: every block gathers and normalizes each row's embedding and
+// hidden row into its [M, 2D] shared rows (block_rmsnorm_rows, as rmsnorm alone), then the eh_proj
+// GEMV: one kernel where the composition launches six.
+template <int kRows>
+__global__ void __launch_bounds__(kGemvThreads, 4)
+    mtp_input_kernel(bf16* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N, MtpInputArgs a) {
+  const int K = 2 * a.D;
+  smem_gemv<bf16, kRows>(out, ldo, w, ldw, M, N, K, [&](bf16* xs) {
+    for (int r = 0; r < M; ++r) {
+      const int h = a.rows ? a.rows[r] : r;
+      const int id = a.ids[a.ids_by_row ? h : r];
+      const NormArgs e{
+          a.table + int64_t(id) * a.ldt, 0, nullptr, 0, nullptr, 0, a.enorm, a.eps, nullptr, 0, a.D};
+      block_rmsnorm_rows<1>(e, 0, 1, nullptr, 0, xs + r * K, K, false);
+      const NormArgs hn{
+          a.hidden + int64_t(h) * a.ldh, 0, nullptr, 0, nullptr, 0, a.hnorm, a.eps, nullptr, 0, a.D};
+      block_rmsnorm_rows<1>(hn, 0, 1, nullptr, 0, xs + r * K + a.D, K, false);
+    }
+  });
 }
 
 // Launches the GEMV with the narrowest lane group that still covers a row in one pass.
@@ -260,6 +305,52 @@ void CudaOps::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
     go(out.ptr<float>(), norm_gemv_kernel<float, 1>, norm_gemv_kernel<float, kGemvRows>);
   else
     go(out.ptr<bf16>(), norm_gemv_kernel<bf16, 1>, norm_gemv_kernel<bf16, kGemvRows>);
+  BELUGA_LAUNCH_CHECK();
+}
+
+void CudaOps::mtp_input(Tensor out, const MtpInput& in, const Weight& eh_proj) {
+  const int M = int(out.shape[0]), D = int(out.shape[1]), K = 2 * D;
+  auto rows16 = [](const Tensor& t) {
+    return t.dtype == DType::kBF16 && t.ndim == 2 && t.stride[1] == 1 && t.stride[0] % 8 == 0 &&
+           aligned16(t.data);
+  };
+  auto vec16 = [](const Tensor& t, int64_t n) {
+    return (t.dtype == DType::kF32 || t.dtype == DType::kBF16) && t.numel() == n && aligned16(t.data);
+  };
+  auto i32 = [](const Tensor& t) { return t.dtype == DType::kI32 && t.is_contiguous(); };
+  // Decode-sized steps (rows in 48 KB of shared memory) whose product takes the 32-lane GEMV, as
+  // linear would (the same bits); else the composition.
+  bool fused = !deterministic_ && M >= 1 && M <= kGemvRows && int64_t(M) * K * 2 <= (48 << 10) &&
+               D % 8 == 0 && K / 8 > 16 && gemv_shape(D, K) && eh_proj.bias.empty() &&
+               eh_proj.in_features() == K && eh_proj.out_features() == D && rows16(out) &&
+               out.shape[0] == M && rows16(in.table) && in.table.shape[1] == D && rows16(in.hidden) &&
+               in.hidden.shape[1] == D && vec16(in.enorm, D) && vec16(in.hnorm, D) && i32(in.ids) &&
+               (in.rows.empty() ? !in.ids_by_row : i32(in.rows)) &&
+               (in.rows.empty() || in.rows.numel() == M) && (in.ids_by_row || in.ids.numel() == M);
+  Tensor wb;
+  if (fused) {
+    wb = bf16_weight(eh_proj.w, eh_proj.scale, eh_proj.block_n, eh_proj.block_k);
+    fused = wb.stride[1] == 1 && wb.stride[0] % 8 == 0 && aligned16(wb.data);
+  }
+  if (!fused) {
+    Ops::mtp_input(out, in, eh_proj);
+    return;
+  }
+  Prof prof_scope(this, "mtp_input");
+  const MtpInputArgs a{in.table.ptr<const bf16>(),
+                       in.table.stride[0],
+                       in.ids.ptr<const int32_t>(),
+                       in.hidden.ptr<const bf16>(),
+                       in.hidden.stride[0],
+                       in.rows.empty() ? nullptr : in.rows.ptr<const int32_t>(),
+                       in.ids_by_row,
+                       vec(in.enorm),
+                       vec(in.hnorm),
+                       in.eps,
+                       D};
+  const int grid = int(ceil_div(int64_t(D) * 32, kGemvThreads));
+  launch(M == 1 ? mtp_input_kernel<1> : mtp_input_kernel<kGemvRows>, grid, kGemvThreads, size_t(M) * K * 2,
+         S(stream_), out.ptr<bf16>(), out.stride[0], wb.ptr<const bf16>(), wb.stride[0], M, D, a);
   BELUGA_LAUNCH_CHECK();
 }
 
