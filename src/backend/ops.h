@@ -191,6 +191,11 @@ class Ops {
   // without copying the logits to the host; with `probs` (F32 [R], or empty) also each row's softmax
   // probability of that id, 1 / sum_v exp(l_v - max) (a draft's confidence, speculative decoding).
   virtual void argmax_rows(Tensor ids, const Tensor& logits, Tensor probs) = 0;
+  // argmax_rows of the head's logits x[rows] . head^T (rows I32 [R], or empty: x's first R rows), R =
+  // ids.numel(): a greedy step's argmaxes without its logits. A backend may fuse the gather, the
+  // product and the argmax; the ids must equal the composition's, the probabilities up to the order of
+  // their sums.
+  virtual void head_argmax(Tensor ids, Tensor probs, const Tensor& x, const Tensor& rows, const Weight& head);
 
   // ---- matrix products (F32 accumulation) ----
   virtual void linear(Tensor out, const Tensor& x, const Weight& w) = 0;  // out[M,N] = x[M,K] W^T + b
@@ -467,6 +472,19 @@ inline void Ops::mtp_input(Tensor out, const MtpInput& in, const Weight& eh_proj
   rmsnorm(cat.cols(0, D), emb, in.enorm, in.eps);
   rmsnorm(cat.cols(D, 2 * D), h, in.hnorm, in.eps);
   linear(out, cat, eh_proj);
+}
+
+inline void Ops::head_argmax(Tensor ids, Tensor probs, const Tensor& x, const Tensor& rows,
+                             const Weight& head) {
+  const int64_t R = ids.numel();
+  Tensor sel = x.rows(0, R);
+  if (!rows.empty()) {
+    sel = scratch(x.dtype, {R, x.shape[1]});
+    gather_rows(sel, x, rows);
+  }
+  Tensor lg = scratch(DType::kF32, {R, head.out_features()});
+  linear(lg, sel, head);
+  argmax_rows(ids, lg, probs);
 }
 
 inline void Ops::norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, const Weight& router,

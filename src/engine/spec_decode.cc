@@ -63,6 +63,12 @@ bool SpecDecoder::mtp_ahead(const Batch& b, const ForwardOptions& opt) const {
   return row0 == int(b.tokens.size());
 }
 
+int64_t SpecDecoder::greedy_rows(const Batch& b) const {
+  int q = 1;
+  for (const SeqChunk& sc : b.seqs) q = std::max(q, sc.query_len);
+  return std::min(DecodeGraphs::logit_rows_bound(int(b.seqs.size()), q), hidden_.shape[0]);
+}
+
 void SpecDecoder::run_mtp_on_every_row(const Batch& b) {
   const int T = int(b.tokens.size());
   mb_.tokens.assign(b.tokens.begin(), b.tokens.end());  // placeholders: the ids are the verify step's
@@ -74,8 +80,9 @@ void SpecDecoder::run_mtp_on_every_row(const Batch& b) {
   ForwardOptions mo;
   mo.final_hidden = &mtp_out_;
   mo.device_ids = &y;
-  mo.device_greedy = chain_.rows(0, T);
-  mo.device_greedy_probs = chain_.rows(T, 2 * int64_t(T));
+  const int64_t R = greedy_rows(b);  // run_mtp_chain_on_device's first-pass layout
+  mo.device_greedy = chain_.rows(0, R);
+  mo.device_greedy_probs = chain_.rows(R, 2 * R);
   mo.device_greedy_probs.dtype = DType::kF32;  // same 4 bytes an element
   model_.mtp_forward(mb_, hidden_, mtp_kv_, nullptr, mo);
 }
@@ -205,7 +212,7 @@ void SpecDecoder::run_step(const Batch& b, KvCache& kv, float* logits, const For
       const Tensor y = verify_ids_.rows(0, int64_t(b.tokens.size()));
       o.greedy_tokens = nullptr;
       o.greedy_probs = nullptr;
-      o.device_greedy = y;
+      o.device_greedy = verify_ids_.rows(0, greedy_rows(b));  // a replayed step writes its padding rows
       model_.forward(b, kv, logits, o);
       model_.ops().copy_to_host_async(y, verify_ids_host_);
       run_mtp_on_every_row(b);
@@ -322,12 +329,16 @@ void SpecDecoder::run_mtp_chain_on_device(const Batch& b, int depth, int every_r
   const int K = cfg_.num_speculative_tokens, P = int(seq_of_.size());
   // The first pass's argmaxes: one a proposer, or (`every_row`) one a verify row, proposer t's at its
   // row mb_.logit_rows[t]. Pass j >= 1 leaves P after them.
-  const int R0 = every_row > 0 ? every_row : P;
-  BELUGA_ASSERT(depth <= K && int64_t(2) * R0 + int64_t(2) * (depth - 1) * P <= chain_.numel());
-  auto at = [&](int j) { return j == 0 ? int64_t(0) : int64_t(2) * R0 + int64_t(2) * (j - 1) * P; };
-  auto ids = [&](int j) { return chain_.rows(at(j), at(j) + (j == 0 ? R0 : P)); };
+  // Each pass's region holds the rows its step may write (a replayed step's padding rows too): the
+  // first pass's bound for its batch (the verify step's with every_row, else mb_ as planned), then
+  // P sequences of one row.
+  const int64_t R0 = every_row > 0 ? greedy_rows(b) : greedy_rows(mb_),
+                RP = std::min(DecodeGraphs::logit_rows_bound(P, 1), hidden_.shape[0]);
+  BELUGA_ASSERT(depth <= K && 2 * R0 + int64_t(2) * (depth - 1) * RP <= chain_.numel());
+  auto at = [&](int j) { return j == 0 ? int64_t(0) : 2 * R0 + int64_t(2) * (j - 1) * RP; };
+  auto ids = [&](int j) { return chain_.rows(at(j), at(j) + (j == 0 ? R0 : RP)); };
   auto probs = [&](int j) {
-    const int64_t n = j == 0 ? R0 : P;
+    const int64_t n = j == 0 ? R0 : RP;
     Tensor t = chain_.rows(at(j) + n, at(j) + 2 * n);
     t.dtype = DType::kF32;  // same 4 bytes an element
     return t;
@@ -379,7 +390,7 @@ void SpecDecoder::run_mtp_chain_on_device(const Batch& b, int depth, int every_r
     draft_q_[first] = std::bit_cast<float>(chain_host_[size_t(R0) + r]);
     for (int j = 1; j < depth; ++j) {
       drafts_[first + size_t(j)] = chain_host_[size_t(at(j)) + size_t(t)];
-      draft_q_[first + size_t(j)] = std::bit_cast<float>(chain_host_[size_t(at(j)) + size_t(P + t)]);
+      draft_q_[first + size_t(j)] = std::bit_cast<float>(chain_host_[size_t(at(j) + RP) + size_t(t)]);
     }
   }
 }

@@ -184,14 +184,19 @@ class SpecDecoder {
     return c.sample && c.len == 1 && c.start + 1 == int(s.tokens.size()) + s.pending;
   }
 
+  // The rows a device argmax buffer for `b`'s logit rows holds (DecodeGraphs::logit_rows_bound, at
+  // most the buffers' rows: an eager step writes only its own, fewer).
+  int64_t greedy_rows(const Batch& b) const;
+
   Model& model_;
   SpecConfig cfg_;
   KvCache mtp_kv_;
   Tensor hidden_;   // the step's final hidden states, every row
   Tensor mtp_out_;  // its own normed output (chained into the next MTP step)
-  // The drafts of a chain kept on the device (run_mtp_chain_on_device): the first pass's ids [R0] and
-  // their probabilities (F32 bits) [R0], R0 = P proposers or every verify row; then pass j's ids [P] and
-  // probabilities [P]; read back once after the last pass.
+  // The drafts of a chain kept on the device (run_mtp_chain_on_device): the first pass's ids and their
+  // probabilities (F32 bits), R0 rows each (greedy_rows of its batch: P proposers or every verify row,
+  // padded), then pass j's ids and probabilities (RP rows each: P, padded); read back once after the
+  // last pass.
   Tensor chain_;
   std::vector<int32_t> chain_host_;
   Tensor verify_ids_;                   // the verify forward's argmaxes (MTP ahead)

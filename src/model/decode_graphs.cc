@@ -162,12 +162,12 @@ void DecodeGraphs::run(const StepPlan& p, const Body& body, Variant variant, con
   auto it = graphs_.find(key);
   if (it != graphs_.end()) {
     ops_.replay(it->second.id);
-    consume(it->second.logits.rows(0, real_rows));
+    if (consume) consume(it->second.logits.rows(0, real_rows));
     return;
   }
   // First step of this shape: run it eagerly (its result is this step's), then record it.
   Tensor lg = body(in);
-  consume(lg.rows(0, real_rows));
+  if (consume) consume(lg.rows(0, real_rows));
   ops_.reset_scratch();  // may merge scratch chunks the eager run grew
   if (ops_.scratch_epoch() != epoch_) {
     drop();

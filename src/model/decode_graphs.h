@@ -12,6 +12,7 @@
 // scratch memory (Ops::scratch_epoch).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -47,7 +48,7 @@ class DecodeGraphs {
   // `max_query_len` is the step's Q.
   // What else the body reads or writes at fixed addresses (the KV cache, side-output and input
   // buffers): a graph recorded against one engine's cache must never replay against another's.
-  using Variant = std::array<const void*, 4>;
+  using Variant = std::array<const void*, 6>;
   // The body's device inputs: `source_rows` is StepPlan::source_rows (empty when the plan's is).
   struct Inputs {
     AttnMeta meta;
@@ -74,6 +75,11 @@ class DecodeGraphs {
   // (side-output buffers such as final hidden states must hold that many rows).
   static int batch_bucket(int n);
   static int padded_rows(const StepPlan& p) { return batch_bucket(p.num_seqs) * p.max_query_len; }
+  // A bound on the logit rows a step of `num_seqs` sequences of up to `max_query_len` rows computes,
+  // replayed (padded) or eager: what a buffer the body writes its per-logit-row results into must hold.
+  static int64_t logit_rows_bound(int num_seqs, int max_query_len) {
+    return int64_t(std::max(num_seqs, batch_bucket(num_seqs))) * max_query_len;
+  }
   // Runs the step (replaying or recording its graph) and copies its logits to `logits` (host), or
   // with `greedy` each row's argmax instead (see read_logits).
   // With `device_ids` (I32 on the device, >= the step's token rows) the step's ids come from there: a
@@ -85,7 +91,8 @@ class DecodeGraphs {
   // As run(), but hands the step's device logits [its logit rows, vocab] to `consume` instead of
   // copying them to the host: the graph's own memory after a replay (so `consume` must take no
   // scratch: a replay does not advance the scratch cursor), or an eager first run's result, consumed
-  // before the graph is recorded.
+  // before the graph is recorded. A body that keeps its own results (returns no logits) takes no
+  // `consume`.
   using Consume = std::function<void(const Tensor& logits)>;
   void run(const StepPlan& p, const Body& body, Variant variant, const Consume& consume,
            const Tensor* device_ids = nullptr);

@@ -213,6 +213,10 @@ Tensor Model::step_body(const AttnMeta& meta, const Tensor& ids, const Tensor& p
   Tensor h = run_layers(hidden, meta, pos, kv, opt, max_query_len);
   if (opt.final_hidden) ops_.copy(opt.final_hidden->rows(0, meta.num_tokens), h);
   if (rows.empty()) return {};
+  if (!opt.device_greedy.empty()) {
+    keep_greedy(h, rows, lm_head_, opt);
+    return {};
+  }
   const int64_t R = rows.numel();
   Tensor sel = ops_.scratch(ops_.act_dtype(), {R, cfg_.hidden_size});
   ops_.gather_rows(sel, h, rows);
@@ -310,8 +314,13 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
                  " logit rows (at most ", kMaxSampleRows, ")");
     if (!opt.before_sampling) upload_sampling(*opt.sampling, p.logit_rows.size());
   }
-  const DecodeGraphs::Variant variant{kv.layers[0].data, opt.final_hidden ? opt.final_hidden->data : nullptr,
-                                      nullptr, nullptr};
+  // The graph writes the cache, opt.final_hidden and the device argmaxes at fixed addresses.
+  const DecodeGraphs::Variant variant{kv.layers[0].data,
+                                      opt.final_hidden ? opt.final_hidden->data : nullptr,
+                                      nullptr,
+                                      nullptr,
+                                      opt.device_greedy.data,
+                                      opt.device_greedy_probs.data};
   auto body = [&](const DecodeGraphs::Inputs& in) {
     return step_body(in.meta, in.ids, in.positions, in.logit_rows, kv, opt, in.max_query_len);
   };
@@ -331,7 +340,7 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
   if (graph) {
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
     if (!opt.device_greedy.empty())
-      graphs_->run(p, body, variant, [&](const Tensor& lg) { keep_greedy(lg, opt); });
+      graphs_->run(p, body, variant, nullptr);  // the body leaves the argmaxes in opt.device_greedy
     else
       graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs);
     return;
@@ -351,8 +360,6 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
     finish_sampling(lg, logits, opt);
   else if (opt.sampling)
     ops_.copy_to_host(sample_logits(lg), opt.sampled);
-  else if (!opt.device_greedy.empty())
-    keep_greedy(lg, opt);
   else
     read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
 }

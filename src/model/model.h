@@ -32,7 +32,8 @@ struct ForwardOptions {
   // With greedy_tokens: each row's softmax probability of its argmax here too (a draft's confidence).
   float* greedy_probs = nullptr;
   // So steps follow each other on the device without a host round trip: with `device_greedy` (I32
-  // [>= logit rows]) the argmaxes, and with `device_greedy_probs` (F32) their
+  // [>= DecodeGraphs::logit_rows_bound: a replayed step writes its padding rows too]) the argmaxes,
+  // and with `device_greedy_probs` (F32, as many) their
   // probabilities, stay in these device tensors and nothing is copied to the host (the call returns
   // once the step is queued). mtp_forward() only: `device_ids` (I32, >= the step's token rows) gives
   // the step's token ids in place of batch.tokens, whose values must still be valid ids (padding rows
@@ -152,8 +153,9 @@ class Model {
   // an exception).
   void mtp_forward_local(const Batch& batch, const Tensor& hidden, KvCache& kv, float* logits,
                          const ForwardOptions& opt);
-  // The step's argmaxes (and probabilities) of `logits` into opt.device_greedy(_probs), on the device.
-  void keep_greedy(const Tensor& logits, const ForwardOptions& opt);
+  // The argmaxes (and probabilities) of the head's logits at x[rows] into opt.device_greedy(_probs),
+  // on the device (Ops::head_argmax): a step that keeps its greedy tokens computes no logits.
+  void keep_greedy(const Tensor& x, const Tensor& rows, const Weight& head, const ForwardOptions& opt);
   void with_peers(const std::function<void()>& step);
   Model(const ModelConfig& cfg, Ops& ops);
   // What each architecture supplies for decoder layer l (pre-norm residual blocks):

@@ -70,11 +70,16 @@ Tensor Model::mtp_body(const DecodeGraphs::Inputs& in, const Tensor& hidden, KvC
   ops_.add_rmsnorm(sum, ff, out, m.head_norm, eps);
   if (in.logit_rows.empty()) return {};
 
+  const Weight& head = m.head.w.empty() ? lm_head_ : m.head;
+  if (!opt.device_greedy.empty()) {
+    keep_greedy(out, in.logit_rows, head, opt);
+    return {};
+  }
   const int64_t R = in.logit_rows.numel();
   Tensor sel = ops_.scratch(act, {R, D});
   ops_.gather_rows(sel, out, in.logit_rows);
   Tensor lg = ops_.scratch(DType::kF32, {R, cfg_.vocab_size});
-  ops_.linear(lg, sel, m.head.w.empty() ? lm_head_ : m.head);
+  ops_.linear(lg, sel, head);
   return lg;
 }
 
@@ -120,15 +125,17 @@ void Model::mtp_forward_local(const Batch& b, const Tensor& hidden, KvCache& kv,
   auto body = [&](const DecodeGraphs::Inputs& in) { return mtp_body(in, hidden, kv, opt); };
   if (graph) {
     if (!mtp_graphs_) mtp_graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
-    // The graph reads `hidden` and writes the cache and opt.final_hidden at fixed addresses: all three
-    // name its variant.
-    const DecodeGraphs::Variant variant{kv.layers[0].data, hidden.data,
+    // The graph reads `hidden` (and by row the device ids) and writes the cache, opt.final_hidden and
+    // the device argmaxes at fixed addresses: all name its variant.
+    const DecodeGraphs::Variant variant{kv.layers[0].data,
+                                        hidden.data,
                                         opt.final_hidden ? opt.final_hidden->data : nullptr,
-                                        by_row ? opt.device_ids->data : nullptr};
+                                        by_row ? opt.device_ids->data : nullptr,
+                                        opt.device_greedy.data,
+                                        opt.device_greedy_probs.data};
     const Tensor* ids = by_row ? nullptr : opt.device_ids;  // by row: the body gathers them
     if (!opt.device_greedy.empty())
-      mtp_graphs_->run(
-          p, body, variant, [&](const Tensor& lg) { keep_greedy(lg, opt); }, ids);
+      mtp_graphs_->run(p, body, variant, nullptr, ids);  // the body leaves the argmaxes in opt.device_greedy
     else
       mtp_graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs, ids);
     return;
@@ -146,19 +153,17 @@ void Model::mtp_forward_local(const Batch& b, const Tensor& hidden, KvCache& kv,
   if (!p.source_rows.empty()) in.source_rows = upload(p.source_rows);
   Tensor lg = body(in);
   if (lg.empty()) return;
-  if (!opt.device_greedy.empty())
-    keep_greedy(lg, opt);
-  else
-    read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
+  read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
 }
 
-void Model::keep_greedy(const Tensor& logits, const ForwardOptions& opt) {
-  const int64_t R = logits.shape[0];
+void Model::keep_greedy(const Tensor& x, const Tensor& rows, const Weight& head, const ForwardOptions& opt) {
+  const int64_t R = rows.numel();
   BELUGA_CHECK(opt.device_greedy.numel() >= R &&
                    (opt.device_greedy_probs.empty() || opt.device_greedy_probs.numel() >= R),
                "ForwardOptions::device_greedy holds fewer rows than the step's ", R, " logit rows");
-  ops_.argmax_rows(opt.device_greedy.rows(0, R), logits,
-                   opt.device_greedy_probs.empty() ? Tensor{} : opt.device_greedy_probs.rows(0, R));
+  ops_.head_argmax(opt.device_greedy.rows(0, R),
+                   opt.device_greedy_probs.empty() ? Tensor{} : opt.device_greedy_probs.rows(0, R), x, rows,
+                   head);
 }
 
 }  // namespace beluga

@@ -135,6 +135,50 @@ TEST_F(GpuOps, ArgmaxRows) {
     EXPECT_NEAR(got_p[size_t(r)], want_p[size_t(r)], 1e-5f * want_p[size_t(r)] + 1e-7f) << r;
 }
 
+// head_argmax (the head's GEMV with the argmax folded in: blocks' partial maxima merged by the last
+// block) gives the composition's ids (Ops::head_argmax: gather, linear, argmax_rows) and its
+// probabilities up to the order of their sums: 1-4 rows the fused kernel (gathered rows or the first
+// ones; V 1003 leaves units past V in the last block), 6 rows the composition. Row 0's maximum is a
+// tie (two equal head rows): the lowest id wins. Each case runs twice: the arrival counter is back at 0.
+TEST_F(GpuOps, HeadArgmaxMatchesComposed) {
+  for (auto [V, D, M, gathered] : {std::tuple{8192, 256, 1, false},
+                                   {8192, 256, 4, true},
+                                   {1003, 256, 3, true},
+                                   {8192, 512, 2, false},
+                                   {8192, 256, 6, true}}) {
+    SCOPED_TRACE(testing::Message() << "V " << V << " D " << D << " M " << M << " gathered " << gathered);
+    const int X = M + 2;  // rows of x
+    const auto x = rand_bf16(size_t(X) * D);
+    auto w = rand_bf16(size_t(V) * D, 0.05f);
+    std::vector<int32_t> rows(M);
+    for (int r = 0; r < M; ++r) rows[r] = (r * 3 + 2) % X;
+    const int r0 = gathered ? rows[0] : 0;
+    for (int d = 0; d < D; ++d)  // head rows 7 and V - 3 point along row 0's input: a tied maximum
+      w[size_t(7) * D + d] = w[size_t(V - 3) * D + d] =
+          bf16_to_f32(f32_to_bf16(0.05f * x[size_t(r0) * D + d]));
+    Weight gw;
+    gw.w = gpu_t(w, {V, D});
+    const Tensor gx = gpu_t(x, {X, D}), grows = gathered ? gpu_i32(rows) : Tensor{};
+    Tensor ref_ids = gpu->scratch(DType::kI32, {M}), ref_p = gpu->scratch(DType::kF32, {M});
+    gpu->Ops::head_argmax(ref_ids, ref_p, gx, grows, gw);
+    const std::vector<int32_t> want = read_i32(ref_ids);
+    const std::vector<float> want_p = read(ref_p);
+    EXPECT_EQ(want[0], 7);
+    for (int rep = 0; rep < 2; ++rep) {
+      Tensor ids = gpu->scratch(DType::kI32, {M}), p = gpu->scratch(DType::kF32, {M});
+      gpu->head_argmax(ids, p, gx, grows, gw);
+      EXPECT_EQ(read_i32(ids), want) << "rep " << rep;
+      const std::vector<float> got_p = read(p);
+      for (int r = 0; r < M; ++r)
+        EXPECT_NEAR(got_p[size_t(r)], want_p[size_t(r)], 1e-5f * want_p[size_t(r)])
+            << "rep " << rep << " row " << r;
+      Tensor only = gpu->scratch(DType::kI32, {M});
+      gpu->head_argmax(only, Tensor{}, gx, grows, gw);  // without the probabilities
+      EXPECT_EQ(read_i32(only), want) << "rep " << rep;
+    }
+  }
+}
+
 TEST_F(GpuOps, Rope) {
   for (bool inter : {true, false}) {
     const int T = 9, H = 16, dim = 64, P = 4096;

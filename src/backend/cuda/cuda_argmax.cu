@@ -1,47 +1,14 @@
 // Ops::argmax_rows on CUDA: each row's first maximum, and optionally its softmax probability (a
 // speculative draft's confidence), without copying the logits to the host.
-#include <climits>
-#include <cmath>
-
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_row_max.cuh"
 
 namespace beluga {
 
 using namespace cuda;
 
 namespace {
-
-// A thread's running maximum (its first index) and, with kProbs, the sum of exp(l - max) over the
-// elements it saw, rescaled whenever the maximum rises: one pass over the row.
-struct RowMax {
-  float m = -INFINITY, s = 0;
-  int i = INT_MAX;
-};
-
-template <bool kProbs>
-__device__ __forceinline__ void push(RowMax& r, float v, int i) {
-  if (v > r.m || r.i == INT_MAX) {  // strictly greater: the lowest index wins ties within a thread
-    if (kProbs) r.s = r.i == INT_MAX ? 1.0f : r.s * __expf(r.m - v) + 1.0f;
-    r.m = v;
-    r.i = i;
-  } else if (kProbs && r.m > -INFINITY) {
-    r.s += __expf(v - r.m);
-  }
-}
-
-template <bool kProbs>
-__device__ __forceinline__ void merge(RowMax& r, const RowMax& o) {
-  const bool take = o.m > r.m || (o.m == r.m && o.i < r.i);
-  if (kProbs) {
-    const float m = fmaxf(r.m, o.m);
-    r.s = m == -INFINITY ? r.s + o.s : r.s * __expf(r.m - m) + o.s * __expf(o.m - m);
-  }
-  if (take) {
-    r.m = o.m;
-    r.i = o.i;
-  }
-}
 
 // One block per row: the first index of the row's maximum (as std::max_element on the host), and
 // with kProbs its softmax probability, in one pass (16-byte loads where the rows allow: the demo
@@ -65,13 +32,7 @@ __global__ void argmax_kernel(int32_t* ids, float* probs, const float* logits, i
   } else {
     for (int i = threadIdx.x; i < V; i += blockDim.x) push<kProbs>(r, row[i], i);
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    RowMax x;
-    x.m = __shfl_xor_sync(0xffffffffu, r.m, o);
-    x.s = __shfl_xor_sync(0xffffffffu, r.s, o);
-    x.i = __shfl_xor_sync(0xffffffffu, r.i, o);
-    merge<kProbs>(r, x);
-  }
+  warp_merge<kProbs>(r);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   if (lane == 0) part[w] = r;
   __syncthreads();

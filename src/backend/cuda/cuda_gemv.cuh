@@ -79,6 +79,73 @@ __device__ __forceinline__ void gemv_block(OutT* out, int64_t ldo, const bf16* x
   }
 }
 
+// A GEMV whose M <= kRows input rows [M, K] each block builds in shared memory itself: fill(xs)
+// writes them (ending with a barrier) while the unit's first weights load, then gemv_block's products
+// run on them (32 lanes per unit, same order: same bits as the 32-lane gemv_kernel). Returns warp
+// unit u = (blockIdx.x * kGemvThreads + threadIdx.x) / 32's sums (every lane holds them; units past
+// N sum zeros). kRows: the rows a block holds (1, or kGemvRows): one row needs fewer registers.
+// The kernel launches kGemvThreads threads with M * K * 2 bytes of dynamic shared memory.
+template <int kRows>
+struct GemvSums {
+  float v[kRows];
+};
+
+template <int kRows, typename Fill>
+__device__ __forceinline__ GemvSums<kRows> smem_gemv(const bf16* w, int64_t ldw, int M, int N, int K,
+                                                     Fill fill) {
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
+  bf16* xs = reinterpret_cast<bf16*>(gemv_smem);  // [M, K]
+  const int lane = threadIdx.x & 31, K8 = K / 8;
+  const int u = (blockIdx.x * kGemvThreads + threadIdx.x) / 32;
+  const bool ok = u < N;
+  const bf16* wr = w + int64_t(u) * ldw;
+  pdl_entry();
+  // Before the fill: the first round of the unit's weights into registers (one row: registers to
+  // spare) and the rest of its row into L2 (128-byte lines), so the prologue runs under the loads'
+  // latency.
+  constexpr int U = 4, kEarly = kRows == 1 ? U : 0;
+  uint4 first[U];
+#pragma unroll
+  for (int j = 0; j < kEarly; ++j)
+    first[j] = ok && lane + 32 * j < K8 ? ld_stream_early(wr + (lane + 32 * j) * 8) : uint4{};
+  if (ok)
+    for (int l = 4 * kEarly + lane; l < K8 / 8; l += 32)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
+  fill(xs);
+  GemvSums<kRows> acc{};
+  for (int k0 = lane; k0 < K8; k0 += 32 * U) {
+    uint4 wv[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+      wv[j] = kEarly && k0 == lane     ? first[j]
+              : ok && k0 + 32 * j < K8 ? ld_stream(wr + (k0 + 32 * j) * 8)
+                                       : uint4{};
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int k8 = k0 + 32 * j;
+      if (k8 >= K8) break;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        if (r < M) acc.v[r] += dot8(wv[j], reinterpret_cast<const uint4*>(xs + r * K)[k8]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    if (r < M) acc.v[r] = warp_sum(acc.v[r]);
+  return acc;
+}
+
+// smem_gemv's sums stored as out [M, N] (lane 0 of each unit's warp).
+template <typename OutT, int kRows>
+__device__ __forceinline__ void store_gemv_sums(OutT* out, int64_t ldo, const GemvSums<kRows>& y, int M,
+                                                int N) {
+  const int u = (blockIdx.x * kGemvThreads + threadIdx.x) / 32;
+  if ((threadIdx.x & 31) != 0 || u >= N) return;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    if (r < M) store_out(out + r * ldo + u, y.v[r]);
+}
+
 // Lanes per output unit for rows of K8 16-byte chunks: the narrowest group that covers a row.
 inline int gemv_lanes(int64_t K8) {
   return K8 <= 8 ? 8 : K8 <= 16 ? 16 : 32;

@@ -201,10 +201,10 @@ void CudaOps::mla_prepare_absorbed(Tensor cache, const Tensor& kva, const Tensor
   const int64_t T = q_nope.shape[0], H = q_nope.shape[1], K = q_nope.shape[2], N = w_uk_t.shape[1];
   const Tensor& w = bf16_weight(w_uk_t, Tensor{}, 128, 128);
   // Where linear_heads would take its GEMV; else the two ops one after the other.
-  const bool fused = !deterministic_ && T >= 1 && w_uk_t.ndim == 3 && w_uk_t.shape[0] == H && w_uk_t.shape[2] == K &&
-                     q_lat.dtype == DType::kBF16 && q_lat.ndim == 3 && q_lat.shape[2] == N &&
-                     q_lat.stride[2] == 1 && q_nope.dtype == DType::kBF16 && q_nope.stride[2] == 1 &&
-                     w.stride[2] == 1 && heads_gemv_ok(q_nope, w);
+  const bool fused = !deterministic_ && T >= 1 && w_uk_t.ndim == 3 && w_uk_t.shape[0] == H &&
+                     w_uk_t.shape[2] == K && q_lat.dtype == DType::kBF16 && q_lat.ndim == 3 &&
+                     q_lat.shape[2] == N && q_lat.stride[2] == 1 && q_nope.dtype == DType::kBF16 &&
+                     q_nope.stride[2] == 1 && w.stride[2] == 1 && heads_gemv_ok(q_nope, w);
   if (!fused) {
     Ops::mla_prepare_absorbed(cache, kva, norm_w, eps, q_pe, q_pe_out, positions, rope, m, q_lat, q_nope,
                               w_uk_t);

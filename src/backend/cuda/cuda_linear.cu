@@ -22,66 +22,15 @@ __global__ void __launch_bounds__(kGemvThreads)
   gemv_block<OutT, kLanes>(out, ldo, x, ldx, w, ldw, M, N, K8, hs, blockIdx.x, blockIdx.y);
 }
 
-// A GEMV whose M <= kRows input rows [M, K] a block builds in shared memory itself: fill(xs) writes
-// them (and ends with a barrier) while the unit's first weights load, then gemv_kernel's products run
-// on them (32 lanes per unit, same order: same bits). kRows: the rows a block holds (1, or
-// kGemvRows): one row needs fewer registers, and 4 blocks per SM keep V2-Lite's q/kv_a product (456
-// blocks) in one wave.
-template <typename OutT, int kRows, typename Fill>
-__device__ __forceinline__ void smem_gemv(OutT* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N,
-                                          int K, Fill fill) {
-  extern __shared__ __align__(16) unsigned char gemv_smem[];
-  bf16* xs = reinterpret_cast<bf16*>(gemv_smem);  // [M, K]
-  const int lane = threadIdx.x & 31, K8 = K / 8;
-  const int u = (blockIdx.x * kGemvThreads + threadIdx.x) / 32;
-  const bool ok = u < N;
-  const bf16* wr = w + int64_t(u) * ldw;
-  pdl_entry();
-  // Before the fill: the first round of the unit's weights into registers (one row: registers to
-  // spare) and the rest of its row into L2 (128-byte lines), so the prologue runs under the loads'
-  // latency.
-  constexpr int U = 4, kEarly = kRows == 1 ? U : 0;
-  uint4 first[U];
-#pragma unroll
-  for (int j = 0; j < kEarly; ++j)
-    first[j] = ok && lane + 32 * j < K8 ? ld_stream_early(wr + (lane + 32 * j) * 8) : uint4{};
-  if (ok)
-    for (int l = 4 * kEarly + lane; l < K8 / 8; l += 32)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + l * 64));
-  fill(xs);
-  float acc[kRows] = {};
-  for (int k0 = lane; k0 < K8; k0 += 32 * U) {
-    uint4 wv[U];
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-      wv[j] = kEarly && k0 == lane     ? first[j]
-              : ok && k0 + 32 * j < K8 ? ld_stream(wr + (k0 + 32 * j) * 8)
-                                       : uint4{};
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int k8 = k0 + 32 * j;
-      if (k8 >= K8) break;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        if (r < M) acc[r] += dot8(wv[j], reinterpret_cast<const uint4*>(xs + r * K)[k8]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (r >= M) break;
-    const float v = warp_sum(acc[r]);
-    if (lane == 0 && ok) store_out(out + r * ldo + u, v);
-  }
-}
-
 // norm_linear for M <= kGemvRows rows: every block normalizes the input rows into shared memory
 // (block_rmsnorm_rows; block 0 also stores them), then the GEMV.
 template <typename OutT, int kRows>
 __global__ void __launch_bounds__(kGemvThreads, 4)
     norm_gemv_kernel(OutT* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N, NormArgs n) {
-  smem_gemv<OutT, kRows>(out, ldo, w, ldw, M, N, n.D, [&](bf16* xs) {
+  const GemvSums<kRows> y = smem_gemv<kRows>(w, ldw, M, N, n.D, [&](bf16* xs) {
     block_rmsnorm_rows<kRows>(n, 0, M, xs, n.D, xs, n.D, blockIdx.x == 0);
   });
+  store_gemv_sums(out, ldo, y, M, N);
 }
 
 // The device view of an MtpInput whose fused kernel applies (BF16 table and rows in 16-byte pieces).
@@ -105,7 +54,7 @@ template <int kRows>
 __global__ void __launch_bounds__(kGemvThreads, 4)
     mtp_input_kernel(bf16* out, int64_t ldo, const bf16* w, int64_t ldw, int M, int N, MtpInputArgs a) {
   const int K = 2 * a.D;
-  smem_gemv<bf16, kRows>(out, ldo, w, ldw, M, N, K, [&](bf16* xs) {
+  const GemvSums<kRows> y = smem_gemv<kRows>(w, ldw, M, N, K, [&](bf16* xs) {
     for (int r = 0; r < M; ++r) {
       const int h = a.rows ? a.rows[r] : r;
       const int id = a.ids[a.ids_by_row ? h : r];
@@ -117,6 +66,7 @@ __global__ void __launch_bounds__(kGemvThreads, 4)
       block_rmsnorm_rows<1>(hn, 0, 1, nullptr, 0, xs + r * K + a.D, K, false);
     }
   });
+  store_gemv_sums(out, ldo, y, M, N);
 }
 
 // Launches the GEMV with the narrowest lane group that still covers a row in one pass.

@@ -113,6 +113,8 @@ class CudaOps final : public Ops {
   void normalize(const NormedInput& in) override;
   void norm_linear(Tensor out, const NormedInput& in, const Weight& w) override;
   void mtp_input(Tensor out, const MtpInput& in, const Weight& eh_proj) override;
+  void head_argmax(Tensor ids, Tensor probs, const Tensor& x, const Tensor& rows,
+                   const Weight& head) override;
   void norm_moe_gate(Tensor ids, Tensor weights, const NormedInput& in, const Weight& router,
                      const Tensor& bias, const RouterParams& p) override;
   void moe_gate(Tensor ids, Tensor weights, const Tensor& x, const Weight& router, const Tensor& bias,
