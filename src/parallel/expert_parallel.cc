@@ -70,10 +70,13 @@ void ExpertParallelMoe::routed(Tensor out, const Tensor& x, const Tensor& d_ids,
                                const ExpertParallelLayer& m) {
   const int N = comm_.size(), me = comm_.rank();
   const int64_t T = x.shape[0], D = x.shape[1], K = m.params.top_k;
-  const int first_slot = sharding_.slot_begin(me);
-  BELUGA_CHECK(int(m.local_experts.size()) == sharding_.slot_end(me) - first_slot,
-               "expert parallelism: rank ", me, " holds ", m.local_experts.size(), " experts for ",
-               sharding_.slot_end(me) - first_slot, " slots");
+  const ExpertSharding& sharding = m.sharding ? *m.sharding : sharding_;
+  BELUGA_CHECK(sharding.ranks() == N, "expert parallelism: a layer sharded over ", sharding.ranks(),
+               " ranks in a group of ", N);
+  const int first_slot = sharding.slot_begin(me);
+  BELUGA_CHECK(int(m.local_experts.size()) == sharding.slot_end(me) - first_slot, "expert parallelism: rank ",
+               me, " holds ", m.local_experts.size(), " experts for ", sharding.slot_end(me) - first_slot,
+               " slots");
   const DType act = ops_.act_dtype();
 
   // 1. This rank's tokens' routing (logical expert ids) on the host: the plan is made there.
@@ -84,14 +87,15 @@ void ExpertParallelMoe::routed(Tensor out, const Tensor& x, const Tensor& d_ids,
     ops_.copy_to_host(d_w, weights.data());
     ops_.synchronize();
   }
+  if (m.load) m.load->add_routing(m.load_layer, ids);
 
   // 2. The dispatch plan: entries (t, i) grouped by destination rank, in entry order within each.
   std::vector<int> dest(size_t(T * K)), slot(size_t(T * K));
   std::vector<size_t> send_rows(size_t(N), 0);
   for (int64_t e = 0; e < T * K; ++e) {
-    const int s = sharding_.route(ids[size_t(e)], e / K, me);
+    const int s = sharding.route(ids[size_t(e)], e / K, me);
     slot[size_t(e)] = s;
-    dest[size_t(e)] = sharding_.owner(s);
+    dest[size_t(e)] = sharding.owner(s);
     ++send_rows[size_t(dest[size_t(e)])];
   }
   std::vector<size_t> offset(size_t(N) + 1, 0);
@@ -106,7 +110,7 @@ void ExpertParallelMoe::routed(Tensor out, const Tensor& x, const Tensor& d_ids,
       const size_t r = fill[size_t(dest[size_t(e)])]++;
       pos[size_t(e)] = int32_t(r);
       send_token[r] = int32_t(e / K);
-      send_slot[r] = slot[size_t(e)] - sharding_.slot_begin(dest[size_t(e)]);  // the receiver's local index
+      send_slot[r] = slot[size_t(e)] - sharding.slot_begin(dest[size_t(e)]);  // the receiver's local index
       send_w[r] = weights[size_t(e)];
     }
   }
@@ -175,6 +179,7 @@ void ExpertParallelMoe::routed(Tensor out, const Tensor& x, const Tensor& d_ids,
     (p == me ? traffic_.local_bytes : traffic_.sent_bytes) += b;
   }
   traffic_.dispatched_rows += uint64_t(T * K);
+  traffic_.received_rows += uint64_t(R);
 }
 
 }  // namespace beluga

@@ -14,18 +14,25 @@
 
 #include "backend/ops.h"
 #include "parallel/communicator.h"
+#include "parallel/expert_load.h"
 #include "parallel/shard.h"
 
 namespace beluga {
 
 // One MoE layer as a rank holds it: the whole router, the experts of its own slots (in slot order:
-// ExpertSharding::local_experts) and the shared expert (null: none).
+// ExpertSharding::local_experts) and the shared expert (null: none). A layer may carry its own slot
+// map (`sharding`: live EPLB gives each layer one; null: the one the ExpertParallelMoe was made
+// with; same ranks either way) and a window that counts the routing this rank computes (`load`,
+// as layer `load_layer`: EPLB's statistics).
 struct ExpertParallelLayer {
   const Weight& router;
   const Tensor& bias;
   const RouterParams& params;
   std::span<const ExpertWeights> local_experts;
   const ExpertWeights* shared;
+  const ExpertSharding* sharding = nullptr;
+  parallel::ExpertLoadWindow* load = nullptr;
+  int load_layer = 0;
 };
 
 class ExpertParallelMoe {
@@ -45,6 +52,7 @@ class ExpertParallelMoe {
   struct Traffic {
     uint64_t sent_bytes = 0, local_bytes = 0;
     uint64_t dispatched_rows = 0;  // (token, expert) pairs routed by this rank
+    uint64_t received_rows = 0;    // (token, expert) pairs this rank's experts computed: its load
   };
   const Traffic& traffic() const { return traffic_; }
 
