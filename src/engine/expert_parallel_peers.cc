@@ -5,12 +5,14 @@
 namespace beluga {
 
 ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions,
-                                         LocalGroup& group, const ExpertSharding& sharding, CpuOptions cpu)
-    : group_(group) {
+                                         LocalGroup& group, const ExpertSharding& sharding, CpuOptions cpu,
+                                         LiveExpertPlacement* live)
+    : group_(group), live_(live) {
   for (int r = 1; r < group.size(); ++r) {
     auto p = std::make_unique<Peer>();
     p->ops = std::make_unique<CpuOps>(cpu);
-    p->ep = std::make_unique<ExpertParallelism>(ExpertParallelism{&group.communicator(r), &sharding, true});
+    p->ep =
+        std::make_unique<ExpertParallelism>(ExpertParallelism{&group.communicator(r), &sharding, true, live});
     p->model = load_model(cfg, src, *p->ops, max_positions, p->ep.get());
     peers_.push_back(std::move(p));
   }
@@ -27,6 +29,8 @@ ExpertParallelPeers::~ExpertParallelPeers() {
 }
 
 void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::function<void()>& set_job) {
+  // Every rank waits for this step's job (rank 0 begins its own layers after this returns).
+  if (live_) live_->before_step();
   std::lock_guard<std::mutex> lock(mu_);
   batch_.tokens = b.tokens;
   batch_.seqs = b.seqs;
@@ -77,6 +81,8 @@ void ExpertParallelPeers::end() {
   cv_.wait(lock, [&] { return done_ == int(peers_.size()); });
   for (auto& p : peers_)
     if (p->error) std::rethrow_exception(p->error);
+  // Rank 0's layers are done too (Model::with_peers ends them first): the step is closed everywhere.
+  if (live_) live_->after_step();
 }
 
 void ExpertParallelPeers::abort() {

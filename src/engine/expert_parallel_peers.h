@@ -5,6 +5,9 @@
 // rank (each writes the same blocks), so the prefix cache's block reuse stays valid, and blocks loaded
 // from the KV tiers go into every rank's cache (load_blocks; saves read rank 0's, the same).
 // A peer that fails aborts the group: rank 0's step throws, and so do the later ones.
+// With live EPLB (`live`, shared with rank 0's model), begin() and end() are the group's step
+// boundary: no rank steps there, so end() closes the step's statistics (and may start a rebalance's
+// preparation) and the next begin() switches every rank to a prepared placement before any runs.
 #pragma once
 
 #include <condition_variable>
@@ -17,6 +20,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "model/model.h"
+#include "parallel/live_placement.h"
 #include "parallel/local_communicator.h"
 
 namespace beluga {
@@ -25,7 +29,7 @@ class ExpertParallelPeers final : public StepPeers {
  public:
   // Loads ranks 1 .. group.size()-1 from `src` (which may be dropped after) with `cpu` each.
   ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
-                      const ExpertSharding& sharding, CpuOptions cpu);
+                      const ExpertSharding& sharding, CpuOptions cpu, LiveExpertPlacement* live = nullptr);
   ~ExpertParallelPeers() override;
 
   void begin(const Batch& b, int num_blocks, bool keep_hidden) override;
@@ -58,6 +62,7 @@ class ExpertParallelPeers final : public StepPeers {
   void ensure_caches(Peer& p, bool mtp) const;
 
   LocalGroup& group_;
+  LiveExpertPlacement* live_;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -8,6 +8,7 @@
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/rope.h"
+#include "parallel/live_placement.h"
 #include "parallel/shard_weight_source.h"
 #include "util/error.h"
 
@@ -60,6 +61,12 @@ class DeepseekModel final : public Model {
       held = ep->sharding->local_experts(ep->comm->rank());
       ep_moe_ = std::make_unique<ExpertParallelMoe>(ops, *ep->comm, *ep->sharding);
       ep_replicated_ = ep->replicated_tokens;
+      live_ = ep->live;
+      ep_rank_ = ep->comm->rank();
+      BELUGA_CHECK(
+          !live_ || (live_->num_experts() == c.n_routed_experts && live_->ranks() == ep->comm->size()),
+          "live EPLB: a placement of ", live_ ? live_->num_experts() : 0, " experts over ",
+          live_ ? live_->ranks() : 0, " ranks for this model and group");
     } else {
       for (int e = 0; e < c.n_routed_experts; ++e) held.push_back(e);
     }
@@ -73,6 +80,7 @@ class DeepseekModel final : public Model {
         c.num_nextn_predict_layers > 0 &&
         !src.find("model.layers." + std::to_string(c.num_layers) + ".eh_proj.weight", {D, 2 * D}).empty();
     int64_t main_params = 0;  // the MTP module's parameters are not the model's (as transformers counts)
+    std::vector<std::vector<ExpertWeights>> live_experts;  // live EPLB: [MoE layer][slot of this rank]
     for (int l = 0; l < c.num_layers + (mtp ? 1 : 0); ++l) {
       if (l == c.num_layers) main_params = n_params_;
       const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -100,11 +108,13 @@ class DeepseekModel final : public Model {
           Tensor b = src.get(p + "mlp.gate.e_score_correction_bias", {E}, DType::kF32);
           L.moe.bias = ops.upload(b);  // a buffer, not a parameter (as transformers counts)
         }
-        for (int e : held) {
-          const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-          L.moe.experts.push_back({load_linear(src, ep + "gate_proj", I, D),
-                                   load_linear(src, ep + "up_proj", I, D),
-                                   load_linear(src, ep + "down_proj", D, I)});
+        if (live_) {  // the placement holds them (its map is `held` in every layer at first)
+          BELUGA_CHECK(live_->moe_index(l) == int(live_experts.size()), "live EPLB: MoE layer ", l,
+                       " is not the placement's next MoE layer");
+          live_experts.emplace_back();
+          for (int e : held) live_experts.back().push_back(load_expert(src, l, e, &n_params_));
+        } else {
+          for (int e : held) L.moe.experts.push_back(load_expert(src, l, e, &n_params_));
         }
         if (c.n_shared_experts > 0) {
           const int64_t Is = I * c.n_shared_experts;
@@ -119,6 +129,10 @@ class DeepseekModel final : public Model {
       }
       layers_.push_back(std::move(L));
     }
+    if (live_)
+      live_->attach(
+          ep_rank_, [this](WeightSource& from, int l, int e) { return load_expert(from, l, e, nullptr); },
+          std::move(live_experts));
     if (mtp) n_params_ = main_params;
     final_norm_ = load_vector(src, "model.norm.weight", D);
     lm_head_ = load_linear(src, "lm_head", c.vocab_size, D);
@@ -149,6 +163,17 @@ class DeepseekModel final : public Model {
   }
 
  private:
+  // Routed expert e of layer l. A reload (live EPLB, off the step path: `params` null) counts no
+  // parameters, so it writes nothing a step reads.
+  ExpertWeights load_expert(WeightSource& src, int l, int e, int64_t* params) {
+    int64_t none = 0;
+    int64_t* n = params ? params : &none;
+    const int64_t D = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
+    const std::string ep = "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + ".";
+    return {load_linear(src, ep + "gate_proj", I, D, n), load_linear(src, ep + "up_proj", I, D, n),
+            load_linear(src, ep + "down_proj", D, I, n)};
+  }
+
   // Splits W_kvb [H*(nope+v), r] into W_UK^T [H, r, nope] and W_UV [H, v, r] for the absorbed form.
   // BF16/F32 keep their dtype; FP8 is dequantized to F32 (the reference dequantizes too).
   void absorb(MlaWeights& a) {
@@ -207,7 +232,7 @@ class DeepseekModel final : public Model {
   void feed_forward(int l, const NormedInput& in, Tensor out) override {
     const Layer& L = layers_[size_t(l)];
     if (L.is_moe)
-      moe(L, in, out);
+      moe(l, L, in, out);
     else
       run_mlp(ops_, L.mlp, in, out);
   }
@@ -288,10 +313,17 @@ class DeepseekModel final : public Model {
     return out;
   }
 
-  void moe(const Layer& L, const NormedInput& in, Tensor out) {
+  void moe(int l, const Layer& L, const NormedInput& in, Tensor out) {
     if (ep_moe_) {
-      const ExpertParallelLayer m{L.moe.router, L.moe.bias, router_, L.moe.experts,
-                                  L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared};
+      ExpertParallelLayer m{L.moe.router, L.moe.bias, router_, L.moe.experts,
+                            L.moe.shared.gate.w.empty() ? nullptr : &L.moe.shared};
+      if (live_) {  // this step's placement for the layer, and its statistics
+        const int i = live_->moe_index(l);
+        m.local_experts = live_->experts(ep_rank_, i);
+        m.sharding = &live_->sharding(i);
+        m.load = &live_->window(ep_rank_);
+        m.load_layer = i;
+      }
       if (ep_replicated_)
         ep_moe_->forward_replicated(out, in, m);
       else
@@ -310,6 +342,8 @@ class DeepseekModel final : public Model {
   RouterParams router_;
   std::unique_ptr<ExpertParallelMoe> ep_moe_;  // expert parallel: this rank's part of each MoE layer
   bool ep_replicated_ = false;
+  LiveExpertPlacement* live_ = nullptr;  // live EPLB: the placement the MoE layers read
+  int ep_rank_ = 0;
 };
 
 }  // namespace

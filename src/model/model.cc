@@ -29,7 +29,9 @@ std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops
   return make_dense(cfg, src, ops, max_positions);
 }
 
-Weight Model::load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in) {
+Weight Model::load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in,
+                          int64_t* params) {
+  int64_t& n_params = params ? *params : n_params_;
   Weight w;
   Tensor host = src.get(prefix + ".weight", {out, in});
   if (host.dtype == DType::kF8E4M3) {
@@ -48,9 +50,9 @@ Weight Model::load_linear(WeightSource& src, const std::string& prefix, int64_t 
   if (!bias.empty()) {
     BELUGA_CHECK(bias.dtype == DType::kBF16 || bias.dtype == DType::kF32, prefix, ".bias: unsupported dtype");
     w.bias = ops_.upload(bias);
-    n_params_ += out;
+    n_params += out;
   }
-  n_params_ += out * in;
+  n_params += out * in;
   return w;
 }
 

@@ -60,6 +60,7 @@ struct ForwardOptions {
 };
 
 struct MtpWeights;
+class LiveExpertPlacement;
 
 // Other ranks of an expert-parallel group that step with this model (replicated tokens: each runs
 // the same batch on its own copy of the KV cache). Model::forward hands them each batch before its
@@ -171,7 +172,9 @@ class Model {
                            Tensor cache, const ForwardOptions& opt, int max_query_len) = 0;
   // Writes into `out` [T, D] (a buffer that outlives the layer's scratch).
   virtual void feed_forward(int l, const NormedInput& in, Tensor out) = 0;
-  Weight load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in);
+  // Counts the parameters into *params (null: the model's; a reload after load counts none).
+  Weight load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in,
+                     int64_t* params = nullptr);
   // beluga::load_stacked (stacked_weight.h) with the config's FP8 blocks, counting the parameters.
   Weight load_stacked(WeightSource& src, const std::vector<std::string>& prefixes,
                       const std::vector<int64_t>& outs, int64_t in);
@@ -235,6 +238,10 @@ struct ExpertParallelism {
   // Every rank steps the same batch (its own copy of the KV cache) and the MoE layers split the
   // tokens over the ranks (ExpertParallelMoe::forward_replicated), so rank 0 alone can serve.
   bool replicated_tokens = false;
+  // Live EPLB (not owned; null: `sharding` for every layer, fixed): each MoE layer routes by the
+  // placement's map for it, with the weights the placement holds, and counts its routing there;
+  // `sharding` is then its initial map. The model attaches its experts and its expert loader at load.
+  LiveExpertPlacement* live = nullptr;
 };
 
 // Builds the model for `cfg` from `src` (a checkpoint or dummy weights) on `ops`.
