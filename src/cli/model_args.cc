@@ -33,6 +33,23 @@ std::string default_model_dir() {
        " (expected ../models/beluga-demo-coder-mtp); pass --model DIR");
 }
 
+namespace {
+
+// The MoE layers a DeepSeek V2/V3 model loads: the config's, and the MTP module's decoder layer when
+// the checkpoint has one (as the model decides it, deepseek.cc).
+std::vector<int> moe_layers(const ModelConfig& cfg, WeightSource& src) {
+  std::vector<int> out;
+  const int64_t D = cfg.hidden_size;
+  const bool mtp =
+      cfg.num_nextn_predict_layers > 0 &&
+      !src.find("model.layers." + std::to_string(cfg.num_layers) + ".eh_proj.weight", {D, 2 * D}).empty();
+  for (int l = 0; l < cfg.num_layers + (mtp ? 1 : 0); ++l)
+    if (cfg.is_moe_layer(l)) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
 ModelArgs parse_model_args(const Args& args) {
   ModelArgs ma;
   std::string path = args.get_or("model", "");
@@ -73,6 +90,17 @@ ModelArgs parse_model_args(const Args& args) {
   BELUGA_CHECK(ma.expert_parallel_size >= 1, "--expert-parallel-size must be >= 1");
   BELUGA_CHECK(ma.expert_parallel_size == 1 || ma.device == "cpu",
                "--expert-parallel-size runs on the CPU only (thread ranks) in this build");
+  if (args.has("eplb") || args.has("eplb-redundant-experts") || args.has("eplb-interval") ||
+      args.has("eplb-window")) {
+    LiveEplbOptions o;
+    o.redundant_per_rank = int(args.get_int("eplb-redundant-experts", 0));
+    o.interval_steps = int(args.get_int("eplb-interval", 1000));
+    o.window_steps = int(args.get_int("eplb-window", 1000));
+    BELUGA_CHECK(o.redundant_per_rank >= 0 && o.interval_steps >= 0 && o.window_steps >= 1,
+                 "--eplb-redundant-experts and --eplb-interval must be >= 0, --eplb-window >= 1");
+    BELUGA_CHECK(ma.expert_parallel_size > 1, "--eplb balances the ranks of --expert-parallel-size N > 1");
+    ma.eplb = o;
+  }
   return ma;
 }
 
@@ -114,11 +142,18 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
     BELUGA_CHECK(m.cfg.n_routed_experts >= n, "--expert-parallel-size ", n, " needs at least ", n,
                  " routed experts; the model has ", m.cfg.n_routed_experts);
     m.ep_group = std::make_unique<LocalGroup>(n);
-    m.ep_sharding = std::make_unique<ExpertSharding>(ExpertSharding::contiguous(m.cfg.n_routed_experts, n));
-    const ExpertParallelism ep{&m.ep_group->communicator(0), m.ep_sharding.get(), true};
+    if (ma.eplb) {
+      m.ep_live = std::make_unique<LiveExpertPlacement>(moe_layers(m.cfg, *m.weights), m.cfg.n_routed_experts,
+                                                        n, *ma.eplb);
+      m.ep_live->set_source(m.weights.get());  // kept open: a rebalance loads moved experts from it
+      m.ep_sharding = std::make_unique<ExpertSharding>(m.ep_live->initial_sharding());
+    } else {
+      m.ep_sharding = std::make_unique<ExpertSharding>(ExpertSharding::contiguous(m.cfg.n_routed_experts, n));
+    }
+    const ExpertParallelism ep{&m.ep_group->communicator(0), m.ep_sharding.get(), true, m.ep_live.get()};
     m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len, &ep);
     m.ep_peers = std::make_unique<ExpertParallelPeers>(m.cfg, *m.weights, m.model->max_positions(),
-                                                       *m.ep_group, *m.ep_sharding, ma.cpu);
+                                                       *m.ep_group, *m.ep_sharding, ma.cpu, m.ep_live.get());
     m.model->set_step_peers(m.ep_peers.get());
   } else {
     m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/cpu/cpu_ops.h"
@@ -27,6 +28,9 @@ struct LoadedModel {
   std::string device = "cpu";
   std::unique_ptr<ExpertParallelPeers> ep_peers;
   std::unique_ptr<Model> model;
+  // --eplb: the group's live placement (declared after the models: destroyed first, it waits for a
+  // rebalance in flight, which may be loading through them).
+  std::unique_ptr<LiveExpertPlacement> ep_live;
   double load_seconds = 0;
   std::string config_path;
   BlockHash weights_digest;  // the tensors the model loaded (kvstore/fingerprint.h)
@@ -53,6 +57,9 @@ struct ModelArgs {
   // --expert-parallel-size N: the routed experts split over N thread ranks (CPU, DeepSeek V2/V3),
   // every rank stepping every batch; 1: one model holds all experts.
   int expert_parallel_size = 1;
+  // --eplb (or any --eplb-* option), with expert_parallel_size > 1: live EPLB (parallel/live_placement.h)
+  // with these knobs; unset: the contiguous layout, fixed, exactly as without it.
+  std::optional<LiveEplbOptions> eplb;
   // Loading progress on stderr: a bar when stderr is a terminal; plain lines otherwise only when set
   // (serve sets it: its stderr is a log), so commands whose output is parsed stay quiet.
   bool progress_lines = false;

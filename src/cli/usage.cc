@@ -26,7 +26,16 @@ FlagGroup model_options() {
         "DeepSeek V2/V3 and Llama/Qwen; with --speculative-config too (docs/deterministic.md)"},
        {"expert-parallel-size", "N",
         "routed experts split over N ranks (CPU: thread ranks, each stepping every batch; DeepSeek V2/V3; "
-        "default 1)"}}};
+        "default 1)"},
+       {"eplb", "",
+        "live expert-parallel load balancing with --expert-parallel-size: each MoE layer's routed tokens "
+        "are counted per expert and DeepSeek's EPLB moves and replicates experts between steps (one info "
+        "line per rebalance); implied by the --eplb-* options below; off: the contiguous layout, fixed"},
+       {"eplb-redundant-experts", "R",
+        "with --eplb: extra expert slots per rank for replicas of hot experts "
+        "(default 0)"},
+       {"eplb-interval", "N", "with --eplb: rebalance every N steps (default 1000; 0: never)"},
+       {"eplb-window", "W", "with --eplb: the routing statistics cover the last W steps (default 1000)"}}};
 }
 
 // The server's and the router's log level (util/log.h).
@@ -311,7 +320,8 @@ const std::vector<CommandUsage>& command_usages() {
        .synopsis = "[options]",
        .summary =
            "Expert parallelism on CPU thread ranks: LocalCommunicator's all_to_all_v against memcpy of the "
-           "same bytes, and one MoE layer expert parallel against one rank's Ops::moe.",
+           "same bytes, one MoE layer expert parallel against one rank's Ops::moe, and live EPLB on a skewed "
+           "router: max/mean routed rows per rank before and after a rebalance.",
        .groups = {{"",
                    {{"ranks", "LIST", "group sizes (default 2,4)"},
                     {"rows", "LIST", "rows each rank sends per all_to_all_v (default 64,1024,8192)"},
@@ -321,6 +331,10 @@ const std::vector<CommandUsage>& command_usages() {
                     {"experts", "N", "routed experts (default 16)"},
                     {"top-k", "N", "experts per token (default 4)"},
                     {"moe-inter", "N", "expert intermediate size (default 256)"},
+                    {"eplb-redundant", "LIST", "live EPLB: redundant expert slots per rank (default 0,2)"},
+                    {"eplb-skew", "S", "live EPLB: router bias -S ln(e + 1) on expert e (default 1.5)"},
+                    {"eplb-steps", "N",
+                     "live EPLB: steps before and after the rebalance (default 16; 0: skip)"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
       {.command = "bench router",
        .synopsis = "[options]",
