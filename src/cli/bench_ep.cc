@@ -14,7 +14,9 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "cli/args.h"
+#include "loader/weight_source.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/live_placement.h"
 #include "parallel/local_communicator.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -108,8 +110,12 @@ int bench_ep(int argc, char** argv) {
   const int iters = int(args.get_int("iters", 20));
   MoeShape s{args.get_int("moe-tokens", 256), hidden, args.get_int("moe-inter", 256),
              int(args.get_int("experts", 16)), int(args.get_int("top-k", 4))};
+  const std::vector<int> eplb_redundant = parse_int_list(args.get_or("eplb-redundant", "0,2"));
+  const double skew = std::stod(args.get_or("eplb-skew", "1.5"));
+  const int eplb_steps = int(args.get_int("eplb-steps", 16));
   const auto out_path = args.get("out");
   args.check_all_used();
+  BELUGA_CHECK(eplb_steps >= 0, "--eplb-steps must be >= 0");
   BELUGA_CHECK(iters >= 1 && hidden >= 1, "--iters and --hidden must be at least 1");
   for (int n : ranks) BELUGA_CHECK(n >= 1 && n <= s.experts, "--ranks: 1 to --experts ranks");
   BELUGA_CHECK(s.top_k >= 1 && s.top_k <= s.experts && s.tokens >= 0 && s.inter >= 1, "bad MoE shape");
@@ -198,7 +204,8 @@ int bench_ep(int argc, char** argv) {
         ops.reset_scratch();
         if (r == 0 && it >= 0) ep_t.push_back(now_s() - t0);
       }
-      std::vector<float> mine_sent = {float(ep.traffic().sent_bytes) / float(iters + 1)}, all(static_cast<size_t>(n));
+      std::vector<float> mine_sent = {float(ep.traffic().sent_bytes) / float(iters + 1)},
+                         all(static_cast<size_t>(n));
       c.all_gather(mine_sent.data(), all.data(), sizeof(float));
       if (r == 0)
         for (float b : all) sent += uint64_t(b);
@@ -207,18 +214,116 @@ int bench_ep(int argc, char** argv) {
     std::printf("%-6d %14.2f %14.2f %12.2f %14.2f\n", n, a * 1e3, b * 1e3, b / a, double(sent) / (1 << 20));
     moe_json.push_back({{"ranks", n}, {"ops_moe_s", a}, {"ep_moe_s", b}, {"sent_bytes_per_step", sent}});
   }
+  // 3. Live EPLB on a skewed router: the same layer served with replicated tokens (as `serve
+  // --expert-parallel-size N --eplb` does), eplb_steps steps on the initial placement, a rebalance
+  // planned from their window at the step boundary, then eplb_steps fresh steps.
+  nlohmann::ordered_json eplb_json = nlohmann::ordered_json::array();
+  if (eplb_steps > 0) {
+    // Expert e's router logit gets -skew * ln(e + 1): Zipf-like popularity, the hot experts the low
+    // ids, all on rank 0 in the contiguous layout.
+    std::vector<float> skew_bias(size_t(s.experts));
+    for (int e = 0; e < s.experts; ++e) skew_bias[size_t(e)] = float(-skew * std::log(double(e + 1)));
+    Weight skewed = router;
+    skewed.bias = Tensor::make(skew_bias.data(), DType::kF32, {s.experts});
+    std::printf(
+        "\nLive EPLB: router bias -%.2f ln(e+1), %d steps of %lld tokens before and after a rebalance "
+        "(rows each rank's experts computed; max/mean over ranks; est: EPLB's on the window)\n",
+        skew, eplb_steps, (long long)s.tokens);
+    std::printf("%-6s %-4s %-6s %12s %12s %10s %10s %7s %11s %10s %12s %12s\n", "ranks", "R", "slots",
+                "before", "after", "est_before", "est_after", "moved", "prepare_ms", "switch_us",
+                "step_ms_bef", "step_ms_aft");
+    DummyWeights unused;  // the loader below copies from the bench's own experts
+    for (int n : ranks) {
+      if (s.experts % n != 0) continue;
+      for (int R : eplb_redundant) {
+        LiveEplbOptions o;
+        o.redundant_per_rank = R;
+        o.interval_steps = eplb_steps;
+        o.window_steps = eplb_steps;
+        o.background =
+            false;  // the pause if prepared on the step path: prepare_ms; in the background: switch_us
+        LiveExpertPlacement live({0}, s.experts, n, o);
+        live.set_source(&unused);
+        const LiveExpertPlacement::Loader loader = [&](WeightSource&, int, int e) {
+          return experts[size_t(e)];
+        };
+        for (int r = 0; r < n; ++r) {
+          std::vector<ExpertWeights> mine;
+          for (int e : live.initial_sharding().local_experts(r)) mine.push_back(experts[size_t(e)]);
+          live.attach(r, loader, {mine});
+        }
+        std::vector<double> rows[2] = {std::vector<double>(size_t(n)), std::vector<double>(size_t(n))};
+        std::vector<double> step_t[2];
+        std::mt19937 xrng(17);
+        std::vector<std::vector<float>> xs;
+        for (int i = 0; i < 2 * eplb_steps; ++i)
+          xs.push_back(random_floats(size_t(s.tokens * D), 2.0f, xrng));
+        on_ranks(n, [&](int r, Communicator& c) {
+          CpuOps ops(CpuOptions{1});
+          ExpertParallelMoe ep(ops, c, live.initial_sharding());
+          std::vector<float> res(size_t(s.tokens * D)), normed(res.size()), out(res.size());
+          for (int i = 0; i < 2 * eplb_steps; ++i) {
+            const int ph = i < eplb_steps ? 0 : 1;
+            c.barrier();
+            if (r == 0) live.before_step();
+            c.barrier();
+            std::copy(xs[size_t(i)].begin(), xs[size_t(i)].end(), res.begin());
+            ExpertParallelLayer m{skewed, bias, params, live.experts(r, 0), nullptr};
+            m.sharding = &live.sharding(0);
+            m.load = &live.window(r);
+            NormedInput in{Tensor::make(res.data(), DType::kF32, {s.tokens, D}),    {},    norm,
+                           Tensor::make(normed.data(), DType::kF32, {s.tokens, D}), 1e-6f, {}};
+            const uint64_t got = ep.traffic().received_rows;
+            const double t0 = now_s();
+            ep.forward_replicated(Tensor::make(out.data(), DType::kF32, {s.tokens, D}), in, m);
+            c.barrier();  // the step ends when the slowest rank is done
+            if (r == 0) step_t[ph].push_back(now_s() - t0);
+            ops.reset_scratch();
+            rows[ph][size_t(r)] += double(ep.traffic().received_rows - got);
+            c.barrier();
+            if (r == 0) live.after_step();
+          }
+        });
+        const RebalanceReport& rep = live.last_report();
+        const double b = parallel::max_over_mean(rows[0]), a = parallel::max_over_mean(rows[1]);
+        const int slots = s.experts / n + R;
+        std::printf("%-6d %-4d %-6d %12.3f %12.3f %10.3f %10.3f %7lld %11.3f %10.1f %12.3f %12.3f\n", n, R,
+                    slots, b, a, rep.before_max_over_mean, rep.after_max_over_mean,
+                    (long long)rep.moved_slots, rep.prepare_ms, rep.switch_us, median(step_t[0]) * 1e3,
+                    median(step_t[1]) * 1e3);
+        eplb_json.push_back({{"ranks", n},
+                             {"redundant_per_rank", R},
+                             {"slots_per_rank", slots},
+                             {"rebalances", live.rebalances()},
+                             {"rank_rows_before", rows[0]},
+                             {"rank_rows_after", rows[1]},
+                             {"max_over_mean_before", b},
+                             {"max_over_mean_after", a},
+                             {"eplb_estimate_before", rep.before_max_over_mean},
+                             {"eplb_estimate_after", rep.after_max_over_mean},
+                             {"moved_slots", rep.moved_slots},
+                             {"prepare_ms", rep.prepare_ms},
+                             {"switch_us", rep.switch_us},
+                             {"step_s_before", median(step_t[0])},
+                             {"step_s_after", median(step_t[1])}});
+      }
+    }
+  }
   if (out_path)
-    write_file(*out_path, nlohmann::ordered_json{{"iters", iters},
-                                                 {"hidden", hidden},
-                                                 {"all_to_all_v", a2a_json},
-                                                 {"moe",
-                                                  {{"tokens", s.tokens},
-                                                   {"experts", s.experts},
-                                                   {"top_k", s.top_k},
-                                                   {"moe_inter", s.inter},
-                                                   {"results", moe_json}}}}
-                                  .dump(2) +
-                              "\n");
+    write_file(
+        *out_path,
+        nlohmann::ordered_json{{"iters", iters},
+                               {"hidden", hidden},
+                               {"all_to_all_v", a2a_json},
+                               {"moe",
+                                {{"tokens", s.tokens},
+                                 {"experts", s.experts},
+                                 {"top_k", s.top_k},
+                                 {"moe_inter", s.inter},
+                                 {"results", moe_json}}},
+                               {"live_eplb", {{"skew", skew}, {"steps", eplb_steps}, {"results", eplb_json}}}}
+                .dump(2) +
+            "\n");
   return 0;
 }
 
