@@ -111,7 +111,7 @@ int bench_ep(int argc, char** argv) {
   MoeShape s{args.get_int("moe-tokens", 256), hidden, args.get_int("moe-inter", 256),
              int(args.get_int("experts", 16)), int(args.get_int("top-k", 4))};
   const std::vector<int> eplb_redundant = parse_int_list(args.get_or("eplb-redundant", "0,2"));
-  const double skew = std::stod(args.get_or("eplb-skew", "1.5"));
+  const double skew = std::stod(args.get_or("eplb-skew", "10"));
   const int eplb_steps = int(args.get_int("eplb-steps", 16));
   const auto out_path = args.get("out");
   args.check_all_used();
@@ -219,14 +219,15 @@ int bench_ep(int argc, char** argv) {
   // planned from their window at the step boundary, then eplb_steps fresh steps.
   nlohmann::ordered_json eplb_json = nlohmann::ordered_json::array();
   if (eplb_steps > 0) {
-    // Expert e's router logit gets -skew * ln(e + 1): Zipf-like popularity, the hot experts the low
-    // ids, all on rank 0 in the contiguous layout.
+    // Expert e's router logit gets -skew * ln(E - e): Zipf-like popularity, the hot experts the high
+    // ids, all on the last rank in the contiguous layout (and not among the low ids that EPLB's
+    // uniform start replicates when there are redundant slots).
     std::vector<float> skew_bias(size_t(s.experts));
-    for (int e = 0; e < s.experts; ++e) skew_bias[size_t(e)] = float(-skew * std::log(double(e + 1)));
+    for (int e = 0; e < s.experts; ++e) skew_bias[size_t(e)] = float(-skew * std::log(double(s.experts - e)));
     Weight skewed = router;
     skewed.bias = Tensor::make(skew_bias.data(), DType::kF32, {s.experts});
     std::printf(
-        "\nLive EPLB: router bias -%.2f ln(e+1), %d steps of %lld tokens before and after a rebalance "
+        "\nLive EPLB: router bias -%.2f ln(E-e), %d steps of %lld tokens before and after a rebalance "
         "(rows each rank's experts computed; max/mean over ranks; est: EPLB's on the window)\n",
         skew, eplb_steps, (long long)s.tokens);
     std::printf("%-6s %-4s %-6s %12s %12s %10s %10s %7s %11s %10s %12s %12s\n", "ranks", "R", "slots",
@@ -238,7 +239,7 @@ int bench_ep(int argc, char** argv) {
       for (int R : eplb_redundant) {
         LiveEplbOptions o;
         o.redundant_per_rank = R;
-        o.interval_steps = eplb_steps;
+        o.interval_steps = eplb_steps;  // after each phase: the first is the one measured
         o.window_steps = eplb_steps;
         o.background =
             false;  // the pause if prepared on the step path: prepare_ms; in the background: switch_us
@@ -254,6 +255,7 @@ int bench_ep(int argc, char** argv) {
         }
         std::vector<double> rows[2] = {std::vector<double>(size_t(n)), std::vector<double>(size_t(n))};
         std::vector<double> step_t[2];
+        RebalanceReport rep;
         std::mt19937 xrng(17);
         std::vector<std::vector<float>> xs;
         for (int i = 0; i < 2 * eplb_steps; ++i)
@@ -282,9 +284,9 @@ int bench_ep(int argc, char** argv) {
             rows[ph][size_t(r)] += double(ep.traffic().received_rows - got);
             c.barrier();
             if (r == 0) live.after_step();
+            if (r == 0 && i == eplb_steps - 1) rep = live.last_report();  // the rebalance between the phases
           }
         });
-        const RebalanceReport& rep = live.last_report();
         const double b = parallel::max_over_mean(rows[0]), a = parallel::max_over_mean(rows[1]);
         const int slots = s.experts / n + R;
         std::printf("%-6d %-4d %-6d %12.3f %12.3f %10.3f %10.3f %7lld %11.3f %10.1f %12.3f %12.3f\n", n, R,

@@ -332,7 +332,7 @@ const std::vector<CommandUsage>& command_usages() {
                     {"top-k", "N", "experts per token (default 4)"},
                     {"moe-inter", "N", "expert intermediate size (default 256)"},
                     {"eplb-redundant", "LIST", "live EPLB: redundant expert slots per rank (default 0,2)"},
-                    {"eplb-skew", "S", "live EPLB: router bias -S ln(e + 1) on expert e (default 1.5)"},
+                    {"eplb-skew", "S", "live EPLB: router bias -S ln(E - e) on expert e of E (default 10)"},
                     {"eplb-steps", "N",
                      "live EPLB: steps before and after the rebalance (default 16; 0: skip)"},
                     {"out", "FILE", "also write the results as JSON"}}}}},
