@@ -163,6 +163,14 @@ LiveExpertPlacement::Prepared LiveExpertPlacement::prepare(const std::vector<std
 }
 
 void LiveExpertPlacement::apply(Prepared p) {
+  // A plan that does not lower the window's imbalance moves weights for nothing (or for worse: the
+  // demo model's window once planned 1.157 -> 1.171): the current placement stays, with its window.
+  if (p.report.after_max_over_mean >= p.report.before_max_over_mean) {
+    ++skipped_;
+    log::info("eplb", "rebalance at step ", p.report.step, " skipped: the plan's rank load max/mean ",
+              p.report.after_max_over_mean, " is not below the current ", p.report.before_max_over_mean);
+    return;
+  }
   const auto t0 = Clock::now();
   state_ = std::move(p.state);  // the old placement's weights are views (or the backend's): nothing to free
   // The new placement starts its statistics afresh, as DeepSeek's EPLB does.
@@ -239,8 +247,11 @@ RebalanceReport LiveExpertPlacement::rebalance_now() {
     prepared_.reset();
     error_ = nullptr;
   }
-  apply(prepare(window_loads(), steps_));
-  return last_;
+  Prepared p = prepare(window_loads(), steps_);
+  const RebalanceReport planned = p.report;
+  const int64_t applied = rebalances_;
+  apply(std::move(p));
+  return rebalances_ > applied ? last_ : planned;
 }
 
 }  // namespace beluga

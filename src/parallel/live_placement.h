@@ -10,7 +10,8 @@
 // the slots (eplb.h), the plan is aligned to the current placement (ExpertPlacement::aligned_to) so
 // only slots whose expert changes load weights, and the new maps and weights are built (prepare):
 // on a background thread by default, off the step path; the next step boundary after it finishes
-// switches all ranks at once (a swap of one pointer per rank and layer) and logs one info line.
+// switches all ranks at once (a swap of one pointer per rank and layer) and logs one info line; a
+// plan that would not lower the window's max/mean rank load is dropped (logged) instead.
 // Weights of a changed slot are loaded from the checkpoint's WeightSource, kept open by the caller,
 // through the loader each rank's model registers (the same code as the model's own load, so a
 // replica's bits equal the original's, FP8 scales included). On the CPU backend a "load" is a view of
@@ -92,12 +93,14 @@ class LiveExpertPlacement {
   void before_step();
   // Closes the step's statistics and starts a rebalance when one is due.
   void after_step();
-  // A rebalance from the window now, prepared and switched to before returning (tests, benches).
+  // A rebalance from the window now, prepared and switched to (unless dropped) before returning
+  // (tests, benches); its report.
   RebalanceReport rebalance_now();
 
   const parallel::ExpertPlacement& placement() const { return state_->placement; }
   int64_t steps() const { return steps_; }
   int64_t rebalances() const { return rebalances_; }
+  int64_t skipped() const { return skipped_; }  // plans that would not have lowered the imbalance
   int64_t moved_slots_total() const { return moved_total_; }  // over all rebalances
   const RebalanceReport& last_report() const { return last_; }
   // The window summed over the ranks, [moe][expert].
@@ -127,7 +130,7 @@ class LiveExpertPlacement {
   std::vector<std::unique_ptr<parallel::ExpertLoadWindow>> windows_;  // [rank]
   std::vector<Loader> loaders_;                                       // [rank]
   WeightSource* source_ = nullptr;
-  int64_t steps_ = 0, rebalances_ = 0, moved_total_ = 0;
+  int64_t steps_ = 0, rebalances_ = 0, skipped_ = 0, moved_total_ = 0;
   RebalanceReport last_;
   // A background preparation: its thread, and its result once `ready_`.
   std::thread worker_;

@@ -130,7 +130,10 @@ TEST(LiveEplb, SkewedRoutingRebalanceLowersRankLoad) {
           if (r == 0 && ph == 0 && s == steps - 1) report = live.last_report();  // phase 1's rebalance
         }
     });
-    ASSERT_EQ(live.rebalances(), 2) << "R=" << R;  // after each phase
+    // Planned after each phase; the second plan sees the same load and is dropped where it would not
+    // lower the imbalance.
+    ASSERT_GE(live.rebalances(), 1) << "R=" << R;
+    ASSERT_EQ(live.rebalances() + live.skipped(), 2) << "R=" << R;
     EXPECT_EQ(report.step, steps);
     EXPECT_EQ(report.window_tokens, int64_t(steps) * T * K);
     EXPECT_GT(report.moved_slots, 0);
