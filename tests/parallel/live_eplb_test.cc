@@ -28,6 +28,7 @@
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
+#include "model_steps.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/live_placement.h"
 #include "run_ranks.h"
@@ -162,30 +163,6 @@ TEST(LiveEplb, SkewedRoutingRebalanceLowersRankLoad) {
 
 const std::string kDir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv2-lite-tiny";
 
-// As model_expert_parallel_test.cc's run(): a prefill of `prompts` then `decode` steps feeding token
-// 7 + step; every step's logits per sequence, [seq][step][vocab].
-std::vector<std::vector<std::vector<float>>> run(Model& m, const std::vector<std::vector<int>>& prompts,
-                                                 int decode) {
-  const int V = m.config().vocab_size, S = int(prompts.size());
-  KvCache kv = m.make_kv_cache(S);
-  std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(S));
-  std::vector<int> len(static_cast<size_t>(S), 0);
-  for (int step = 0; step <= decode; ++step) {
-    Batch b;
-    for (int s = 0; s < S; ++s) {
-      const std::vector<int> toks = step == 0 ? prompts[size_t(s)] : std::vector<int>{7 + step};
-      b.seqs.push_back({len[size_t(s)], int(toks.size()), {s}});
-      b.tokens.insert(b.tokens.end(), toks.begin(), toks.end());
-      b.logit_rows.push_back(int(b.tokens.size()) - 1);
-      len[size_t(s)] += int(toks.size());
-    }
-    std::vector<float> lg(size_t(S) * size_t(V));
-    m.forward(b, kv, lg.data());
-    for (int s = 0; s < S; ++s) out[size_t(s)].emplace_back(lg.begin() + s * V, lg.begin() + (s + 1) * V);
-  }
-  return out;
-}
-
 std::vector<int> moe_layers_of(const ModelConfig& cfg) {
   std::vector<int> l;
   for (int i = 0; i < cfg.num_layers; ++i)
@@ -206,7 +183,7 @@ std::vector<std::vector<std::vector<float>>> run_group(const ModelConfig& cfg, C
   auto model = load_model(cfg, ckpt, ops, 256, &ep);
   ExpertParallelPeers peers(cfg, ckpt, model->max_positions(), group, sharding, CpuOptions{1}, live);
   model->set_step_peers(&peers);
-  auto out = run(*model, prompts, decode);
+  auto out = test::run_steps(*model, prompts, decode);
   model->set_step_peers(nullptr);
   return out;
 }
@@ -229,7 +206,7 @@ TEST(LiveEplb, ModelLogitsAcrossARebalanceEqualOneRank) {
   const int decode = 12;
   CpuOps ref_ops(CpuOptions{1});
   auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
-  const auto ref = run(*ref_model, prompts, decode);
+  const auto ref = test::run_steps(*ref_model, prompts, decode);
   for (bool background : {false, true}) {
     LiveEplbOptions opt;
     opt.redundant_per_rank = 1;

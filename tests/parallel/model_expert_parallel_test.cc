@@ -15,36 +15,13 @@
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
+#include "model_steps.h"
 #include "run_ranks.h"
 
 namespace beluga {
 namespace {
 
 const std::string kDir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv2-lite-tiny";
-
-// Steps `prompts` (each in its own cache blocks) through a prefill and `decode` greedy-free steps
-// that feed token 7 + step; returns every step's logits per sequence, [seq][step][vocab].
-std::vector<std::vector<std::vector<float>>> run(Model& m, const std::vector<std::vector<int>>& prompts,
-                                                 int decode) {
-  const int V = m.config().vocab_size, S = int(prompts.size());
-  KvCache kv = m.make_kv_cache(S);
-  std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(S));
-  std::vector<int> len(static_cast<size_t>(S), 0);
-  for (int step = 0; step <= decode; ++step) {
-    Batch b;
-    for (int s = 0; s < S; ++s) {
-      const std::vector<int> toks = step == 0 ? prompts[size_t(s)] : std::vector<int>{7 + step};
-      b.seqs.push_back({len[size_t(s)], int(toks.size()), {s}});
-      b.tokens.insert(b.tokens.end(), toks.begin(), toks.end());
-      b.logit_rows.push_back(int(b.tokens.size()) - 1);
-      len[size_t(s)] += int(toks.size());
-    }
-    std::vector<float> lg(size_t(S) * size_t(V));
-    m.forward(b, kv, lg.data());
-    for (int s = 0; s < S; ++s) out[size_t(s)].emplace_back(lg.begin() + s * V, lg.begin() + (s + 1) * V);
-  }
-  return out;
-}
 
 TEST(ModelExpertParallel, Dsv2LiteTinyLogitsEqualOneRank) {
   const ModelConfig cfg = ModelConfig::from_file(kDir + "/config.json");
@@ -58,7 +35,7 @@ TEST(ModelExpertParallel, Dsv2LiteTinyLogitsEqualOneRank) {
   }
   CpuOps ref_ops(CpuOptions{1});
   auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
-  const auto ref = run(*ref_model, prompts, 2);
+  const auto ref = test::run_steps(*ref_model, prompts, 2);
 
   for (int n : {2, 4}) {
     const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, n);
@@ -72,7 +49,7 @@ TEST(ModelExpertParallel, Dsv2LiteTinyLogitsEqualOneRank) {
       params[size_t(r)] = model->num_parameters();
       std::vector<std::vector<int>> mine;  // sequences r, r + n, ...
       for (size_t s = size_t(r); s < prompts.size(); s += size_t(n)) mine.push_back(prompts[s]);
-      const auto out = run(*model, mine, 2);
+      const auto out = test::run_steps(*model, mine, 2);
       for (size_t i = 0; i < out.size(); ++i) got[size_t(r) + i * size_t(n)] = out[i];
     });
     // Each rank holds the shared weights and its share of the routed experts.
@@ -102,7 +79,7 @@ TEST(ModelExpertParallel, ReplicatedTokensGiveEveryRankTheLogitsOfOneRank) {
       {5, 9, 200, 31, 7}, {1000}, {44, 45, 46, 47, 48, 49, 50, 51, 52}};
   CpuOps ref_ops(CpuOptions{1});
   auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
-  const auto ref = run(*ref_model, prompts, 2);
+  const auto ref = test::run_steps(*ref_model, prompts, 2);
   for (int n : {2, 4}) {
     const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, n);
     std::vector<std::vector<std::vector<std::vector<float>>>> got(static_cast<size_t>(n));
@@ -110,7 +87,7 @@ TEST(ModelExpertParallel, ReplicatedTokensGiveEveryRankTheLogitsOfOneRank) {
       CpuOps ops(CpuOptions{1});
       const ExpertParallelism ep{&comm, &sharding, /*replicated_tokens=*/true};
       auto model = load_model(cfg, ckpt, ops, 256, &ep);
-      got[size_t(comm.rank())] = run(*model, prompts, 2);
+      got[size_t(comm.rank())] = test::run_steps(*model, prompts, 2);
     });
     for (int r = 0; r < n; ++r)
       for (size_t s = 0; s < prompts.size(); ++s)

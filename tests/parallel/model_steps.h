@@ -1,0 +1,36 @@
+// The expert-parallel model tests' common driver: steps a model through prompts and decode steps
+// and keeps every step's logits, so a group's run can be compared with one rank's.
+#pragma once
+
+#include <vector>
+
+#include "model/model.h"
+
+namespace beluga::test {
+
+// Steps `prompts` (each in its own cache blocks) through a prefill and `decode` greedy-free steps
+// that feed token 7 + step; returns every step's logits per sequence, [seq][step][vocab].
+inline std::vector<std::vector<std::vector<float>>> run_steps(Model& m,
+                                                              const std::vector<std::vector<int>>& prompts,
+                                                              int decode) {
+  const int V = m.config().vocab_size, S = int(prompts.size());
+  KvCache kv = m.make_kv_cache(S);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(S));
+  std::vector<int> len(static_cast<size_t>(S), 0);
+  for (int step = 0; step <= decode; ++step) {
+    Batch b;
+    for (int s = 0; s < S; ++s) {
+      const std::vector<int> toks = step == 0 ? prompts[size_t(s)] : std::vector<int>{7 + step};
+      b.seqs.push_back({len[size_t(s)], int(toks.size()), {s}});
+      b.tokens.insert(b.tokens.end(), toks.begin(), toks.end());
+      b.logit_rows.push_back(int(b.tokens.size()) - 1);
+      len[size_t(s)] += int(toks.size());
+    }
+    std::vector<float> lg(size_t(S) * size_t(V));
+    m.forward(b, kv, lg.data());
+    for (int s = 0; s < S; ++s) out[size_t(s)].emplace_back(lg.begin() + s * V, lg.begin() + (s + 1) * V);
+  }
+  return out;
+}
+
+}  // namespace beluga::test
