@@ -77,6 +77,10 @@ LiveExpertPlacement::LiveExpertPlacement(std::vector<int> moe_layers, int expert
 }
 
 LiveExpertPlacement::~LiveExpertPlacement() {
+  join();
+}
+
+void LiveExpertPlacement::join() {
   if (worker_.joinable()) worker_.join();
 }
 
@@ -188,7 +192,7 @@ void LiveExpertPlacement::apply(Prepared p) {
 
 void LiveExpertPlacement::before_step() {
   if (!ready_.load(std::memory_order_acquire)) return;
-  worker_.join();
+  join();
   ready_.store(false, std::memory_order_relaxed);
   std::unique_ptr<Prepared> p;
   std::exception_ptr err;
@@ -213,7 +217,8 @@ void LiveExpertPlacement::after_step() {
   for (auto& w : windows_) w->end_step();
   ++steps_;
   if (opt_.interval_steps <= 0 || steps_ % opt_.interval_steps != 0) return;
-  if (worker_.joinable()) return;  // the last one is still preparing (or waits for its switch)
+  // The last one is still preparing, or waits for its switch.
+  if (worker_.joinable() || ready_.load(std::memory_order_acquire)) return;
   std::vector<std::vector<double>> loads = window_loads();
   bool any = false;
   for (const auto& l : loads) any = any || std::any_of(l.begin(), l.end(), [](double x) { return x > 0; });
@@ -240,8 +245,8 @@ void LiveExpertPlacement::after_step() {
 }
 
 RebalanceReport LiveExpertPlacement::rebalance_now() {
-  if (worker_.joinable()) {  // a preparation in flight is superseded
-    worker_.join();
+  if (worker_.joinable() || ready_.load(std::memory_order_acquire)) {  // one in flight is superseded
+    join();
     ready_.store(false, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu_);
     prepared_.reset();

@@ -93,6 +93,9 @@ class LiveExpertPlacement {
   void before_step();
   // Closes the step's statistics and starts a rebalance when one is due.
   void after_step();
+  // Waits for a preparation in flight (its result stays pending for the next before_step): call it
+  // before the models whose loaders it uses go away, if they go before this object.
+  void join();
   // A rebalance from the window now, prepared and switched to (unless dropped) before returning
   // (tests, benches); its report.
   RebalanceReport rebalance_now();

@@ -185,6 +185,7 @@ std::vector<std::vector<std::vector<float>>> run_group(const ModelConfig& cfg, C
   model->set_step_peers(&peers);
   auto out = test::run_steps(*model, prompts, decode);
   model->set_step_peers(nullptr);
+  if (live) live->join();  // a preparation in flight loads through these models
   return out;
 }
 
