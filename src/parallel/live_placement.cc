@@ -93,7 +93,8 @@ std::unique_ptr<LiveExpertPlacement::State> LiveExpertPlacement::make_state(
     parallel::ExpertPlacement placement) const {
   auto s = std::make_unique<State>(State{std::move(placement), {}, {}});
   for (int m = 0; m < s->placement.layers(); ++m)
-    s->shardings.push_back(std::make_unique<ExpertSharding>(experts_, ranks_, layer_map(s->placement, m)));
+    s->shardings.push_back(std::make_unique<ExpertSharding>(experts_, ranks_, layer_map(s->placement, m),
+                                                            ExpertSharding::ReplicaChoice::kEven));
   return s;
 }
 

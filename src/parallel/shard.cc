@@ -6,8 +6,9 @@
 
 namespace beluga {
 
-ExpertSharding::ExpertSharding(int num_logical, int ranks, std::vector<int> physical_to_logical)
-    : num_logical_(num_logical), ranks_(ranks), p2l_(std::move(physical_to_logical)) {
+ExpertSharding::ExpertSharding(int num_logical, int ranks, std::vector<int> physical_to_logical,
+                               ReplicaChoice choice)
+    : num_logical_(num_logical), ranks_(ranks), choice_(choice), p2l_(std::move(physical_to_logical)) {
   BELUGA_CHECK(ranks >= 1, "expert sharding: ranks must be at least 1, got ", ranks);
   BELUGA_CHECK(int(p2l_.size()) >= ranks, "expert sharding: ", p2l_.size(), " expert slots for ", ranks,
                " ranks (each rank needs one)");
@@ -50,8 +51,9 @@ std::vector<int> ExpertSharding::local_experts(int rank) const {
 
 int ExpertSharding::route(int e, int64_t token, int from) const {
   const std::vector<int>& r = replicas_[size_t(e)];
-  for (int p : r)
-    if (p >= slot_begin(from) && p < slot_end(from)) return p;
+  if (choice_ == ReplicaChoice::kPreferLocal)
+    for (int p : r)
+      if (p >= slot_begin(from) && p < slot_end(from)) return p;
   return r[size_t(token % int64_t(r.size()))];
 }
 

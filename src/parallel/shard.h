@@ -14,8 +14,14 @@ namespace beluga {
 
 class ExpertSharding {
  public:
+  // Which replica of an expert serves a token (route()): one on the token's own rank when there is
+  // one (no transfer), or always the token's share of an even split over the replicas, which is
+  // what EPLB's plans assume (live EPLB: with the local preference, 2 ranks with 2 redundant slots
+  // each measured max/mean 1.074 where the plan estimated 1.000; `beluga bench ep`).
+  enum class ReplicaChoice { kPreferLocal, kEven };
   // Every logical expert in [0, num_logical) must have at least one slot.
-  ExpertSharding(int num_logical, int ranks, std::vector<int> physical_to_logical);
+  ExpertSharding(int num_logical, int ranks, std::vector<int> physical_to_logical,
+                 ReplicaChoice choice = ReplicaChoice::kPreferLocal);
   // E experts, identity map: rank r holds experts [r E / ranks, ...) contiguously.
   static ExpertSharding contiguous(int num_experts, int ranks);
 
@@ -29,13 +35,14 @@ class ExpertSharding {
   // The logical experts of rank's slots, in slot order (what that rank loads).
   std::vector<int> local_experts(int rank) const;
   const std::vector<int>& replicas(int logical) const { return replicas_[size_t(logical)]; }
-  // The slot that serves logical expert `e` for the token numbered `token` of rank `from`: a replica
-  // on `from` itself when there is one (no transfer), else replica token % count (spreads a hot
-  // expert's tokens over its replicas, deterministically).
+  // The slot that serves logical expert `e` for the token numbered `token` of rank `from`: with
+  // kPreferLocal a replica on `from` itself when there is one (no transfer), else (and always with
+  // kEven) replica token % count (spreads a hot expert's tokens over its replicas, deterministically).
   int route(int e, int64_t token, int from) const;
 
  private:
   int num_logical_, ranks_;
+  ReplicaChoice choice_;
   std::vector<int> p2l_;
   std::vector<std::vector<int>> replicas_;  // logical -> its slots, ascending
 };

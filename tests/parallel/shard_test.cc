@@ -54,6 +54,18 @@ TEST(ExpertSharding, ReplicasRouteLocallyFirstThenByToken) {
   EXPECT_EQ(t.route(0, 2, 2), 0);
 }
 
+// kEven (live EPLB's choice) splits an expert's tokens over all its replicas, a local one included.
+TEST(ExpertSharding, EvenChoiceSplitsTokensOverEveryReplica) {
+  const ExpertSharding s(4, 2, {0, 1, 3, 2, 0, 3}, ExpertSharding::ReplicaChoice::kEven);
+  for (int from : {0, 1}) {
+    int at[6] = {};
+    for (int t = 0; t < 100; ++t) ++at[s.route(0, t, from)];
+    EXPECT_EQ(at[0], 50) << "from rank " << from;
+    EXPECT_EQ(at[4], 50) << "from rank " << from;
+  }
+  EXPECT_EQ(s.route(1, 7, 1), 1);  // one replica
+}
+
 TEST(ExpertSharding, RefusesExpertsWithoutSlotsAndBadIds) {
   EXPECT_THROW(ExpertSharding(3, 1, {0, 1, 1}), Error);   // expert 2 has none
   EXPECT_THROW(ExpertSharding(2, 1, {0, 2}), Error);      // 2 is not an expert
