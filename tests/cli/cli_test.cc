@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include <unistd.h>
 
 #include "../common/command.h"
 #include "cli_test_support.h"
@@ -72,6 +75,34 @@ TEST(Cli, GenerateExpertParallelMatchesOneRank) {
       run_beluga("generate " + kFixtures + "qwen3-tiny --prompt-ids 1,2 --expert-parallel-size 2");
   EXPECT_NE(dense.code, 0);
   EXPECT_NE(dense.out.find("routed experts"), std::string::npos) << dense.out;
+}
+
+// --eplb on the thread ranks (one redundant slot a rank, a plan every 2 steps over the last 4): the
+// same greedy tokens as one rank while the placement changes under the steps, and an info line per
+// plan (switched to, or dropped where it would not lower the imbalance).
+TEST(Cli, GenerateWithLiveEplbMatchesOneRank) {
+  const std::string cmd =
+      "generate " + kFixtures + "dsv2-lite-tiny --prompt-ids 5,9,200,31,7 --max-tokens 12 --threads 1";
+  CmdResult one = run_beluga(cmd, true);
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto expect = nlohmann::json::parse(one.out)["output_tokens"].get<std::vector<int>>();
+  const std::filesystem::path log =
+      std::filesystem::temp_directory_path() / ("beluga-eplb-" + std::to_string(::getpid()) + ".log");
+  CmdResult r =
+      testing::run_command(std::string(BELUGA_BINARY) + " " + cmd +
+                           " --expert-parallel-size 2 --eplb --eplb-redundant-experts 1 --eplb-interval 2 "
+                           "--eplb-window 4 2>" +
+                           log.string());
+  std::string err;
+  if (FILE* f = std::fopen(log.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) err.append(buf, n);
+    std::fclose(f);
+  }
+  std::filesystem::remove(log);
+  ASSERT_EQ(r.code, 0) << r.out << err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["output_tokens"].get<std::vector<int>>(), expect) << err;
+  EXPECT_NE(err.find("eplb: rebalance"), std::string::npos) << err;
 }
 
 // --deterministic on CUDA refuses DeepSeek-V4 before touching a device (its step ops were not made batch
