@@ -79,21 +79,14 @@ __global__ void __launch_bounds__(kGemvThreads, 4)
 
 void CudaOps::head_argmax(Tensor ids, Tensor probs, const Tensor& x, const Tensor& rows, const Weight& head) {
   const int M = int(ids.numel()), D = int(x.ndim == 2 ? x.shape[1] : 0), V = int(head.out_features());
-  // Decode-sized steps whose product takes the 32-lane GEMV (as linear would: the same logits).
-  bool fused =
-      !deterministic_ && M >= 1 && M <= kGemvRows && int64_t(M) * D * 2 <= (48 << 10) && D % 8 == 0 &&
-      D / 8 > 16 && gemv_shape(V, D) && head.bias.empty() && head.in_features() == D &&
+  const bool shaped =
       x.dtype == DType::kBF16 && x.stride[1] == 1 && x.stride[0] % 8 == 0 && aligned16(x.data) &&
       ids.dtype == DType::kI32 && ids.is_contiguous() &&
       (probs.empty() || (probs.dtype == DType::kF32 && probs.is_contiguous() && probs.numel() == M)) &&
       (rows.empty() ? x.shape[0] >= M
                     : rows.dtype == DType::kI32 && rows.is_contiguous() && rows.numel() == M);
-  Tensor wb;
-  if (fused) {
-    wb = bf16_weight(head.w, head.scale, head.block_n, head.block_k);
-    fused = wb.stride[1] == 1 && wb.stride[0] % 8 == 0 && aligned16(wb.data);
-  }
-  if (!fused) {
+  const Tensor wb = shaped ? smem_gemv_weight(head, M, V, D) : Tensor{};
+  if (wb.empty()) {
     Ops::head_argmax(ids, probs, x, rows, head);
     return;
   }

@@ -225,22 +225,23 @@ void CudaOps::linear(Tensor out, const Tensor& x, const Weight& w) {
   }
 }
 
+Tensor CudaOps::smem_gemv_weight(const Weight& w, int M, int N, int K) {
+  if (deterministic_ || M < 1 || M > kGemvRows || int64_t(M) * K * 2 > (48 << 10) || K % 8 != 0 ||
+      K / 8 <= 16 || !gemv_shape(N, K) || !w.bias.empty() || w.in_features() != K || w.out_features() != N)
+    return {};
+  Tensor wb = bf16_weight(w.w, w.scale, w.block_n, w.block_k);
+  return wb.stride[1] == 1 && wb.stride[0] % 8 == 0 && aligned16(wb.data) ? wb : Tensor{};
+}
+
 void CudaOps::norm_linear(Tensor out, const NormedInput& in, const Weight& w) {
   const int M = int(in.out.shape[0]), D = int(in.out.shape[1]), N = int(w.out_features());
   NormArgs na{};
-  // Decode-sized inputs (rows in 48 KB of shared memory) whose product takes the 32-lane GEMV (as
-  // gemm_bf16 would: the same bits): the demo model's q_a + kv_a (N 208, D 256) in one kernel of
-  // 5.3-5.5 us where an rmsnorm and a cuBLAS GEMM took 3.2 + 3.9 (H100 runs 353, 355).
-  bool fused = !deterministic_ && M >= 1 && M <= kGemvRows && int64_t(M) * D * 2 <= (48 << 10) &&
-               D / 8 > 16 && gemv_shape(N, D) && w.bias.empty() && w.in_features() == D && out.ndim == 2 &&
-               out.stride[1] == 1 && out.shape[0] == M && out.shape[1] == N &&
-               (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && norm_args(in, &na);
-  Tensor wb;
-  if (fused) {
-    wb = bf16_weight(w.w, w.scale, w.block_n, w.block_k);
-    fused = wb.stride[1] == 1 && wb.stride[0] % 8 == 0 && aligned16(wb.data);
-  }
-  if (!fused) {
+  // The demo model's q_a + kv_a (N 208, D 256) in one kernel of 5.3-5.5 us where an rmsnorm and a
+  // cuBLAS GEMM took 3.2 + 3.9 (H100 runs 353, 355).
+  const bool shaped = out.ndim == 2 && out.stride[1] == 1 && out.shape[0] == M && out.shape[1] == N &&
+                      (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && norm_args(in, &na);
+  const Tensor wb = shaped ? smem_gemv_weight(w, M, N, D) : Tensor{};
+  if (wb.empty()) {
     Ops::norm_linear(out, in, w);
     return;
   }
@@ -268,21 +269,13 @@ void CudaOps::mtp_input(Tensor out, const MtpInput& in, const Weight& eh_proj) {
     return (t.dtype == DType::kF32 || t.dtype == DType::kBF16) && t.numel() == n && aligned16(t.data);
   };
   auto i32 = [](const Tensor& t) { return t.dtype == DType::kI32 && t.is_contiguous(); };
-  // Decode-sized steps (rows in 48 KB of shared memory) whose product takes the 32-lane GEMV, as
-  // linear would (the same bits); else the composition.
-  bool fused = !deterministic_ && M >= 1 && M <= kGemvRows && int64_t(M) * K * 2 <= (48 << 10) &&
-               D % 8 == 0 && K / 8 > 16 && gemv_shape(D, K) && eh_proj.bias.empty() &&
-               eh_proj.in_features() == K && eh_proj.out_features() == D && rows16(out) &&
-               out.shape[0] == M && rows16(in.table) && in.table.shape[1] == D && rows16(in.hidden) &&
-               in.hidden.shape[1] == D && vec16(in.enorm, D) && vec16(in.hnorm, D) && i32(in.ids) &&
-               (in.rows.empty() ? !in.ids_by_row : i32(in.rows)) &&
-               (in.rows.empty() || in.rows.numel() == M) && (in.ids_by_row || in.ids.numel() == M);
-  Tensor wb;
-  if (fused) {
-    wb = bf16_weight(eh_proj.w, eh_proj.scale, eh_proj.block_n, eh_proj.block_k);
-    fused = wb.stride[1] == 1 && wb.stride[0] % 8 == 0 && aligned16(wb.data);
-  }
-  if (!fused) {
+  const bool shaped = D % 8 == 0 && rows16(out) && out.shape[0] == M && rows16(in.table) &&
+                      in.table.shape[1] == D && rows16(in.hidden) && in.hidden.shape[1] == D &&
+                      vec16(in.enorm, D) && vec16(in.hnorm, D) && i32(in.ids) &&
+                      (in.rows.empty() ? !in.ids_by_row : i32(in.rows) && in.rows.numel() == M) &&
+                      (in.ids_by_row || in.ids.numel() == M);
+  const Tensor wb = shaped ? smem_gemv_weight(eh_proj, M, D, K) : Tensor{};
+  if (wb.empty()) {
     Ops::mtp_input(out, in, eh_proj);
     return;
   }

@@ -216,6 +216,11 @@ class CudaOps final : public Ops {
   // converted once on first use and cached for the backend's lifetime. A view by value: it returned a
   // reference to one reused object for BF16 weights, which two live results silently shared.
   Tensor bf16_weight(const Tensor& w, const Tensor& scale, int block_n, int block_k);
+  // The BF16 weight of an [N, K] product over M rows that a smem_gemv kernel (cuda_gemv.cuh) may run
+  // in place of linear with the same bits: decode-sized (1 <= M <= kGemvRows, the rows in 48 KB of
+  // shared memory), on the 32-lane GEMV gemm_bf16 would take, no bias, rows in 16-byte pieces; else
+  // empty (the caller composes the ops).
+  Tensor smem_gemv_weight(const Weight& w, int M, int N, int K);
   // out[M,N] = x[M,K] w[N,K]^T on the main stream, or always through cuBLAS on `cublas`'s stream.
   void gemm_bf16(Tensor out, const Tensor& x, const Tensor& w, void* cublas = nullptr);
   // --deterministic's products on the batch-invariant GEMM (cuda_gemm_invariant.h): out[M,N] = x[M,K]
