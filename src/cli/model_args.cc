@@ -33,23 +33,6 @@ std::string default_model_dir() {
        " (expected ../models/beluga-demo-coder-mtp); pass --model DIR");
 }
 
-namespace {
-
-// The MoE layers a DeepSeek V2/V3 model loads: the config's, and the MTP module's decoder layer when
-// the checkpoint has one (as the model decides it, deepseek.cc).
-std::vector<int> moe_layers(const ModelConfig& cfg, WeightSource& src) {
-  std::vector<int> out;
-  const int64_t D = cfg.hidden_size;
-  const bool mtp =
-      cfg.num_nextn_predict_layers > 0 &&
-      !src.find("model.layers." + std::to_string(cfg.num_layers) + ".eh_proj.weight", {D, 2 * D}).empty();
-  for (int l = 0; l < cfg.num_layers + (mtp ? 1 : 0); ++l)
-    if (cfg.is_moe_layer(l)) out.push_back(l);
-  return out;
-}
-
-}  // namespace
-
 ModelArgs parse_model_args(const Args& args) {
   ModelArgs ma;
   std::string path = args.get_or("model", "");
@@ -143,8 +126,8 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
                  " routed experts; the model has ", m.cfg.n_routed_experts);
     m.ep_group = std::make_unique<LocalGroup>(n);
     if (ma.eplb) {
-      m.ep_live = std::make_unique<LiveExpertPlacement>(moe_layers(m.cfg, *m.weights), m.cfg.n_routed_experts,
-                                                        n, *ma.eplb);
+      m.ep_live = std::make_unique<LiveExpertPlacement>(deepseek_moe_layers(m.cfg, *m.weights),
+                                                        m.cfg.n_routed_experts, n, *ma.eplb);
       m.ep_live->set_source(m.weights.get());  // kept open: a rebalance loads moved experts from it
       m.ep_sharding = std::make_unique<ExpertSharding>(m.ep_live->initial_sharding());
     } else {

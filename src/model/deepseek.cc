@@ -44,6 +44,13 @@ struct Layer {
   MoeWeights moe;
 };
 
+// Whether the checkpoint holds DeepSeek-V3's MTP module (its eh_proj after the main layers).
+bool has_mtp_module(const ModelConfig& c, WeightSource& src) {
+  const int64_t D = c.hidden_size;
+  return c.num_nextn_predict_layers > 0 &&
+         !src.find("model.layers." + std::to_string(c.num_layers) + ".eh_proj.weight", {D, 2 * D}).empty();
+}
+
 class DeepseekModel final : public Model {
  public:
   DeepseekModel(const ModelConfig& cfg, WeightSource& all, Ops& ops, int max_positions,
@@ -76,9 +83,7 @@ class DeepseekModel final : public Model {
     embed_ = ops.upload(src.get("model.embed_tokens.weight", {c.vocab_size, D}));
     n_params_ += int64_t(c.vocab_size) * D;
     // The MTP module's decoder layer follows the main layers (model.layers.{num_hidden_layers}).
-    const bool mtp =
-        c.num_nextn_predict_layers > 0 &&
-        !src.find("model.layers." + std::to_string(c.num_layers) + ".eh_proj.weight", {D, 2 * D}).empty();
+    const bool mtp = has_mtp_module(c, src);
     int64_t main_params = 0;  // the MTP module's parameters are not the model's (as transformers counts)
     std::vector<std::vector<ExpertWeights>> live_experts;  // live EPLB: [MoE layer][slot of this rank]
     for (int l = 0; l < c.num_layers + (mtp ? 1 : 0); ++l) {
@@ -351,6 +356,13 @@ class DeepseekModel final : public Model {
 std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
                                      const ExpertParallelism* ep) {
   return std::make_unique<DeepseekModel>(cfg, src, ops, max_positions, ep);
+}
+
+std::vector<int> deepseek_moe_layers(const ModelConfig& cfg, WeightSource& src) {
+  std::vector<int> out;
+  for (int l = 0; l < cfg.num_layers + (has_mtp_module(cfg, src) ? 1 : 0); ++l)
+    if (cfg.is_moe_layer(l)) out.push_back(l);
+  return out;
 }
 
 }  // namespace beluga

@@ -250,4 +250,8 @@ struct ExpertParallelism {
 std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions = 0,
                                   const ExpertParallelism* ep = nullptr);
 
+// The MoE layers a DeepSeek V2/V3 model loads from `src`: the config's, then the MTP module's decoder
+// layer (model.layers.{num_hidden_layers}) when the checkpoint holds the module.
+std::vector<int> deepseek_moe_layers(const ModelConfig& cfg, WeightSource& src);
+
 }  // namespace beluga

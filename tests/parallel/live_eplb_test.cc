@@ -163,13 +163,6 @@ TEST(LiveEplb, SkewedRoutingRebalanceLowersRankLoad) {
 
 const std::string kDir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv2-lite-tiny";
 
-std::vector<int> moe_layers_of(const ModelConfig& cfg) {
-  std::vector<int> l;
-  for (int i = 0; i < cfg.num_layers; ++i)
-    if (cfg.is_moe_layer(i)) l.push_back(i);
-  return l;
-}
-
 // The group as `serve --expert-parallel-size n` builds it: rank 0's model stepping ExpertParallelPeers.
 std::vector<std::vector<std::vector<float>>> run_group(const ModelConfig& cfg, Checkpoint& ckpt, int n,
                                                        LiveExpertPlacement* live,
@@ -214,7 +207,7 @@ TEST(LiveEplb, ModelLogitsAcrossARebalanceEqualOneRank) {
     opt.interval_steps = 2;
     opt.window_steps = 4;
     opt.background = background;
-    LiveExpertPlacement live(moe_layers_of(cfg), cfg.n_routed_experts, 2, opt);
+    LiveExpertPlacement live(deepseek_moe_layers(cfg, ckpt), cfg.n_routed_experts, 2, opt);
     live.set_source(&ckpt);
     const auto got = run_group(cfg, ckpt, 2, &live, prompts, decode);
     EXPECT_GE(live.rebalances(), background ? 2 : 6) << "background " << background;
@@ -239,7 +232,7 @@ TEST(LiveEplb, NoRedundancyNoRebalanceIsTodaysLayout) {
   const auto prompts = some_prompts(cfg.vocab_size);
   LiveEplbOptions opt;  // R = 0, interval 0
   opt.interval_steps = 0;
-  LiveExpertPlacement live(moe_layers_of(cfg), cfg.n_routed_experts, 2, opt);
+  LiveExpertPlacement live(deepseek_moe_layers(cfg, ckpt), cfg.n_routed_experts, 2, opt);
   live.set_source(&ckpt);
   const ExpertSharding c = ExpertSharding::contiguous(cfg.n_routed_experts, 2);
   for (int p = 0; p < c.num_physical(); ++p) ASSERT_EQ(live.initial_sharding().logical(p), c.logical(p));
