@@ -19,6 +19,7 @@
 #include "cli/flag_table.h"
 #include "cli/kv_args.h"
 #include "cli/model_args.h"
+#include "cli/serving_engine.h"
 #include "engine/engine.h"
 #include "engine/kv_events.h"
 #include "engine/spec_config.h"
@@ -86,6 +87,19 @@ void inject_step_failures(EngineConfig& ecfg) {
       throw std::runtime_error("injected step failure (BELUGA_TEST_FAIL_STEPS) at step " +
                                std::to_string(step));
   };
+}
+
+// Tests of failure handling: BELUGA_TEST_FAIL_RANK=R:STEP makes expert-parallel thread rank R fail
+// from its STEP-th step on (the instance restarts over the ranks left).
+void inject_rank_failure(ModelArgs& ma) {
+  const char* v = std::getenv("BELUGA_TEST_FAIL_RANK");
+  if (!v || !*v) return;
+  int rank = 0;
+  unsigned long long at = 0;
+  BELUGA_CHECK(std::sscanf(v, "%d:%llu", &rank, &at) == 2 && rank >= 1 && rank < ma.expert_parallel_size,
+               "BELUGA_TEST_FAIL_RANK must be RANK:STEP with 1 <= RANK < --expert-parallel-size");
+  log::warn("serve", "test mode: expert-parallel rank ", rank, " fails from its step ", at, " on");
+  ma.ep_fault = {rank, at};
 }
 
 }  // namespace
@@ -165,6 +179,7 @@ int cmd_serve(int argc, char** argv) {
   gopt.capacity = size_t(cache_size);
   ModelArgs model_args = parse_model_args(args);
   model_args.progress_lines = log::enabled(log::Level::kInfo);  // serve's stderr is its log
+  inject_rank_failure(model_args);
   // --tokenizer DIR: tokenizer.json and tokenizer_config.json from elsewhere (as vLLM's flag), e.g. for
   // a dummy-weight benchmark of a config that ships no tokenizer.
   const auto tokenizer_dir = args.get("tokenizer");
@@ -223,8 +238,7 @@ int cmd_serve(int argc, char** argv) {
   // even with --tokenizer from elsewhere).
   const recipe::ChatEncoder encoder = recipe::ChatEncoder::from_model_dir(tok_dir, format, m.cfg.model_type);
 
-  auto engine = std::make_unique<Engine>(*m.model, ecfg);
-  auto handle = server::wrap_engine(*engine);
+  auto engine = std::make_unique<ServingEngine>(m, model_args, ecfg);
   server::ModelInfo info;
   info.served_name = served_name ? *served_name : basename_of(m.dir);
   info.tokenizer = &tokenizer;
@@ -260,13 +274,14 @@ int cmd_serve(int argc, char** argv) {
   }
   info.extra_metrics = [&kv, &engine, &transfer, &receiver, grammars = info.grammars,
                         name = info.served_name] {
-    std::string out = kv.store ? kv::render_metrics(*kv.store, engine->stats(), name) : std::string();
+    std::string out =
+        kv.store ? kv::render_metrics(*kv.store, engine->handle().stats(), name) : std::string();
     if (transfer || receiver)
       out += kv::render_transfer_metrics(transfer ? &transfer->counters() : nullptr,
                                          receiver ? &receiver->counters() : nullptr, name);
-    return out + server::render_grammar_metrics(*grammars, name);
+    return out + server::render_grammar_metrics(*grammars, name) + engine->metrics(name);
   };
-  server.set_engine(handle.get(), info);
+  server.set_engine(&engine->handle(), info);
   if (*role != server::ServeRole::kBoth)
     log::info("serve", "role ", server::serve_role_name(*role), receiver ? ", receiving KV on " : "",
               receiver ? receiver->address() : std::string());
@@ -283,10 +298,10 @@ int cmd_serve(int argc, char** argv) {
   log::info("serve", "shutting down (",
             clean ? "every request finished" : "the grace period ended; the rest were cut short", ")");
   server.stop();
-  handle.reset();
+  const bool gave_up = engine->gave_up();
   engine.reset();    // pending requests finish with kAbort; their outputs go nowhere
   receiver.reset();  // before the store it writes into
-  return 0;
+  return gave_up ? 1 : 0;
 }
 
 }  // namespace beluga::cli

@@ -87,6 +87,47 @@ ModelArgs parse_model_args(const Args& args) {
   return ma;
 }
 
+namespace {
+
+// Rank 0's model through `src` and, with ep_size > 1, the thread ranks' group, sharding, live
+// placement and peers; the sampler and the eager flag as asked.
+void load_ranks(LoadedModel& m, const ModelArgs& ma, int ep_size, WeightSource& src,
+                InjectedRankFault fault) {
+  if (ep_size > 1) {
+    const int n = ep_size;
+    BELUGA_CHECK(m.cfg.n_routed_experts >= n, "--expert-parallel-size ", n, " needs at least ", n,
+                 " routed experts; the model has ", m.cfg.n_routed_experts);
+    m.ep_group = std::make_unique<LocalGroup>(n);
+    if (ma.eplb) {
+      m.ep_live = std::make_unique<LiveExpertPlacement>(deepseek_moe_layers(m.cfg, *m.weights),
+                                                        m.cfg.n_routed_experts, n, *ma.eplb);
+      m.ep_live->set_source(m.weights.get());  // kept open: a rebalance loads moved experts from it
+      m.ep_sharding = std::make_unique<ExpertSharding>(m.ep_live->initial_sharding());
+    } else {
+      m.ep_sharding = std::make_unique<ExpertSharding>(ExpertSharding::contiguous(m.cfg.n_routed_experts, n));
+    }
+    const ExpertParallelism ep{&m.ep_group->communicator(0), m.ep_sharding.get(), true, m.ep_live.get()};
+    m.model = beluga::load_model(m.cfg, src, *m.ops, ma.max_model_len, &ep);
+    m.ep_peers =
+        std::make_unique<ExpertParallelPeers>(m.cfg, *m.weights, m.model->max_positions(), *m.ep_group,
+                                              *m.ep_sharding, ma.cpu, m.ep_live.get(), fault);
+    m.model->set_step_peers(m.ep_peers.get());
+  } else {
+    m.model = beluga::load_model(m.cfg, src, *m.ops, ma.max_model_len);
+  }
+  m.model->set_enforce_eager(ma.enforce_eager);
+#ifdef BELUGA_WITH_CUDA
+  if (ma.device == "cuda") {
+    auto& cuda = static_cast<CudaOps&>(*m.ops);
+    if (cuda.deterministic()) cuda.set_deterministic_keys(m.model->max_positions());
+    m.model->set_sampler(std::make_unique<CudaSampleRows>(cuda));
+  }
+#endif
+  if (ma.device == "cpu") m.model->set_sampler(std::make_unique<HostSampleRows>());
+}
+
+}  // namespace
+
 LoadedModel load_model_dir(const ModelArgs& ma) {
   LoadedModel m;
   m.dir = ma.dir;
@@ -120,41 +161,29 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
                     Progress::Unit::kBytes, progress_out);
   ProgressSource counted(*m.weights, progress);
   kv::FingerprintingSource recorded(counted);  // the KV tiers' model fingerprint
-  if (ma.expert_parallel_size > 1) {
-    const int n = ma.expert_parallel_size;
-    BELUGA_CHECK(m.cfg.n_routed_experts >= n, "--expert-parallel-size ", n, " needs at least ", n,
-                 " routed experts; the model has ", m.cfg.n_routed_experts);
-    m.ep_group = std::make_unique<LocalGroup>(n);
-    if (ma.eplb) {
-      m.ep_live = std::make_unique<LiveExpertPlacement>(deepseek_moe_layers(m.cfg, *m.weights),
-                                                        m.cfg.n_routed_experts, n, *ma.eplb);
-      m.ep_live->set_source(m.weights.get());  // kept open: a rebalance loads moved experts from it
-      m.ep_sharding = std::make_unique<ExpertSharding>(m.ep_live->initial_sharding());
-    } else {
-      m.ep_sharding = std::make_unique<ExpertSharding>(ExpertSharding::contiguous(m.cfg.n_routed_experts, n));
-    }
-    const ExpertParallelism ep{&m.ep_group->communicator(0), m.ep_sharding.get(), true, m.ep_live.get()};
-    m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len, &ep);
-    m.ep_peers = std::make_unique<ExpertParallelPeers>(m.cfg, *m.weights, m.model->max_positions(),
-                                                       *m.ep_group, *m.ep_sharding, ma.cpu, m.ep_live.get());
-    m.model->set_step_peers(m.ep_peers.get());
-  } else {
-    m.model = beluga::load_model(m.cfg, recorded, *m.ops, ma.max_model_len);
-  }
+  load_ranks(m, ma, ma.expert_parallel_size, recorded, ma.ep_fault);
   progress.finish();
   m.weights_digest = recorded.digest();
   m.config_path = ma.config_path;
-  m.model->set_enforce_eager(ma.enforce_eager);
-#ifdef BELUGA_WITH_CUDA
-  if (ma.device == "cuda") {
-    auto& cuda = static_cast<CudaOps&>(*m.ops);
-    if (cuda.deterministic()) cuda.set_deterministic_keys(m.model->max_positions());
-    m.model->set_sampler(std::make_unique<CudaSampleRows>(cuda));
-  }
-#endif
-  if (ma.device == "cpu") m.model->set_sampler(std::make_unique<HostSampleRows>());
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return m;
+}
+
+void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size) {
+  BELUGA_CHECK(ep_size >= 1, "expert parallelism: no rank left to restart with");
+  // The live placement first (it waits for a preparation loading through the models), then rank 0's
+  // model, then the peers (they stop after it), then what they shared.
+  m.ep_live.reset();
+  m.model.reset();
+  m.ep_peers.reset();
+  m.ep_sharding.reset();
+  m.ep_group.reset();
+  ModelArgs again = ma;
+  again.expert_parallel_size = ep_size;
+  if (ep_size == 1) again.eplb.reset();  // nothing to balance
+  const auto t0 = std::chrono::steady_clock::now();
+  load_ranks(m, again, ep_size, *m.weights, InjectedRankFault{});
+  m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 MlaMode mla_mode_for(const ModelArgs& ma, MlaMode asked) {

@@ -60,6 +60,8 @@ struct ModelArgs {
   // --eplb (or any --eplb-* option), with expert_parallel_size > 1: live EPLB (parallel/live_placement.h)
   // with these knobs; unset: the contiguous layout, fixed, exactly as without it.
   std::optional<LiveEplbOptions> eplb;
+  // Tests of failure handling (serve's BELUGA_TEST_FAIL_RANK=R:STEP): a thread rank that fails.
+  InjectedRankFault ep_fault;
   // Loading progress on stderr: a bar when stderr is a terminal; plain lines otherwise only when set
   // (serve sets it: its stderr is a log), so commands whose output is parsed stay quiet.
   bool progress_lines = false;
@@ -70,6 +72,10 @@ ModelArgs parse_model_args(const Args& args);
 MlaMode mla_mode_for(const ModelArgs& ma, MlaMode asked);
 // Reads the config and loads the weights.
 LoadedModel load_model_dir(const ModelArgs& ma);
+// After a rank failed (expert_group_restart.h): rank 0's model, the group, its sharding, live
+// placement and peers are rebuilt over `ep_size` ranks (1: one model with every expert, no EPLB);
+// the backend, the weights (their source stays open) and the config stay.
+void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size);
 // parse_model_args, args.check_all_used(), load_model_dir: a command reads its own options first,
 // so a bad command line fails before anything loads.
 LoadedModel load_model_from_args(const Args& args);

@@ -92,7 +92,8 @@ struct EngineConfig {
   std::function<void(int64_t steps)> loop_hook;
 };
 
-enum class SubmitStatus { kOk, kQueueFull, kPromptTooLong, kInvalid };
+// kUnavailable: no engine to take it right now (server/restartable_engine.h: restarting).
+enum class SubmitStatus { kOk, kQueueFull, kPromptTooLong, kInvalid, kUnavailable };
 
 struct EngineStats {
   int64_t requests_finished = 0;

@@ -6,10 +6,11 @@ namespace beluga {
 
 ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions,
                                          LocalGroup& group, const ExpertSharding& sharding, CpuOptions cpu,
-                                         LiveExpertPlacement* live)
-    : group_(group), live_(live) {
+                                         LiveExpertPlacement* live, InjectedRankFault fault)
+    : group_(group), live_(live), fault_(fault) {
   for (int r = 1; r < group.size(); ++r) {
     auto p = std::make_unique<Peer>();
+    p->rank = r;
     p->ops = std::make_unique<CpuOps>(cpu);
     p->ep =
         std::make_unique<ExpertParallelism>(ExpertParallelism{&group.communicator(r), &sharding, true, live});
@@ -28,7 +29,35 @@ ExpertParallelPeers::~ExpertParallelPeers() {
   for (auto& p : peers_) p->thread.join();
 }
 
+std::optional<RankFailure> ExpertParallelPeers::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
+void ExpertParallelPeers::note_failure(int rank, const std::exception_ptr& error) {
+  if (group_.failed_rank() != rank) return;  // this rank's error follows from another's
+  RankFailure f{rank, "unknown error"};
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    f.cause = e.what();
+  } catch (...) {
+  }
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (failure_) return;
+  failure_ = f;
+  if (on_failure_) on_failure_(f);
+}
+
+void ExpertParallelPeers::on_failure(std::function<void(const RankFailure&)> f) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  on_failure_ = std::move(f);
+}
+
 void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::function<void()>& set_job) {
+  // A failed group stays failed: every later step fails at once, with the first failure's cause.
+  if (const auto f = failure())
+    throw Error(str("expert-parallel rank ", f->rank, " failed (", f->cause, "); the group is down"));
   // Every rank waits for this step's job (rank 0 begins its own layers after this returns).
   if (live_) live_->before_step();
   std::lock_guard<std::mutex> lock(mu_);
@@ -79,6 +108,7 @@ void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int nu
 void ExpertParallelPeers::end() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ == int(peers_.size()); });
+  if (const auto f = failure()) throw Error(str("expert-parallel rank ", f->rank, " failed: ", f->cause));
   for (auto& p : peers_)
     if (p->error) std::rethrow_exception(p->error);
   // Rank 0's layers are done too (Model::with_peers ends them first): the step is closed everywhere.
@@ -86,7 +116,9 @@ void ExpertParallelPeers::end() {
 }
 
 void ExpertParallelPeers::abort() {
+  // Called while rank 0's step unwinds (Model::with_peers): its exception is the current one.
   group_.communicator(0).abort();
+  note_failure(0, std::current_exception());
 }
 
 void ExpertParallelPeers::run(Peer& p) {
@@ -105,6 +137,7 @@ void ExpertParallelPeers::run(Peer& p) {
       } catch (...) {
         p.error = std::current_exception();
         p.ep->comm->abort();
+        note_failure(p.rank, p.error);
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -114,6 +147,8 @@ void ExpertParallelPeers::run(Peer& p) {
 }
 
 void ExpertParallelPeers::step(Peer& p) {
+  if (p.rank == fault_.rank && step_ >= fault_.at_step)
+    throw Error(str("injected failure of rank ", p.rank, " at its step ", step_));
   ensure_caches(p, mtp_);
   Ops& ops = *p.ops;
   const int64_t T = int64_t(batch_.tokens.size()), D = p.model->config().hidden_size;

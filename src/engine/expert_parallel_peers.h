@@ -4,7 +4,9 @@
 // model, so the engine and the generator run unchanged on top of it; the KV cache is kept on every
 // rank (each writes the same blocks), so the prefix cache's block reuse stays valid, and blocks loaded
 // from the KV tiers go into every rank's cache (load_blocks; saves read rank 0's, the same).
-// A peer that fails aborts the group: rank 0's step throws, and so do the later ones.
+// A rank that fails aborts the group for good: the step throws on rank 0 (naming the rank that failed
+// first and its error), and so does every later step, at once. failure() and on_failure() tell the
+// owner, which restarts the instance with the ranks left (cli/expert_group_restart.h).
 // With live EPLB (`live`, shared with rank 0's model), begin() and end() are the group's step
 // boundary: no rank steps there, so end() closes the step's statistics (and may start a rebalance's
 // preparation) and the next begin() switches every rank to a prepared placement before any runs.
@@ -15,6 +17,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -25,12 +29,32 @@
 
 namespace beluga {
 
+// The first failure of a group: the rank that failed (0: the caller's) and its error.
+struct RankFailure {
+  int rank = -1;
+  std::string cause;
+};
+
+// Tests of failure handling: rank `rank` (>= 1) throws from its `at_step`-th step (1-based) on.
+struct InjectedRankFault {
+  int rank = -1;
+  uint64_t at_step = 0;
+};
+
 class ExpertParallelPeers final : public StepPeers {
  public:
   // Loads ranks 1 .. group.size()-1 from `src` (which may be dropped after) with `cpu` each.
   ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
-                      const ExpertSharding& sharding, CpuOptions cpu, LiveExpertPlacement* live = nullptr);
+                      const ExpertSharding& sharding, CpuOptions cpu, LiveExpertPlacement* live = nullptr,
+                      InjectedRankFault fault = {});
   ~ExpertParallelPeers() override;
+
+  // The group's failure, once a rank failed (thread-safe).
+  std::optional<RankFailure> failure() const;
+  // Called once, on the thread that finds the failure (a peer's, or rank 0's inside its step), under
+  // a lock: keep it short and do not call back into this object. Null: no call (set it to null before
+  // what it calls goes away).
+  void on_failure(std::function<void(const RankFailure&)> f);
 
   void begin(const Batch& b, int num_blocks, bool keep_hidden) override;
   void begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows, bool chained) override;
@@ -51,9 +75,12 @@ class ExpertParallelPeers final : public StepPeers {
     // (each [capacity, hidden]), the MTP cache.
     Tensor hidden, mtp_in, mtp_out;
     KvCache mtp_kv;
+    int rank = 0;
     std::thread thread;
     std::exception_ptr error;
   };
+  // Records `rank`'s error when that rank is the one that aborted the group first.
+  void note_failure(int rank, const std::exception_ptr& error);
   void run(Peer& p);
   // Hands the peers a job over `b` (without its logit rows): `set_job` sets its kind, under the lock.
   void post(const Batch& b, int num_blocks, const std::function<void()>& set_job);
@@ -63,6 +90,10 @@ class ExpertParallelPeers final : public StepPeers {
 
   LocalGroup& group_;
   LiveExpertPlacement* live_;
+  const InjectedRankFault fault_;
+  mutable std::mutex failure_mu_;
+  std::function<void(const RankFailure&)> on_failure_;  // guarded by failure_mu_
+  std::optional<RankFailure> failure_;                  // guarded by failure_mu_
   std::vector<std::unique_ptr<Peer>> peers_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -292,11 +292,11 @@ void Model::with_peers(const std::function<void()>& step) {
     step();
   } catch (...) {
     peers_->abort();
-    try {
-      peers_->end();
-    } catch (...) {  // the peers' errors follow from this rank's, which is the one to report
-    }
-    throw;
+    // end() throws the group's first failure: a peer's, whose abort made this rank's collectives
+    // throw, or this rank's own (the peers' errors then follow from it).
+    const std::exception_ptr own = std::current_exception();
+    peers_->end();
+    std::rethrow_exception(own);
   }
   peers_->end();
 }

@@ -79,7 +79,7 @@ class StepPeers {
   // caches of `num_blocks` blocks too, as the caller's rank loads them into its own (`with_mtp`: the
   // images end with the MTP layer's slice, for the peers' MTP caches).
   virtual void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) = 0;
-  virtual void end() = 0;    // waits for the step; rethrows a peer's error
+  virtual void end() = 0;    // waits for the step; throws the group's failure (a peer's error)
   virtual void abort() = 0;  // this rank failed mid-step: the peers' collectives throw instead of waiting
 };
 

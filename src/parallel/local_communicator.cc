@@ -74,7 +74,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   void barrier() override { g_.wait_all(); }
-  void abort() override { g_.abort(); }
+  void abort() override { g_.abort(rank_); }
 
  private:
   // Publishes this rank's buffers and waits until every rank has published its own.
@@ -98,6 +98,11 @@ Communicator& LocalGroup::communicator(int r) {
   return *comms_[size_t(r)];
 }
 
+int LocalGroup::failed_rank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_rank_;
+}
+
 void LocalGroup::wait_all() {
   std::unique_lock<std::mutex> lock(mu_);
   BELUGA_CHECK(!aborted_, "communicator: the group was aborted by a failed rank");
@@ -112,8 +117,9 @@ void LocalGroup::wait_all() {
   BELUGA_CHECK(generation_ != gen, "communicator: the group was aborted by a failed rank");
 }
 
-void LocalGroup::abort() {
+void LocalGroup::abort(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!aborted_) failed_rank_ = rank;
   aborted_ = true;
   cv_.notify_all();
 }

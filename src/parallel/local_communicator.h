@@ -23,6 +23,9 @@ class LocalGroup {
   int size() const { return size_; }
   // Rank r's communicator (owned by the group; one thread uses it).
   Communicator& communicator(int r);
+  // The rank that aborted the group first (the failed one; the others' calls threw because of it),
+  // or -1 while the group is whole. Thread-safe.
+  int failed_rank() const;
 
  private:
   friend class LocalCommunicator;
@@ -35,14 +38,15 @@ class LocalGroup {
   };
   // Waits until every rank has arrived; throws when the group was aborted.
   void wait_all();
-  void abort();
+  void abort(int rank);
 
   int size_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0;
   uint64_t generation_ = 0;
   bool aborted_ = false;
+  int failed_rank_ = -1;
   std::vector<Post> posts_;
   std::vector<std::unique_ptr<Communicator>> comms_;
 };

@@ -3,7 +3,9 @@
 // EngineRequest::on_output; the server posts them to the connection's strand.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/engine.h"
@@ -17,6 +19,10 @@ class EngineHandle {
   virtual void abort(const std::string& request_id) = 0;
   virtual EngineStats stats() const = 0;
   virtual int max_model_len() const = 0;
+  // Why the engine cannot take requests right now (restarting), or nothing: /health and /ready say it.
+  virtual std::optional<std::string> unavailable() const { return std::nullopt; }
+  // Changes when another engine takes over (a restart): /health judges each engine's steps alone.
+  virtual uint64_t generation() const { return 0; }
 };
 
 // A handle that forwards to `engine` (which must outlive it).

@@ -5,8 +5,13 @@ namespace beluga::server {
 EngineHealth::EngineHealth(std::chrono::seconds stall_after, std::chrono::seconds window, int64_t min_failed)
     : stall_after_(stall_after), window_(window), min_failed_(min_failed) {}
 
-HealthVerdict EngineHealth::observe(const EngineStats& s, Clock::time_point now) {
+HealthVerdict EngineHealth::observe(const EngineStats& s, Clock::time_point now, uint64_t engine_generation) {
   std::lock_guard lock(mu_);
+  if (engine_generation != generation_) {
+    generation_ = engine_generation;
+    samples_.clear();
+    last_steps_ = -1;
+  }
   // Stall: work is pending and the step counter has not moved for stall_after.
   const int pending = s.running + s.waiting;
   if (s.steps != last_steps_ || pending == 0 || last_steps_ < 0) last_progress_ = now;

@@ -26,7 +26,9 @@ class EngineHealth {
   explicit EngineHealth(std::chrono::seconds stall_after = std::chrono::seconds(60),
                         std::chrono::seconds window = std::chrono::seconds(10), int64_t min_failed = 3);
 
-  HealthVerdict observe(const EngineStats& stats, Clock::time_point now);
+  // `engine_generation` (EngineHandle::generation): a new value means a new engine, whose history
+  // starts here (the old one's failed steps do not count against it).
+  HealthVerdict observe(const EngineStats& stats, Clock::time_point now, uint64_t engine_generation = 0);
 
  private:
   struct Sample {
@@ -38,6 +40,7 @@ class EngineHealth {
   std::mutex mu_;
   std::deque<Sample> samples_;  // oldest first; the first one is at least `window` old when possible
   int64_t last_steps_ = -1;
+  uint64_t generation_ = 0;
   Clock::time_point last_progress_{};  // last time steps moved, or the engine had no work
 };
 

@@ -135,6 +135,9 @@ void Generation::start_job(BuiltRequest b) {
       switch (s) {
         case SubmitStatus::kQueueFull:
           return s_.send_error(eapi, 429, "the server is at capacity (request queue full); retry later", "");
+        case SubmitStatus::kUnavailable:
+          return s_.send_error(eapi, 503,
+                               why.empty() ? "the model is not available right now; retry later" : why, "");
         case SubmitStatus::kPromptTooLong:
           return s_.send_error(eapi, 400, why.empty() ? "the prompt is longer than the model's context" : why,
                                "messages");

@@ -52,7 +52,8 @@ struct Server::State {
 
   HealthVerdict engine_verdict() {
     if (!ready) return {false, "loading"};
-    return health->observe(engine->stats(), std::chrono::steady_clock::now());
+    if (auto why = engine->unavailable()) return {false, *why};
+    return health->observe(engine->stats(), std::chrono::steady_clock::now(), engine->generation());
   }
 };
 

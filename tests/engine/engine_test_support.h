@@ -26,7 +26,7 @@
 namespace beluga::engine_test {
 
 // A two-rank CPU expert-parallel group over checkpoint `w`: the engine runs on `model` (rank 0), the
-// other rank steps with it (ExpertParallelPeers).
+// other rank steps with it (ExpertParallelPeers; `fault`: rank 1 fails as it says).
 struct ExpertParallelPair {
   LocalGroup group{2};
   ExpertSharding sharding;
@@ -34,12 +34,12 @@ struct ExpertParallelPair {
   CpuOps ops{CpuOptions{1}};
   std::unique_ptr<Model> model;
   std::unique_ptr<ExpertParallelPeers> peers;
-  ExpertParallelPair(const ModelConfig& cfg, WeightSource& w, int max_positions)
+  ExpertParallelPair(const ModelConfig& cfg, WeightSource& w, int max_positions, InjectedRankFault fault = {})
       : sharding(ExpertSharding::contiguous(cfg.n_routed_experts, 2)),
         ep{&group.communicator(0), &sharding, true},
         model(load_model(cfg, w, ops, max_positions, &ep)),
         peers(std::make_unique<ExpertParallelPeers>(cfg, w, model->max_positions(), group, sharding,
-                                                    CpuOptions{1})) {
+                                                    CpuOptions{1}, nullptr, fault)) {
     model->set_step_peers(peers.get());
   }
   ~ExpertParallelPair() { model->set_step_peers(nullptr); }

@@ -307,6 +307,47 @@ TEST(Fault, OversizeFanOutIsA400AndFailingStepsFailOnlyTheirRequests) {
   EXPECT_EQ(metric_value(page, "beluga_kv_blocks_used"), 0) << page;
 }
 
+// `--expert-parallel-size 2` with rank 1 failing from its 6th step (BELUGA_TEST_FAIL_RANK): the request
+// that meets the failure gets an error naming the rank, the instance restarts itself over the one
+// rank left on the same port (/health back to 200, /metrics: 1 rank, 1 restart), and the same
+// greedy request as before the failure gives the same completion.
+TEST(Fault, AFailedExpertParallelRankRestartsTheInstanceOverTheRanksLeft) {
+  auto srv = serve({"--expert-parallel-size", "2"}, {"BELUGA_TEST_FAIL_RANK=1:6"});
+  ASSERT_GT(srv.port(), 0) << srv.log();
+  const int port = srv.port();
+  EXPECT_EQ(metric_value(get(port, "/metrics").body, "beluga_expert_parallel_ranks"), 2);
+  Json greedy = completion_body(3, false);
+  greedy["temperature"] = 0;
+  // Steps 1..3 (a prefill and two decode steps) on both ranks.
+  const HttpReply before = post(port, "/v1/completions", greedy);
+  ASSERT_EQ(before.status, 200) << before.body;
+  // This one meets the failure.
+  const HttpReply hit = post(port, "/v1/completions", completion_body(30, false));
+  EXPECT_EQ(hit.status, 500) << hit.body;
+  EXPECT_NE(hit.body.find("expert-parallel rank 1 failed"), std::string::npos) << hit.body;
+  // Restarted over one rank (down while it reloads: 503 with the cause, or already back).
+  const auto t0 = Clock::now();
+  int health = 0;
+  while (seconds_since(t0) < 60 && (health = get(port, "/health").status) != 200)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(health, 200) << srv.log();
+  const std::string page = get(port, "/metrics").body;
+  EXPECT_EQ(metric_value(page, "beluga_expert_parallel_ranks"), 1) << page;
+  EXPECT_EQ(metric_value(page, "beluga_engine_restarts_total"), 1) << page;
+  // The counters continue: the first engine's finished request (the new one has served none yet).
+  EXPECT_EQ(metric_value(page, "beluga_engine_requests_finished_total"), 1) << page;
+  const HttpReply after = post(port, "/v1/completions", greedy);
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(Json::parse(after.body)["choices"][0]["text"], Json::parse(before.body)["choices"][0]["text"]);
+  EXPECT_TRUE(srv.alive());
+  const std::string log = srv.log();
+  EXPECT_NE(log.find("expert-parallel rank 1 of 2 failed (injected failure of rank 1 at its step 6); "
+                     "restarting over 1 rank"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("serving again over 1 expert-parallel rank (restart 1"), std::string::npos) << log;
+}
+
 // SIGTERM with streams in flight: they finish (within the grace period), then the process exits 0.
 TEST(Fault, SigtermDrainsStreamsThenExitsZero) {
   auto srv = serve({"--shutdown-grace-s", "30"});

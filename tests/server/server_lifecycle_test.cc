@@ -10,6 +10,7 @@
 #include "fake_server.h"
 #include "server/build_pool.h"
 #include "server/engine_health.h"
+#include "server/restartable_engine.h"
 
 namespace beluga::server {
 namespace {
@@ -83,6 +84,54 @@ TEST(EngineHealth, FailingStepsAndStallsAreUnhealthy) {
   EXPECT_TRUE(h.observe(s, t0 + 92s).ok);
   s.waiting = 0;
   EXPECT_TRUE(h.observe(s, t0 + 500s).ok);
+}
+
+// A new engine (a restart: another generation) starts a new history: the failed steps that took the
+// old one down do not make the new one unhealthy, though the counters continue.
+TEST(EngineHealth, ANewEngineGenerationStartsANewHistory) {
+  using namespace std::chrono_literals;
+  EngineHealth h(60s, 10s, 3);
+  const auto t0 = EngineHealth::Clock::time_point{} + 1000s;
+  EngineStats s;
+  s.steps = 100;
+  EXPECT_TRUE(h.observe(s, t0, 1).ok);
+  s.steps = 105;
+  s.steps_failed = 5;
+  EXPECT_FALSE(h.observe(s, t0 + 1s, 1).ok);
+  EXPECT_FALSE(h.observe(s, t0 + 2s, 1).ok);  // same engine: still within the window
+  s.steps = 107;                              // the new engine's first steps
+  EXPECT_TRUE(h.observe(s, t0 + 3s, 2).ok);
+  s.steps = 110;
+  EXPECT_TRUE(h.observe(s, t0 + 4s, 2).ok);
+  s.steps = 114;
+  s.steps_failed = 9;  // the new engine's own failures still count
+  EXPECT_FALSE(h.observe(s, t0 + 5s, 2).ok);
+}
+
+// The stats of a restarted instance: counters of the engines taken down plus the current one's,
+// gauges of the current one only.
+TEST(RestartableEngine, CountersContinueAcrossEngines) {
+  EngineStats old, now;
+  old.requests_finished = 7;
+  old.generation_tokens = 300;
+  old.steps = 50;
+  old.steps_failed = 2;
+  old.running = 3;
+  old.spec_accepted_per_position = {4, 2};
+  now.requests_finished = 1;
+  now.generation_tokens = 20;
+  now.steps = 6;
+  now.running = 1;
+  now.kv_blocks_total = 90;
+  now.spec_accepted_per_position = {1};
+  const EngineStats s = add_engine_counters(old, now);
+  EXPECT_EQ(s.requests_finished, 8);
+  EXPECT_EQ(s.generation_tokens, 320);
+  EXPECT_EQ(s.steps, 56);
+  EXPECT_EQ(s.steps_failed, 2);
+  EXPECT_EQ(s.running, 1);
+  EXPECT_EQ(s.kv_blocks_total, 90);
+  EXPECT_EQ(s.spec_accepted_per_position, (std::vector<int64_t>{5, 2}));
 }
 
 TEST_F(LifecycleTest, HealthAndReadyReflectFailingEngineSteps) {

@@ -1,0 +1,119 @@
+#include "cli/serving_engine.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "parallel/healthy_group.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace beluga::cli {
+
+ServingEngine::ServingEngine(LoadedModel& m, const ModelArgs& ma, EngineConfig ecfg)
+    : m_(m),
+      ma_(ma),
+      ecfg_(std::move(ecfg)),
+      engine_(std::make_unique<Engine>(*m.model, ecfg_)),
+      handle_(engine_->max_model_len()),
+      ranks_(ma.expert_parallel_size) {
+  handle_.bring_up(engine_.get());
+  if (m_.ep_peers) {
+    watch_failures();
+    thread_ = std::thread([this] { run(); });
+  }
+}
+
+ServingEngine::~ServingEngine() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (m_.ep_peers) m_.ep_peers->on_failure(nullptr);  // this object goes: nothing to tell
+  handle_.take_down("shutting down");
+  engine_.reset();
+}
+
+void ServingEngine::watch_failures() {
+  m_.ep_peers->on_failure([this](const RankFailure& f) {
+    {
+      std::lock_guard lock(mu_);
+      if (!failure_) failure_ = f;
+    }
+    cv_.notify_all();
+  });
+}
+
+void ServingEngine::run() {
+  for (;;) {
+    RankFailure f;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || failure_; });
+      if (stop_) return;
+      f = *failure_;
+    }
+    const int next = healthy_group_size(ranks_ - 1, m_.cfg.n_routed_experts, ma_.eplb.has_value());
+    const std::string cause = str("expert-parallel rank ", f.rank, " of ", ranks_, " failed (", f.cause, ")");
+    log::error("serve", cause, "; restarting over ", next, next == 1 ? " rank" : " ranks");
+    handle_.take_down(str("restarting: ", cause));
+    const auto t0 = std::chrono::steady_clock::now();
+    engine_.reset();  // the requests still in it end (as aborted: their clients get an error)
+    try {
+      reload_expert_parallel(m_, ma_, next);
+      engine_ = std::make_unique<Engine>(*m_.model, ecfg_);
+    } catch (const std::exception& e) {
+      log::error("serve", "the restart failed (", e.what(), "); the instance stays down and exits");
+      {
+        std::lock_guard lock(mu_);
+        gave_up_ = true;
+      }
+      handle_.take_down(str("down: ", cause, "; the restart failed: ", e.what()));
+      kill(getpid(), SIGTERM);  // serve's signal wait: drain and exit (status 1)
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      failure_.reset();
+      ranks_ = next;
+      ++restarts_;
+    }
+    if (m_.ep_peers) watch_failures();
+    handle_.bring_up(engine_.get());
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.2f",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    log::info("serve", "serving again over ", next,
+              next == 1 ? " expert-parallel rank" : " expert-parallel ranks", " (restart ", restarts_, ", ",
+              secs, " s)");
+    if (!m_.ep_peers) return;  // one rank: nothing left to fail over
+  }
+}
+
+std::string ServingEngine::metrics(const std::string& model_name) const {
+  int ranks = 0, restarts = 0;
+  {
+    std::lock_guard lock(mu_);
+    ranks = ranks_;
+    restarts = restarts_;
+  }
+  const std::string label = "{model_name=\"" + model_name + "\"}";
+  return "# HELP beluga_expert_parallel_ranks Expert-parallel ranks the model runs over.\n"
+         "# TYPE beluga_expert_parallel_ranks gauge\nbeluga_expert_parallel_ranks" +
+         label + " " + std::to_string(ranks) +
+         "\n# HELP beluga_engine_restarts_total Restarts of the engine after an expert-parallel rank "
+         "failed.\n"
+         "# TYPE beluga_engine_restarts_total counter\nbeluga_engine_restarts_total" +
+         label + " " + std::to_string(restarts) + "\n";
+}
+
+bool ServingEngine::gave_up() const {
+  std::lock_guard lock(mu_);
+  return gave_up_;
+}
+
+}  // namespace beluga::cli

@@ -1,0 +1,81 @@
+#include "server/restartable_engine.h"
+
+#include <algorithm>
+#include <mutex>
+
+namespace beluga::server {
+
+EngineStats add_engine_counters(const EngineStats& base, const EngineStats& now) {
+  EngineStats s = now;
+  s.requests_finished += base.requests_finished;
+  s.prompt_tokens += base.prompt_tokens;
+  s.generation_tokens += base.generation_tokens;
+  s.prefix_cache_queries += base.prefix_cache_queries;
+  s.prefix_cache_hits += base.prefix_cache_hits;
+  s.prefix_cache_hits_below += base.prefix_cache_hits_below;
+  s.preemptions += base.preemptions;
+  s.steps += base.steps;
+  s.steps_failed += base.steps_failed;
+  s.steps_early += base.steps_early;
+  s.steps_early_retried += base.steps_early_retried;
+  s.steps_host_sampled += base.steps_host_sampled;
+  s.last_step_unix_ms = std::max(s.last_step_unix_ms, base.last_step_unix_ms);
+  s.spec_drafts += base.spec_drafts;
+  s.spec_draft_tokens += base.spec_draft_tokens;
+  s.spec_accepted_tokens += base.spec_accepted_tokens;
+  if (s.spec_accepted_per_position.size() < base.spec_accepted_per_position.size())
+    s.spec_accepted_per_position.resize(base.spec_accepted_per_position.size(), 0);
+  for (size_t k = 0; k < base.spec_accepted_per_position.size(); ++k)
+    s.spec_accepted_per_position[k] += base.spec_accepted_per_position[k];
+  return s;
+}
+
+void RestartableEngine::bring_up(Engine* e) {
+  std::unique_lock lock(mu_);
+  engine_ = e;
+  reason_.clear();
+  ++generation_;
+}
+
+void RestartableEngine::take_down(std::string reason) {
+  std::unique_lock lock(mu_);  // waits for the calls in the engine
+  if (engine_) {
+    EngineStats gone = add_engine_counters(retired_, engine_->stats());
+    gone.running = gone.waiting = gone.kv_blocks_used = 0;
+    retired_ = gone;
+  }
+  engine_ = nullptr;
+  reason_ = std::move(reason);
+}
+
+SubmitStatus RestartableEngine::submit(EngineRequest req, std::string* why) {
+  std::shared_lock lock(mu_);
+  if (!engine_) {
+    if (why) *why = reason_;
+    return SubmitStatus::kUnavailable;
+  }
+  return engine_->submit(std::move(req), why);
+}
+
+void RestartableEngine::abort(const std::string& request_id) {
+  std::shared_lock lock(mu_);
+  if (engine_) engine_->abort(request_id);
+}
+
+EngineStats RestartableEngine::stats() const {
+  std::shared_lock lock(mu_);
+  return engine_ ? add_engine_counters(retired_, engine_->stats()) : retired_;
+}
+
+std::optional<std::string> RestartableEngine::unavailable() const {
+  std::shared_lock lock(mu_);
+  if (engine_) return std::nullopt;
+  return reason_;
+}
+
+uint64_t RestartableEngine::generation() const {
+  std::shared_lock lock(mu_);
+  return generation_;
+}
+
+}  // namespace beluga::server
