@@ -97,6 +97,10 @@ class DecodeGraphs {
   void run(const StepPlan& p, const Body& body, Variant variant, const Consume& consume,
            const Tensor* device_ids = nullptr);
   int num_graphs() const { return int(graphs_.size()); }
+  // Persistent [kMaxTokens] buffers (I32 ids, F32 probabilities) a body may leave its argmaxes in
+  // (ForwardOptions::device_greedy): a plain greedy step's, read back after its run.
+  const Tensor& greedy_ids() const { return greedy_ids_; }
+  const Tensor& greedy_probs() const { return greedy_probs_; }
 
  private:
   struct Graph {

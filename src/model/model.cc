@@ -341,10 +341,29 @@ void Model::forward_local(const Batch& b, KvCache& kv, float* logits, const Forw
   }
   if (graph) {
     if (!graphs_) graphs_ = std::make_unique<DecodeGraphs>(ops_, max_positions_);
-    if (!opt.device_greedy.empty())
+    if (!opt.device_greedy.empty()) {
       graphs_->run(p, body, variant, nullptr);  // the body leaves the argmaxes in opt.device_greedy
-    else
-      graphs_->run(p, body, logits, opt.greedy_tokens, variant, opt.greedy_probs);
+    } else if (opt.greedy_tokens) {
+      // The head's GEMV and the argmax inside the graph too (no logits; head_argmax), into the
+      // graphs' own buffers, read back after the run: one replay, then the ids.
+      ForwardOptions in_graph = opt;
+      in_graph.device_greedy = graphs_->greedy_ids();
+      in_graph.device_greedy_probs = opt.greedy_probs ? graphs_->greedy_probs() : Tensor{};
+      DecodeGraphs::Variant v = variant;
+      v[4] = in_graph.device_greedy.data;
+      v[5] = in_graph.device_greedy_probs.data;
+      graphs_->run(
+          p,
+          [&](const DecodeGraphs::Inputs& in) {
+            return step_body(in.meta, in.ids, in.positions, in.logit_rows, kv, in_graph, in.max_query_len);
+          },
+          v, nullptr);
+      const int64_t R = int64_t(p.logit_rows.size());
+      ops_.copy_to_host(in_graph.device_greedy.rows(0, R), opt.greedy_tokens);
+      if (opt.greedy_probs) ops_.copy_to_host(in_graph.device_greedy_probs.rows(0, R), opt.greedy_probs);
+    } else {
+      graphs_->run(p, body, logits, nullptr, variant);
+    }
     return;
   }
 
