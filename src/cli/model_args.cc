@@ -11,6 +11,7 @@
 #include "loader/id_tables_from.h"
 #include "loader/progress_source.h"
 #include "util/error.h"
+#include "util/log.h"
 #include "util/progress.h"
 #ifdef BELUGA_WITH_CUDA
 #include "backend/cuda/cuda_ops.h"
@@ -71,8 +72,6 @@ ModelArgs parse_model_args(const Args& args) {
   ma.deterministic = ma.cpu.deterministic = args.has("deterministic");
   ma.expert_parallel_size = int(args.get_int("expert-parallel-size", 1));
   BELUGA_CHECK(ma.expert_parallel_size >= 1, "--expert-parallel-size must be >= 1");
-  BELUGA_CHECK(ma.expert_parallel_size == 1 || ma.device == "cpu",
-               "--expert-parallel-size runs on the CPU only (thread ranks) in this build");
   if (args.has("eplb") || args.has("eplb-redundant-experts") || args.has("eplb-interval") ||
       args.has("eplb-window")) {
     LiveEplbOptions o;
@@ -82,6 +81,9 @@ ModelArgs parse_model_args(const Args& args) {
     BELUGA_CHECK(o.redundant_per_rank >= 0 && o.interval_steps >= 0 && o.window_steps >= 1,
                  "--eplb-redundant-experts and --eplb-interval must be >= 0, --eplb-window >= 1");
     BELUGA_CHECK(ma.expert_parallel_size > 1, "--eplb balances the ranks of --expert-parallel-size N > 1");
+    // On GPUs a rebalance must copy the moved experts into each device's spare slots before the switch
+    // (on the CPU a slot is a view of the checkpoint's mapping): not built.
+    BELUGA_CHECK(ma.device == "cpu", "--eplb runs on the CPU ranks only in this build");
     ma.eplb = o;
   }
   return ma;
@@ -97,7 +99,31 @@ void load_ranks(LoadedModel& m, const ModelArgs& ma, int ep_size, WeightSource& 
     const int n = ep_size;
     BELUGA_CHECK(m.cfg.n_routed_experts >= n, "--expert-parallel-size ", n, " needs at least ", n,
                  " routed experts; the model has ", m.cfg.n_routed_experts);
-    m.ep_group = std::make_unique<LocalGroup>(n);
+    // Thread ranks: on the CPU each with its own CpuOps; on CUDA rank r on device r (modulo the
+    // devices present: ranks sharing a GPU are for tests), exchanging through device copies.
+    std::vector<std::unique_ptr<Ops>> peer_ops;
+    LocalTransport transport;
+    if (ma.device == "cpu") {
+      peer_ops = cpu_peer_ops(n, ma.cpu);
+    } else {
+#ifdef BELUGA_WITH_CUDA
+      const int devices = CudaOps::device_count();
+      if (devices < n)
+        log::warn("model", "--expert-parallel-size ", n, " over ", devices, devices == 1 ? " GPU" : " GPUs",
+                  ": ranks share GPUs (no speed-up; for tests)");
+      transport.copy = &CudaOps::copy_between;
+      transport.ready.push_back([ops = m.ops.get()] { ops->synchronize(); });
+      for (int r = 1; r < n; ++r) {
+        CudaOptions co;
+        co.device = r % devices;
+        co.deterministic = ma.deterministic;
+        peer_ops.push_back(std::make_unique<CudaOps>(co));
+        transport.ready.push_back([ops = peer_ops.back().get()] { ops->synchronize(); });
+      }
+      m.ops->bind_thread();  // rank 0 loads next
+#endif
+    }
+    m.ep_group = std::make_unique<LocalGroup>(n, std::move(transport));
     if (ma.eplb) {
       m.ep_live = std::make_unique<LiveExpertPlacement>(deepseek_moe_layers(m.cfg, *m.weights),
                                                         m.cfg.n_routed_experts, n, *ma.eplb);
@@ -110,7 +136,8 @@ void load_ranks(LoadedModel& m, const ModelArgs& ma, int ep_size, WeightSource& 
     m.model = beluga::load_model(m.cfg, src, *m.ops, ma.max_model_len, &ep);
     m.ep_peers =
         std::make_unique<ExpertParallelPeers>(m.cfg, *m.weights, m.model->max_positions(), *m.ep_group,
-                                              *m.ep_sharding, ma.cpu, m.ep_live.get(), fault);
+                                              *m.ep_sharding, std::move(peer_ops), m.ep_live.get(), fault);
+    m.ops->bind_thread();  // the peers bound their devices to this thread while they loaded
     m.model->set_step_peers(m.ep_peers.get());
   } else {
     m.model = beluga::load_model(m.cfg, src, *m.ops, ma.max_model_len);

@@ -25,12 +25,13 @@ FlagGroup model_options() {
         "batch, with prefix hits and chunked prefill; unseeded requests use seed 0; CPU, and CUDA for "
         "DeepSeek V2/V3 and Llama/Qwen; with --speculative-config too (docs/deterministic.md)"},
        {"expert-parallel-size", "N",
-        "routed experts split over N ranks (CPU: thread ranks, each stepping every batch; DeepSeek V2/V3; "
-        "default 1)"},
+        "routed experts split over N thread ranks, each stepping every batch (CPU; CUDA: rank r on GPU r, "
+        "eager steps; DeepSeek V2/V3; a failed rank restarts the instance over the ranks left; default 1)"},
        {"eplb", "",
         "live expert-parallel load balancing with --expert-parallel-size: each MoE layer's routed tokens "
         "are counted per expert and DeepSeek's EPLB moves and replicates experts between steps (one info "
-        "line per rebalance); implied by the --eplb-* options below; off: the contiguous layout, fixed"},
+        "line per rebalance; CPU ranks); implied by the --eplb-* options below; off: the contiguous layout, "
+        "fixed"},
        {"eplb-redundant-experts", "R",
         "with --eplb: extra expert slots per rank for replicas of hot experts "
         "(default 0)"},

@@ -5,13 +5,17 @@
 namespace beluga {
 
 ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions,
-                                         LocalGroup& group, const ExpertSharding& sharding, CpuOptions cpu,
-                                         LiveExpertPlacement* live, InjectedRankFault fault)
+                                         LocalGroup& group, const ExpertSharding& sharding,
+                                         std::vector<std::unique_ptr<Ops>> ops, LiveExpertPlacement* live,
+                                         InjectedRankFault fault)
     : group_(group), live_(live), fault_(fault) {
+  BELUGA_CHECK(int(ops.size()) == group.size() - 1, "expert parallelism: ", ops.size(), " backends for ",
+               group.size() - 1, " peer ranks");
   for (int r = 1; r < group.size(); ++r) {
     auto p = std::make_unique<Peer>();
     p->rank = r;
-    p->ops = std::make_unique<CpuOps>(cpu);
+    p->ops = std::move(ops[size_t(r - 1)]);
+    p->ops->bind_thread();  // its weights go to its device
     p->ep =
         std::make_unique<ExpertParallelism>(ExpertParallelism{&group.communicator(r), &sharding, true, live});
     p->model = load_model(cfg, src, *p->ops, max_positions, p->ep.get());
@@ -68,12 +72,13 @@ void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::functi
   set_job();
   done_ = 0;
   ++step_;
+  ++compute_steps_;
   cv_.notify_all();
 }
 
 void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden) {
   post(b, num_blocks, [&] {
-    mtp_ = false;
+    job_ = Job::kForward;
     keep_hidden_ = keep_hidden;
   });
 }
@@ -81,7 +86,7 @@ void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden
 void ExpertParallelPeers::begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows,
                                     bool chained) {
   post(b, num_blocks, [&] {
-    mtp_ = true;
+    job_ = Job::kMtp;
     chained_ = chained;
     rows_.assign(rows.begin(), rows.end());
   });
@@ -93,24 +98,32 @@ void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
 }
 
 void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) {
-  // Between steps (the last one's end() has returned): the peers' threads wait for the next begin(),
-  // so their caches are the caller's to write.
-  std::lock_guard<std::mutex> lock(mu_);
-  num_blocks_ = num_blocks;
-  for (auto& p : peers_) {
-    ensure_caches(*p, with_mtp);
-    std::vector<Tensor> layers = p->kv.layers;  // the image's layers (kv_connector.h)
-    if (with_mtp) layers.insert(layers.end(), p->mtp_kv.layers.begin(), p->mtp_kv.layers.end());
-    p->ops->kv_blocks_from_host(layers, loads);
+  // Between steps, on the peers' own threads (a GPU rank's copies run where its device is bound).
+  if (const auto f = failure())
+    throw Error(str("expert-parallel rank ", f->rank, " failed (", f->cause, "); the group is down"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loads_ = loads;
+    load_mtp_ = with_mtp;
+    num_blocks_ = num_blocks;
+    job_ = Job::kLoad;
+    done_ = 0;
+    ++step_;
+    cv_.notify_all();
   }
+  wait_done();
 }
 
-void ExpertParallelPeers::end() {
+void ExpertParallelPeers::wait_done() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ == int(peers_.size()); });
   if (const auto f = failure()) throw Error(str("expert-parallel rank ", f->rank, " failed: ", f->cause));
   for (auto& p : peers_)
     if (p->error) std::rethrow_exception(p->error);
+}
+
+void ExpertParallelPeers::end() {
+  wait_done();
   // Rank 0's layers are done too (Model::with_peers ends them first): the step is closed everywhere.
   if (live_) live_->after_step();
 }
@@ -122,6 +135,7 @@ void ExpertParallelPeers::abort() {
 }
 
 void ExpertParallelPeers::run(Peer& p) {
+  p.ops->bind_thread();
   uint64_t seen = 0;
   for (;;) {
     {
@@ -147,9 +161,18 @@ void ExpertParallelPeers::run(Peer& p) {
 }
 
 void ExpertParallelPeers::step(Peer& p) {
-  if (p.rank == fault_.rank && step_ >= fault_.at_step)
-    throw Error(str("injected failure of rank ", p.rank, " at its step ", step_));
-  ensure_caches(p, mtp_);
+  if (job_ == Job::kLoad) {
+    ensure_caches(p, load_mtp_);
+    std::vector<Tensor> layers = p.kv.layers;  // the image's layers (kv_connector.h)
+    if (load_mtp_) layers.insert(layers.end(), p.mtp_kv.layers.begin(), p.mtp_kv.layers.end());
+    p.ops->kv_blocks_from_host(layers, loads_);
+    p.ops->synchronize();  // the caller may reuse the host images once load_blocks returns
+    return;
+  }
+  if (p.rank == fault_.rank && compute_steps_ >= fault_.at_step)
+    throw Error(str("injected failure of rank ", p.rank, " at its step ", compute_steps_));
+  const bool mtp = job_ == Job::kMtp;
+  ensure_caches(p, mtp);
   Ops& ops = *p.ops;
   const int64_t T = int64_t(batch_.tokens.size()), D = p.model->config().hidden_size;
   // Persistent buffers grow to the largest step seen (the first ones are the largest: prompts).
@@ -157,7 +180,7 @@ void ExpertParallelPeers::step(Peer& p) {
     if (t.empty() || t.shape[0] < T)
       t = ops.alloc_persistent(ops.act_dtype(), {std::max<int64_t>(T, 256), D});
   };
-  if (!mtp_) {
+  if (!mtp) {
     ForwardOptions opt;
     if (keep_hidden_) {
       fit(p.hidden);
@@ -174,6 +197,12 @@ void ExpertParallelPeers::step(Peer& p) {
   ForwardOptions opt;
   opt.final_hidden = &p.mtp_out;
   p.model->mtp_forward(batch_, p.mtp_in, p.mtp_kv, nullptr, opt);
+}
+
+std::vector<std::unique_ptr<Ops>> cpu_peer_ops(int ranks, const CpuOptions& cpu) {
+  std::vector<std::unique_ptr<Ops>> ops;
+  for (int r = 1; r < ranks; ++r) ops.push_back(std::make_unique<CpuOps>(cpu));
+  return ops;
 }
 
 }  // namespace beluga

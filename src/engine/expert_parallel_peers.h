@@ -1,5 +1,6 @@
-// ExpertParallelPeers: ranks 1 .. N-1 of a CPU expert-parallel group (thread ranks over a
-// LocalGroup), each with its own backend, model (its experts only, replicated tokens) and KV cache,
+// ExpertParallelPeers: ranks 1 .. N-1 of an expert-parallel group of thread ranks (over a LocalGroup),
+// each with its own backend (CPU, or a CUDA device: its thread binds it), model (its experts only,
+// replicated tokens) and KV cache,
 // stepping every batch that rank 0's model steps (Model::set_step_peers). Rank 0 is the caller's
 // model, so the engine and the generator run unchanged on top of it; the KV cache is kept on every
 // rank (each writes the same blocks), so the prefix cache's block reuse stays valid, and blocks loaded
@@ -43,10 +44,11 @@ struct InjectedRankFault {
 
 class ExpertParallelPeers final : public StepPeers {
  public:
-  // Loads ranks 1 .. group.size()-1 from `src` (which may be dropped after) with `cpu` each.
+  // Loads ranks 1 .. group.size()-1 from `src` (which may be dropped after), rank r on ops[r - 1]
+  // (bound to the calling thread while it loads: rebind rank 0's after).
   ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
-                      const ExpertSharding& sharding, CpuOptions cpu, LiveExpertPlacement* live = nullptr,
-                      InjectedRankFault fault = {});
+                      const ExpertSharding& sharding, std::vector<std::unique_ptr<Ops>> ops,
+                      LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {});
   ~ExpertParallelPeers() override;
 
   // The group's failure, once a rank failed (thread-safe).
@@ -67,7 +69,7 @@ class ExpertParallelPeers final : public StepPeers {
 
  private:
   struct Peer {
-    std::unique_ptr<CpuOps> ops;
+    std::unique_ptr<Ops> ops;
     std::unique_ptr<ExpertParallelism> ep;
     std::unique_ptr<Model> model;
     KvCache kv;
@@ -85,6 +87,7 @@ class ExpertParallelPeers final : public StepPeers {
   // Hands the peers a job over `b` (without its logit rows): `set_job` sets its kind, under the lock.
   void post(const Batch& b, int num_blocks, const std::function<void()>& set_job);
   void step(Peer& p);  // the job begun last, on p's thread
+  void wait_done();    // for every peer to finish the job; throws the group's failure
   // p's caches of num_blocks_ blocks (the MTP one when `mtp`), made on first use.
   void ensure_caches(Peer& p, bool mtp) const;
 
@@ -99,13 +102,20 @@ class ExpertParallelPeers final : public StepPeers {
   std::condition_variable cv_;
   Batch batch_;  // the step's batch, without logit rows (only rank 0 computes logits)
   int num_blocks_ = 0;
-  bool mtp_ = false;           // the job: an MTP step (else a forward)
-  bool keep_hidden_ = false;   // a forward: keep its final hidden states
-  bool chained_ = false;       // an MTP step: its inputs from the last MTP output
-  std::vector<int32_t> rows_;  // an MTP step's input rows
-  uint64_t step_ = 0;          // begun steps
-  int done_ = 0;               // peers done with step_
+  enum class Job { kForward, kMtp, kLoad };
+  Job job_ = Job::kForward;
+  std::span<const KvBlockCopy> loads_;  // kLoad: the caller's images (it waits for the job)
+  bool load_mtp_ = false;               // kLoad: the images end with the MTP layer's slice
+  bool keep_hidden_ = false;            // a forward: keep its final hidden states
+  bool chained_ = false;                // an MTP step: its inputs from the last MTP output
+  std::vector<int32_t> rows_;           // an MTP step's input rows
+  uint64_t step_ = 0;                   // begun jobs
+  uint64_t compute_steps_ = 0;          // of which forwards and MTP steps
+  int done_ = 0;                        // peers done with step_
   bool stop_ = false;
 };
+
+// Backends for ranks 1 .. ranks-1 on the CPU, each with `cpu`'s options.
+std::vector<std::unique_ptr<Ops>> cpu_peer_ops(int ranks, const CpuOptions& cpu);
 
 }  // namespace beluga

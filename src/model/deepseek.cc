@@ -68,6 +68,9 @@ class DeepseekModel final : public Model {
       held = ep->sharding->local_experts(ep->comm->rank());
       ep_moe_ = std::make_unique<ExpertParallelMoe>(ops, *ep->comm, *ep->sharding);
       ep_replicated_ = ep->replicated_tokens;
+      // Its MoE layers plan their exchanges on the host between the ranks' collectives: no recorded
+      // graph can hold a step.
+      always_eager_ = enforce_eager_ = true;
       live_ = ep->live;
       ep_rank_ = ep->comm->rank();
       BELUGA_CHECK(

@@ -108,7 +108,8 @@ class Model {
   // Decode steps replay recorded graphs on backends that support them (see DecodeGraphs) unless
   // `enforce_eager` is set (as vLLM's --enforce-eager); results are the same up to rounding.
   void forward(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt = {});
-  void set_enforce_eager(bool on) { enforce_eager_ = on; }
+  // (An expert-parallel model is loaded eager and stays so: its steps exchange rows planned on the host.)
+  void set_enforce_eager(bool on) { enforce_eager_ = on || always_eager_; }
   // Whether the last forward() (this rank's) replayed a recorded CUDA graph (traces).
   bool last_forward_graphed() const { return last_graphed_; }
   // Whether decode steps of uniform shape replay graphs (then padding a step to one shape is free).
@@ -206,6 +207,7 @@ class Model {
   int64_t n_params_ = 0;
   int max_positions_ = 0;
   bool enforce_eager_ = false;
+  bool always_eager_ = false;  // steps no graph can hold (expert-parallel collectives)
   bool last_graphed_ = false;
   StepPeers* peers_ = nullptr;
   void forward_local(const Batch& batch, KvCache& kv, float* logits, const ForwardOptions& opt);

@@ -34,7 +34,7 @@ class LocalCommunicator final : public Communicator {
                 std::to_string(recv_bytes[size_t(p)]);
         break;
       }
-      if (len) std::memcpy(out, static_cast<const unsigned char*>(src.send) + off, len);
+      if (len) g_.copy(out, static_cast<const unsigned char*>(src.send) + off, len);
       out += len;
     }
     g_.wait_all();  // peers may reuse their send buffers only after everyone has read them
@@ -49,7 +49,7 @@ class LocalCommunicator final : public Communicator {
       if (src.bytes != bytes)
         error = "all_gather: ranks disagree on the size";
       else if (bytes)
-        std::memcpy(static_cast<unsigned char*>(recv) + size_t(p) * bytes, src.send, bytes);
+        g_.copy(static_cast<unsigned char*>(recv) + size_t(p) * bytes, src.send, bytes);
     }
     g_.wait_all();
     if (!error.empty()) fail(error);
@@ -58,7 +58,7 @@ class LocalCommunicator final : public Communicator {
   void all_reduce_sum(float* data, size_t n) override {
     post({data, nullptr, nullptr, n});
     std::string error;
-    std::vector<float> sum(n, 0.0f);
+    std::vector<float> sum(n, 0.0f), staged(g_.transport_.copy ? n : 0);
     for (int p = 0; p < g_.size_; ++p) {
       const LocalGroup::Post& src = g_.posts_[size_t(p)];
       if (src.bytes != n) {
@@ -66,27 +66,40 @@ class LocalCommunicator final : public Communicator {
         break;
       }
       const auto* x = static_cast<const float*>(src.send);
+      if (!staged.empty()) {  // device memory: read through the transport
+        g_.copy(staged.data(), x, n * sizeof(float));
+        x = staged.data();
+      }
       for (size_t i = 0; i < n; ++i) sum[i] += x[i];
     }
     g_.wait_all();  // everyone has read every rank's data: now it may be overwritten
     if (!error.empty()) fail(error);
-    if (n) std::memcpy(data, sum.data(), n * sizeof(float));
+    if (n) g_.copy(data, sum.data(), n * sizeof(float));
   }
 
-  void barrier() override { g_.wait_all(); }
+  void barrier() override {
+    make_ready();
+    g_.wait_all();
+  }
   void abort() override { g_.abort(rank_); }
 
  private:
   // Publishes this rank's buffers and waits until every rank has published its own.
   void post(const LocalGroup::Post& p) {
+    make_ready();  // this rank's buffers written before a peer reads them
     g_.posts_[size_t(rank_)] = p;
     g_.wait_all();
+  }
+  void make_ready() const {
+    const auto& ready = g_.transport_.ready;
+    if (size_t(rank_) < ready.size() && ready[size_t(rank_)]) ready[size_t(rank_)]();
   }
   LocalGroup& g_;
   int rank_;
 };
 
-LocalGroup::LocalGroup(int size) : size_(size), posts_(size_t(size)) {
+LocalGroup::LocalGroup(int size, LocalTransport transport)
+    : size_(size), transport_(std::move(transport)), posts_(size_t(size)) {
   BELUGA_CHECK(size >= 1, "LocalGroup: size must be at least 1, got ", size);
   for (int r = 0; r < size; ++r) comms_.push_back(std::make_unique<LocalCommunicator>(*this, r));
 }
@@ -96,6 +109,13 @@ LocalGroup::~LocalGroup() = default;
 Communicator& LocalGroup::communicator(int r) {
   BELUGA_CHECK(r >= 0 && r < size_, "LocalGroup: no rank ", r, " in a group of ", size_);
   return *comms_[size_t(r)];
+}
+
+void LocalGroup::copy(void* dst, const void* src, size_t bytes) const {
+  if (transport_.copy)
+    transport_.copy(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
 }
 
 int LocalGroup::failed_rank() const {

@@ -3,11 +3,14 @@
 // state; communicator(r) is rank r's handle, used by one thread. Each collective posts the rank's
 // buffers, waits for all ranks, copies what this rank receives from the peers' buffers (pull), and
 // waits again so no rank reuses a buffer a peer still reads. Sums run in rank order, so every rank
-// gets the same bits on every run.
+// gets the same bits on every run. Buffers are host memory unless a LocalTransport says how to copy
+// (thread ranks on GPUs: copies that reach device memory, and each rank's queued work finished before
+// its buffers are read).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -16,9 +19,17 @@
 
 namespace beluga {
 
+// How a group's buffers move. `copy` (null: memcpy) copies between any two ranks' buffers or host
+// memory and returns once the bytes are there; ready[r] (empty: none) returns once rank r's queued
+// work has written its buffers (CudaOps::synchronize), called before each of its collectives.
+struct LocalTransport {
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;
+  std::vector<std::function<void()>> ready;
+};
+
 class LocalGroup {
  public:
-  explicit LocalGroup(int size);
+  explicit LocalGroup(int size, LocalTransport transport = {});
   ~LocalGroup();
   int size() const { return size_; }
   // Rank r's communicator (owned by the group; one thread uses it).
@@ -39,8 +50,10 @@ class LocalGroup {
   // Waits until every rank has arrived; throws when the group was aborted.
   void wait_all();
   void abort(int rank);
+  void copy(void* dst, const void* src, size_t bytes) const;
 
   int size_;
+  LocalTransport transport_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0;

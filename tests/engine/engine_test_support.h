@@ -39,7 +39,7 @@ struct ExpertParallelPair {
         ep{&group.communicator(0), &sharding, true},
         model(load_model(cfg, w, ops, max_positions, &ep)),
         peers(std::make_unique<ExpertParallelPeers>(cfg, w, model->max_positions(), group, sharding,
-                                                    CpuOptions{1}, nullptr, fault)) {
+                                                    cpu_peer_ops(2, CpuOptions{1}), nullptr, fault)) {
     model->set_step_peers(peers.get());
   }
   ~ExpertParallelPair() { model->set_step_peers(nullptr); }

@@ -200,7 +200,8 @@ TEST_F(SpecTier, PeersLoadEveryLayerOfTheImage) {
   ops_->kv_block_to_host(layers, 1, image.data());
   LocalGroup group(2);
   const ExpertSharding sharding = ExpertSharding::contiguous(cfg_.n_routed_experts, 2);
-  ExpertParallelPeers peers(cfg_, *ckpt_, model_->max_positions(), group, sharding, CpuOptions{1});
+  ExpertParallelPeers peers(cfg_, *ckpt_, model_->max_positions(), group, sharding,
+                            cpu_peer_ops(2, CpuOptions{1}));
   const KvBlockCopy copy{2, image.data()};
   peers.load_blocks({&copy, 1}, 4, true);
   std::vector<Tensor> got = peers.kv_of(1).layers;

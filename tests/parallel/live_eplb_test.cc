@@ -174,7 +174,8 @@ std::vector<std::vector<std::vector<float>>> run_group(const ModelConfig& cfg, C
   CpuOps ops(CpuOptions{1});
   const ExpertParallelism ep{&group.communicator(0), &sharding, true, live};
   auto model = load_model(cfg, ckpt, ops, 256, &ep);
-  ExpertParallelPeers peers(cfg, ckpt, model->max_positions(), group, sharding, CpuOptions{1}, live);
+  ExpertParallelPeers peers(cfg, ckpt, model->max_positions(), group, sharding,
+                            cpu_peer_ops(group.size(), CpuOptions{1}), live);
   model->set_step_peers(&peers);
   auto out = test::run_steps(*model, prompts, decode);
   model->set_step_peers(nullptr);

@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <numeric>
 #include <stdexcept>
@@ -38,6 +41,45 @@ TEST(LocalCommunicator, AllToAllVUnevenCounts) {
           EXPECT_EQ(recv[k], float(100 * p + 10 * s + int(i))) << "n=" << n << " rank " << s << " from " << p;
     });
   }
+}
+
+// A group whose buffers the transport moves (as thread ranks on GPUs do: CudaOps::copy_between and
+// each rank's stream synchronized first): every byte a rank receives goes through `copy`, each rank is
+// made ready before each of its collectives, and the results are the host group's.
+TEST(LocalCommunicator, ATransportMovesEveryByteAndEachRankIsReadyFirst) {
+  constexpr int n = 3;
+  std::atomic<size_t> copied{0};
+  std::array<std::atomic<int>, n> ready{};
+  LocalTransport t;
+  t.copy = [&](void* dst, const void* src, size_t bytes) {
+    copied += bytes;
+    std::memcpy(dst, src, bytes);
+  };
+  for (int r = 0; r < n; ++r) t.ready.push_back([&ready, r] { ++ready[size_t(r)]; });
+  run_ranks(
+      n,
+      [](Communicator& c) {
+        const int s = c.rank();
+        // all_to_all_v: 2 floats to every rank, valued 10 s + d.
+        std::vector<float> send, recv(2 * n, -1.0f);
+        for (int d = 0; d < n; ++d) send.insert(send.end(), 2, float(10 * s + d));
+        const std::vector<size_t> two(n, 2);
+        c.all_to_all_v(send.data(), two, recv.data(), two);
+        for (int p = 0; p < n; ++p) EXPECT_EQ(recv[size_t(2 * p)], float(10 * p + s));
+        // all_gather of one int each; all_reduce_sum of 4 floats (rank r holds r + i).
+        const int32_t mine = 7 * s;
+        std::vector<int32_t> all(n, -1);
+        c.all_gather(&mine, all.data(), sizeof(mine));
+        for (int p = 0; p < n; ++p) EXPECT_EQ(all[size_t(p)], 7 * p);
+        std::vector<float> x = {float(s), float(s + 1), float(s + 2), float(s + 3)};
+        c.all_reduce_sum(x.data(), x.size());
+        for (int i = 0; i < 4; ++i) EXPECT_EQ(x[size_t(i)], float(3 + 3 * i));  // 0+1+2 + 3 i
+        c.barrier();
+      },
+      std::move(t));
+  // Per rank: 3 x 8 bytes received, 3 x 4 gathered, 3 x 16 read for the sum and 16 written back.
+  EXPECT_EQ(copied.load(), size_t(n) * (24 + 12 + 48 + 16));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(ready[size_t(r)].load(), 4) << "rank " << r;  // one per collective
 }
 
 // Only rank 0 sends, only to the last rank; every other pair has a zero count.

@@ -1,5 +1,6 @@
 // Runs fn(comm) on every rank of a LocalGroup of n ranks, one thread each, and rethrows the first
-// rank's error (a failing rank aborts the group, so the others do not wait for it forever).
+// rank's error (a failing rank aborts the group, so the others do not wait for it forever); the group
+// moves buffers with `transport` (default: host memory).
 #pragma once
 
 #include <exception>
@@ -11,8 +12,8 @@
 
 namespace beluga::test {
 
-inline void run_ranks(int n, const std::function<void(Communicator&)>& fn) {
-  LocalGroup group(n);
+inline void run_ranks(int n, const std::function<void(Communicator&)>& fn, LocalTransport transport = {}) {
+  LocalGroup group(n, std::move(transport));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)

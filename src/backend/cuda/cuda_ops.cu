@@ -463,6 +463,19 @@ void CudaOps::bind_thread() {
   BELUGA_CUDA_CHECK(cudaSetDevice(device_));
 }
 
+int CudaOps::device_count() {
+  int n = 0;
+  BELUGA_CUDA_CHECK(cudaGetDeviceCount(&n));
+  return n;
+}
+
+void CudaOps::copy_between(void* dst, const void* src, size_t bytes) {
+  // Unified addressing: the runtime finds each side's memory; the calling thread's own stream keeps
+  // the copy apart from the ranks' streams, and the wait makes it complete on return.
+  BELUGA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread));
+  BELUGA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+}
+
 void CudaOps::begin_capture() {
   // Thread-local mode: other threads' CUDA calls (e.g. a loader) do not invalidate the capture.
   BELUGA_CUDA_CHECK(cudaStreamBeginCapture(S(stream_), cudaStreamCaptureModeThreadLocal));

@@ -78,6 +78,11 @@ class CudaOps final : public Ops {
   void wait_host_copies() override;
   void synchronize() override;
   void bind_thread() override;
+  // CUDA devices present.
+  static int device_count();
+  // Copies `bytes` between any two buffers of this process (host, or any device's) and returns once
+  // they are there: the exchanges of thread ranks on GPUs (LocalTransport).
+  static void copy_between(void* dst, const void* src, size_t bytes);
   // Asynchronous on the stream (pinned host memory from host_alloc overlaps with compute); batched
   // by a gather/scatter kernel and whole-image DMAs (kv_host_copy.h).
   void kv_block_to_host(std::span<const Tensor> layers, int block, void* dst) override;
