@@ -113,9 +113,12 @@ void load_ranks(LoadedModel& m, const ModelArgs& ma, int ep_size, WeightSource& 
                   ": ranks share GPUs (no speed-up; for tests)");
       transport.copy = &CudaOps::copy_between;
       transport.ready.push_back([ops = m.ops.get()] { ops->synchronize(); });
+      m.ep_devices = {static_cast<CudaOps&>(*m.ops).device_index()};
       for (int r = 1; r < n; ++r) {
         CudaOptions co;
-        co.device = r % devices;
+        co.device =
+            size_t(r - 1) < ma.ep_peer_devices.size() ? ma.ep_peer_devices[size_t(r - 1)] : r % devices;
+        m.ep_devices.push_back(co.device);
         co.deterministic = ma.deterministic;
         peer_ops.push_back(std::make_unique<CudaOps>(co));
         transport.ready.push_back([ops = peer_ops.back().get()] { ops->synchronize(); });
@@ -196,7 +199,7 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   return m;
 }
 
-void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size) {
+void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size, std::vector<int> peer_devices) {
   BELUGA_CHECK(ep_size >= 1, "expert parallelism: no rank left to restart with");
   // The live placement first (it waits for a preparation loading through the models), then rank 0's
   // model, then the peers (they stop after it), then what they shared.
@@ -205,8 +208,10 @@ void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size) {
   m.ep_peers.reset();
   m.ep_sharding.reset();
   m.ep_group.reset();
+  m.ep_devices.clear();
   ModelArgs again = ma;
   again.expert_parallel_size = ep_size;
+  again.ep_peer_devices = std::move(peer_devices);
   if (ep_size == 1) again.eplb.reset();  // nothing to balance
   const auto t0 = std::chrono::steady_clock::now();
   load_ranks(m, again, ep_size, *m.weights, InjectedRankFault{});

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 #include "cli/args.h"
@@ -27,6 +28,7 @@ struct LoadedModel {
   CpuOps* cpu = nullptr;  // ops, when the backend is the CPU's (null on other devices)
   std::string device = "cpu";
   std::unique_ptr<ExpertParallelPeers> ep_peers;
+  std::vector<int> ep_devices;  // CUDA: each rank's GPU (rank 0's first); empty on the CPU
   std::unique_ptr<Model> model;
   // --eplb: the group's live placement (declared after the models: destroyed first, it waits for a
   // rebalance in flight, which may be loading through them).
@@ -62,6 +64,9 @@ struct ModelArgs {
   std::optional<LiveEplbOptions> eplb;
   // Tests of failure handling (serve's BELUGA_TEST_FAIL_RANK=R:STEP): a thread rank that fails.
   InjectedRankFault ep_fault;
+  // CUDA: the GPUs of ranks 1 .. N-1 (empty: rank r on GPU r modulo the GPUs present); rank 0 runs
+  // on the backend's own device (0).
+  std::vector<int> ep_peer_devices;
   // Loading progress on stderr: a bar when stderr is a terminal; plain lines otherwise only when set
   // (serve sets it: its stderr is a log), so commands whose output is parsed stay quiet.
   bool progress_lines = false;
@@ -72,10 +77,11 @@ ModelArgs parse_model_args(const Args& args);
 MlaMode mla_mode_for(const ModelArgs& ma, MlaMode asked);
 // Reads the config and loads the weights.
 LoadedModel load_model_dir(const ModelArgs& ma);
-// After a rank failed (expert_group_restart.h): rank 0's model, the group, its sharding, live
-// placement and peers are rebuilt over `ep_size` ranks (1: one model with every expert, no EPLB);
-// the backend, the weights (their source stays open) and the config stay.
-void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size);
+// After a rank failed (cli/serving_engine.h): rank 0's model, the group, its sharding, live
+// placement and peers are rebuilt over `ep_size` ranks (1: one model with every expert, no EPLB),
+// ranks 1.. on `peer_devices` (CUDA; their first ep_size - 1); the backend, the weights (their
+// source stays open) and the config stay.
+void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size, std::vector<int> peer_devices);
 // parse_model_args, args.check_all_used(), load_model_dir: a command reads its own options first,
 // so a bad command line fails before anything loads.
 LoadedModel load_model_from_args(const Args& args);

@@ -57,23 +57,33 @@ void ServingEngine::run() {
       if (stop_) return;
       f = *failure_;
     }
+    // The ranks left: on GPUs the failed rank's device goes (rank 0 keeps the backend's own).
+    std::vector<int> devices = m_.ep_devices;
+    if (size_t(f.rank) < devices.size()) devices.erase(devices.begin() + f.rank);
     const int next = healthy_group_size(ranks_ - 1, m_.cfg.n_routed_experts, ma_.eplb.has_value());
     const std::string cause = str("expert-parallel rank ", f.rank, " of ", ranks_, " failed (", f.cause, ")");
+    if (f.rank == 0 && !m_.ep_devices.empty()) {
+      // Rank 0's GPU holds the backend the KV tiers and the sampler were made with: no restart here.
+      give_up(cause, "rank 0's GPU cannot be replaced in place; restart the process without it");
+      return;
+    }
     log::error("serve", cause, "; restarting over ", next, next == 1 ? " rank" : " ranks");
     handle_.take_down(str("restarting: ", cause));
     const auto t0 = std::chrono::steady_clock::now();
-    engine_.reset();  // the requests still in it end (as aborted: their clients get an error)
+    // Every later step of the failed group fails at once, naming the rank: let the old engine fail
+    // the requests it holds with that error (bounded) rather than end them as aborted.
+    for (int i = 0; i < 1000; ++i) {
+      const EngineStats st = engine_->stats();
+      if (st.running + st.waiting == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    engine_.reset();  // what is left ends as aborted (its clients get an error too)
     try {
-      reload_expert_parallel(m_, ma_, next);
+      if (!devices.empty()) devices.erase(devices.begin());  // rank 0's stays with the backend
+      reload_expert_parallel(m_, ma_, next, devices);
       engine_ = std::make_unique<Engine>(*m_.model, ecfg_);
     } catch (const std::exception& e) {
-      log::error("serve", "the restart failed (", e.what(), "); the instance stays down and exits");
-      {
-        std::lock_guard lock(mu_);
-        gave_up_ = true;
-      }
-      handle_.take_down(str("down: ", cause, "; the restart failed: ", e.what()));
-      kill(getpid(), SIGTERM);  // serve's signal wait: drain and exit (status 1)
+      give_up(cause, str("the restart failed: ", e.what()));
       return;
     }
     {
@@ -92,6 +102,16 @@ void ServingEngine::run() {
               secs, " s)");
     if (!m_.ep_peers) return;  // one rank: nothing left to fail over
   }
+}
+
+void ServingEngine::give_up(const std::string& cause, const std::string& why) {
+  log::error("serve", cause, "; ", why, ": the instance stays down and exits");
+  {
+    std::lock_guard lock(mu_);
+    gave_up_ = true;
+  }
+  handle_.take_down(str("down: ", cause, "; ", why));
+  kill(getpid(), SIGTERM);  // serve's signal wait: drain and exit (status 1)
 }
 
 std::string ServingEngine::metrics(const std::string& model_name) const {

@@ -2,9 +2,10 @@
 // expert-parallel thread ranks (--expert-parallel-size N) a rank that fails takes the instance down
 // and a restart thread brings it back: the handle answers 503 with the cause (/health, /ready and
 // new requests), the engine goes (requests still in it end with an error), the model is rebuilt
-// over the ranks left (parallel/healthy_group.h; the failed rank is not used again; the backend,
-// weights, KV tiers and server stay) and a new engine takes over on the same port. When no restart
-// is possible the instance stays down and SIGTERM ends the process (exit status 1: gave_up()).
+// over the ranks left (parallel/healthy_group.h; the failed rank, and on GPUs its device, is not used
+// again; the backend, weights, KV tiers and server stay) and a new engine takes over on the same
+// port. When no restart is possible (the reload fails; rank 0's GPU failed) the instance stays down
+// and the process drains and exits with status 1 (gave_up()), for its supervisor.
 #pragma once
 
 #include <condition_variable>
@@ -37,6 +38,8 @@ class ServingEngine {
  private:
   void watch_failures();  // hands the current peers' failure to the restart thread
   void run();             // the restart thread
+  // The instance stays down (503 with `cause` and `why`) and the process ends (status 1).
+  void give_up(const std::string& cause, const std::string& why);
 
   LoadedModel& m_;
   const ModelArgs& ma_;

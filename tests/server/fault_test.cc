@@ -334,8 +334,8 @@ TEST(Fault, AFailedExpertParallelRankRestartsTheInstanceOverTheRanksLeft) {
   const std::string page = get(port, "/metrics").body;
   EXPECT_EQ(metric_value(page, "beluga_expert_parallel_ranks"), 1) << page;
   EXPECT_EQ(metric_value(page, "beluga_engine_restarts_total"), 1) << page;
-  // The counters continue: the first engine's finished request (the new one has served none yet).
-  EXPECT_EQ(metric_value(page, "beluga_engine_requests_finished_total"), 1) << page;
+  // The counters continue: the first engine's finished request(s) (the new one has served none yet).
+  EXPECT_GE(metric_value(page, "beluga_engine_requests_finished_total"), 1) << page;
   const HttpReply after = post(port, "/v1/completions", greedy);
   ASSERT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(Json::parse(after.body)["choices"][0]["text"], Json::parse(before.body)["choices"][0]["text"]);

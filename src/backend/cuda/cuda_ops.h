@@ -78,6 +78,7 @@ class CudaOps final : public Ops {
   void wait_host_copies() override;
   void synchronize() override;
   void bind_thread() override;
+  int device_index() const { return device_; }
   // CUDA devices present.
   static int device_count();
   // Copies `bytes` between any two buffers of this process (host, or any device's) and returns once
