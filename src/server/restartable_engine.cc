@@ -7,22 +7,15 @@ namespace beluga::server {
 
 EngineStats add_engine_counters(const EngineStats& base, const EngineStats& now) {
   EngineStats s = now;
-  s.requests_finished += base.requests_finished;
-  s.prompt_tokens += base.prompt_tokens;
-  s.generation_tokens += base.generation_tokens;
-  s.prefix_cache_queries += base.prefix_cache_queries;
-  s.prefix_cache_hits += base.prefix_cache_hits;
-  s.prefix_cache_hits_below += base.prefix_cache_hits_below;
-  s.preemptions += base.preemptions;
-  s.steps += base.steps;
-  s.steps_failed += base.steps_failed;
-  s.steps_early += base.steps_early;
-  s.steps_early_retried += base.steps_early_retried;
-  s.steps_host_sampled += base.steps_host_sampled;
+  for (int64_t EngineStats::*counter :
+       {&EngineStats::requests_finished, &EngineStats::prompt_tokens, &EngineStats::generation_tokens,
+        &EngineStats::prefix_cache_queries, &EngineStats::prefix_cache_hits,
+        &EngineStats::prefix_cache_hits_below, &EngineStats::preemptions, &EngineStats::steps,
+        &EngineStats::steps_failed, &EngineStats::steps_early, &EngineStats::steps_early_retried,
+        &EngineStats::steps_host_sampled, &EngineStats::spec_drafts, &EngineStats::spec_draft_tokens,
+        &EngineStats::spec_accepted_tokens})
+    s.*counter += base.*counter;
   s.last_step_unix_ms = std::max(s.last_step_unix_ms, base.last_step_unix_ms);
-  s.spec_drafts += base.spec_drafts;
-  s.spec_draft_tokens += base.spec_draft_tokens;
-  s.spec_accepted_tokens += base.spec_accepted_tokens;
   if (s.spec_accepted_per_position.size() < base.spec_accepted_per_position.size())
     s.spec_accepted_per_position.resize(base.spec_accepted_per_position.size(), 0);
   for (size_t k = 0; k < base.spec_accepted_per_position.size(); ++k)
