@@ -183,7 +183,7 @@ void Engine::loop() {
     std::lock_guard<std::mutex> lk(mu_);
     waiting_count_ = im.scheduler.num_waiting();
   };
-  auto emit_final = [&](int slot, FinishReason why, const std::string& error) {
+  auto emit_final = [&](int slot, FinishReason why, const std::string& error, bool unavailable = false) {
     auto it = im.requests.find(slot);
     if (it == im.requests.end()) return;
     Impl::Request& r = it->second;
@@ -202,6 +202,7 @@ void Engine::loop() {
     }
     out.finished = true;
     out.error = error;
+    out.unavailable = unavailable;
     publish_waiting();
     deliver(r.req, std::move(out));  // the request ends here whether or not its callback copes
     im.slot_of.erase(r.req.id);
@@ -336,7 +337,7 @@ void Engine::loop() {
   // Step N failed: fail its requests, as a synchronous engine would. Its commit already published
   // blocks whose KV was never written; take them out of the prefix index and fail the requests that
   // picked them up for N+1 too (they would read garbage). Their chunks leave N+1 before their Seqs go.
-  auto fail_step = [&](const std::string& error) {
+  auto fail_step = [&](const std::string& error, bool unavailable) {
     im.failed.assign(im.step_slots.begin(), im.step_slots.end());
     std::erase_if(im.published, [&](int b) { return !im.blocks.is_published(b); });  // evicted: reused
     if (!im.published.empty())
@@ -350,7 +351,7 @@ void Engine::loop() {
     std::erase_if(im.chunks, [&](const Chunk& c) {
       return std::binary_search(im.failed.begin(), im.failed.end(), c.seq->request);
     });
-    for (int slot : im.failed) emit_final(slot, FinishReason::kError, error);
+    for (int slot : im.failed) emit_final(slot, FinishReason::kError, error, unavailable);
     for (int b : im.published) im.blocks.unpublish(b);
   };
 
@@ -420,10 +421,14 @@ void Engine::loop() {
   auto finish_step = [&] {
     if (!im.runner.in_flight()) return false;
     std::string error;
-    bool ok = true;
+    bool ok = true, unavailable = false;
     try {
       TraceSpan span(tr, lane, "wait");
       im.runner.wait();
+    } catch (const Unavailable& e) {  // the model's group is down: not the requests' fault
+      ok = false;
+      unavailable = true;
+      error = e.what();
     } catch (const std::exception& e) {
       ok = false;
       error = e.what();
@@ -446,7 +451,7 @@ void Engine::loop() {
       if (cfg_.loop_hook) cfg_.loop_hook(im.stats.steps);
     } else {
       im.stats.steps_failed++;
-      fail_step(error);  // a failed step fails the requests in it; the engine keeps serving the others
+      fail_step(error, unavailable);  // a failed step fails its requests; the engine serves the others
     }
     return ok && (im.runner.device_sampled() || im.runner.greedy());
   };
@@ -570,7 +575,7 @@ void Engine::loop() {
     im.outs.clear();
     im.out_of.clear();
     im.rows.clear();
-    fail_step(str("internal error in the engine: ", what));
+    fail_step(str("internal error in the engine: ", what), false);
     im.chunks.clear();
     im.step_slots.clear();
     im.published.clear();

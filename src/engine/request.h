@@ -71,6 +71,9 @@ struct RequestOutput {
   // once, in the output with the request's first sampled token (its first output, unless it failed).
   std::vector<TokenLogprob> prompt_logprobs;
   std::string error;  // set with FinishReason::kError
+  // With `error`: the instance could not run the request (util/error.h Unavailable: a failed rank), not
+  // the request's fault; servers answer 503 so a router retries it elsewhere.
+  bool unavailable = false;
 };
 
 // Called on the engine thread, in order, once per step with news; must return quickly.

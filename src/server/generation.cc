@@ -228,7 +228,7 @@ void Generation::finish_job(std::string out) {
     if (s_.http11_) s_.queue_raw(http_chunk(""));
     s_.end_response();
   } else if (job_->failed()) {
-    s_.send_error(error_api(api_), 500, job_->error(), "");
+    s_.send_error(error_api(api_), job_->unavailable() ? 503 : 500, job_->error(), "");
   } else {
     s_.send_json(200, response);
   }

@@ -212,7 +212,10 @@ void Job::on_output(int sub, RequestOutput&& o, std::string& out) {
     usage_.cached_tokens_disk += sub_cached_disk_[i];
   }
   if (o.finished) engine_active_[s] = false;
-  if (!o.error.empty()) return fail(o.error, out);
+  if (!o.error.empty()) {
+    unavailable_ = o.unavailable;
+    return fail(o.error, out);
+  }
   for (const auto& seq : o.seqs)
     if (seq.finish == FinishReason::kError) return fail("the engine failed this request", out);
 

@@ -67,6 +67,8 @@ class Job {
   bool complete() const { return complete_; }  // every choice finished (or failed)
   bool failed() const { return failed_; }
   const std::string& error() const { return error_; }
+  // The failure was the instance's (RequestOutput::unavailable): a 503, which a router retries.
+  bool unavailable() const { return unavailable_; }
   // The engine may still be generating for `sub` (not yet reported finished).
   bool engine_active(int sub) const { return engine_active_[size_t(sub)]; }
   int num_subs() const { return spec_.num_prompts; }
@@ -123,6 +125,7 @@ class Job {
   Usage usage_;
   bool begun_ = false, complete_ = false, failed_ = false;
   std::string error_;
+  bool unavailable_ = false;
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::steady_clock::time_point> first_token_;
 };

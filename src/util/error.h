@@ -14,6 +14,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// The instance cannot run the work right now (a failed expert-parallel rank; a restart follows): not
+// the request's fault. A server answers 503, which a router retries on another replica.
+class Unavailable : public Error {
+ public:
+  using Error::Error;
+};
+
 // Concatenates any streamable arguments into one string: str("tensor ", name, " has ", n, " dims").
 template <typename... Args>
 std::string str(Args&&... args) {

@@ -54,6 +54,7 @@ struct Collector {
   std::map<std::string, bool> done;
   std::map<std::string, std::map<int, int>> stop_token;
   std::map<std::string, std::string> error;
+  std::map<std::string, bool> unavailable;  // the error was the instance's (RequestOutput::unavailable)
   std::map<std::string, std::vector<TokenLogprob>> prompt_lps;
   std::map<std::string, std::map<int, std::vector<TokenLogprob>>> logprobs;  // sampled tokens', if asked
   std::map<std::string, int> prompt_lp_outputs;  // outputs that carried prompt logprobs
@@ -82,6 +83,7 @@ struct Collector {
       }
       cached[o.request_id] = o.cached_tokens;
       if (!o.error.empty()) error[o.request_id] = o.error;
+      if (o.unavailable) unavailable[o.request_id] = true;
       if (o.finished) done[o.request_id] = true;
       cv.notify_all();
     };

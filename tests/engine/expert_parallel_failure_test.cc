@@ -1,7 +1,8 @@
 // A failed rank of a CPU expert-parallel group (ExpertParallelPeers): the step it fails in fails its
 // requests with the rank and the cause, the failure is reported once (the rank that failed first,
 // not the ranks whose collectives threw because of it), and the group stays down: every later step
-// fails at once with the same cause. Rank 0's own failure (its step unwinding) is reported as rank 0.
+// fails at once with the same cause; those requests are marked unavailable (the instance's failure: a
+// 503). Rank 0's own failure (its step unwinding) is reported as rank 0.
 #include "engine_test_support.h"
 
 namespace beluga::engine_test {
@@ -34,6 +35,7 @@ TEST_F(EngineTest, AFailedExpertParallelRankFailsItsStepAndTheGroupStaysDown) {
   EXPECT_NE(c.error["hit"].find("expert-parallel rank 1 failed: injected failure of rank 1 at its step 4"),
             std::string::npos)
       << c.error["hit"];
+  EXPECT_TRUE(c.unavailable["hit"]);  // the instance's failure, not the request's: a 503
   ASSERT_TRUE(pair.peers->failure());
   EXPECT_EQ(pair.peers->failure()->rank, 1);
   EXPECT_EQ(pair.group.failed_rank(), 1);
@@ -49,6 +51,8 @@ TEST_F(EngineTest, AFailedExpertParallelRankFailsItsStepAndTheGroupStaysDown) {
                                   "the group is down"),
             std::string::npos)
       << c.error["later"];
+  EXPECT_TRUE(c.unavailable["later"]);
+  EXPECT_FALSE(c.unavailable["ok"]);
   EXPECT_EQ(reports, 1);
 }
 

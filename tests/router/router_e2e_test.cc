@@ -298,6 +298,41 @@ TEST(RouterE2E, KilledReplicaLosesNoUnstartedRequestAndReplicasRejoin) {
   EXPECT_EQ(router->terminate(), 0) << router->log();
 }
 
+// Replica A runs two expert-parallel ranks and its rank 1 fails from its 6th step
+// (BELUGA_TEST_FAIL_RANK): the request that meets the failure gets A's 503, the router retries it on B,
+// and every request answers 200 while A restarts itself over one rank and rejoins.
+TEST(RouterE2E, AFailedExpertParallelRankLosesNoRequest) {
+  auto o = child_options("beluga serve: serving ");
+  o.env.push_back("BELUGA_TEST_FAIL_RANK=1:6");
+  auto a = std::make_unique<ChildProcess>(replica_args(0, {"--expert-parallel-size", "2"}), o);
+  auto b = start_replica();
+  ASSERT_GT(a->port(), 0) << a->log();
+  ASSERT_GT(b->port(), 0) << b->log();
+  auto router =
+      start_router({a->url(), b->url()}, {"--policy", "round-robin", "--health-interval-ms", "200"});
+  ASSERT_GT(router->port(), 0) << router->log();
+  const int rp = router->port();
+  int ok = 0;
+  for (int i = 0; i < 8; ++i) {
+    const Json messages =
+        Json::array({{{"role", "user"}, {"content", "Sort a list, take " + std::to_string(i)}}});
+    const auto rep = chat(rp, "ep-tenant", messages, 12);
+    if (rep.status == 200 && rep.json().contains("choices"))
+      ++ok;
+    else
+      ADD_FAILURE() << "request " << i << ": " << rep.status << " " << rep.body;
+  }
+  EXPECT_EQ(ok, 8);
+  const std::string router_page = http_get(rp, "/metrics").body;
+  EXPECT_GE(sample(router_page, "beluga_router_retries_total"), 1) << router_page;
+  EXPECT_TRUE(wait_for([&] { return http_get(a->port(), "/health").status == 200; }, 30)) << a->log();
+  const std::string a_page = http_get(a->port(), "/metrics").body;
+  EXPECT_NE(a_page.find("beluga_engine_restarts_total{model_name=\"beluga-demo-coder-mtp\"} 1"),
+            std::string::npos)
+      << a_page;
+  EXPECT_NE(a->log().find("restarting over 1 rank"), std::string::npos) << a->log();
+}
+
 TEST(RouterE2E, ClientLeavingMidStreamAbortsTheReplicasRequest) {
   auto replica = start_replica();
   ASSERT_GT(replica->port(), 0) << replica->log();

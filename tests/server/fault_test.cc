@@ -308,7 +308,7 @@ TEST(Fault, OversizeFanOutIsA400AndFailingStepsFailOnlyTheirRequests) {
 }
 
 // `--expert-parallel-size 2` with rank 1 failing from its 6th step (BELUGA_TEST_FAIL_RANK): the request
-// that meets the failure gets an error naming the rank, the instance restarts itself over the one
+// that meets the failure gets a 503 naming the rank, the instance restarts itself over the one
 // rank left on the same port (/health back to 200, /metrics: 1 rank, 1 restart), and the same
 // greedy request as before the failure gives the same completion.
 TEST(Fault, AFailedExpertParallelRankRestartsTheInstanceOverTheRanksLeft) {
@@ -321,9 +321,9 @@ TEST(Fault, AFailedExpertParallelRankRestartsTheInstanceOverTheRanksLeft) {
   // Steps 1..3 (a prefill and two decode steps) on both ranks.
   const HttpReply before = post(port, "/v1/completions", greedy);
   ASSERT_EQ(before.status, 200) << before.body;
-  // This one meets the failure.
+  // This one meets the failure: a 503 (the instance's failure, which a router retries elsewhere).
   const HttpReply hit = post(port, "/v1/completions", completion_body(30, false));
-  EXPECT_EQ(hit.status, 500) << hit.body;
+  EXPECT_EQ(hit.status, 503) << hit.body;
   EXPECT_NE(hit.body.find("expert-parallel rank 1 failed"), std::string::npos) << hit.body;
   // Restarted over one rank (down while it reloads: 503 with the cause, or already back).
   const auto t0 = Clock::now();
