@@ -156,14 +156,4 @@ void Model::mtp_forward_local(const Batch& b, const Tensor& hidden, KvCache& kv,
   read_logits(ops_, lg, logits, opt.greedy_tokens, {}, opt.greedy_probs);
 }
 
-void Model::keep_greedy(const Tensor& x, const Tensor& rows, const Weight& head, const ForwardOptions& opt) {
-  const int64_t R = rows.numel();
-  BELUGA_CHECK(opt.device_greedy.numel() >= R &&
-                   (opt.device_greedy_probs.empty() || opt.device_greedy_probs.numel() >= R),
-               "ForwardOptions::device_greedy holds fewer rows than the step's ", R, " logit rows");
-  ops_.head_argmax(opt.device_greedy.rows(0, R),
-                   opt.device_greedy_probs.empty() ? Tensor{} : opt.device_greedy_probs.rows(0, R), x, rows,
-                   head);
-}
-
 }  // namespace beluga
