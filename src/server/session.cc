@@ -453,6 +453,8 @@ void Session::send_response(int status, std::string_view content_type, std::stri
                   std::string(http::obsolete_reason(http::int_to_status(unsigned(status)))) +
                   "\r\nServer: beluga\r\nContent-Type: " + std::string(content_type) +
                   "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  // Overloaded, loading, restarting, draining: say when to come back (the official SDKs honour it).
+  if (status == 503 || status == 429) s += "Retry-After: 1\r\n";
   if (st_.drain.draining()) keep_alive_ = false;
   s += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
   s += body;

@@ -32,6 +32,7 @@ HttpReply to_reply(const http::response<http::string_body>& res) {
   r.status = int(res.result_int());
   r.body = res.body();
   r.content_type = std::string(res[http::field::content_type]);
+  r.retry_after = std::string(res[http::field::retry_after]);
   r.keep_alive = res.keep_alive();
   return r;
 }

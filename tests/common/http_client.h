@@ -24,6 +24,7 @@ struct HttpReply {
   int status = 0;  // 0: no response (connection closed or timed out)
   std::string body;
   std::string content_type;
+  std::string retry_after;  // the Retry-After header, if any
   bool keep_alive = false;  // the response leaves the connection open
   nlohmann::json json() const { return nlohmann::json::parse(body, nullptr, false); }
 };

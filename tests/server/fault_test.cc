@@ -324,6 +324,7 @@ TEST(Fault, AFailedExpertParallelRankRestartsTheInstanceOverTheRanksLeft) {
   // This one meets the failure: a 503 (the instance's failure, which a router retries elsewhere).
   const HttpReply hit = post(port, "/v1/completions", completion_body(30, false));
   EXPECT_EQ(hit.status, 503) << hit.body;
+  EXPECT_EQ(hit.retry_after, "1");
   EXPECT_NE(hit.body.find("expert-parallel rank 1 failed"), std::string::npos) << hit.body;
   // Restarted over one rank (down while it reloads: 503 with the cause, or already back).
   const auto t0 = Clock::now();

@@ -140,9 +140,11 @@ TEST_F(LifecycleTest, HealthAndReadyReflectFailingEngineSteps) {
   auto r = http_get(port_, "/ready");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.json()["status"], "ready");
+  EXPECT_EQ(r.retry_after, "");
   engine_->add_steps(10, 10);  // every step fails
   r = http_get(port_, "/health");
   ASSERT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.retry_after, "1");  // 503s say when to come back
   EXPECT_EQ(r.json()["status"], "unhealthy");
   EXPECT_NE(std::string(r.json()["reason"]).find("10 of the engine's last 10 steps failed"),
             std::string::npos)
@@ -179,6 +181,7 @@ TEST_F(LifecycleTest, LargeRequestsAreBuiltOffTheIoThreadsInABoundedQueue) {
   // One building, one queued: the queue is full.
   auto r = http_post(port_, "/v1/chat/completions", body);
   ASSERT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.retry_after, "1");
   EXPECT_NE(std::string(r.json()["error"]["message"]).find("overloaded"), std::string::npos) << r.body;
   // The I/O thread is free: /health answers while both builds are still in progress.
   EXPECT_EQ(http_get(port_, "/health", std::chrono::seconds(10)).status, 200);
