@@ -1,5 +1,6 @@
-// CudaOps: memory, host transfers, graphs, element-wise ops and the on-device dummy weights. Dense
-// products live in cuda_linear.cu, MoE in cuda_moe*.cu, attention and the KV cache in cuda_attention.cu.
+// CudaOps: memory, host transfers, graphs and element-wise ops. Dense products live in cuda_linear.cu,
+// MoE in cuda_moe*.cu, attention and the KV cache in cuda_attention.cu, the machine's limits in
+// cuda_machine_limits.cu, the on-device dummy weights in cuda_dummy_weights.cu.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -703,110 +704,6 @@ void CudaOps::rope(Tensor x, const Tensor& positions, const RopeTable& tab) {
          x.stride[1], T, H, half, positions.ptr<const int32_t>(), tab.cos.ptr<const float>(),
          tab.sin.ptr<const float>(), tab.interleaved);
   BELUGA_LAUNCH_CHECK();
-}
-
-// ---------------------------------------------------------------------------------------------
-double CudaOps::measure_copy_bandwidth() {
-  const size_t bytes = size_t(4) << 30;
-  void *a = nullptr, *b = nullptr;
-  BELUGA_CUDA_CHECK(cudaMalloc(&a, bytes));
-  BELUGA_CUDA_CHECK(cudaMalloc(&b, bytes));
-  BELUGA_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, S(stream_)));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int i = 0; i < 8; ++i) {
-    cudaEventRecord(e0, S(stream_));
-    BELUGA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, S(stream_)));
-    cudaEventRecord(e1, S(stream_));
-    BELUGA_CUDA_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * double(bytes) / (ms[ms.size() / 2] * 1e-3);
-}
-
-double CudaOps::measure_gemm_peak() {
-  const int n = 8192;
-  Tensor a = alloc_persistent(DType::kBF16, {n, n}), b = alloc_persistent(DType::kBF16, {n, n}),
-         c = alloc_persistent(DType::kBF16, {n, n});
-  fill_uniform(a, 1, -1.0f, 1.0f);
-  fill_uniform(b, 2, -1.0f, 1.0f);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int i = 0; i < 13; ++i) {
-    cudaEventRecord(e0, S(stream_));
-    gemm_bf16(c, a, b);
-    cudaEventRecord(e1, S(stream_));
-    BELUGA_CUDA_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 3) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * double(n) * n * n / (ms[ms.size() / 2] * 1e-3);
-}
-
-// ---------------------------------------------------------------------------------------------
-namespace {
-inline uint64_t host_mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
-
-Tensor CudaDummyWeights::find(const std::string& name, const std::vector<int64_t>& shape, DType hint) {
-  if (ends_with(name, "weight_scale_inv") || ends_with(name, ".bias")) return {};
-  return get(name, shape, hint);
-}
-
-Tensor CudaDummyWeights::get(const std::string& name, const std::vector<int64_t>& shape, DType hint) {
-  // The same values as DummyWeights::get (loader/weight_source.cc), generated on the device.
-  const DType dt = (hint == DType::kF32) ? DType::kF32 : DType::kBF16;
-  uint64_t h = seed_;
-  for (char c : name) h = host_mix(h ^ uint64_t(uint8_t(c)));
-  float lo = 0, hi = 0;
-  if (ends_with(name, "norm.weight")) {
-    lo = hi = 1.0f;
-  } else if (!ends_with(name, "e_score_correction_bias")) {
-    const float fan_in = shape.size() >= 2 ? float(shape.back()) : 1.0f;
-    const float a = std::sqrt(3.0f / fan_in);
-    lo = -a;
-    hi = a;
-  }
-  Tensor t;
-  switch (shape.size()) {
-    case 1:
-      t = ops_.alloc_persistent(dt, {shape[0]});
-      break;
-    case 2:
-      t = ops_.alloc_persistent(dt, {shape[0], shape[1]});
-      break;
-    case 3:
-      t = ops_.alloc_persistent(dt, {shape[0], shape[1], shape[2]});
-      break;
-    default:
-      fail("CudaDummyWeights: unsupported rank for ", name);
-  }
-  ops_.fill_uniform(t, h, lo, hi);
-  bytes_ += t.nbytes();
-  return t;
 }
 
 }  // namespace beluga
