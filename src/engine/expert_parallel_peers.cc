@@ -58,10 +58,14 @@ void ExpertParallelPeers::on_failure(std::function<void(const RankFailure&)> f) 
   on_failure_ = std::move(f);
 }
 
-void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::function<void()>& set_job) {
-  // A failed group stays failed: every later step fails at once, with the first failure's cause.
+void ExpertParallelPeers::throw_if_down() const {
+  // A failed group stays failed: every later job fails at once, with the first failure's cause.
   if (const auto f = failure())
     throw Unavailable(str("expert-parallel rank ", f->rank, " failed (", f->cause, "); the group is down"));
+}
+
+void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::function<void()>& set_job) {
+  throw_if_down();
   // Every rank waits for this step's job (rank 0 begins its own layers after this returns).
   if (live_) live_->before_step();
   std::lock_guard<std::mutex> lock(mu_);
@@ -99,8 +103,7 @@ void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
 
 void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) {
   // Between steps, on the peers' own threads (a GPU rank's copies run where its device is bound).
-  if (const auto f = failure())
-    throw Unavailable(str("expert-parallel rank ", f->rank, " failed (", f->cause, "); the group is down"));
+  throw_if_down();
   {
     std::lock_guard<std::mutex> lock(mu_);
     loads_ = loads;
@@ -117,7 +120,8 @@ void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int nu
 void ExpertParallelPeers::wait_done() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ == int(peers_.size()); });
-  if (const auto f = failure()) throw Unavailable(str("expert-parallel rank ", f->rank, " failed: ", f->cause));
+  if (const auto f = failure())
+    throw Unavailable(str("expert-parallel rank ", f->rank, " failed: ", f->cause));
   for (auto& p : peers_)
     if (p->error) std::rethrow_exception(p->error);
 }

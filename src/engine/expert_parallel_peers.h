@@ -83,6 +83,7 @@ class ExpertParallelPeers final : public StepPeers {
   };
   // Records `rank`'s error when that rank is the one that aborted the group first.
   void note_failure(int rank, const std::exception_ptr& error);
+  void throw_if_down() const;  // Unavailable once the group failed
   void run(Peer& p);
   // Hands the peers a job over `b` (without its logit rows): `set_job` sets its kind, under the lock.
   void post(const Batch& b, int num_blocks, const std::function<void()>& set_job);
