@@ -177,7 +177,13 @@ std::vector<std::vector<std::vector<float>>> run_group(const ModelConfig& cfg, C
   ExpertParallelPeers peers(cfg, ckpt, model->max_positions(), group, sharding,
                             cpu_peer_ops(group.size(), CpuOptions{1}), live);
   model->set_step_peers(&peers);
-  auto out = test::run_steps(*model, prompts, decode);
+  // With a background preparation, wait for it after each step, so the next step boundary switches
+  // to it: the preparation still runs on its own thread, but how many rebalances land within the run
+  // no longer depends on how the machine schedules that thread (a loaded CI machine saw one of two).
+  const auto wait_for_preparation = [live] {
+    if (live && live->options().background) live->join();
+  };
+  auto out = test::run_steps(*model, prompts, decode, wait_for_preparation);
   model->set_step_peers(nullptr);
   if (live) live->join();  // a preparation in flight loads through these models
   return out;
@@ -211,7 +217,10 @@ TEST(LiveEplb, ModelLogitsAcrossARebalanceEqualOneRank) {
     LiveExpertPlacement live(deepseek_moe_layers(cfg, ckpt), cfg.n_routed_experts, 2, opt);
     live.set_source(&ckpt);
     const auto got = run_group(cfg, ckpt, 2, &live, prompts, decode);
-    EXPECT_GE(live.rebalances(), background ? 2 : 6) << "background " << background;
+    // 13 steps, one plan every 2: 6 plans, each switched to at the next boundary (background) or at
+    // once; a plan that would not lower the imbalance is dropped.
+    EXPECT_EQ(live.rebalances() + live.skipped(), 6) << "background " << background;
+    EXPECT_GE(live.rebalances(), 4) << "background " << background;
     EXPECT_GT(live.moved_slots_total(), 0) << "background " << background;
     for (size_t s = 0; s < prompts.size(); ++s)
       for (size_t step = 0; step < ref[s].size(); ++step) {

@@ -2,6 +2,7 @@
 // and keeps every step's logits, so a group's run can be compared with one rank's.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "model/model.h"
@@ -10,9 +11,12 @@ namespace beluga::test {
 
 // Steps `prompts` (each in its own cache blocks) through a prefill and `decode` greedy-free steps
 // that feed token 7 + step; returns every step's logits per sequence, [seq][step][vocab].
+// `between`, if given, runs after every step (a test's way to make a background thread's timing
+// deterministic).
 inline std::vector<std::vector<std::vector<float>>> run_steps(Model& m,
                                                               const std::vector<std::vector<int>>& prompts,
-                                                              int decode) {
+                                                              int decode,
+                                                              const std::function<void()>& between = {}) {
   const int V = m.config().vocab_size, S = int(prompts.size());
   KvCache kv = m.make_kv_cache(S);
   std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(S));
@@ -29,6 +33,7 @@ inline std::vector<std::vector<std::vector<float>>> run_steps(Model& m,
     std::vector<float> lg(size_t(S) * size_t(V));
     m.forward(b, kv, lg.data());
     for (int s = 0; s < S; ++s) out[size_t(s)].emplace_back(lg.begin() + s * V, lg.begin() + (s + 1) * V);
+    if (between) between();
   }
   return out;
 }
