@@ -3,6 +3,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/kv_events.h"
@@ -37,22 +38,38 @@ std::vector<BlockHash> block_hashes(const std::vector<int>& tokens, const std::s
   return out;
 }
 
-BlockManager::BlockManager(int num_blocks, bool prefix_caching, KvEventSink* events)
+BlockManager::BlockManager(int num_blocks, bool prefix_caching, KvEventSink* events, int partitions)
     : caching_(prefix_caching),
       events_(events),
+      per_part_(partitions > 0 ? num_blocks / partitions : 0),
       ref_(num_blocks, 0),
       has_hash_(num_blocks, false),
       hash_(num_blocks),
+      parts_(size_t(std::max(partitions, 1))),
       free_pos_(num_blocks),
-      in_free_(num_blocks, true) {
+      in_free_(num_blocks, false) {
   BELUGA_CHECK(num_blocks > 0, "the KV cache needs at least one block");
-  for (int b = 0; b < num_blocks; ++b) free_pos_[b] = free_.insert(free_.end(), b);
+  BELUGA_CHECK(partitions >= 1 && num_blocks % partitions == 0, "the KV cache's ", num_blocks,
+               " blocks do not split into ", partitions, " equal partitions");
+  for (int b = 0; b < num_blocks; ++b) to_free(b, false);
 }
 
-int BlockManager::take_free() {
-  const int b = free_.front();
-  free_.pop_front();
-  in_free_[b] = false;
+void BlockManager::to_free(int block, bool front) {
+  std::list<int>& f = parts_[size_t(partition_of(block))].free;
+  free_pos_[size_t(block)] = front ? f.insert(f.begin(), block) : f.insert(f.end(), block);
+  in_free_[size_t(block)] = true;
+  ++free_total_;
+}
+
+void BlockManager::out_of_free(int block) {
+  parts_[size_t(partition_of(block))].free.erase(free_pos_[size_t(block)]);
+  in_free_[size_t(block)] = false;
+  --free_total_;
+}
+
+int BlockManager::take_free(int partition) {
+  const int b = parts_[size_t(partition)].free.front();
+  out_of_free(b);
   if (has_hash_[b]) {  // evict the LRU cached block: it is about to hold other tokens
     drop_from_index(b);
     has_hash_[b] = false;
@@ -61,17 +78,24 @@ int BlockManager::take_free() {
   return b;
 }
 
+int BlockManager::matched(const Partition& p, const std::vector<BlockHash>& hashes) const {
+  int n = 0;
+  while (size_t(n) < hashes.size() && p.index.count(hashes[size_t(n)])) ++n;
+  return n;
+}
+
 std::vector<int> BlockManager::acquire_prefix(const std::vector<BlockHash>& hashes) {
   std::vector<int> blocks;
-  if (!caching_) return blocks;
-  for (const BlockHash& h : hashes) {
-    auto it = index_.find(h);
-    if (it == index_.end()) break;
-    const int b = it->second;
-    if (in_free_[b]) {
-      free_.erase(free_pos_[b]);
-      in_free_[b] = false;
-    }
+  if (!caching_ || hashes.empty()) return blocks;
+  int best = 0, best_len = matched(parts_[0], hashes);
+  for (int p = 1; p < num_partitions(); ++p) {
+    const int len = matched(parts_[size_t(p)], hashes);
+    if (len > best_len || (len == best_len && num_free(p) > num_free(best))) best = p, best_len = len;
+  }
+  const Partition& part = parts_[size_t(best)];
+  for (int i = 0; i < best_len; ++i) {
+    const int b = part.index.at(hashes[size_t(i)]);
+    if (in_free_[b]) out_of_free(b);
     ref_[b]++;
     blocks.push_back(b);
   }
@@ -81,25 +105,40 @@ std::vector<int> BlockManager::acquire_prefix(const std::vector<BlockHash>& hash
 bool BlockManager::grow(std::vector<int>& table, int tokens) {
   const int need = (tokens + kKvBlockSize - 1) / kKvBlockSize - int(table.size());
   if (need <= 0) return true;
-  if (need > num_free()) return false;
-  for (int i = 0; i < need; ++i) table.push_back(take_free());
+  int part = 0;
+  if (!table.empty()) {
+    part = partition_of(table.front());
+  } else {
+    for (int p = 1; p < num_partitions(); ++p)
+      if (num_free(p) > num_free(part)) part = p;
+  }
+  if (need > num_free(part)) return false;
+  for (int i = 0; i < need; ++i) table.push_back(take_free(part));
   return true;
 }
 
 void BlockManager::publish(int block, const BlockHash& hash) {
   if (!caching_ || has_hash_[block]) return;
-  auto [it, inserted] = index_.emplace(hash, block);
+  auto [it, inserted] = parts_[size_t(partition_of(block))].index.emplace(hash, block);
   if (!inserted) return;  // another block already holds this prefix; keep the first
   has_hash_[block] = true;
   hash_[block] = hash;
+  if (num_partitions() > 1 && copies_[hash]++ > 0) return;  // another partition holds it too
   if (events_) events_->stored(KvEventTier::kDevice, hash);
 }
 
 void BlockManager::drop_from_index(int block) {
-  auto it = index_.find(hash_[size_t(block)]);
-  if (it == index_.end() || it->second != block) return;
-  index_.erase(it);
-  if (events_) events_->removed(KvEventTier::kDevice, hash_[size_t(block)]);
+  auto& index = parts_[size_t(partition_of(block))].index;
+  const BlockHash& h = hash_[size_t(block)];
+  auto it = index.find(h);
+  if (it == index.end() || it->second != block) return;
+  index.erase(it);
+  if (num_partitions() > 1) {
+    auto c = copies_.find(h);
+    if (--c->second > 0) return;
+    copies_.erase(c);
+  }
+  if (events_) events_->removed(KvEventTier::kDevice, h);
 }
 
 void BlockManager::unpublish(int block) {
@@ -107,8 +146,8 @@ void BlockManager::unpublish(int block) {
   drop_from_index(block);
   has_hash_[block] = false;
   if (in_free_[block]) {  // now a plain free block: reused first
-    free_.erase(free_pos_[block]);
-    free_pos_[block] = free_.insert(free_.begin(), block);
+    out_of_free(block);
+    to_free(block, true);
   }
 }
 
@@ -119,11 +158,7 @@ void BlockManager::release(std::vector<int>& table) {
   for (auto it = table.rbegin(); it != table.rend(); ++it) {
     const int b = *it;
     BELUGA_ASSERT(ref_[b] > 0);
-    if (--ref_[b] == 0) {
-      // Plain (unpublished) blocks are reused first.
-      free_pos_[b] = has_hash_[b] ? free_.insert(free_.end(), b) : free_.insert(free_.begin(), b);
-      in_free_[b] = true;
-    }
+    if (--ref_[b] == 0) to_free(b, !has_hash_[b]);  // plain (unpublished) blocks are reused first
   }
   table.clear();
 }

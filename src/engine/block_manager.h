@@ -3,6 +3,11 @@
 // names the whole prefix up to that block for one tenant. Freed blocks go to an LRU list and stay
 // findable until they are reused, uncached blocks first. An event sink (kv_events.h), when given,
 // hears every block that enters or leaves the prefix index (tier device).
+// Partitions (attention data parallelism, model/data_parallel_split.h): the blocks split into equal
+// ranges, one per rank's cache; a sequence's blocks all come from one partition, chosen when its
+// table is empty: the one with the longest cached prefix for it, else (and on ties) the one with the
+// most free blocks. Each partition has its own free list and prefix index (a prefix may be cached in
+// several); events hear a key when its first copy enters and when its last leaves.
 #pragma once
 
 #include <cstdint>
@@ -32,17 +37,23 @@ class KvEventSink;
 
 class BlockManager {
  public:
-  // `events`: not owned, may be null; outlives the manager.
-  BlockManager(int num_blocks, bool prefix_caching, KvEventSink* events = nullptr);
+  // `events`: not owned, may be null; outlives the manager. `partitions` must divide num_blocks.
+  BlockManager(int num_blocks, bool prefix_caching, KvEventSink* events = nullptr, int partitions = 1);
 
   int num_blocks() const { return int(ref_.size()); }
-  int num_free() const { return int(free_.size()); }
+  int num_partitions() const { return int(parts_.size()); }
+  int blocks_per_partition() const { return per_part_; }
+  int partition_of(int block) const { return block / per_part_; }
+  int num_free() const { return free_total_; }
+  int num_free(int partition) const { return int(parts_[size_t(partition)].free.size()); }
   int num_used() const { return num_blocks() - num_free(); }
   bool is_published(int block) const { return has_hash_[size_t(block)]; }  // in the prefix index
 
-  // The longest run of cached blocks matching `hashes` from the start; takes a reference on each.
+  // The longest run of cached blocks matching `hashes` from the start (within one partition: the
+  // one where the run is longest); takes a reference on each.
   std::vector<int> acquire_prefix(const std::vector<BlockHash>& hashes);
-  // Grows `table` to hold `tokens` tokens; false (and no change) when not enough blocks are free.
+  // Grows `table` to hold `tokens` tokens, from its partition (an empty table's: the one with the
+  // most free blocks); false (and no change) when not enough blocks are free there.
   bool grow(std::vector<int>& table, int tokens);
   // Records that block `block` is full with the prefix named `hash` (later requests may share it).
   void publish(int block, const BlockHash& hash);
@@ -54,18 +65,28 @@ class BlockManager {
   void release(std::vector<int>& table);
 
  private:
-  int take_free();
+  struct Partition {
+    std::list<int> free;  // front: reused first
+    std::unordered_map<BlockHash, int, BlockHashHasher> index;
+  };
+  int take_free(int partition);
   void drop_from_index(int block);  // the block leaves the prefix index (has_hash_ still set)
+  void to_free(int block, bool front);
+  void out_of_free(int block);
+  int matched(const Partition& p, const std::vector<BlockHash>& hashes) const;
 
   bool caching_;
   KvEventSink* events_;
+  int per_part_;
+  int free_total_ = 0;
   std::vector<int> ref_;
   std::vector<bool> has_hash_;
   std::vector<BlockHash> hash_;
-  std::list<int> free_;  // front: reused first
+  std::vector<Partition> parts_;
   std::vector<std::list<int>::iterator> free_pos_;
   std::vector<bool> in_free_;
-  std::unordered_map<BlockHash, int, BlockHashHasher> index_;
+  // With several partitions: how many of them hold each key (events hear the first and the last).
+  std::unordered_map<BlockHash, int, BlockHashHasher> copies_;
 };
 
 }  // namespace beluga

@@ -7,8 +7,8 @@ namespace beluga {
 ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions,
                                          LocalGroup& group, const ExpertSharding& sharding,
                                          std::vector<std::unique_ptr<Ops>> ops, LiveExpertPlacement* live,
-                                         InjectedRankFault fault)
-    : group_(group), live_(live), fault_(fault) {
+                                         InjectedRankFault fault, bool data_parallel)
+    : group_(group), live_(live), fault_(fault), data_parallel_(data_parallel) {
   BELUGA_CHECK(int(ops.size()) == group.size() - 1, "expert parallelism: ", ops.size(), " backends for ",
                group.size() - 1, " peer ranks");
   for (int r = 1; r < group.size(); ++r) {
@@ -16,8 +16,8 @@ ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& s
     p->rank = r;
     p->ops = std::move(ops[size_t(r - 1)]);
     p->ops->bind_thread();  // its weights go to its device
-    p->ep =
-        std::make_unique<ExpertParallelism>(ExpertParallelism{&group.communicator(r), &sharding, true, live});
+    p->ep = std::make_unique<ExpertParallelism>(
+        ExpertParallelism{&group.communicator(r), &sharding, !data_parallel, live});
     p->model = load_model(cfg, src, *p->ops, max_positions, p->ep.get());
     peers_.push_back(std::move(p));
   }
@@ -81,6 +81,8 @@ void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::functi
 }
 
 void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden) {
+  BELUGA_CHECK(!data_parallel_,
+               "attention data parallel: a step is split into the ranks' parts (begin_parts)");
   post(b, num_blocks, [&] {
     job_ = Job::kForward;
     keep_hidden_ = keep_hidden;
@@ -89,11 +91,29 @@ void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden
 
 void ExpertParallelPeers::begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows,
                                     bool chained) {
+  BELUGA_CHECK(!data_parallel_, "attention data parallel: no MTP steps in this build");
   post(b, num_blocks, [&] {
     job_ = Job::kMtp;
     chained_ = chained;
     rows_.assign(rows.begin(), rows.end());
   });
+}
+
+const RankPart& ExpertParallelPeers::begin_parts(const Batch& b, int num_blocks, const PartOutputs& out) {
+  BELUGA_CHECK(data_parallel_, "begin_parts: the ranks step replicated tokens");
+  throw_if_down();
+  if (live_) live_->before_step();
+  std::lock_guard<std::mutex> lock(mu_);
+  parts_.resize(size_t(group_.size()));
+  split_by_rank(b, num_blocks, parts_);
+  part_out_ = out;
+  num_blocks_ = num_blocks;
+  job_ = Job::kPart;
+  done_ = 0;
+  ++step_;
+  ++compute_steps_;
+  cv_.notify_all();
+  return parts_[0];
 }
 
 void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
@@ -102,6 +122,7 @@ void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
 }
 
 void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) {
+  BELUGA_CHECK(!data_parallel_, "attention data parallel: no KV-tier loads in this build");
   // Between steps, on the peers' own threads (a GPU rank's copies run where its device is bound).
   throw_if_down();
   {
@@ -175,6 +196,11 @@ void ExpertParallelPeers::step(Peer& p) {
   }
   if (p.rank == fault_.rank && compute_steps_ >= fault_.at_step)
     throw Error(str("injected failure of rank ", p.rank, " at its step ", compute_steps_));
+  if (job_ == Job::kPart) {
+    ensure_caches(p, false);
+    p.model->forward_part(parts_[size_t(p.rank)], p.kv, part_out_);
+    return;
+  }
   const bool mtp = job_ == Job::kMtp;
   ensure_caches(p, mtp);
   Ops& ops = *p.ops;

@@ -8,6 +8,9 @@
 // A rank that fails aborts the group for good: the step throws on rank 0 (naming the rank that failed
 // first and its error), and so does every later step, at once. failure() and on_failure() tell the
 // owner, which restarts the instance with the ranks left (cli/expert_group_restart.h).
+// Attention data parallel (`data_parallel`): each rank holds only its own range of the engine's cache
+// blocks and steps only the sequences there (model/data_parallel_split.h, begin_parts); the MoE
+// layers exchange every rank's own tokens. Forward steps only: no MTP steps nor KV-tier loads yet.
 // With live EPLB (`live`, shared with rank 0's model), begin() and end() are the group's step
 // boundary: no rank steps there, so end() closes the step's statistics (and may start a rebalance's
 // preparation) and the next begin() switches every rank to a prepared placement before any runs.
@@ -45,10 +48,12 @@ struct InjectedRankFault {
 class ExpertParallelPeers final : public StepPeers {
  public:
   // Loads ranks 1 .. group.size()-1 from `src` (which may be dropped after), rank r on ops[r - 1]
-  // (bound to the calling thread while it loads: rebind rank 0's after).
+  // (bound to the calling thread while it loads: rebind rank 0's after). Rank 0's model must be
+  // loaded with replicated_tokens = !data_parallel.
   ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
                       const ExpertSharding& sharding, std::vector<std::unique_ptr<Ops>> ops,
-                      LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {});
+                      LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {},
+                      bool data_parallel = false);
   ~ExpertParallelPeers() override;
 
   // The group's failure, once a rank failed (thread-safe).
@@ -61,6 +66,8 @@ class ExpertParallelPeers final : public StepPeers {
   void begin(const Batch& b, int num_blocks, bool keep_hidden) override;
   void begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows, bool chained) override;
   void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) override;
+  bool data_parallel() const override { return data_parallel_; }
+  const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out) override;
   void end() override;
   void abort() override;
   // Rank r's (1 .. group size - 1) caches, between steps (tests).
@@ -103,7 +110,10 @@ class ExpertParallelPeers final : public StepPeers {
   std::condition_variable cv_;
   Batch batch_;  // the step's batch, without logit rows (only rank 0 computes logits)
   int num_blocks_ = 0;
-  enum class Job { kForward, kMtp, kLoad };
+  enum class Job { kForward, kMtp, kLoad, kPart };
+  const bool data_parallel_;
+  std::vector<RankPart> parts_;  // kPart: every rank's part of the step (rank 0's first)
+  PartOutputs part_out_;         // kPart: where the parts' rows go
   Job job_ = Job::kForward;
   std::span<const KvBlockCopy> loads_;  // kLoad: the caller's images (it waits for the job)
   bool load_mtp_ = false;               // kLoad: the images end with the MTP layer's slice

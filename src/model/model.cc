@@ -293,8 +293,51 @@ Tensor Model::sample_logits(const Tensor& lg) {
 
 void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOptions& opt) {
   if (!peers_) return forward_local(b, kv, logits, opt);
+  if (peers_->data_parallel()) {
+    // Each rank's rows come back to the host: the step's outputs are gathered there.
+    BELUGA_CHECK(!opt.sampling && opt.device_greedy.empty() && !opt.device_ids && !opt.final_hidden &&
+                     !opt.hidden_capture && opt.hidden_rows.empty(),
+                 "an attention data-parallel step returns logits or greedy ids to the host only");
+    const PartOutputs out{logits, opt.greedy_tokens, opt.greedy_probs};
+    const RankPart& mine = peers_->begin_parts(b, kv.num_blocks, out);
+    with_peers([&] { forward_part(mine, kv, out); });
+    return;
+  }
   peers_->begin(b, kv.num_blocks, opt.final_hidden != nullptr);
   with_peers([&] { forward_local(b, kv, logits, opt); });
+}
+
+void Model::forward_part(const RankPart& part, KvCache& kv, const PartOutputs& out) {
+  if (part.batch.tokens.empty()) {
+    idle_step();
+    return;
+  }
+  const size_t R = part.logit_index.size(), V = size_t(cfg_.vocab_size);
+  ForwardOptions opt;
+  float* logits = nullptr;
+  if (out.greedy_tokens) {
+    part_ids_.resize(R);
+    part_probs_.resize(R);
+    opt.greedy_tokens = part_ids_.data();
+    opt.greedy_probs = out.greedy_probs ? part_probs_.data() : nullptr;
+  } else if (out.logits) {
+    part_logits_.resize(R * V);
+    logits = part_logits_.data();
+  }
+  forward_local(part.batch, kv, logits, opt);
+  for (size_t i = 0; i < R; ++i) {
+    const size_t g = size_t(part.logit_index[i]);
+    if (out.greedy_tokens) {
+      out.greedy_tokens[g] = part_ids_[i];
+      if (out.greedy_probs) out.greedy_probs[g] = part_probs_[i];
+    } else if (out.logits) {
+      std::copy_n(part_logits_.data() + i * V, V, out.logits + g * V);
+    }
+  }
+}
+
+void Model::idle_step() {
+  throw Error(str(cfg_.model_type, " cannot take part in an attention data-parallel step"));
 }
 
 void Model::with_peers(const std::function<void()>& step) {

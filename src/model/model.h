@@ -13,6 +13,7 @@
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/batch.h"
+#include "model/data_parallel_split.h"
 #include "model/decode_graphs.h"
 #include "parallel/expert_parallel.h"
 
@@ -79,6 +80,12 @@ class StepPeers {
   // caches of `num_blocks` blocks too, as the caller's rank loads them into its own (`with_mtp`: the
   // images end with the MTP layer's slice, for the peers' MTP caches).
   virtual void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) = 0;
+  // Attention data parallel (model/data_parallel_split.h): true when each rank steps only the
+  // sequences whose blocks it holds, `num_blocks` of them a rank. begin_parts() splits `b`, starts
+  // every peer on its part, writing its rows into `out`, and returns the caller's part (valid until
+  // the next begin).
+  virtual bool data_parallel() const { return false; }
+  virtual const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out) = 0;
   virtual void end() = 0;    // waits for the step; throws the group's failure (a peer's error)
   virtual void abort() = 0;  // this rank failed mid-step: the peers' collectives throw instead of waiting
 };
@@ -149,6 +156,10 @@ class Model {
   };
   void mtp_forward(const Batch& batch, const Tensor& hidden, KvCache& kv, float* logits,
                    const ForwardOptions& opt = {}, const MtpPeerRows* peer_rows = nullptr);
+  // Attention data parallel: one rank's part of a step (its own cache), its logit rows written to
+  // their rows of `out`; a part without tokens still takes part in the group's exchanges
+  // (idle_step). forward() calls it on rank 0 when its peers are data parallel, each peer on its own.
+  void forward_part(const RankPart& part, KvCache& kv, const PartOutputs& out);
 
  protected:
   // This rank's part of forward() / mtp_forward(); `step` between the peers' begin and end (abort on
@@ -159,6 +170,9 @@ class Model {
   // on the device (Ops::head_argmax): a step that keeps its greedy tokens computes no logits.
   void keep_greedy(const Tensor& x, const Tensor& rows, const Weight& head, const ForwardOptions& opt);
   void with_peers(const std::function<void()>& step);
+  // A step with no tokens on this rank of a data-parallel group: every collective the layers run
+  // (an expert-parallel MoE's exchanges, with zero rows of its own), nothing else.
+  virtual void idle_step();
   Model(const ModelConfig& cfg, Ops& ops);
   // What each architecture supplies for decoder layer l (pre-norm residual blocks):
   // h += attention(norm_in(h)); h += feed_forward(norm_post(h)). Both get their input as a
@@ -228,6 +242,9 @@ class Model {
   void upload_sampling(const DeviceSampling& s, size_t logit_rows);
   Tensor sample_logits(const Tensor& lg);
   std::unique_ptr<MtpWeights> mtp_;
+  // forward_part's host rows before they go to their rows of the step (reused).
+  std::vector<float> part_logits_, part_probs_;
+  std::vector<int32_t> part_ids_;
 };
 
 // This rank's place in an expert-parallel group: its communicator and the group's expert sharding

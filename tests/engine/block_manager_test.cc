@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/block_manager.h"
+#include "engine/kv_events.h"
 #include "model/batch.h"
 
 namespace beluga {
@@ -142,6 +143,86 @@ TEST(BlockManager, APrefixsHeadOutlivesItsTail) {
   EXPECT_EQ(e, std::vector<int>{blocks[0]});
   bm.release(e);
   bm.release(d);
+}
+
+// Partitions (attention data parallelism): a table's blocks all come from one partition; an empty
+// table takes the partition with the most free blocks; a cached prefix pulls a sequence into the
+// partition holding the longest run of it.
+TEST(BlockManager, PartitionsKeepATablesBlocksTogetherAndBalanceNewTables) {
+  BlockManager bm(12, true, nullptr, 3);
+  ASSERT_EQ(bm.blocks_per_partition(), 4);
+  std::vector<int> a, b, c;
+  ASSERT_TRUE(bm.grow(a, 2 * kKvBlockSize));  // all free: partition 0
+  ASSERT_TRUE(bm.grow(b, 1));                 // 1 and 2 have 4 free: partition 1
+  ASSERT_TRUE(bm.grow(c, 1));                 // partition 2
+  EXPECT_EQ(bm.partition_of(a[0]), 0);
+  EXPECT_EQ(bm.partition_of(b[0]), 1);
+  EXPECT_EQ(bm.partition_of(c[0]), 2);
+  ASSERT_TRUE(bm.grow(b, 4 * kKvBlockSize));  // b grows in its own partition, to its end
+  for (int x : b) EXPECT_EQ(bm.partition_of(x), 1) << x;
+  EXPECT_EQ(bm.num_free(1), 0);
+  EXPECT_FALSE(bm.grow(b, 5 * kKvBlockSize)) << "the other partitions' free blocks are not b's";
+  EXPECT_EQ(b.size(), 4u);
+  EXPECT_EQ(bm.num_free(), 2 + 0 + 3);
+  std::vector<int> d;
+  EXPECT_FALSE(bm.grow(d, 4 * kKvBlockSize)) << "no partition has 4 free blocks";
+  EXPECT_TRUE(d.empty());
+  ASSERT_TRUE(bm.grow(d, 3 * kKvBlockSize));  // only partition 2 has 3
+  for (int x : d) EXPECT_EQ(bm.partition_of(x), 2);
+  bm.release(a), bm.release(b), bm.release(c), bm.release(d);
+  EXPECT_EQ(bm.num_free(), 12);
+}
+
+TEST(BlockManager, APrefixIsFoundInThePartitionHoldingMostOfIt) {
+  BlockManager bm(8, true, nullptr, 2);
+  const auto t = tokens(3 * kKvBlockSize, 5);
+  const auto h = block_hashes(t, "", 3);
+  std::vector<int> a, b;
+  ASSERT_TRUE(bm.grow(a, 1 * kKvBlockSize));  // partition 0: the first block of the prefix
+  bm.publish(a[0], h[0]);
+  ASSERT_TRUE(bm.grow(b, 2 * kKvBlockSize));  // partition 1 (more free): the first two
+  ASSERT_EQ(bm.partition_of(b[0]), 1);
+  bm.publish(b[0], h[0]);
+  bm.publish(b[1], h[1]);
+  const int a0 = a[0];
+  bm.release(a), bm.release(b);
+  std::vector<int> c = bm.acquire_prefix(h);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(bm.partition_of(c[0]), 1);
+  EXPECT_EQ(bm.partition_of(c[1]), 1);
+  ASSERT_TRUE(bm.grow(c, 3 * kKvBlockSize));
+  EXPECT_EQ(bm.partition_of(c[2]), 1) << "the rest of the sequence follows its prefix";
+  // A one-block prefix is cached in both partitions: equal runs go where more blocks are free.
+  EXPECT_EQ(bm.num_free(0), 4);
+  EXPECT_EQ(bm.num_free(1), 1);
+  std::vector<int> e = bm.acquire_prefix({h[0]});
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0], a0);
+  bm.release(e), bm.release(c);
+}
+
+struct CountingSink : KvEventSink {
+  int stored_n = 0, removed_n = 0;
+  void stored(KvEventTier, const BlockHash&) override { ++stored_n; }
+  void removed(KvEventTier, const BlockHash&) override { ++removed_n; }
+};
+
+TEST(BlockManager, AKeyCachedInTwoPartitionsIsOneEvent) {
+  CountingSink sink;
+  BlockManager bm(4, true, &sink, 2);
+  const auto h = block_hashes(tokens(kKvBlockSize, 9), "", 1);
+  std::vector<int> a, b;
+  ASSERT_TRUE(bm.grow(a, 1));
+  ASSERT_TRUE(bm.grow(b, 1));
+  ASSERT_NE(bm.partition_of(a[0]), bm.partition_of(b[0]));
+  bm.publish(a[0], h[0]);
+  bm.publish(b[0], h[0]);
+  EXPECT_EQ(sink.stored_n, 1);
+  bm.unpublish(a[0]);
+  EXPECT_EQ(sink.removed_n, 0) << "partition " << bm.partition_of(b[0]) << " still holds it";
+  bm.unpublish(b[0]);
+  EXPECT_EQ(sink.removed_n, 1);
+  bm.release(a), bm.release(b);
 }
 
 }  // namespace
