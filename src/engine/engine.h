@@ -29,8 +29,13 @@ namespace beluga {
 struct EngineConfig {
   int max_num_seqs = 64;              // sequences decoding at once
   int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
-  int num_kv_blocks = 0;              // 0: from kv_cache_bytes
+  int num_kv_blocks = 0;              // 0: from kv_cache_bytes (per data-parallel rank)
   size_t kv_cache_bytes = size_t(1) << 30;
+  // Attention data parallelism (model/data_parallel_split.h): the model's step peers are data
+  // parallel over this many ranks, each with a cache of num_kv_blocks (or kv_cache_bytes) of its own;
+  // the block manager partitions the blocks of all. A sequence must fit one rank's cache. Host
+  // sampling; no speculative decoding or KV connector yet.
+  int data_parallel_size = 1;
   int max_model_len = 0;    // 0: the model's max positions
   int max_queue_len = 256;  // waiting sequences (each request counts n); beyond it submit() says kQueueFull
   bool enable_prefix_caching = true;

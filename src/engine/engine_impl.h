@@ -61,7 +61,8 @@ struct Engine::Impl {
                            cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1),
                        cfg.mtp_ahead >= 0 ? cfg.mtp_ahead > 0 : m.ops().device() != Device::kCpu)
                  : nullptr),
-        blocks(num_blocks, cfg.enable_prefix_caching, cfg.kv_events),
+        blocks(num_blocks * cfg.data_parallel_size, cfg.enable_prefix_caching, cfg.kv_events,
+               cfg.data_parallel_size),
         policy(cfg.latency),
         scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector,
                   spec ? spec->lookahead() : 0,
@@ -75,7 +76,7 @@ struct Engine::Impl {
                cfg.poll_micros >= 0               ? cfg.poll_micros
                : m.ops().device() == Device::kCpu ? 0
                                                   : 2000),
-        device_sampling(cfg.device_sampling && m.has_sampler()),
+        device_sampling(cfg.device_sampling && m.has_sampler() && cfg.data_parallel_size == 1),
         deterministic(cfg.deterministic),
         mask_filler(cfg.mask_threads >= 0 ? cfg.mask_threads
                                           : MaskFiller::default_workers(std::thread::hardware_concurrency())),

@@ -34,12 +34,15 @@ struct ExpertParallelPair {
   CpuOps ops{CpuOptions{1}};
   std::unique_ptr<Model> model;
   std::unique_ptr<ExpertParallelPeers> peers;
-  ExpertParallelPair(const ModelConfig& cfg, WeightSource& w, int max_positions, InjectedRankFault fault = {})
+  // `data_parallel`: attention data parallel (each rank steps its own sequences), else replicated.
+  ExpertParallelPair(const ModelConfig& cfg, WeightSource& w, int max_positions, InjectedRankFault fault = {},
+                     bool data_parallel = false)
       : sharding(ExpertSharding::contiguous(cfg.n_routed_experts, 2)),
-        ep{&group.communicator(0), &sharding, true},
+        ep{&group.communicator(0), &sharding, !data_parallel},
         model(load_model(cfg, w, ops, max_positions, &ep)),
         peers(std::make_unique<ExpertParallelPeers>(cfg, w, model->max_positions(), group, sharding,
-                                                    cpu_peer_ops(2, CpuOptions{1}), nullptr, fault)) {
+                                                    cpu_peer_ops(2, CpuOptions{1}), nullptr, fault,
+                                                    data_parallel)) {
     model->set_step_peers(peers.get());
   }
   ~ExpertParallelPair() { model->set_step_peers(nullptr); }

@@ -1,0 +1,88 @@
+// The engine over attention data-parallel ranks (dsv3-tiny, two CPU thread ranks): requests spread
+// over the ranks' block partitions, each rank computing only its sequences, and every request's
+// greedy tokens equal one model's; a shared prefix is found again in the partition that holds it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "engine_test_support.h"
+
+namespace beluga::engine_test {
+namespace {
+
+bool any_nonzero(const KvCache& kv) {
+  for (const Tensor& t : kv.layers) {
+    const auto* p = static_cast<const unsigned char*>(t.data);
+    const size_t n = t.nbytes();
+    for (size_t i = 0; i < n; ++i)
+      if (p[i]) return true;
+  }
+  return false;
+}
+
+TEST_F(EngineTest, DataParallelRanksGenerateWhatOneModelDoes) {
+  ExpertParallelPair pair(cfg_, *ckpt_, 2048, {}, true);
+  Collector c;
+  EngineConfig ec;
+  ec.num_kv_blocks = 12;  // per rank: 768 tokens
+  ec.max_model_len = 512;
+  ec.data_parallel_size = 2;
+  Engine engine(*pair.model, ec);
+  // Two waves: six prompts at once (two share a 130-token prefix), then the shared prefix again.
+  const std::vector<int> shared = prompt(130, 9);
+  std::vector<std::vector<int>> ps;
+  for (int i = 0; i < 4; ++i) ps.push_back(prompt(20 + 37 * i, i + 1));
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int> p = shared;
+    const auto tail = prompt(5 + i, 20 + i);
+    p.insert(p.end(), tail.begin(), tail.end());
+    ps.push_back(p);
+  }
+  for (size_t i = 0; i < ps.size(); ++i)
+    ASSERT_EQ(engine.submit(greedy("r" + std::to_string(i), ps[i], 8, c)), SubmitStatus::kOk);
+  ASSERT_TRUE(c.wait(ps.size()));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string id = "r" + std::to_string(i);
+    EXPECT_EQ(c.finish[id][0], FinishReason::kLength) << c.error[id];
+    EXPECT_EQ(c.tokens[id][0], reference(ps[i], 8)) << id;
+  }
+  // Both ranks computed sequences (rank 1's cache holds KV; a replicated step would fill both too,
+  // but replicated steps are refused in this mode).
+  EXPECT_TRUE(any_nonzero(pair.peers->kv_of(1)));
+  std::vector<int> again = shared;
+  const auto tail = prompt(9, 30);
+  again.insert(again.end(), tail.begin(), tail.end());
+  ASSERT_EQ(engine.submit(greedy("again", again, 6, c)), SubmitStatus::kOk);
+  ASSERT_TRUE(c.wait(ps.size() + 1));
+  EXPECT_EQ(c.tokens["again"][0], reference(again, 6));
+  EXPECT_EQ(c.cached["again"], 128) << "the shared prefix's two full blocks, in the rank that holds them";
+  EXPECT_EQ(engine.stats().kv_blocks_total, 24);
+}
+
+TEST_F(EngineTest, DataParallelRefusesWhatItDoesNotRunYet) {
+  ExpertParallelPair pair(cfg_, *ckpt_, 2048, {}, true);
+  const auto refusal = [](Model& m, const EngineConfig& ec) -> std::string {
+    try {
+      Engine e(m, ec);
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "";
+  };
+  EngineConfig ec;
+  ec.num_kv_blocks = 8;
+  ec.max_model_len = 256;
+  ec.data_parallel_size = 2;
+  EXPECT_EQ(refusal(*pair.model, ec), "");
+  ec.speculative.method = SpecConfig::Method::kNgram;
+  ec.speculative.num_speculative_tokens = 2;
+  EXPECT_NE(refusal(*pair.model, ec).find("no speculative decoding"), std::string::npos);
+  // A replicated group is not a data-parallel one.
+  ExpertParallelPair replicated(cfg_, *ckpt_, 2048);
+  ec.speculative = {};
+  EXPECT_NE(refusal(*replicated.model, ec).find("needs the model's data-parallel step peers"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace beluga::engine_test
