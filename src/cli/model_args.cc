@@ -72,6 +72,14 @@ ModelArgs parse_model_args(const Args& args) {
   ma.deterministic = ma.cpu.deterministic = args.has("deterministic");
   ma.expert_parallel_size = int(args.get_int("expert-parallel-size", 1));
   BELUGA_CHECK(ma.expert_parallel_size >= 1, "--expert-parallel-size must be >= 1");
+  if (const int dp = int(args.get_int("data-parallel-size", 1)); dp != 1) {
+    BELUGA_CHECK(dp > 1, "--data-parallel-size must be >= 1");
+    BELUGA_CHECK(!args.has("expert-parallel-size") || ma.expert_parallel_size == dp, "--data-parallel-size ",
+                 dp, " splits the experts over the same ", dp, " ranks: --expert-parallel-size must be ", dp,
+                 " or left out");
+    ma.expert_parallel_size = dp;
+    ma.data_parallel = true;
+  }
   if (args.has("eplb") || args.has("eplb-redundant-experts") || args.has("eplb-interval") ||
       args.has("eplb-window")) {
     LiveEplbOptions o;
@@ -135,11 +143,12 @@ void load_ranks(LoadedModel& m, const ModelArgs& ma, int ep_size, WeightSource& 
     } else {
       m.ep_sharding = std::make_unique<ExpertSharding>(ExpertSharding::contiguous(m.cfg.n_routed_experts, n));
     }
-    const ExpertParallelism ep{&m.ep_group->communicator(0), m.ep_sharding.get(), true, m.ep_live.get()};
+    const ExpertParallelism ep{&m.ep_group->communicator(0), m.ep_sharding.get(), !ma.data_parallel,
+                               m.ep_live.get()};
     m.model = beluga::load_model(m.cfg, src, *m.ops, ma.max_model_len, &ep);
-    m.ep_peers =
-        std::make_unique<ExpertParallelPeers>(m.cfg, *m.weights, m.model->max_positions(), *m.ep_group,
-                                              *m.ep_sharding, std::move(peer_ops), m.ep_live.get(), fault);
+    m.ep_peers = std::make_unique<ExpertParallelPeers>(m.cfg, *m.weights, m.model->max_positions(),
+                                                       *m.ep_group, *m.ep_sharding, std::move(peer_ops),
+                                                       m.ep_live.get(), fault, ma.data_parallel);
     m.ops->bind_thread();  // the peers bound their devices to this thread while they loaded
     m.model->set_step_peers(m.ep_peers.get());
   } else {

@@ -59,6 +59,9 @@ struct ModelArgs {
   // --expert-parallel-size N: the routed experts split over N thread ranks (CPU, DeepSeek V2/V3),
   // every rank stepping every batch; 1: one model holds all experts.
   int expert_parallel_size = 1;
+  // --data-parallel-size N: the expert_parallel_size (= N) ranks are attention data parallel, each
+  // stepping its own sequences (model/data_parallel_split.h), not the whole batch.
+  bool data_parallel = false;
   // --eplb (or any --eplb-* option), with expert_parallel_size > 1: live EPLB (parallel/live_placement.h)
   // with these knobs; unset: the contiguous layout, fixed, exactly as without it.
   std::optional<LiveEplbOptions> eplb;

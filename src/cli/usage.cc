@@ -27,6 +27,12 @@ FlagGroup model_options() {
        {"expert-parallel-size", "N",
         "routed experts split over N thread ranks, each stepping every batch (CPU; CUDA: rank r on GPU r, "
         "eager steps; DeepSeek V2/V3; a failed rank restarts the instance over the ranks left; default 1)"},
+       {"data-parallel-size", "N",
+        "attention data parallelism: N thread ranks, each with a KV cache of its own (--num-kv-blocks / "
+        "--kv-cache-mb per rank) stepping only its own sequences, the routed experts split over the same "
+        "ranks (--expert-parallel-size N implied); a request goes to the rank holding the longest cached "
+        "prefix for it, else the freest; host sampling; no --speculative-config or KV tiers yet; "
+        "DeepSeek V2/V3; default 1"},
        {"eplb", "",
         "live expert-parallel load balancing with --expert-parallel-size: each MoE layer's routed tokens "
         "are counted per expert and DeepSeek's EPLB moves and replicates experts between steps (one info "

@@ -349,6 +349,37 @@ TEST(Fault, AFailedExpertParallelRankRestartsTheInstanceOverTheRanksLeft) {
   EXPECT_NE(log.find("serving again over 1 expert-parallel rank (restart 1"), std::string::npos) << log;
 }
 
+// Attention data parallel over three ranks (each its own KV cache): rank 2 fails, and the instance
+// restarts over the two ranks that still split the experts, each again with a cache of its own (the
+// KV blocks in all go from 3 to 2 caches' worth) and the same greedy text as before.
+TEST(Fault, AFailedDataParallelRankRestartsOverTheRanksLeftWithACacheEach) {
+  auto srv = serve({"--data-parallel-size", "3"}, {"BELUGA_TEST_FAIL_RANK=2:6"});
+  ASSERT_GT(srv.port(), 0) << srv.log();
+  const int port = srv.port();
+  const std::string first = get(port, "/metrics").body;
+  EXPECT_EQ(metric_value(first, "beluga_expert_parallel_ranks"), 3);
+  const double blocks = metric_value(first, "beluga_kv_blocks_total");
+  Json greedy = completion_body(3, false);
+  greedy["temperature"] = 0;
+  const HttpReply before = post(port, "/v1/completions", greedy);
+  ASSERT_EQ(before.status, 200) << before.body;
+  const HttpReply hit = post(port, "/v1/completions", completion_body(30, false));
+  EXPECT_EQ(hit.status, 503) << hit.body;
+  EXPECT_NE(hit.body.find("expert-parallel rank 2 failed"), std::string::npos) << hit.body;
+  const auto t0 = Clock::now();
+  int health = 0;
+  while (seconds_since(t0) < 60 && (health = get(port, "/health").status) != 200)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(health, 200) << srv.log();
+  const std::string page = get(port, "/metrics").body;
+  EXPECT_EQ(metric_value(page, "beluga_expert_parallel_ranks"), 2) << page;
+  EXPECT_EQ(metric_value(page, "beluga_kv_blocks_total"), blocks * 2 / 3) << page;
+  const HttpReply after = post(port, "/v1/completions", greedy);
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(Json::parse(after.body)["choices"][0]["text"], Json::parse(before.body)["choices"][0]["text"]);
+  EXPECT_NE(srv.log().find("restarting over 2 ranks"), std::string::npos) << srv.log();
+}
+
 // SIGTERM with streams in flight: they finish (within the grace period), then the process exits 0.
 TEST(Fault, SigtermDrainsStreamsThenExitsZero) {
   auto srv = serve({"--shutdown-grace-s", "30"});
