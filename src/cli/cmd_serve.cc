@@ -204,8 +204,6 @@ int cmd_serve(int argc, char** argv) {
   if (model_args.data_parallel) {
     // What the data-parallel ranks do not run yet (engine.h): say so before loading anything.
     BELUGA_CHECK(!ecfg.speculative.enabled(), "--data-parallel-size: no --speculative-config yet");
-    BELUGA_CHECK(kv_flags.host_gb <= 0 && kv_flags.disk_gb <= 0 && kv_flags.disk_dir.empty(),
-                 "--data-parallel-size: no KV cache tiers (--kv-host-gb, --kv-disk-*, --role) yet");
     ecfg.data_parallel_size = model_args.expert_parallel_size;
   }
   const auto served_name = args.get("served-model-name");

@@ -54,7 +54,6 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
                  "attention data parallelism needs the model's data-parallel step peers");
     BELUGA_CHECK(!cfg.speculative.enabled(),
                  "attention data parallelism: no speculative decoding in this build");
-    BELUGA_CHECK(!cfg.kv_connector, "attention data parallelism: no KV cache tiers in this build");
   }
   if (cfg.kv_connector)
     BELUGA_CHECK(cfg.kv_connector->block_bytes() == kv_block_image_bytes(model, cfg.speculative),

@@ -138,6 +138,35 @@ void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int nu
   wait_done();
 }
 
+std::span<const KvBlockCopy> ExpertParallelPeers::move_blocks(std::span<const KvBlockCopy> copies,
+                                                              bool to_host, int num_blocks, bool with_mtp) {
+  BELUGA_CHECK(data_parallel_, "move_blocks: the ranks hold replicated caches (load_blocks)");
+  throw_if_down();
+  const int P = num_blocks;
+  rank_copies_.resize(size_t(group_.size()));
+  for (auto& c : rank_copies_) c.clear();
+  for (const KvBlockCopy& c : copies) {
+    const int r = c.block / P;
+    BELUGA_CHECK(r >= 0 && r < group_.size(), "move_blocks: block ", c.block, " is past ", group_.size(),
+                 " ranks of ", P, " blocks");
+    rank_copies_[size_t(r)].push_back({c.block - r * P, c.host});
+  }
+  bool any = false;
+  for (int r = 1; r < group_.size(); ++r) any = any || !rank_copies_[size_t(r)].empty();
+  if (any) {
+    std::lock_guard<std::mutex> lock(mu_);
+    load_mtp_ = with_mtp;
+    to_host_ = to_host;
+    num_blocks_ = num_blocks;
+    job_ = Job::kLoad;
+    done_ = 0;
+    ++step_;
+    cv_.notify_all();
+  }
+  if (any) wait_done();
+  return rank_copies_[0];
+}
+
 void ExpertParallelPeers::wait_done() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ == int(peers_.size()); });
@@ -190,8 +219,13 @@ void ExpertParallelPeers::step(Peer& p) {
     ensure_caches(p, load_mtp_);
     std::vector<Tensor> layers = p.kv.layers;  // the image's layers (kv_connector.h)
     if (load_mtp_) layers.insert(layers.end(), p.mtp_kv.layers.begin(), p.mtp_kv.layers.end());
-    p.ops->kv_blocks_from_host(layers, loads_);
-    p.ops->synchronize();  // the caller may reuse the host images once load_blocks returns
+    if (!data_parallel_)
+      p.ops->kv_blocks_from_host(layers, loads_);
+    else if (to_host_)
+      p.ops->kv_blocks_to_host(layers, rank_copies_[size_t(p.rank)]);
+    else
+      p.ops->kv_blocks_from_host(layers, rank_copies_[size_t(p.rank)]);
+    p.ops->synchronize();  // the caller may reuse (or read) the host images once the job returns
     return;
   }
   if (p.rank == fault_.rank && compute_steps_ >= fault_.at_step)

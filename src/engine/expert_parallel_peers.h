@@ -10,7 +10,8 @@
 // owner, which restarts the instance with the ranks left (cli/expert_group_restart.h).
 // Attention data parallel (`data_parallel`): each rank holds only its own range of the engine's cache
 // blocks and steps only the sequences there (model/data_parallel_split.h, begin_parts); the MoE
-// layers exchange every rank's own tokens. Forward steps only: no MTP steps nor KV-tier loads yet.
+// layers exchange every rank's own tokens; KV-tier copies go to the rank holding each block
+// (move_blocks). Forward steps only: no MTP steps yet.
 // With live EPLB (`live`, shared with rank 0's model), begin() and end() are the group's step
 // boundary: no rank steps there, so end() closes the step's statistics (and may start a rebalance's
 // preparation) and the next begin() switches every rank to a prepared placement before any runs.
@@ -68,6 +69,8 @@ class ExpertParallelPeers final : public StepPeers {
   void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) override;
   bool data_parallel() const override { return data_parallel_; }
   const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out) override;
+  std::span<const KvBlockCopy> move_blocks(std::span<const KvBlockCopy> copies, bool to_host, int num_blocks,
+                                           bool with_mtp) override;
   void end() override;
   void abort() override;
   // Rank r's (1 .. group size - 1) caches, between steps (tests).
@@ -115,14 +118,16 @@ class ExpertParallelPeers final : public StepPeers {
   std::vector<RankPart> parts_;  // kPart: every rank's part of the step (rank 0's first)
   PartOutputs part_out_;         // kPart: where the parts' rows go
   Job job_ = Job::kForward;
-  std::span<const KvBlockCopy> loads_;  // kLoad: the caller's images (it waits for the job)
-  bool load_mtp_ = false;               // kLoad: the images end with the MTP layer's slice
-  bool keep_hidden_ = false;            // a forward: keep its final hidden states
-  bool chained_ = false;                // an MTP step: its inputs from the last MTP output
-  std::vector<int32_t> rows_;           // an MTP step's input rows
-  uint64_t step_ = 0;                   // begun jobs
-  uint64_t compute_steps_ = 0;          // of which forwards and MTP steps
-  int done_ = 0;                        // peers done with step_
+  std::span<const KvBlockCopy> loads_;                 // kLoad: the caller's images (it waits for the job)
+  bool load_mtp_ = false;                              // kLoad: the images end with the MTP layer's slice
+  bool to_host_ = false;                               // kLoad: saves (data parallel), not loads
+  std::vector<std::vector<KvBlockCopy>> rank_copies_;  // kLoad, data parallel: each rank's, local ids
+  bool keep_hidden_ = false;                           // a forward: keep its final hidden states
+  bool chained_ = false;                               // an MTP step: its inputs from the last MTP output
+  std::vector<int32_t> rows_;                          // an MTP step's input rows
+  uint64_t step_ = 0;                                  // begun jobs
+  uint64_t compute_steps_ = 0;                         // of which forwards and MTP steps
+  int done_ = 0;                                       // peers done with step_
   bool stop_ = false;
 };
 

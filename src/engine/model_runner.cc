@@ -154,12 +154,20 @@ void ModelRunner::run_step(Slot& s) {
           return usable;
         };
       Ops& ops = model_.ops();
-      if (!s.copies.saves_first.empty()) ops.kv_blocks_to_host(block_layers_, s.copies.saves_first);
-      if (!s.copies.loads.empty()) {
-        ops.kv_blocks_from_host(block_layers_, s.copies.loads);
-        if (StepPeers* peers = model_.step_peers())
-          peers->load_blocks(s.copies.loads, kv_.num_blocks, block_layers_.size() > kv_.layers.size());
-      }
+      StepPeers* peers = model_.step_peers();
+      const bool with_mtp = block_layers_.size() > kv_.layers.size();
+      // Data-parallel ranks each copy the blocks they hold; replicated ones all load every block.
+      const auto move = [&](std::span<const KvCopy> c, bool to_host) {
+        if (c.empty()) return;
+        if (peers && peers->data_parallel()) c = peers->move_blocks(c, to_host, kv_.num_blocks, with_mtp);
+        if (to_host)
+          ops.kv_blocks_to_host(block_layers_, c);
+        else
+          ops.kv_blocks_from_host(block_layers_, c);
+        if (!to_host && peers && !peers->data_parallel()) peers->load_blocks(c, kv_.num_blocks, with_mtp);
+      };
+      move(s.copies.saves_first, true);
+      move(s.copies.loads, false);
       if (s.speculative)
         spec_->run_step(s.batch, kv_, s.logits.data(), opt, trace_, trace_lane_);
       else
@@ -169,7 +177,7 @@ void ModelRunner::run_step(Slot& s) {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return s.saves_released || stop_; });
       }
-      if (!s.copies.saves.empty()) ops.kv_blocks_to_host(block_layers_, s.copies.saves);
+      move(s.copies.saves, true);
       if (!s.copies.empty()) ops.synchronize();
       if (!usable) s.fell_back = true;  // the logits came back instead (read after wait())
     } catch (...) {

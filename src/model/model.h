@@ -86,6 +86,12 @@ class StepPeers {
   // the next begin).
   virtual bool data_parallel() const { return false; }
   virtual const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out) = 0;
+  // Attention data parallel, between steps: the KV copies of blocks (engine ids) between the ranks'
+  // caches and host images (`to_host`: saves, else loads), each done by the rank holding the block,
+  // the peers' before this returns; returns the caller's own, with its cache's ids (valid until the
+  // next call), for it to do.
+  virtual std::span<const KvBlockCopy> move_blocks(std::span<const KvBlockCopy> copies, bool to_host,
+                                                   int num_blocks, bool with_mtp) = 0;
   virtual void end() = 0;    // waits for the step; throws the group's failure (a peer's error)
   virtual void abort() = 0;  // this rank failed mid-step: the peers' collectives throw instead of waiting
 };

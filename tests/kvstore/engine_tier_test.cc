@@ -93,6 +93,44 @@ TEST_F(EngineTier, ExpertParallelRanksAllLoadTheTiersBlocks) {
   }
 }
 
+// Attention data parallel (two CPU thread ranks, each caching only its own sequences' blocks) over
+// the host tier: each rank saves the blocks it holds and loads the ones its sequences find in the
+// tier. "a" runs on rank 0 and "b" beside it on rank 1; two long prompts then evict their tails from
+// both ranks; the reruns find their heads on the ranks that hold them and the rest in the tier, and
+// their greedy tokens are one model's (a block saved from, or loaded into, the wrong rank's cache
+// would change them).
+TEST_F(EngineTier, DataParallelRanksSaveAndLoadTheBlocksTheyHold) {
+  const std::vector<int> a = prompt(300, 1), b = prompt(420, 2), e1 = prompt(440, 3), e2 = prompt(440, 4);
+  const std::vector<int> want_a = reference(a, 12), want_b = reference(b, 12);
+  ExpertParallelPair pair(cfg_, *ckpt_, 2048, {}, true);
+  kv::TieredStore store(store_config(64));
+  EngineConfig ec = small_pool(&store);  // 8 blocks a rank
+  ec.data_parallel_size = 2;
+  Engine e(*pair.model, ec);
+  Collector c;
+  const auto pairwise = [&](const std::string& x, const std::vector<int>& px, const std::string& y,
+                            const std::vector<int>& py, size_t done) {
+    ASSERT_EQ(e.submit(greedy(x, px, 12, c)), SubmitStatus::kOk);
+    ASSERT_EQ(e.submit(greedy(y, py, 12, c)), SubmitStatus::kOk);
+    ASSERT_TRUE(c.wait(done));
+    wait_idle(e);
+  };
+  pairwise("a", a, "b", b, 2);  // a takes rank 0 (ties go to the first), b the freer rank 1
+  pairwise("e1", e1, "e2", e2, 4);
+  EXPECT_EQ(c.tokens["a"][0], want_a);
+  EXPECT_EQ(c.tokens["b"][0], want_b);
+  ASSERT_EQ(e.submit(greedy("a2", a, 12, c)), SubmitStatus::kOk);
+  ASSERT_TRUE(c.wait(5));
+  ASSERT_EQ(e.submit(greedy("b2", b, 12, c)), SubmitStatus::kOk);
+  ASSERT_TRUE(c.wait(6));
+  EXPECT_EQ(c.tokens["a2"][0], want_a) << "a's blocks from the tier into rank 0's cache";
+  EXPECT_EQ(c.tokens["b2"][0], want_b) << "b's blocks saved from rank 1's cache and loaded back into it";
+  EXPECT_EQ(c.cached["a2"], 4 * kKvBlockSize);
+  EXPECT_EQ(c.cached["b2"], 6 * kKvBlockSize);
+  EXPECT_GE(store.stats().host.hits, 3 + 5) << "every block but each head came from the tier";
+  EXPECT_GE(e.stats().prefix_cache_hits_below, (3 + 5) * kKvBlockSize);
+}
+
 // Blocks filled by decode steps launched early (before the step ahead of them was applied: their
 // commit and saves come once it is) reach the host tier intact: a request that continues the first
 // one's output finds those blocks there after the device pool evicted them, and greedy decoding from
