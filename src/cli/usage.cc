@@ -31,9 +31,8 @@ FlagGroup model_options() {
         "attention data parallelism: N thread ranks, each with a KV cache of its own (--num-kv-blocks / "
         "--kv-cache-mb per rank) stepping only its own sequences, the routed experts split over the same "
         "ranks (--expert-parallel-size N implied); a request goes to the rank holding the longest cached "
-        "prefix for it, else the freest; host sampling; KV tiers per block's rank; no --speculative-config "
-        "yet; "
-        "DeepSeek V2/V3; default 1"},
+        "prefix for it, else the freest; host sampling; KV tiers and MTP steps on each block's and "
+        "sequence's rank; DeepSeek V2/V3; default 1"},
        {"eplb", "",
         "live expert-parallel load balancing with --expert-parallel-size: each MoE layer's routed tokens "
         "are counted per expert and DeepSeek's EPLB moves and replicates experts between steps (one info "

@@ -52,8 +52,6 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
   if (dp > 1) {
     BELUGA_CHECK(model.step_peers() && model.step_peers()->data_parallel(),
                  "attention data parallelism needs the model's data-parallel step peers");
-    BELUGA_CHECK(!cfg.speculative.enabled(),
-                 "attention data parallelism: no speculative decoding in this build");
   }
   if (cfg.kv_connector)
     BELUGA_CHECK(cfg.kv_connector->block_bytes() == kv_block_image_bytes(model, cfg.speculative),

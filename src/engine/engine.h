@@ -34,7 +34,7 @@ struct EngineConfig {
   // Attention data parallelism (model/data_parallel_split.h): the model's step peers are data
   // parallel over this many ranks, each with a cache of num_kv_blocks (or kv_cache_bytes) of its own;
   // the block manager partitions the blocks of all. A sequence must fit one rank's cache. Host
-  // sampling; no speculative decoding yet.
+  // sampling.
   int data_parallel_size = 1;
   int max_model_len = 0;    // 0: the model's max positions
   int max_queue_len = 256;  // waiting sequences (each request counts n); beyond it submit() says kQueueFull

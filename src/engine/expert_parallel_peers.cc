@@ -99,21 +99,60 @@ void ExpertParallelPeers::begin_mtp(const Batch& b, int num_blocks, std::span<co
   });
 }
 
-const RankPart& ExpertParallelPeers::begin_parts(const Batch& b, int num_blocks, const PartOutputs& out) {
+const RankPart& ExpertParallelPeers::post_parts(const PartOutputs& out, int num_blocks, Job job) {
+  // Under the lock: the peers read parts_ only once the step count moves.
+  part_out_ = out;
+  num_blocks_ = num_blocks;
+  job_ = job;
+  done_ = 0;
+  ++step_;
+  ++compute_steps_;
+  cv_.notify_all();
+  return parts_[0];
+}
+
+const RankPart& ExpertParallelPeers::begin_parts(const Batch& b, int num_blocks, const PartOutputs& out,
+                                                 bool keep_hidden) {
   BELUGA_CHECK(data_parallel_, "begin_parts: the ranks step replicated tokens");
   throw_if_down();
   if (live_) live_->before_step();
   std::lock_guard<std::mutex> lock(mu_);
   parts_.resize(size_t(group_.size()));
   split_by_rank(b, num_blocks, parts_);
-  part_out_ = out;
-  num_blocks_ = num_blocks;
-  job_ = Job::kPart;
-  done_ = 0;
-  ++step_;
-  ++compute_steps_;
-  cv_.notify_all();
-  return parts_[0];
+  forward_rows_.assign(b.tokens.size(), {});
+  for (size_t r = 0; r < parts_.size(); ++r)
+    for (size_t t = 0; t < parts_[r].token_rows.size(); ++t)
+      forward_rows_[size_t(parts_[r].token_rows[t])] = {int(r), int(t)};
+  keep_hidden_ = keep_hidden;
+  return post_parts(out, num_blocks, Job::kPart);
+}
+
+const RankPart& ExpertParallelPeers::begin_mtp_parts(const Batch& b, int num_blocks,
+                                                     std::span<const int32_t> hidden_rows, bool chained,
+                                                     const PartOutputs& out) {
+  BELUGA_CHECK(data_parallel_, "begin_mtp_parts: the ranks step replicated tokens");
+  throw_if_down();
+  if (live_) live_->before_step();
+  std::lock_guard<std::mutex> lock(mu_);
+  parts_.resize(size_t(group_.size()));
+  split_by_rank(b, num_blocks, parts_);
+  BELUGA_CHECK(hidden_rows.empty() || hidden_rows.size() == b.tokens.size(), "an MTP step's ",
+               hidden_rows.size(), " hidden rows for ", b.tokens.size(), " tokens");
+  const std::vector<RowHome>& homes = chained ? mtp_rows_ : forward_rows_;
+  for (size_t r = 0; r < parts_.size(); ++r)
+    for (int g : parts_[r].token_rows) {
+      const size_t src = hidden_rows.empty() ? size_t(g) : size_t(hidden_rows[size_t(g)]);
+      BELUGA_CHECK(src < homes.size() && homes[src].rank == int(r), "an MTP row reads hidden row ", src,
+                   " of ", chained ? "the last MTP step" : "the last forward", ", which rank ", r,
+                   " does not hold");
+      parts_[r].source_rows.push_back(homes[src].row);
+    }
+  mtp_rows_.assign(b.tokens.size(), {});
+  for (size_t r = 0; r < parts_.size(); ++r)
+    for (size_t t = 0; t < parts_[r].token_rows.size(); ++t)
+      mtp_rows_[size_t(parts_[r].token_rows[t])] = {int(r), int(t)};
+  chained_ = chained;
+  return post_parts(out, num_blocks, Job::kMtpPart);
 }
 
 void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
@@ -230,9 +269,26 @@ void ExpertParallelPeers::step(Peer& p) {
   }
   if (p.rank == fault_.rank && compute_steps_ >= fault_.at_step)
     throw Error(str("injected failure of rank ", p.rank, " at its step ", compute_steps_));
-  if (job_ == Job::kPart) {
-    ensure_caches(p, false);
-    p.model->forward_part(parts_[size_t(p.rank)], p.kv, part_out_);
+  if (job_ == Job::kPart || job_ == Job::kMtpPart) {
+    const bool mtp = job_ == Job::kMtpPart;
+    ensure_caches(p, mtp);
+    const RankPart& part = parts_[size_t(p.rank)];
+    const int64_t T = int64_t(part.batch.tokens.size()), D = p.model->config().hidden_size;
+    // Persistent buffers grow to the largest part seen; a chained MTP step reads the rows its output
+    // overwrites, and has no more rows than the step before it, so mtp_out is not reallocated then.
+    auto fit = [&](Tensor& t) {
+      if (t.empty() || t.shape[0] < T)
+        t = p.ops->alloc_persistent(p.ops->act_dtype(), {std::max<int64_t>(T, 256), D});
+    };
+    if (!mtp) {
+      if (keep_hidden_) fit(p.hidden);
+      p.model->forward_part(part, p.kv, part_out_, keep_hidden_ ? &p.hidden : nullptr);
+      return;
+    }
+    BELUGA_CHECK(!(chained_ ? p.mtp_out : p.hidden).empty() || T == 0, "an MTP step on rank ", p.rank,
+                 " before any hidden states were kept");
+    if (!chained_) fit(p.mtp_out);
+    p.model->mtp_forward_part(part, chained_ ? p.mtp_out : p.hidden, p.mtp_kv, part_out_, &p.mtp_out);
     return;
   }
   const bool mtp = job_ == Job::kMtp;

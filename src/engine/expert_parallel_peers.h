@@ -11,7 +11,7 @@
 // Attention data parallel (`data_parallel`): each rank holds only its own range of the engine's cache
 // blocks and steps only the sequences there (model/data_parallel_split.h, begin_parts); the MoE
 // layers exchange every rank's own tokens; KV-tier copies go to the rank holding each block
-// (move_blocks). Forward steps only: no MTP steps yet.
+// (move_blocks); an MTP step's rows read the hidden states their own rank kept (begin_mtp_parts).
 // With live EPLB (`live`, shared with rank 0's model), begin() and end() are the group's step
 // boundary: no rank steps there, so end() closes the step's statistics (and may start a rebalance's
 // preparation) and the next begin() switches every rank to a prepared placement before any runs.
@@ -68,7 +68,10 @@ class ExpertParallelPeers final : public StepPeers {
   void begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows, bool chained) override;
   void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) override;
   bool data_parallel() const override { return data_parallel_; }
-  const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out) override;
+  const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out,
+                              bool keep_hidden) override;
+  const RankPart& begin_mtp_parts(const Batch& b, int num_blocks, std::span<const int32_t> hidden_rows,
+                                  bool chained, const PartOutputs& out) override;
   std::span<const KvBlockCopy> move_blocks(std::span<const KvBlockCopy> copies, bool to_host, int num_blocks,
                                            bool with_mtp) override;
   void end() override;
@@ -113,10 +116,18 @@ class ExpertParallelPeers final : public StepPeers {
   std::condition_variable cv_;
   Batch batch_;  // the step's batch, without logit rows (only rank 0 computes logits)
   int num_blocks_ = 0;
-  enum class Job { kForward, kMtp, kLoad, kPart };
+  enum class Job { kForward, kMtp, kLoad, kPart, kMtpPart };
+  // Splits `b` into parts_ and starts the peers on them (data parallel).
+  const RankPart& post_parts(const PartOutputs& out, int num_blocks, Job job);
   const bool data_parallel_;
-  std::vector<RankPart> parts_;  // kPart: every rank's part of the step (rank 0's first)
-  PartOutputs part_out_;         // kPart: where the parts' rows go
+  std::vector<RankPart> parts_;  // kPart, kMtpPart: every rank's part of the step (rank 0's first)
+  PartOutputs part_out_;         // kPart, kMtpPart: where the parts' rows go
+  // Where each token row of the last forward and of the last MTP step went: its rank and its row
+  // there (the rows the next MTP step reads).
+  struct RowHome {
+    int rank = 0, row = 0;
+  };
+  std::vector<RowHome> forward_rows_, mtp_rows_;
   Job job_ = Job::kForward;
   std::span<const KvBlockCopy> loads_;                 // kLoad: the caller's images (it waits for the job)
   bool load_mtp_ = false;                              // kLoad: the images end with the MTP layer's slice

@@ -14,6 +14,8 @@ void split_by_rank(const Batch& b, int blocks_per_rank, std::vector<RankPart>& p
     p.batch.seqs.clear();
     p.batch.logit_rows.clear();
     p.logit_index.clear();
+    p.token_rows.clear();
+    p.source_rows.clear();
   }
   // Each sequence's rank, and where its rows start in the step and in its rank's part.
   std::vector<int> seq_rank(b.seqs.size()), seq_start(b.seqs.size() + 1, 0), local_start(b.seqs.size());
@@ -25,6 +27,8 @@ void split_by_rank(const Batch& b, int blocks_per_rank, std::vector<RankPart>& p
                  " ranks of ", blocks_per_rank, " blocks");
     seq_rank[s] = r;
     seq_start[s + 1] = seq_start[s] + c.query_len;
+    BELUGA_CHECK(c.query_len >= 0 && size_t(seq_start[s + 1]) <= b.tokens.size(),
+                 "split_by_rank: the sequences hold more than the step's ", b.tokens.size(), " tokens");
     RankPart& p = parts[size_t(r)];
     SeqChunk local{c.context_len, c.query_len, {}};
     local.block_table.reserve(c.block_table.size());
@@ -36,6 +40,7 @@ void split_by_rank(const Batch& b, int blocks_per_rank, std::vector<RankPart>& p
     local_start[s] = int(p.batch.tokens.size());
     p.batch.tokens.insert(p.batch.tokens.end(), b.tokens.begin() + seq_start[s],
                           b.tokens.begin() + seq_start[s] + c.query_len);
+    for (int t = 0; t < c.query_len; ++t) p.token_rows.push_back(seq_start[s] + t);
     p.batch.seqs.push_back(std::move(local));
   }
   BELUGA_CHECK(size_t(seq_start.back()) == b.tokens.size(), "split_by_rank: the sequences hold ",

@@ -17,6 +17,9 @@ namespace beluga {
 struct RankPart {
   Batch batch;                   // its sequences in the step's order, block ids local to its cache
   std::vector<int> logit_index;  // logit row i of `batch` is logit row logit_index[i] of the step
+  std::vector<int> token_rows;   // token row t of `batch` is token row token_rows[t] of the step
+  // MTP steps (StepPeers::begin_mtp_parts): token row t's input row in the rank's own hidden states.
+  std::vector<int32_t> source_rows;
 };
 
 // Splits `b` over parts.size() ranks of `blocks_per_rank` blocks each (parts are reused: their

@@ -237,14 +237,16 @@ class DeepseekModel final : public Model {
     return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm};
   }
 
-  void idle_step() override {
+  void idle_step(bool mtp) override {
     BELUGA_CHECK(ep_moe_ && !ep_replicated_,
                  "an idle step is a data-parallel expert-parallel rank's (no expert-parallel group)");
     ops_.reset_scratch();
     // Zero rows of this rank's own: each MoE layer still serves the rows the other ranks route to
     // its experts, in layer order as theirs.
     Tensor none = ops_.scratch(ops_.act_dtype(), {1, cfg_.hidden_size}).rows(0, 0);
-    for (int l = 0; l < cfg_.num_layers; ++l) {
+    const int first = mtp ? cfg_.num_layers : 0, end = mtp ? int(layers_.size()) : cfg_.num_layers;
+    BELUGA_CHECK(first < end, "an idle MTP step without an MTP layer");
+    for (int l = first; l < end; ++l) {
       const Layer& L = layers_[size_t(l)];
       if (!L.is_moe) continue;
       NormedInput in{none, Tensor{}, L.post_norm, none, float(cfg_.rms_norm_eps), Tensor{}};

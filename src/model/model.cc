@@ -295,23 +295,38 @@ void Model::forward(const Batch& b, KvCache& kv, float* logits, const ForwardOpt
   if (!peers_) return forward_local(b, kv, logits, opt);
   if (peers_->data_parallel()) {
     // Each rank's rows come back to the host: the step's outputs are gathered there.
-    BELUGA_CHECK(!opt.sampling && opt.device_greedy.empty() && !opt.device_ids && !opt.final_hidden &&
-                     !opt.hidden_capture && opt.hidden_rows.empty(),
+    BELUGA_CHECK(!opt.sampling && opt.device_greedy.empty() && !opt.device_ids && !opt.hidden_capture &&
+                     opt.hidden_rows.empty(),
                  "an attention data-parallel step returns logits or greedy ids to the host only");
     const PartOutputs out{logits, opt.greedy_tokens, opt.greedy_probs};
-    const RankPart& mine = peers_->begin_parts(b, kv.num_blocks, out);
-    with_peers([&] { forward_part(mine, kv, out); });
+    const RankPart& mine = peers_->begin_parts(b, kv.num_blocks, out, opt.final_hidden != nullptr);
+    with_peers([&] { forward_part(mine, kv, out, opt.final_hidden); });
     return;
   }
   peers_->begin(b, kv.num_blocks, opt.final_hidden != nullptr);
   with_peers([&] { forward_local(b, kv, logits, opt); });
 }
 
-void Model::forward_part(const RankPart& part, KvCache& kv, const PartOutputs& out) {
-  if (part.batch.tokens.empty()) {
-    idle_step();
-    return;
-  }
+void Model::forward_part(const RankPart& part, KvCache& kv, const PartOutputs& out, Tensor* final_hidden) {
+  if (part.batch.tokens.empty()) return idle_step(false);
+  run_part(part, out, [&](float* logits, ForwardOptions& opt) {
+    opt.final_hidden = final_hidden;
+    forward_local(part.batch, kv, logits, opt);
+  });
+}
+
+void Model::mtp_forward_part(const RankPart& part, const Tensor& hidden, KvCache& kv, const PartOutputs& out,
+                             Tensor* final_hidden) {
+  if (part.batch.tokens.empty()) return idle_step(true);
+  run_part(part, out, [&](float* logits, ForwardOptions& opt) {
+    opt.hidden_rows = part.source_rows;
+    opt.final_hidden = final_hidden;
+    mtp_forward_local(part.batch, hidden, kv, logits, opt);
+  });
+}
+
+void Model::run_part(const RankPart& part, const PartOutputs& out,
+                     const std::function<void(float* logits, ForwardOptions& opt)>& run) {
   const size_t R = part.logit_index.size(), V = size_t(cfg_.vocab_size);
   ForwardOptions opt;
   float* logits = nullptr;
@@ -324,7 +339,7 @@ void Model::forward_part(const RankPart& part, KvCache& kv, const PartOutputs& o
     part_logits_.resize(R * V);
     logits = part_logits_.data();
   }
-  forward_local(part.batch, kv, logits, opt);
+  run(logits, opt);
   for (size_t i = 0; i < R; ++i) {
     const size_t g = size_t(part.logit_index[i]);
     if (out.greedy_tokens) {
@@ -336,7 +351,7 @@ void Model::forward_part(const RankPart& part, KvCache& kv, const PartOutputs& o
   }
 }
 
-void Model::idle_step() {
+void Model::idle_step(bool) {
   throw Error(str(cfg_.model_type, " cannot take part in an attention data-parallel step"));
 }
 

@@ -85,7 +85,14 @@ class StepPeers {
   // every peer on its part, writing its rows into `out`, and returns the caller's part (valid until
   // the next begin).
   virtual bool data_parallel() const { return false; }
-  virtual const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out) = 0;
+  virtual const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out,
+                                      bool keep_hidden) = 0;
+  // An MTP step split likewise: token row t of `b` reads row hidden_rows[t] (empty: t) of the last
+  // forward's final hidden states, or (`chained`) of the last MTP step's output, on the rank holding
+  // its sequence; the caller's part says where in its own (RankPart::source_rows).
+  virtual const RankPart& begin_mtp_parts(const Batch& b, int num_blocks,
+                                          std::span<const int32_t> hidden_rows, bool chained,
+                                          const PartOutputs& out) = 0;
   // Attention data parallel, between steps: the KV copies of blocks (engine ids) between the ranks'
   // caches and host images (`to_host`: saves, else loads), each done by the rank holding the block,
   // the peers' before this returns; returns the caller's own, with its cache's ids (valid until the
@@ -165,7 +172,12 @@ class Model {
   // Attention data parallel: one rank's part of a step (its own cache), its logit rows written to
   // their rows of `out`; a part without tokens still takes part in the group's exchanges
   // (idle_step). forward() calls it on rank 0 when its peers are data parallel, each peer on its own.
-  void forward_part(const RankPart& part, KvCache& kv, const PartOutputs& out);
+  // `final_hidden`: this rank's part's final hidden states, by its local rows (an MTP step's inputs).
+  void forward_part(const RankPart& part, KvCache& kv, const PartOutputs& out,
+                    Tensor* final_hidden = nullptr);
+  // The MTP step's part: its rows read `hidden` at part.source_rows; its output into final_hidden.
+  void mtp_forward_part(const RankPart& part, const Tensor& hidden, KvCache& kv, const PartOutputs& out,
+                        Tensor* final_hidden);
 
  protected:
   // This rank's part of forward() / mtp_forward(); `step` between the peers' begin and end (abort on
@@ -178,7 +190,12 @@ class Model {
   void with_peers(const std::function<void()>& step);
   // A step with no tokens on this rank of a data-parallel group: every collective the layers run
   // (an expert-parallel MoE's exchanges, with zero rows of its own), nothing else.
-  virtual void idle_step();
+  // `mtp`: an MTP step's (the MTP layer's exchanges only).
+  virtual void idle_step(bool mtp);
+  // A part's step through `run` (given this rank's logits buffer and options), its rows then written
+  // to their rows of the step.
+  void run_part(const RankPart& part, const PartOutputs& out,
+                const std::function<void(float* logits, ForwardOptions& opt)>& run);
   Model(const ModelConfig& cfg, Ops& ops);
   // What each architecture supplies for decoder layer l (pre-norm residual blocks):
   // h += attention(norm_in(h)); h += feed_forward(norm_post(h)). Both get their input as a

@@ -87,6 +87,16 @@ void Model::mtp_forward(const Batch& b, const Tensor& hidden, KvCache& kv, float
                         const ForwardOptions& opt, const MtpPeerRows* peer_rows) {
   BELUGA_CHECK(mtp_, "the model has no MTP module");
   if (!peers_) return mtp_forward_local(b, hidden, kv, logits, opt);
+  if (peers_->data_parallel()) {
+    BELUGA_CHECK(peer_rows && !opt.sampling && opt.device_greedy.empty() && !opt.device_ids &&
+                     !opt.ids_from_hidden_rows && !opt.hidden_capture,
+                 "an attention data-parallel MTP step takes its ids from the host and returns them there");
+    const PartOutputs out{logits, opt.greedy_tokens, opt.greedy_probs};
+    const RankPart& mine =
+        peers_->begin_mtp_parts(b, kv.num_blocks, opt.hidden_rows, peer_rows->chained, out);
+    with_peers([&] { mtp_forward_part(mine, hidden, kv, out, opt.final_hidden); });
+    return;
+  }
   // The MTP layer's experts are sharded too: every rank steps it.
   BELUGA_CHECK(peer_rows, "an expert-parallel MTP step needs the peers' input rows");
   // The peers take their ids from the batch: every step's ids must be on the host.

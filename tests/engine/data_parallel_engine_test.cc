@@ -59,29 +59,20 @@ TEST_F(EngineTest, DataParallelRanksGenerateWhatOneModelDoes) {
   EXPECT_EQ(engine.stats().kv_blocks_total, 24);
 }
 
-TEST_F(EngineTest, DataParallelRefusesWhatItDoesNotRunYet) {
-  ExpertParallelPair pair(cfg_, *ckpt_, 2048, {}, true);
-  const auto refusal = [](Model& m, const EngineConfig& ec) -> std::string {
-    try {
-      Engine e(m, ec);
-    } catch (const Error& err) {
-      return err.what();
-    }
-    return "";
-  };
+TEST_F(EngineTest, DataParallelNeedsDataParallelPeers) {
+  // A replicated group is not a data-parallel one: its ranks each step the whole batch.
+  ExpertParallelPair replicated(cfg_, *ckpt_, 2048);
   EngineConfig ec;
   ec.num_kv_blocks = 8;
   ec.max_model_len = 256;
   ec.data_parallel_size = 2;
-  EXPECT_EQ(refusal(*pair.model, ec), "");
-  ec.speculative.method = SpecConfig::Method::kNgram;
-  ec.speculative.num_speculative_tokens = 2;
-  EXPECT_NE(refusal(*pair.model, ec).find("no speculative decoding"), std::string::npos);
-  // A replicated group is not a data-parallel one.
-  ExpertParallelPair replicated(cfg_, *ckpt_, 2048);
-  ec.speculative = {};
-  EXPECT_NE(refusal(*replicated.model, ec).find("needs the model's data-parallel step peers"),
-            std::string::npos);
+  try {
+    Engine e(*replicated.model, ec);
+    ADD_FAILURE() << "an engine over replicated ranks took data_parallel_size 2";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("needs the model's data-parallel step peers"), std::string::npos)
+        << err.what();
+  }
 }
 
 }  // namespace

@@ -187,6 +187,41 @@ TEST_F(SpecDecodeTest, SpeculationRunsExpertParallel) {
   EXPECT_EQ(st.spec_accepted_per_position, one.spec_accepted_per_position);
 }
 
+// The same on two attention data-parallel ranks (each stepping only its own sequences, with KV and
+// MTP caches of its own): an MTP step's rows go to their sequences' ranks and read the hidden states
+// that rank kept (begin_mtp_parts). Greedy output as one rank's, and the same drafts accepted.
+TEST_F(SpecDecodeTest, SpeculationRunsDataParallel) {
+  auto reqs = [&](Collector& c) {
+    std::vector<EngineRequest> v;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int> p{0};
+      for (int r = 0; r < 3; ++r)
+        for (int j = 0; j < 9; ++j) p.push_back(100 + (j * 37 + i * 211) % 900);
+      v.push_back(greedy(name("g", i), p, 24, c));
+    }
+    v.push_back(greedy("code", prompt(40, 3), 40, c));
+    v.push_back(greedy("code2", prompt(70, 4), 30, c));
+    return v;
+  };
+  const Outcome base = run(config(0), reqs);
+  EngineStats one;
+  run(config(3), reqs, &one);  // MTP on one rank
+  ExpertParallelPair pair(cfg_, *ckpt_, 1024, {}, true);
+  Model& rank0 = *pair.model;
+  auto dp = [](EngineConfig ec) {
+    ec.num_kv_blocks = 32;  // a rank
+    ec.data_parallel_size = 2;
+    return ec;
+  };
+  EngineStats st;
+  EXPECT_EQ(run(dp(config(2, 64, "fixed", "ngram")), reqs, &st, &rank0).tokens, base.tokens) << "ngram";
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+  EXPECT_EQ(run(dp(config(3)), reqs, &st, &rank0).tokens, base.tokens) << "mtp";
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+  EXPECT_EQ(st.spec_draft_tokens, one.spec_draft_tokens);
+  EXPECT_EQ(st.spec_accepted_per_position, one.spec_accepted_per_position);
+}
+
 // Cost gating switches between speculating and plain decode steps as its measurements say (it tries
 // every draft count first, so a run mixes them): the output stays the model's greedy output, and
 // drafts are still verified.

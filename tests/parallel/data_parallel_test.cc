@@ -45,6 +45,8 @@ TEST(SplitByRank, EachRankGetsItsSequencesWithLocalBlocksAndTheirLogitRows) {
   EXPECT_EQ(parts[1].batch.seqs[1].query_len, 2);
   EXPECT_EQ(parts[1].batch.logit_rows, (std::vector<int>{2, 3, 4}));
   EXPECT_EQ(parts[1].logit_index, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(parts[0].token_rows, (std::vector<int>{3}));
+  EXPECT_EQ(parts[1].token_rows, (std::vector<int>{0, 1, 2, 4, 5}));
   // Reused parts start empty: a step with only rank 0's sequence leaves rank 1 idle.
   Batch c;
   c.tokens = {40};
