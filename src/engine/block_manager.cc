@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "engine/kv_events.h"
 #include "model/batch.h"
@@ -84,13 +85,24 @@ int BlockManager::matched(const Partition& p, const std::vector<BlockHash>& hash
   return n;
 }
 
-std::vector<int> BlockManager::acquire_prefix(const std::vector<BlockHash>& hashes) {
+int BlockManager::free_after(int p, const std::vector<BlockHash>& hashes, int len) const {
+  int n = num_free(p);
+  for (int i = 0; i < len; ++i) n -= in_free_[size_t(parts_[size_t(p)].index.at(hashes[size_t(i)]))] ? 1 : 0;
+  return n;
+}
+
+std::vector<int> BlockManager::acquire_prefix(const std::vector<BlockHash>& hashes, int tokens) {
   std::vector<int> blocks;
   if (!caching_ || hashes.empty()) return blocks;
-  int best = 0, best_len = matched(parts_[0], hashes);
-  for (int p = 1; p < num_partitions(); ++p) {
+  const int need = (tokens + kKvBlockSize - 1) / kKvBlockSize;
+  int best = -1, best_len = 0;
+  bool best_fits = false;
+  for (int p = 0; p < num_partitions(); ++p) {
     const int len = matched(parts_[size_t(p)], hashes);
-    if (len > best_len || (len == best_len && num_free(p) > num_free(best))) best = p, best_len = len;
+    const bool fits = num_partitions() == 1 || tokens <= 0 || free_after(p, hashes, len) >= need - len;
+    const auto key = std::make_tuple(fits, len, num_free(p));
+    if (best < 0 || key > std::make_tuple(best_fits, best_len, num_free(best)))
+      best = p, best_len = len, best_fits = fits;
   }
   const Partition& part = parts_[size_t(best)];
   for (int i = 0; i < best_len; ++i) {

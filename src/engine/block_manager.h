@@ -49,9 +49,11 @@ class BlockManager {
   int num_used() const { return num_blocks() - num_free(); }
   bool is_published(int block) const { return has_hash_[size_t(block)]; }  // in the prefix index
 
-  // The longest run of cached blocks matching `hashes` from the start (within one partition: the
-  // one where the run is longest); takes a reference on each.
-  std::vector<int> acquire_prefix(const std::vector<BlockHash>& hashes);
+  // The longest run of cached blocks matching `hashes` from the start; takes a reference on each.
+  // With partitions, `tokens` (> 0: what the sequence will hold) prefers the partitions where the rest
+  // of it fits, then the longest run, then the most free blocks: a hot prefix does not hold a request
+  // back behind a full partition while another has room to recompute it.
+  std::vector<int> acquire_prefix(const std::vector<BlockHash>& hashes, int tokens = 0);
   // Grows `table` to hold `tokens` tokens, from its partition (an empty table's: the one with the
   // most free blocks); false (and no change) when not enough blocks are free there.
   bool grow(std::vector<int>& table, int tokens);
@@ -74,6 +76,8 @@ class BlockManager {
   void to_free(int block, bool front);
   void out_of_free(int block);
   int matched(const Partition& p, const std::vector<BlockHash>& hashes) const;
+  // Free blocks partition `p` would have left after taking a run of `len` from `hashes`.
+  int free_after(int p, const std::vector<BlockHash>& hashes, int len) const;
 
   bool caching_;
   KvEventSink* events_;

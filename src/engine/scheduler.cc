@@ -166,7 +166,7 @@ void Scheduler::schedule(std::vector<Chunk>& chunks, Seq** stuck, double now) {
       size_t cacheable = s->tokens.size() - 1;
       if (s->prefix_cap) cacheable = std::min(cacheable, size_t(std::max(0, *s->prefix_cap)));
       const auto hashes = block_hashes(s->tokens, *s->salt, cacheable / kKvBlockSize);
-      s->blocks = bm_.acquire_prefix(hashes);
+      s->blocks = bm_.acquire_prefix(hashes, int(s->tokens.size()));
       s->num_computed = int(s->blocks.size()) * kKvBlockSize;
       s->hashes.assign(hashes.begin(), hashes.begin() + int64_t(s->blocks.size()));
       if (!s->admitted_once) {

@@ -201,6 +201,42 @@ TEST(BlockManager, APrefixIsFoundInThePartitionHoldingMostOfIt) {
   bm.release(e), bm.release(c);
 }
 
+// A prefix cached in a partition without room for the rest of the sequence is passed over for a
+// partition with room (the prefix is recomputed there) rather than holding the request back; when
+// no partition has room, the longest run wins.
+TEST(BlockManager, APrefixInAFullPartitionYieldsToAPartitionWithRoom) {
+  BlockManager bm(8, true, nullptr, 2);  // partitions {0..3}, {4..7}
+  const auto h = block_hashes(tokens(2 * kKvBlockSize, 7), "", 2);
+  std::vector<int> a, x;
+  ASSERT_TRUE(bm.grow(a, 2 * kKvBlockSize));  // partition 0, holding the prefix
+  bm.publish(a[0], h[0]);
+  bm.publish(a[1], h[1]);
+  ASSERT_TRUE(bm.grow(x, 1));  // partition 1 (4 free against 2)
+  ASSERT_EQ(bm.partition_of(a[0]), 0);
+  ASSERT_EQ(bm.partition_of(x[0]), 1);
+  auto where = [&](int blocks) {
+    std::vector<int> c = bm.acquire_prefix(h, blocks * kKvBlockSize);
+    const std::pair<int, int> got{int(c.size()), c.empty() ? -1 : bm.partition_of(c[0])};
+    bm.release(c);
+    return got;
+  };
+  // 4 blocks: 2 more in partition 0 (2 free) fit; partition 1 (3 free) could not hold 4.
+  EXPECT_EQ(where(4), std::make_pair(2, 0));
+  // 5 blocks fit nowhere: the longest run.
+  EXPECT_EQ(where(5), std::make_pair(2, 0));
+  ASSERT_TRUE(bm.grow(a, 4 * kKvBlockSize));  // partition 0 full
+  // 3 blocks: partition 0 has no room for the third, partition 1 has 3: recomputed there.
+  EXPECT_EQ(where(3), std::make_pair(0, -1));
+  // 2 blocks: the prefix is all of it, partition 0 fits.
+  EXPECT_EQ(where(2), std::make_pair(2, 0));
+  // Cached blocks on the free list count once: a released, partition 0 has 4 free, 2 of them the
+  // prefix's, so 4 blocks fit there (2 reused, 2 more).
+  bm.release(a);
+  EXPECT_EQ(where(4), std::make_pair(2, 0));
+  EXPECT_EQ(where(5), std::make_pair(2, 0)) << "nowhere: the longest run";
+  bm.release(x);
+}
+
 struct CountingSink : KvEventSink {
   int stored_n = 0, removed_n = 0;
   void stored(KvEventTier, const BlockHash&) override { ++stored_n; }
