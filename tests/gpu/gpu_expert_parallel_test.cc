@@ -81,5 +81,71 @@ TEST(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
   m0->set_step_peers(nullptr);
 }
 
+// Attention data parallel on two ranks of one GPU (--data-parallel-size 2 on a GPU): each rank steps
+// only its own sequences in its own cache (block ids of its range), the other serving its expert rows
+// (an idle rank in the decode steps where it has none); every step's last-row logits against one
+// model holding every sequence in one cache.
+TEST(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = source_dir() + "/tests/fixtures/dsv3-tiny";
+  const ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
+  Checkpoint ckpt(dir);
+  CudaOps single;
+  auto one = load_model(cfg, ckpt, single, 1024);
+  CudaOps rank0;
+  std::vector<std::unique_ptr<Ops>> peer_ops;
+  peer_ops.push_back(std::make_unique<CudaOps>());
+  LocalTransport t;
+  t.copy = &CudaOps::copy_between;
+  t.ready = {[&] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
+  LocalGroup group(2, std::move(t));
+  const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, 2);
+  const ExpertParallelism ep{&group.communicator(0), &sharding, false};
+  rank0.bind_thread();
+  auto m0 = load_model(cfg, ckpt, rank0, 1024, &ep);
+  ExpertParallelPeers peers(cfg, ckpt, m0->max_positions(), group, sharding, std::move(peer_ops), nullptr, {},
+                            true);
+  rank0.bind_thread();
+  m0->set_step_peers(&peers);
+
+  const int P = 16, V = cfg.vocab_size;  // blocks a rank
+  const std::vector<int> lens = {5, 70, 1, 33, 12};
+  // Sequence s on rank s % 2 at 4 blocks of its own; steps: the prompts, then all, then rank 1's only
+  // (rank 0 idle), then rank 0's only.
+  std::vector<std::vector<int>> plans = {{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {1, 3}, {0, 2, 4}};
+  KvCache kv_one = one->make_kv_cache(2 * P), kv0 = m0->make_kv_cache(P);
+  std::vector<int> len(lens.size(), 0);
+  single.bind_thread();
+  for (size_t step = 0; step < plans.size(); ++step) {
+    Batch b;
+    for (int s : plans[step]) {
+      std::vector<int> toks;
+      const int q = step == 0 ? lens[size_t(s)] : 1;
+      for (int i = 0; i < q; ++i) toks.push_back(2 + (s * 977 + int(step) * 131 + i * 31) % (V - 2));
+      std::vector<int> table;
+      for (int k = 0; k < 4; ++k) table.push_back((s % 2) * P + (s / 2) * 4 + k);
+      b.seqs.push_back({len[size_t(s)], q, table});
+      b.tokens.insert(b.tokens.end(), toks.begin(), toks.end());
+      b.logit_rows.push_back(int(b.tokens.size()) - 1);
+      len[size_t(s)] += q;
+    }
+    const size_t R = b.logit_rows.size();
+    std::vector<float> want(R * size_t(V)), got(R * size_t(V));
+    single.bind_thread();
+    one->forward(b, kv_one, want.data());
+    rank0.bind_thread();
+    m0->forward(b, kv0, got.data());
+    for (size_t r = 0; r < R; ++r) {
+      const double e =
+          rel_l2(std::vector<float>(got.begin() + int64_t(r) * V, got.begin() + int64_t(r + 1) * V),
+                 std::vector<float>(want.begin() + int64_t(r) * V, want.begin() + int64_t(r + 1) * V));
+      EXPECT_LE(e, 5e-2) << "step " << step << " row " << r;
+    }
+  }
+  EXPECT_FALSE(peers.failure());
+  m0->set_step_peers(nullptr);
+}
+
 }  // namespace
 }  // namespace beluga
