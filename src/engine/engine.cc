@@ -60,6 +60,8 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
                  cfg.speculative.method == SpecConfig::Method::kMtp ? " (with the MTP layer)" : "");
   impl_ = std::make_unique<Impl>(model, cfg, num_blocks);
   impl_->stats.kv_blocks_total = num_blocks * dp;
+  if (dp > 1) impl_->stats.kv_blocks_used_by_rank.assign(size_t(dp), 0);
+  published_stats_ = impl_->stats;  // /metrics shows the cache's size before the first request
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -625,6 +627,11 @@ void Engine::loop() {
       im.stats.running = im.scheduler.num_running();
       im.stats.waiting = im.scheduler.num_waiting();
       im.stats.kv_blocks_used = im.blocks.num_used();
+      if (im.blocks.num_partitions() > 1) {
+        for (int p = 0; p < im.blocks.num_partitions(); ++p)
+          im.stats.kv_blocks_used_by_rank[size_t(p)] =
+              im.blocks.blocks_per_partition() - im.blocks.num_free(p);
+      }
       im.stats.preemptions = im.scheduler.preemptions();
       im.stats.prefix_cache_queries = im.scheduler.cache_queries();
       im.stats.prefix_cache_hits = im.scheduler.cache_hits();

@@ -126,6 +126,7 @@ struct EngineStats {
   int waiting = 0;
   int kv_blocks_total = 0;
   int kv_blocks_used = 0;  // referenced by live sequences (cached-but-free blocks are not counted)
+  std::vector<int> kv_blocks_used_by_rank;  // data parallel: kv_blocks_used of each rank's cache
   // Speculative decoding (all zero when off), as vLLM's spec_decode metrics.
   int64_t spec_drafts = 0;                          // sequence-steps that verified at least one draft token
   int64_t spec_draft_tokens = 0;                    // draft tokens verified

@@ -155,6 +155,11 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
     auto gauge = [&](const char* name, const char* type, const char* help, double v) {
       sample(out, name, type, help, lbl, v);
     };
+    // The model's label plus key="i".
+    auto label_with = [&](const char* key, size_t i) {
+      std::string l = lbl.empty() ? "{" : lbl.substr(0, lbl.size() - 1) + ",";
+      return l + key + "=\"" + std::to_string(i) + "\"}";
+    };
     gauge("beluga_num_requests_running", "gauge", "Requests in the engine's running batch.", st->running);
     gauge("beluga_num_requests_waiting", "gauge", "Requests waiting in the engine queue.", st->waiting);
     gauge("beluga_kv_blocks_total", "gauge", "KV cache blocks.", st->kv_blocks_total);
@@ -162,6 +167,13 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
           st->kv_blocks_used);
     gauge("beluga_kv_cache_usage_perc", "gauge", "Fraction of KV cache blocks in use.",
           st->kv_blocks_total > 0 ? double(st->kv_blocks_used) / st->kv_blocks_total : 0.0);
+    if (!st->kv_blocks_used_by_rank.empty()) {  // attention data parallel: each rank's own cache
+      metric(out, "beluga_kv_blocks_used_by_rank", "gauge",
+             "KV cache blocks referenced by live sequences, in each data-parallel rank's cache.");
+      for (size_t r = 0; r < st->kv_blocks_used_by_rank.size(); ++r)
+        out += "beluga_kv_blocks_used_by_rank" + label_with("rank", r) + " " +
+               std::to_string(st->kv_blocks_used_by_rank[r]) + "\n";
+    }
     gauge("beluga_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
           double(st->prefix_cache_queries));
     gauge("beluga_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
@@ -193,12 +205,9 @@ std::string Metrics::render(const EngineStats* st, const std::string& model) con
             double(st->spec_accepted_tokens));
       metric(out, "beluga_spec_decode_accepted_per_position_total", "counter",
              "Draft tokens accepted at each draft position (0 = the first).");
-      for (size_t k = 0; k < st->spec_accepted_per_position.size(); ++k) {
-        std::string l = lbl.empty() ? "{" : lbl.substr(0, lbl.size() - 1) + ",";
-        l += "position=\"" + std::to_string(k) + "\"}";
-        out += "beluga_spec_decode_accepted_per_position_total" + l + " " +
+      for (size_t k = 0; k < st->spec_accepted_per_position.size(); ++k)
+        out += "beluga_spec_decode_accepted_per_position_total" + label_with("position", k) + " " +
                num(double(st->spec_accepted_per_position[k])) + "\n";
-      }
     }
   }
   render_vllm(st, model, out);

@@ -35,6 +35,7 @@ void RestartableEngine::take_down(std::string reason) {
   if (engine_) {
     EngineStats gone = add_engine_counters(retired_, engine_->stats());
     gone.running = gone.waiting = gone.kv_blocks_used = 0;
+    gone.kv_blocks_used_by_rank.clear();
     retired_ = gone;
   }
   engine_ = nullptr;

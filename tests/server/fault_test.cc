@@ -358,7 +358,15 @@ TEST(Fault, AFailedDataParallelRankRestartsOverTheRanksLeftWithACacheEach) {
   const int port = srv.port();
   const std::string first = get(port, "/metrics").body;
   EXPECT_EQ(metric_value(first, "beluga_expert_parallel_ranks"), 3);
+  const auto ranks_shown = [](const std::string& page) {
+    int n = 0;
+    for (size_t at = 0; (at = page.find("\nbeluga_kv_blocks_used_by_rank{", at)) != std::string::npos; ++at)
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(ranks_shown(first), 3) << first;
   const double blocks = metric_value(first, "beluga_kv_blocks_total");
+  EXPECT_GT(blocks, 0) << first;
   Json greedy = completion_body(3, false);
   greedy["temperature"] = 0;
   const HttpReply before = post(port, "/v1/completions", greedy);
@@ -374,6 +382,7 @@ TEST(Fault, AFailedDataParallelRankRestartsOverTheRanksLeftWithACacheEach) {
   const std::string page = get(port, "/metrics").body;
   EXPECT_EQ(metric_value(page, "beluga_expert_parallel_ranks"), 2) << page;
   EXPECT_EQ(metric_value(page, "beluga_kv_blocks_total"), blocks * 2 / 3) << page;
+  EXPECT_EQ(ranks_shown(page), 2) << page;
   const HttpReply after = post(port, "/v1/completions", greedy);
   ASSERT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(Json::parse(after.body)["choices"][0]["text"], Json::parse(before.body)["choices"][0]["text"]);
