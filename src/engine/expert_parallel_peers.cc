@@ -1,5 +1,7 @@
 #include "engine/expert_parallel_peers.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace beluga {
@@ -111,6 +113,13 @@ const RankPart& ExpertParallelPeers::post_parts(const PartOutputs& out, int num_
   return parts_[0];
 }
 
+void ExpertParallelPeers::note_homes(std::vector<RowHome>& homes, size_t rows) const {
+  homes.assign(rows, {});
+  for (size_t r = 0; r < parts_.size(); ++r)
+    for (size_t t = 0; t < parts_[r].token_rows.size(); ++t)
+      homes[size_t(parts_[r].token_rows[t])] = {int(r), int(t)};
+}
+
 const RankPart& ExpertParallelPeers::begin_parts(const Batch& b, int num_blocks, const PartOutputs& out,
                                                  bool keep_hidden) {
   BELUGA_CHECK(data_parallel_, "begin_parts: the ranks step replicated tokens");
@@ -119,10 +128,7 @@ const RankPart& ExpertParallelPeers::begin_parts(const Batch& b, int num_blocks,
   std::lock_guard<std::mutex> lock(mu_);
   parts_.resize(size_t(group_.size()));
   split_by_rank(b, num_blocks, parts_);
-  forward_rows_.assign(b.tokens.size(), {});
-  for (size_t r = 0; r < parts_.size(); ++r)
-    for (size_t t = 0; t < parts_[r].token_rows.size(); ++t)
-      forward_rows_[size_t(parts_[r].token_rows[t])] = {int(r), int(t)};
+  note_homes(forward_rows_, b.tokens.size());
   keep_hidden_ = keep_hidden;
   return post_parts(out, num_blocks, Job::kPart);
 }
@@ -147,10 +153,7 @@ const RankPart& ExpertParallelPeers::begin_mtp_parts(const Batch& b, int num_blo
                    " does not hold");
       parts_[r].source_rows.push_back(homes[src].row);
     }
-  mtp_rows_.assign(b.tokens.size(), {});
-  for (size_t r = 0; r < parts_.size(); ++r)
-    for (size_t t = 0; t < parts_[r].token_rows.size(); ++t)
-      mtp_rows_[size_t(parts_[r].token_rows[t])] = {int(r), int(t)};
+  note_homes(mtp_rows_, b.tokens.size());
   chained_ = chained;
   return post_parts(out, num_blocks, Job::kMtpPart);
 }
@@ -161,20 +164,10 @@ void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
 }
 
 void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) {
-  BELUGA_CHECK(!data_parallel_, "attention data parallel: no KV-tier loads in this build");
-  // Between steps, on the peers' own threads (a GPU rank's copies run where its device is bound).
+  BELUGA_CHECK(!data_parallel_, "load_blocks: data-parallel ranks each copy their own blocks (move_blocks)");
   throw_if_down();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    loads_ = loads;
-    load_mtp_ = with_mtp;
-    num_blocks_ = num_blocks;
-    job_ = Job::kLoad;
-    done_ = 0;
-    ++step_;
-    cv_.notify_all();
-  }
-  wait_done();
+  loads_ = loads;  // read by the peers once the job is posted; the caller waits for it
+  run_copies(false, num_blocks, with_mtp);
 }
 
 std::span<const KvBlockCopy> ExpertParallelPeers::move_blocks(std::span<const KvBlockCopy> copies,
@@ -190,9 +183,14 @@ std::span<const KvBlockCopy> ExpertParallelPeers::move_blocks(std::span<const Kv
                  " ranks of ", P, " blocks");
     rank_copies_[size_t(r)].push_back({c.block - r * P, c.host});
   }
-  bool any = false;
-  for (int r = 1; r < group_.size(); ++r) any = any || !rank_copies_[size_t(r)].empty();
-  if (any) {
+  if (std::any_of(rank_copies_.begin() + 1, rank_copies_.end(), [](const auto& c) { return !c.empty(); }))
+    run_copies(to_host, num_blocks, with_mtp);
+  return rank_copies_[0];
+}
+
+void ExpertParallelPeers::run_copies(bool to_host, int num_blocks, bool with_mtp) {
+  // Between steps, on the peers' own threads (a GPU rank's copies run where its device is bound).
+  {
     std::lock_guard<std::mutex> lock(mu_);
     load_mtp_ = with_mtp;
     to_host_ = to_host;
@@ -202,8 +200,7 @@ std::span<const KvBlockCopy> ExpertParallelPeers::move_blocks(std::span<const Kv
     ++step_;
     cv_.notify_all();
   }
-  if (any) wait_done();
-  return rank_copies_[0];
+  wait_done();
 }
 
 void ExpertParallelPeers::wait_done() {

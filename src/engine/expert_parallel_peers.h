@@ -128,6 +128,10 @@ class ExpertParallelPeers final : public StepPeers {
     int rank = 0, row = 0;
   };
   std::vector<RowHome> forward_rows_, mtp_rows_;
+  // Where each of the `rows` token rows of the step just split (parts_) went.
+  void note_homes(std::vector<RowHome>& homes, size_t rows) const;
+  // Posts a kLoad job (the peers' copies between their caches and host images) and waits for it.
+  void run_copies(bool to_host, int num_blocks, bool with_mtp);
   Job job_ = Job::kForward;
   std::span<const KvBlockCopy> loads_;                 // kLoad: the caller's images (it waits for the job)
   bool load_mtp_ = false;                              // kLoad: the images end with the MTP layer's slice
