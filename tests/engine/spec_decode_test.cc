@@ -68,6 +68,20 @@ class SpecDecodeTest : public engine_test::DemoModelTest {
     return {c.tokens, c.finish, c.stop_token};
   }
 
+  // The parallel tests' mix: three prompts repeating a 9-token phrase (prompt lookup finds drafts), a
+  // code prompt and (`more`) a second, longer one.
+  std::vector<EngineRequest> parallel_requests(Collector& c, bool more) const {
+    std::vector<EngineRequest> v;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int> p{0};
+      for (int r = 0; r < 3; ++r)
+        for (int j = 0; j < 9; ++j) p.push_back(100 + (j * 37 + i * 211) % 900);
+      v.push_back(greedy(name("g", i), p, 24, c));
+    }
+    v.push_back(greedy("code", prompt(40, 3), 40, c));
+    if (more) v.push_back(greedy("code2", prompt(70, 4), 30, c));
+    return v;
+  }
   static EngineStats wait_idle(Engine& engine) {  // outputs arrive before the stats that follow them
     EngineStats st{};
     for (int i = 0; i < 2000; ++i) {
@@ -162,17 +176,7 @@ TEST_F(SpecDecodeTest, NgramGreedyOutputIsTheSameAndDraftsAreAccepted) {
 // experts are sharded), each peer gathering its own input rows. The output is one rank's greedy output
 // and the MTP drafts are one rank's (the same accepted counts, position by position).
 TEST_F(SpecDecodeTest, SpeculationRunsExpertParallel) {
-  auto reqs = [&](Collector& c) {
-    std::vector<EngineRequest> v;
-    for (int i = 0; i < 3; ++i) {
-      std::vector<int> p{0};
-      for (int r = 0; r < 3; ++r)
-        for (int j = 0; j < 9; ++j) p.push_back(100 + (j * 37 + i * 211) % 900);
-      v.push_back(greedy(name("g", i), p, 24, c));
-    }
-    v.push_back(greedy("code", prompt(40, 3), 40, c));
-    return v;
-  };
+  auto reqs = [&](Collector& c) { return parallel_requests(c, false); };
   const Outcome base = run(config(0), reqs);
   EngineStats one;
   run(config(2), reqs, &one);  // MTP on one rank
@@ -191,18 +195,7 @@ TEST_F(SpecDecodeTest, SpeculationRunsExpertParallel) {
 // MTP caches of its own): an MTP step's rows go to their sequences' ranks and read the hidden states
 // that rank kept (begin_mtp_parts). Greedy output as one rank's, and the same drafts accepted.
 TEST_F(SpecDecodeTest, SpeculationRunsDataParallel) {
-  auto reqs = [&](Collector& c) {
-    std::vector<EngineRequest> v;
-    for (int i = 0; i < 3; ++i) {
-      std::vector<int> p{0};
-      for (int r = 0; r < 3; ++r)
-        for (int j = 0; j < 9; ++j) p.push_back(100 + (j * 37 + i * 211) % 900);
-      v.push_back(greedy(name("g", i), p, 24, c));
-    }
-    v.push_back(greedy("code", prompt(40, 3), 40, c));
-    v.push_back(greedy("code2", prompt(70, 4), 30, c));
-    return v;
-  };
+  auto reqs = [&](Collector& c) { return parallel_requests(c, true); };
   const Outcome base = run(config(0), reqs);
   EngineStats one;
   run(config(3), reqs, &one);  // MTP on one rank

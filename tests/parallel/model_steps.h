@@ -2,6 +2,10 @@
 // and keeps every step's logits, so a group's run can be compared with one rank's.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -36,6 +40,21 @@ inline std::vector<std::vector<std::vector<float>>> run_steps(Model& m,
     if (between) between();
   }
   return out;
+}
+
+// Whether `a` equals the reference `b` within `rel` of b's largest magnitude (max |a - b| <= rel
+// max |b|; the expert-parallel tests' tolerance for float rounding carried through the layers).
+inline ::testing::AssertionResult logits_close(const std::vector<float>& a, const std::vector<float>& b,
+                                               float rel = 1e-5f) {
+  if (a.size() != b.size())
+    return ::testing::AssertionFailure() << a.size() << " logits against " << b.size();
+  float mx = 0, diff = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    mx = std::max(mx, std::fabs(b[i]));
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+  }
+  if (diff <= rel * mx) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |diff| " << diff << " of max |logit| " << mx;
 }
 
 }  // namespace beluga::test

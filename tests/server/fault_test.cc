@@ -307,6 +307,15 @@ TEST(Fault, OversizeFanOutIsA400AndFailingStepsFailOnlyTheirRequests) {
   EXPECT_EQ(metric_value(page, "beluga_kv_blocks_used"), 0) << page;
 }
 
+// /health's status once it is 200, or the last one after `seconds` (a restarting instance answers 503).
+int wait_for_health(int port, double seconds) {
+  const auto t0 = Clock::now();
+  int health = 0;
+  while (seconds_since(t0) < seconds && (health = get(port, "/health").status) != 200)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return health;
+}
+
 // `--expert-parallel-size 2` with rank 1 failing from its 6th step (BELUGA_TEST_FAIL_RANK): the request
 // that meets the failure gets a 503 naming the rank, the instance restarts itself over the one
 // rank left on the same port (/health back to 200, /metrics: 1 rank, 1 restart), and the same
@@ -327,11 +336,7 @@ TEST(Fault, AFailedExpertParallelRankRestartsTheInstanceOverTheRanksLeft) {
   EXPECT_EQ(hit.retry_after, "1");
   EXPECT_NE(hit.body.find("expert-parallel rank 1 failed"), std::string::npos) << hit.body;
   // Restarted over one rank (down while it reloads: 503 with the cause, or already back).
-  const auto t0 = Clock::now();
-  int health = 0;
-  while (seconds_since(t0) < 60 && (health = get(port, "/health").status) != 200)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_EQ(health, 200) << srv.log();
+  ASSERT_EQ(wait_for_health(port, 60), 200) << srv.log();
   const std::string page = get(port, "/metrics").body;
   EXPECT_EQ(metric_value(page, "beluga_expert_parallel_ranks"), 1) << page;
   EXPECT_EQ(metric_value(page, "beluga_engine_restarts_total"), 1) << page;
@@ -374,11 +379,7 @@ TEST(Fault, AFailedDataParallelRankRestartsOverTheRanksLeftWithACacheEach) {
   const HttpReply hit = post(port, "/v1/completions", completion_body(30, false));
   EXPECT_EQ(hit.status, 503) << hit.body;
   EXPECT_NE(hit.body.find("expert-parallel rank 2 failed"), std::string::npos) << hit.body;
-  const auto t0 = Clock::now();
-  int health = 0;
-  while (seconds_since(t0) < 60 && (health = get(port, "/health").status) != 200)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_EQ(health, 200) << srv.log();
+  ASSERT_EQ(wait_for_health(port, 60), 200) << srv.log();
   const std::string page = get(port, "/metrics").body;
   EXPECT_EQ(metric_value(page, "beluga_expert_parallel_ranks"), 2) << page;
   EXPECT_EQ(metric_value(page, "beluga_kv_blocks_total"), blocks * 2 / 3) << page;
