@@ -23,6 +23,36 @@ namespace {
 
 using namespace gpu_test;
 
+// An expert-parallel group of two thread ranks on one GPU, each with its own CudaOps and stream,
+// exchanging through CudaOps::copy_between as --expert-parallel-size / --data-parallel-size do on GPUs:
+// rank 0's model stepping the peer.
+struct TwoRanksOnOneGpu {
+  CudaOps rank0;
+  std::unique_ptr<LocalGroup> group;
+  ExpertSharding sharding;
+  ExpertParallelism ep;
+  std::unique_ptr<Model> m0;
+  std::unique_ptr<ExpertParallelPeers> peers;
+  TwoRanksOnOneGpu(const ModelConfig& cfg, WeightSource& w, bool data_parallel)
+      : sharding(ExpertSharding::contiguous(cfg.n_routed_experts, 2)) {
+    std::vector<std::unique_ptr<Ops>> peer_ops;
+    peer_ops.push_back(std::make_unique<CudaOps>());
+    LocalTransport t;
+    t.copy = &CudaOps::copy_between;
+    t.ready = {[this] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
+    group = std::make_unique<LocalGroup>(2, std::move(t));
+    ep = {&group->communicator(0), &sharding, !data_parallel};
+    rank0.bind_thread();
+    m0 = load_model(cfg, w, rank0, 1024, &ep);
+    peers = std::make_unique<ExpertParallelPeers>(cfg, w, m0->max_positions(), *group, sharding,
+                                                  std::move(peer_ops), nullptr, InjectedRankFault{},
+                                                  data_parallel);
+    rank0.bind_thread();
+    m0->set_step_peers(peers.get());
+  }
+  ~TwoRanksOnOneGpu() { m0->set_step_peers(nullptr); }
+};
+
 TEST(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
@@ -32,20 +62,9 @@ TEST(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
   CudaOps single;
   auto one = load_model(cfg, ckpt, single, 1024);
 
-  CudaOps rank0;
-  std::vector<std::unique_ptr<Ops>> peer_ops;
-  peer_ops.push_back(std::make_unique<CudaOps>());
-  LocalTransport t;
-  t.copy = &CudaOps::copy_between;
-  t.ready = {[&] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
-  LocalGroup group(2, std::move(t));
-  const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, 2);
-  const ExpertParallelism ep{&group.communicator(0), &sharding, true};
-  rank0.bind_thread();
-  auto m0 = load_model(cfg, ckpt, rank0, 1024, &ep);
-  ExpertParallelPeers peers(cfg, ckpt, m0->max_positions(), group, sharding, std::move(peer_ops));
-  rank0.bind_thread();
-  m0->set_step_peers(&peers);
+  TwoRanksOnOneGpu two(cfg, ckpt, false);
+  Model* m0 = two.m0.get();
+  ExpertParallelPeers& peers = *two.peers;
   EXPECT_FALSE(m0->replays_graphs());  // the exchanges are planned on the host
 
   SafetensorsFile ref(dir + "/reference.safetensors");
@@ -78,7 +97,6 @@ TEST(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
       ASSERT_EQ(got[k], want[k]) << "prompt " << i << " step " << k;
   }
   EXPECT_FALSE(peers.failure());
-  m0->set_step_peers(nullptr);
 }
 
 // Attention data parallel on two ranks of one GPU (--data-parallel-size 2 on a GPU): each rank steps
@@ -93,21 +111,10 @@ TEST(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
   Checkpoint ckpt(dir);
   CudaOps single;
   auto one = load_model(cfg, ckpt, single, 1024);
-  CudaOps rank0;
-  std::vector<std::unique_ptr<Ops>> peer_ops;
-  peer_ops.push_back(std::make_unique<CudaOps>());
-  LocalTransport t;
-  t.copy = &CudaOps::copy_between;
-  t.ready = {[&] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
-  LocalGroup group(2, std::move(t));
-  const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, 2);
-  const ExpertParallelism ep{&group.communicator(0), &sharding, false};
-  rank0.bind_thread();
-  auto m0 = load_model(cfg, ckpt, rank0, 1024, &ep);
-  ExpertParallelPeers peers(cfg, ckpt, m0->max_positions(), group, sharding, std::move(peer_ops), nullptr, {},
-                            true);
-  rank0.bind_thread();
-  m0->set_step_peers(&peers);
+  TwoRanksOnOneGpu two(cfg, ckpt, true);
+  CudaOps& rank0 = two.rank0;
+  Model* m0 = two.m0.get();
+  ExpertParallelPeers& peers = *two.peers;
 
   const int P = 16, V = cfg.vocab_size;  // blocks a rank
   const std::vector<int> lens = {5, 70, 1, 33, 12};
@@ -144,7 +151,6 @@ TEST(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
     }
   }
   EXPECT_FALSE(peers.failure());
-  m0->set_step_peers(nullptr);
 }
 
 }  // namespace
