@@ -106,9 +106,22 @@ bool Scheduler::schedule_running(Seq* s, std::vector<Chunk>& chunks, int& budget
   const auto scheduled = [&](const Seq* y) {
     return std::any_of(chunks.begin(), chunks.end(), [&](const Chunk& c) { return c.seq == y; });
   };
+  // Only a sequence whose blocks share s's partition makes room for it (attention data parallelism:
+  // each rank's cache is its own); with one partition that is the youngest.
+  const auto victim = [&]() -> Seq* {
+    for (auto it = running_.rbegin(); it != running_.rend() && *it != s; ++it) {
+      Seq* y = *it;
+      if (bm_.num_partitions() > 1 &&
+          (y->blocks.empty() || s->blocks.empty() ||
+           bm_.partition_of(y->blocks.front()) != bm_.partition_of(s->blocks.front())))
+        continue;
+      return scheduled(y) ? nullptr : y;
+    }
+    return nullptr;
+  };
   bool fits = grow(s, s->num_computed + n);
-  while (!fits && running_.back() != s && !scheduled(running_.back())) {
-    preempt(running_.back());
+  for (Seq* y; !fits && (y = victim()) != nullptr;) {
+    preempt(y);
     preempted = true;
     fits = grow(s, s->num_computed + n);
   }

@@ -1,7 +1,9 @@
 // Scheduler: decides each step's work under a token budget and a sequence cap. Running sequences
 // go first (oldest first: decodes and unfinished prefill chunks), then waiting ones in arrival order,
 // each reusing its longest cached prefix. When blocks run out the youngest running sequence is
-// preempted: its blocks are released and it is recomputed later from its tokens so far.
+// preempted: its blocks are released and it is recomputed later from its tokens so far. With a
+// partitioned block manager (attention data parallelism) only sequences of the same partition give
+// way: freeing another rank's blocks would not make room.
 //
 // With a KV connector, a waiting sequence whose prefix continues below the device pool (host memory,
 // files) gets device blocks for it and waits in a loading list, not scheduled and not blocking the
