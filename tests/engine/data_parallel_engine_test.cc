@@ -57,6 +57,12 @@ TEST_F(EngineTest, DataParallelRanksGenerateWhatOneModelDoes) {
   EXPECT_EQ(c.tokens["again"][0], reference(again, 6));
   EXPECT_EQ(c.cached["again"], 128) << "the shared prefix's two full blocks, in the rank that holds them";
   EXPECT_EQ(engine.stats().kv_blocks_total, 24);
+  // n = 3 greedy sequences of one request (sharing its prompt's blocks): each the reference.
+  const std::vector<int> pn = prompt(90, 40);
+  ASSERT_EQ(engine.submit(greedy("n3", pn, 5, c, 3)), SubmitStatus::kOk);
+  ASSERT_TRUE(c.wait(ps.size() + 2));
+  const std::vector<int> want = reference(pn, 5);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c.tokens["n3"][i], want) << "sequence " << i;
 }
 
 TEST_F(EngineTest, DataParallelNeedsDataParallelPeers) {
