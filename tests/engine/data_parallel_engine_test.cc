@@ -65,6 +65,32 @@ TEST_F(EngineTest, DataParallelRanksGenerateWhatOneModelDoes) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(c.tokens["n3"][i], want) << "sequence " << i;
 }
 
+// Memory pressure over data-parallel ranks: small caches (6 blocks a rank) and ten requests at once,
+// so sequences are preempted (only by their own rank's) and recomputed, some on the other rank; every
+// request's greedy tokens are still one model's.
+TEST_F(EngineTest, DataParallelRanksUnderMemoryPressureGenerateWhatOneModelDoes) {
+  ExpertParallelPair pair(cfg_, *ckpt_, 2048, {}, true);
+  Collector c;
+  EngineConfig ec;
+  ec.num_kv_blocks = 6;
+  ec.max_model_len = 384;
+  ec.data_parallel_size = 2;
+  Engine engine(*pair.model, ec);
+  std::vector<std::vector<int>> ps;
+  for (int i = 0; i < 10; ++i) ps.push_back(prompt(30 + (i * 53) % 170, 50 + i));
+  for (size_t i = 0; i < ps.size(); ++i)
+    ASSERT_EQ(engine.submit(greedy("m" + std::to_string(i), ps[i], 40, c)), SubmitStatus::kOk);
+  ASSERT_TRUE(c.wait(ps.size()));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string id = "m" + std::to_string(i);
+    EXPECT_EQ(c.finish[id][0], FinishReason::kLength) << c.error[id];
+    EXPECT_EQ(c.tokens[id][0], reference(ps[i], 40)) << id;
+  }
+  const EngineStats st = wait_idle(engine);
+  EXPECT_GT(st.preemptions, 0) << "the caches were meant to run out";
+  EXPECT_EQ(st.kv_blocks_used, 0);
+}
+
 TEST_F(EngineTest, DataParallelNeedsDataParallelPeers) {
   // A replicated group is not a data-parallel one: its ranks each step the whole batch.
   ExpertParallelPair replicated(cfg_, *ckpt_, 2048);
