@@ -7,7 +7,8 @@
 # concurrencies. Every configuration gets the same cores: CORES threads for one rank, CORES / N a rank.
 # usage: [BELUGA=build/beluga] [RANKS=2] [CORES=$(nproc)] [CONCURRENCIES="1 8"] [PROMPTS_PER_SLOT=4] \
 #        [INPUT_LEN=128] [OUTPUT_LEN=64] [KV_MB=256] [MODEL=DIR] [LOAD=dummy] [TOKENIZER=DIR] \
-#        [RESULTS=DIR] bench/parallel_cpu.sh
+#        [RESULTS=DIR] [SERVE_ARGS="..."] bench/parallel_cpu.sh
+# SERVE_ARGS: more `beluga serve` flags for every configuration (e.g. --speculative-config '{...}').
 # Prints a table of output tok/s per configuration and concurrency (and the ratio to one rank); each
 # point's `bench serve --out` JSON stays in RESULTS (default: a temporary directory).
 set -euo pipefail
@@ -38,7 +39,9 @@ for cfg in $configs; do
     ep*) args=(--threads "$per_rank" --expert-parallel-size "$RANKS") ;;
     dp*) args=(--threads "$per_rank" --data-parallel-size "$RANKS") ;;
   esac
-  start_server "$log" "$BELUGA" serve --port 0 --kv-cache-mb "$KV_MB" "${model_args[@]}" "${args[@]}"
+  # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
+  eval "extra=(${SERVE_ARGS:-})"
+  start_server "$log" "$BELUGA" serve --port 0 --kv-cache-mb "$KV_MB" "${model_args[@]}" "${args[@]}" "${extra[@]}"
   for c in $CONCURRENCIES; do
     # One short unmeasured run first (the first requests pay for page faults and warm-up).
     "$BELUGA" bench serve --url "http://127.0.0.1:$port" --num-prompts "$c" --max-concurrency "$c" \
