@@ -146,6 +146,34 @@ TEST(RouterE2E, CacheAwareHitRateAtLeastOneAndAHalfTimesRoundRobin) {
     EXPECT_GE(sample(rm, "beluga_router_replica_requests_total{replica=\"" + u + "\"}"), 1) << u;
 }
 
+// Two replicas with attention data parallelism (two ranks each, a KV cache per rank) behind the
+// cache-aware router: every request is answered, the tenants' system prompts are found again in the
+// ranks that cached them, and the router's index (built from the replicas' block events, one event a
+// key however many of a replica's ranks hold it) routes by them.
+TEST(RouterE2E, DataParallelReplicasServeCacheAwareTraffic) {
+  std::vector<std::unique_ptr<ChildProcess>> replicas;
+  std::vector<std::string> urls;
+  for (int i = 0; i < 2; ++i) {
+    replicas.push_back(start_replica(0, {"--data-parallel-size", "2"}));
+    ASSERT_GT(replicas.back()->port(), 0) << replicas.back()->log();
+    urls.push_back(replicas.back()->url());
+  }
+  auto router = start_router(urls, {"--policy", "cache-aware"});
+  ASSERT_GT(router->port(), 0) << router->log();
+  const int tenants = 3, rounds = 4;
+  const HitRate h = run_workload(router->port(), "dp", tenants, rounds);
+  EXPECT_EQ(h.ok, tenants * rounds);
+  // Each tenant's first request computes its ~4-block system prompt; the later rounds find it.
+  EXPECT_GE(h.cached, long(tenants) * (rounds - 1) * 3 * 64) << h.cached << " of " << h.prompt;
+  const std::string m = http_get(router->port(), "/metrics").body;
+  EXPECT_GT(sample(m, "beluga_router_decisions_total{policy=\"cache-aware\",decision=\"affinity\"}"), 0) << m;
+  for (const auto& r : replicas) {
+    const std::string page = http_get(r->port(), "/metrics").body;
+    EXPECT_NE(page.find("beluga_kv_blocks_used_by_rank{"), std::string::npos) << page;
+    EXPECT_EQ(sample(page, "beluga_expert_parallel_ranks{model_name=\"beluga-demo-coder-mtp\"}"), 2) << page;
+  }
+}
+
 // Requests served by a replica, from its own /metrics.
 double served_by(const ChildProcess& replica) {
   const std::string page = http_get(replica.host(), replica.port(), "/metrics").body;
