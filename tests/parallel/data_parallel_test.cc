@@ -18,6 +18,7 @@
 #include "model/data_parallel_split.h"
 #include "model/model.h"
 #include "model_steps.h"
+#include "parallel/live_placement.h"
 #include "parallel/local_communicator.h"
 #include "util/error.h"
 
@@ -190,6 +191,53 @@ TEST(DataParallelPeers, EveryRankStepsOnlyItsSequencesAndTheLogitsEqualOneModel)
       }
     }
   }
+}
+
+// Live EPLB over data-parallel ranks: each rank counts the routing of its own sequences, the plan
+// moves and replicates experts between steps, and the logits stay one model's.
+TEST(DataParallelPeers, LiveEplbRebalancesAndTheLogitsStayOneModels) {
+  const ModelConfig cfg = ModelConfig::from_file(kDpTinyDir + "/config.json");
+  Checkpoint ckpt(kDpTinyDir);
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int> tok(2, cfg.vocab_size - 1);
+  std::vector<std::vector<int>> prompts;
+  for (int n : {9, 30, 4, 17}) {
+    prompts.emplace_back();
+    for (int i = 0; i < n; ++i) prompts.back().push_back(tok(rng));
+  }
+  const int P = 32;
+  const std::vector<int> first = {0, P, 4, P + 4};  // sequences 0, 2 on rank 0; 1, 3 on rank 1
+  std::vector<DpPlan> plans(6);
+  for (auto& p : plans) p.seqs = {0, 1, 2, 3};
+  plans[2].seqs = {1, 3};  // rank 0 idle
+  CpuOps ref_ops(CpuOptions{1});
+  auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
+  KvCache ref_kv = ref_model->make_kv_cache(2 * P);
+  const auto ref = drive_dp(*ref_model, ref_kv, prompts, first, plans, false, nullptr);
+
+  LiveEplbOptions opt;
+  opt.redundant_per_rank = 1;
+  opt.interval_steps = 2;
+  opt.window_steps = 4;
+  opt.background = false;
+  LiveExpertPlacement live(deepseek_moe_layers(cfg, ckpt), cfg.n_routed_experts, 2, opt);
+  live.set_source(&ckpt);
+  LocalGroup group(2);
+  const ExpertSharding sharding = live.initial_sharding();
+  CpuOps ops(CpuOptions{1});
+  const ExpertParallelism ep{&group.communicator(0), &sharding, false, &live};
+  auto model = load_model(cfg, ckpt, ops, 256, &ep);
+  ExpertParallelPeers peers(cfg, ckpt, model->max_positions(), group, sharding,
+                            cpu_peer_ops(2, CpuOptions{1}), &live, {}, true);
+  model->set_step_peers(&peers);
+  KvCache kv = model->make_kv_cache(P);
+  const auto got = drive_dp(*model, kv, prompts, first, plans, false, nullptr);
+  model->set_step_peers(nullptr);
+  EXPECT_GE(live.rebalances(), 1);
+  EXPECT_EQ(live.rebalances() + live.skipped(), 3) << "7 steps, a plan every 2";
+  for (size_t s = 0; s < prompts.size(); ++s)
+    for (size_t step = 0; step < ref[s].size(); ++step)
+      EXPECT_TRUE(test::logits_close(got[s][step], ref[s][step])) << "sequence " << s << " step " << step;
 }
 
 TEST(DataParallelPeers, ReplicatedStepsAndMtpStepsAreRefused) {
