@@ -201,7 +201,6 @@ int cmd_serve(int argc, char** argv) {
     kv_listen_port = std::stoi(port);
   }
   if (*role != server::ServeRole::kBoth && kv_flags.host_gb <= 0) kv_flags.host_gb = 2;
-  if (model_args.data_parallel) ecfg.data_parallel_size = model_args.expert_parallel_size;
   const auto served_name = args.get("served-model-name");
   const auto format_name = args.get("chat-format");
   std::optional<recipe::ChatFormat> format;

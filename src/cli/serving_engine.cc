@@ -81,7 +81,6 @@ void ServingEngine::run() {
     try {
       if (!devices.empty()) devices.erase(devices.begin());  // rank 0's stays with the backend
       reload_expert_parallel(m_, ma_, next, devices);
-      if (ma_.data_parallel) ecfg_.data_parallel_size = next;  // one KV cache a rank, as before
       engine_ = std::make_unique<Engine>(*m_.model, ecfg_);
     } catch (const std::exception& e) {
       give_up(cause, str("the restart failed: ", e.what()));

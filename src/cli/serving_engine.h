@@ -43,7 +43,7 @@ class ServingEngine {
 
   LoadedModel& m_;
   const ModelArgs& ma_;
-  EngineConfig ecfg_;  // data_parallel_size follows the ranks across restarts
+  const EngineConfig ecfg_;
   std::unique_ptr<Engine> engine_;
   server::RestartableEngine handle_;
   mutable std::mutex mu_;

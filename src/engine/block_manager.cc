@@ -79,39 +79,37 @@ int BlockManager::take_free(int partition) {
   return b;
 }
 
-int BlockManager::matched(const Partition& p, const std::vector<BlockHash>& hashes) const {
-  int n = 0;
-  while (size_t(n) < hashes.size() && p.index.count(hashes[size_t(n)])) ++n;
-  return n;
-}
-
-int BlockManager::free_after(int p, const std::vector<BlockHash>& hashes, int len) const {
-  int n = num_free(p);
-  for (int i = 0; i < len; ++i) n -= in_free_[size_t(parts_[size_t(p)].index.at(hashes[size_t(i)]))] ? 1 : 0;
-  return n;
+BlockManager::Run BlockManager::cached_run(int p, const std::vector<BlockHash>& hashes) const {
+  const auto& index = parts_[size_t(p)].index;
+  Run run{{}, num_free(p)};
+  for (const BlockHash& h : hashes) {
+    const auto it = index.find(h);
+    if (it == index.end()) break;
+    run.blocks.push_back(it->second);
+    if (in_free_[size_t(it->second)]) --run.free_after;
+  }
+  return run;
 }
 
 std::vector<int> BlockManager::acquire_prefix(const std::vector<BlockHash>& hashes, int tokens) {
-  std::vector<int> blocks;
-  if (!caching_ || hashes.empty()) return blocks;
+  if (!caching_ || hashes.empty()) return {};
   const int need = (tokens + kKvBlockSize - 1) / kKvBlockSize;
-  int best = -1, best_len = 0;
+  Run best;
+  int best_p = -1;
   bool best_fits = false;
   for (int p = 0; p < num_partitions(); ++p) {
-    const int len = matched(parts_[size_t(p)], hashes);
-    const bool fits = num_partitions() == 1 || tokens <= 0 || free_after(p, hashes, len) >= need - len;
-    const auto key = std::make_tuple(fits, len, num_free(p));
-    if (best < 0 || key > std::make_tuple(best_fits, best_len, num_free(best)))
-      best = p, best_len = len, best_fits = fits;
+    Run run = cached_run(p, hashes);
+    const int len = int(run.blocks.size());
+    const bool fits = num_partitions() == 1 || tokens <= 0 || run.free_after >= need - len;
+    if (best_p < 0 || std::make_tuple(fits, len, num_free(p)) >
+                          std::make_tuple(best_fits, int(best.blocks.size()), num_free(best_p)))
+      best = std::move(run), best_p = p, best_fits = fits;
   }
-  const Partition& part = parts_[size_t(best)];
-  for (int i = 0; i < best_len; ++i) {
-    const int b = part.index.at(hashes[size_t(i)]);
+  for (const int b : best.blocks) {
     if (in_free_[b]) out_of_free(b);
     ref_[b]++;
-    blocks.push_back(b);
   }
-  return blocks;
+  return std::move(best.blocks);
 }
 
 bool BlockManager::grow(std::vector<int>& table, int tokens) {

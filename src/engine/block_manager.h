@@ -75,9 +75,13 @@ class BlockManager {
   void drop_from_index(int block);  // the block leaves the prefix index (has_hash_ still set)
   void to_free(int block, bool front);
   void out_of_free(int block);
-  int matched(const Partition& p, const std::vector<BlockHash>& hashes) const;
-  // Free blocks partition `p` would have left after taking a run of `len` from `hashes`.
-  int free_after(int p, const std::vector<BlockHash>& hashes, int len) const;
+  // The run of `hashes` cached in partition p (one pass over its index): its blocks, and how many
+  // free blocks p would have left once it took them.
+  struct Run {
+    std::vector<int> blocks;
+    int free_after = 0;
+  };
+  Run cached_run(int p, const std::vector<BlockHash>& hashes) const;
 
   bool caching_;
   KvEventSink* events_;

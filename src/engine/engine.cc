@@ -47,18 +47,14 @@ Engine::Engine(Model& model, const EngineConfig& cfg) : model_(model), cfg_(cfg)
   BELUGA_CHECK(int64_t(num_blocks) * kKvBlockSize >= max_model_len_, "the KV cache (", num_blocks,
                " blocks of ", kKvBlockSize, " tokens) cannot hold one sequence of max_model_len ",
                max_model_len_, " tokens; give it more memory or lower --max-model-len");
-  const int dp = cfg.data_parallel_size;
-  BELUGA_CHECK(dp >= 1, "data_parallel_size must be >= 1");
-  if (dp > 1) {
-    BELUGA_CHECK(model.step_peers() && model.step_peers()->data_parallel(),
-                 "attention data parallelism needs the model's data-parallel step peers");
-  }
+  const StepPeers* peers = model.step_peers();
+  const int dp = peers && peers->data_parallel() ? peers->ranks() : 1;  // caches of num_blocks each
   if (cfg.kv_connector)
     BELUGA_CHECK(cfg.kv_connector->block_bytes() == kv_block_image_bytes(model, cfg.speculative),
                  "the KV connector's blocks are ", cfg.kv_connector->block_bytes(), " bytes, the model's ",
                  kv_block_image_bytes(model, cfg.speculative),
                  cfg.speculative.method == SpecConfig::Method::kMtp ? " (with the MTP layer)" : "");
-  impl_ = std::make_unique<Impl>(model, cfg, num_blocks);
+  impl_ = std::make_unique<Impl>(model, cfg, num_blocks, dp);
   impl_->stats.kv_blocks_total = num_blocks * dp;
   if (dp > 1) impl_->stats.kv_blocks_used_by_rank.assign(size_t(dp), 0);
   published_stats_ = impl_->stats;  // /metrics shows the cache's size before the first request

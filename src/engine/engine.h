@@ -29,13 +29,11 @@ namespace beluga {
 struct EngineConfig {
   int max_num_seqs = 64;              // sequences decoding at once
   int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
-  int num_kv_blocks = 0;              // 0: from kv_cache_bytes (per data-parallel rank)
+  // 0: from kv_cache_bytes. Per rank when the model's step peers are attention data parallel
+  // (model/data_parallel_split.h): each rank's cache is its own, the block manager partitions the
+  // blocks of all, a sequence must fit one rank's, and steps sample on the host.
+  int num_kv_blocks = 0;
   size_t kv_cache_bytes = size_t(1) << 30;
-  // Attention data parallelism (model/data_parallel_split.h): the model's step peers are data
-  // parallel over this many ranks, each with a cache of num_kv_blocks (or kv_cache_bytes) of its own;
-  // the block manager partitions the blocks of all. A sequence must fit one rank's cache. Host
-  // sampling.
-  int data_parallel_size = 1;
   int max_model_len = 0;    // 0: the model's max positions
   int max_queue_len = 256;  // waiting sequences (each request counts n); beyond it submit() says kQueueFull
   bool enable_prefix_caching = true;

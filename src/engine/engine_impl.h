@@ -50,7 +50,8 @@ struct Engine::Impl {
     int bseq = -1;   // >= 0: that batch sequence's verification sampled this row (SpecDecoder::token)
   };
 
-  Impl(Model& m, const EngineConfig& cfg, int num_blocks)
+  // `ranks`: data-parallel ranks, each with a cache of num_blocks (1: none).
+  Impl(Model& m, const EngineConfig& cfg, int num_blocks, int ranks)
       : model(m),
         vocab(m.config().vocab_size),
         mask_words((size_t(vocab) + 31) / 32),
@@ -61,8 +62,7 @@ struct Engine::Impl {
                            cfg.max_num_seqs * (cfg.speculative.num_speculative_tokens + 1),
                        cfg.mtp_ahead >= 0 ? cfg.mtp_ahead > 0 : m.ops().device() != Device::kCpu)
                  : nullptr),
-        blocks(num_blocks * cfg.data_parallel_size, cfg.enable_prefix_caching, cfg.kv_events,
-               cfg.data_parallel_size),
+        blocks(num_blocks * ranks, cfg.enable_prefix_caching, cfg.kv_events, ranks),
         policy(cfg.latency),
         scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_connector,
                   spec ? spec->lookahead() : 0,
@@ -76,7 +76,7 @@ struct Engine::Impl {
                cfg.poll_micros >= 0               ? cfg.poll_micros
                : m.ops().device() == Device::kCpu ? 0
                                                   : 2000),
-        device_sampling(cfg.device_sampling && m.has_sampler() && cfg.data_parallel_size == 1),
+        device_sampling(cfg.device_sampling && m.has_sampler() && ranks == 1),
         deterministic(cfg.deterministic),
         mask_filler(cfg.mask_threads >= 0 ? cfg.mask_threads
                                           : MaskFiller::default_workers(std::thread::hardware_concurrency())),

@@ -113,6 +113,16 @@ const RankPart& ExpertParallelPeers::post_parts(const PartOutputs& out, int num_
   return parts_[0];
 }
 
+std::mutex& ExpertParallelPeers::split_step(const Batch& b, int num_blocks) {
+  BELUGA_CHECK(data_parallel_, "a step split into parts: the ranks step replicated tokens");
+  throw_if_down();
+  if (live_) live_->before_step();
+  // The peers are between jobs (the last one ended), so parts_ is the caller's to rewrite.
+  parts_.resize(size_t(group_.size()));
+  split_by_rank(b, num_blocks, parts_);
+  return mu_;
+}
+
 void ExpertParallelPeers::note_homes(std::vector<RowHome>& homes, size_t rows) const {
   homes.assign(rows, {});
   for (size_t r = 0; r < parts_.size(); ++r)
@@ -122,12 +132,7 @@ void ExpertParallelPeers::note_homes(std::vector<RowHome>& homes, size_t rows) c
 
 const RankPart& ExpertParallelPeers::begin_parts(const Batch& b, int num_blocks, const PartOutputs& out,
                                                  bool keep_hidden) {
-  BELUGA_CHECK(data_parallel_, "begin_parts: the ranks step replicated tokens");
-  throw_if_down();
-  if (live_) live_->before_step();
-  std::lock_guard<std::mutex> lock(mu_);
-  parts_.resize(size_t(group_.size()));
-  split_by_rank(b, num_blocks, parts_);
+  std::lock_guard<std::mutex> lock(split_step(b, num_blocks));
   note_homes(forward_rows_, b.tokens.size());
   keep_hidden_ = keep_hidden;
   return post_parts(out, num_blocks, Job::kPart);
@@ -136,12 +141,7 @@ const RankPart& ExpertParallelPeers::begin_parts(const Batch& b, int num_blocks,
 const RankPart& ExpertParallelPeers::begin_mtp_parts(const Batch& b, int num_blocks,
                                                      std::span<const int32_t> hidden_rows, bool chained,
                                                      const PartOutputs& out) {
-  BELUGA_CHECK(data_parallel_, "begin_mtp_parts: the ranks step replicated tokens");
-  throw_if_down();
-  if (live_) live_->before_step();
-  std::lock_guard<std::mutex> lock(mu_);
-  parts_.resize(size_t(group_.size()));
-  split_by_rank(b, num_blocks, parts_);
+  std::lock_guard<std::mutex> lock(split_step(b, num_blocks));
   BELUGA_CHECK(hidden_rows.empty() || hidden_rows.size() == b.tokens.size(), "an MTP step's ",
                hidden_rows.size(), " hidden rows for ", b.tokens.size(), " tokens");
   const std::vector<RowHome>& homes = chained ? mtp_rows_ : forward_rows_;
@@ -163,23 +163,23 @@ void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
   if (mtp && p.mtp_kv.num_blocks != num_blocks_) p.mtp_kv = p.model->make_mtp_kv_cache(num_blocks_);
 }
 
-void ExpertParallelPeers::load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) {
-  BELUGA_CHECK(!data_parallel_, "load_blocks: data-parallel ranks each copy their own blocks (move_blocks)");
-  throw_if_down();
-  loads_ = loads;  // read by the peers once the job is posted; the caller waits for it
-  run_copies(false, num_blocks, with_mtp);
-}
-
-std::span<const KvBlockCopy> ExpertParallelPeers::move_blocks(std::span<const KvBlockCopy> copies,
+std::span<const KvBlockCopy> ExpertParallelPeers::copy_blocks(std::span<const KvBlockCopy> copies,
                                                               bool to_host, int num_blocks, bool with_mtp) {
-  BELUGA_CHECK(data_parallel_, "move_blocks: the ranks hold replicated caches (load_blocks)");
   throw_if_down();
+  if (!data_parallel_) {
+    // Every rank holds the same blocks: the peers load each image too; a save reads the caller's.
+    if (!to_host && !copies.empty()) {
+      loads_ = copies;  // read by the peers once the job is posted; run_copies waits for them
+      run_copies(false, num_blocks, with_mtp);
+    }
+    return copies;
+  }
   const int P = num_blocks;
   rank_copies_.resize(size_t(group_.size()));
   for (auto& c : rank_copies_) c.clear();
   for (const KvBlockCopy& c : copies) {
     const int r = c.block / P;
-    BELUGA_CHECK(r >= 0 && r < group_.size(), "move_blocks: block ", c.block, " is past ", group_.size(),
+    BELUGA_CHECK(r >= 0 && r < group_.size(), "copy_blocks: block ", c.block, " is past ", group_.size(),
                  " ranks of ", P, " blocks");
     rank_copies_[size_t(r)].push_back({c.block - r * P, c.host});
   }

@@ -4,14 +4,14 @@
 // stepping every batch that rank 0's model steps (Model::set_step_peers). Rank 0 is the caller's
 // model, so the engine and the generator run unchanged on top of it; the KV cache is kept on every
 // rank (each writes the same blocks), so the prefix cache's block reuse stays valid, and blocks loaded
-// from the KV tiers go into every rank's cache (load_blocks; saves read rank 0's, the same).
+// from the KV tiers go into every rank's cache (copy_blocks; saves read rank 0's, the same).
 // A rank that fails aborts the group for good: the step throws on rank 0 (naming the rank that failed
 // first and its error), and so does every later step, at once. failure() and on_failure() tell the
 // owner, which restarts the instance with the ranks left (cli/expert_group_restart.h).
 // Attention data parallel (`data_parallel`): each rank holds only its own range of the engine's cache
 // blocks and steps only the sequences there (model/data_parallel_split.h, begin_parts); the MoE
 // layers exchange every rank's own tokens; KV-tier copies go to the rank holding each block
-// (move_blocks); an MTP step's rows read the hidden states their own rank kept (begin_mtp_parts).
+// (copy_blocks); an MTP step's rows read the hidden states their own rank kept (begin_mtp_parts).
 // With live EPLB (`live`, shared with rank 0's model), begin() and end() are the group's step
 // boundary: no rank steps there, so end() closes the step's statistics (and may start a rebalance's
 // preparation) and the next begin() switches every rank to a prepared placement before any runs.
@@ -66,14 +66,14 @@ class ExpertParallelPeers final : public StepPeers {
 
   void begin(const Batch& b, int num_blocks, bool keep_hidden) override;
   void begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows, bool chained) override;
-  void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) override;
   bool data_parallel() const override { return data_parallel_; }
   const RankPart& begin_parts(const Batch& b, int num_blocks, const PartOutputs& out,
                               bool keep_hidden) override;
   const RankPart& begin_mtp_parts(const Batch& b, int num_blocks, std::span<const int32_t> hidden_rows,
                                   bool chained, const PartOutputs& out) override;
-  std::span<const KvBlockCopy> move_blocks(std::span<const KvBlockCopy> copies, bool to_host, int num_blocks,
+  std::span<const KvBlockCopy> copy_blocks(std::span<const KvBlockCopy> copies, bool to_host, int num_blocks,
                                            bool with_mtp) override;
+  int ranks() const override { return group_.size(); }
   void end() override;
   void abort() override;
   // Rank r's (1 .. group size - 1) caches, between steps (tests).
@@ -128,12 +128,15 @@ class ExpertParallelPeers final : public StepPeers {
     int rank = 0, row = 0;
   };
   std::vector<RowHome> forward_rows_, mtp_rows_;
+  // A data-parallel step's start: the placement's boundary, then `b` split into parts_; returns the
+  // lock to hold while the job is set.
+  std::mutex& split_step(const Batch& b, int num_blocks);
   // Where each of the `rows` token rows of the step just split (parts_) went.
   void note_homes(std::vector<RowHome>& homes, size_t rows) const;
   // Posts a kLoad job (the peers' copies between their caches and host images) and waits for it.
   void run_copies(bool to_host, int num_blocks, bool with_mtp);
   Job job_ = Job::kForward;
-  std::span<const KvBlockCopy> loads_;                 // kLoad: the caller's images (it waits for the job)
+  std::span<const KvBlockCopy> loads_;                 // kLoad, replicated: the caller's images (it waits)
   bool load_mtp_ = false;                              // kLoad: the images end with the MTP layer's slice
   bool to_host_ = false;                               // kLoad: saves (data parallel), not loads
   std::vector<std::vector<KvBlockCopy>> rank_copies_;  // kLoad, data parallel: each rank's, local ids

@@ -156,15 +156,14 @@ void ModelRunner::run_step(Slot& s) {
       Ops& ops = model_.ops();
       StepPeers* peers = model_.step_peers();
       const bool with_mtp = block_layers_.size() > kv_.layers.size();
-      // Data-parallel ranks each copy the blocks they hold; replicated ones all load every block.
+      // With step peers, the group's ranks do their parts of the copies (StepPeers::copy_blocks).
       const auto move = [&](std::span<const KvCopy> c, bool to_host) {
         if (c.empty()) return;
-        if (peers && peers->data_parallel()) c = peers->move_blocks(c, to_host, kv_.num_blocks, with_mtp);
+        if (peers) c = peers->copy_blocks(c, to_host, kv_.num_blocks, with_mtp);
         if (to_host)
           ops.kv_blocks_to_host(block_layers_, c);
         else
           ops.kv_blocks_from_host(block_layers_, c);
-        if (!to_host && peers && !peers->data_parallel()) peers->load_blocks(c, kv_.num_blocks, with_mtp);
       };
       move(s.copies.saves_first, true);
       move(s.copies.loads, false);

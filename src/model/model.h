@@ -76,10 +76,16 @@ class StepPeers {
   // is row rows[t] of the peer's last forward's final hidden states, or (`chained`) of its last MTP
   // step's output.
   virtual void begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows, bool chained) = 0;
-  // Between steps: the host images `loads` (KV tiers, Ops::kv_blocks_from_host) into the peers' own
-  // caches of `num_blocks` blocks too, as the caller's rank loads them into its own (`with_mtp`: the
-  // images end with the MTP layer's slice, for the peers' MTP caches).
-  virtual void load_blocks(std::span<const KvBlockCopy> loads, int num_blocks, bool with_mtp) = 0;
+  // Between steps: the KV copies of blocks (the engine's ids) between the group's caches of
+  // `num_blocks` blocks and host images (KV tiers; `to_host`: saves, else loads; `with_mtp`: the
+  // images end with the MTP layer's slice). The peers do their part before this returns; the caller
+  // does the part returned (valid until the next call). Replicated ranks hold the same blocks: every
+  // rank loads every image, and saves read the caller's cache. Data-parallel ranks each copy the
+  // blocks they hold, with their cache's ids.
+  virtual std::span<const KvBlockCopy> copy_blocks(std::span<const KvBlockCopy> copies, bool to_host,
+                                                   int num_blocks, bool with_mtp) = 0;
+  // The group's ranks, the caller's included.
+  virtual int ranks() const = 0;
   // Attention data parallel (model/data_parallel_split.h): true when each rank steps only the
   // sequences whose blocks it holds, `num_blocks` of them a rank. begin_parts() splits `b`, starts
   // every peer on its part, writing its rows into `out`, and returns the caller's part (valid until
@@ -93,12 +99,6 @@ class StepPeers {
   virtual const RankPart& begin_mtp_parts(const Batch& b, int num_blocks,
                                           std::span<const int32_t> hidden_rows, bool chained,
                                           const PartOutputs& out) = 0;
-  // Attention data parallel, between steps: the KV copies of blocks (engine ids) between the ranks'
-  // caches and host images (`to_host`: saves, else loads), each done by the rank holding the block,
-  // the peers' before this returns; returns the caller's own, with its cache's ids (valid until the
-  // next call), for it to do.
-  virtual std::span<const KvBlockCopy> move_blocks(std::span<const KvBlockCopy> copies, bool to_host,
-                                                   int num_blocks, bool with_mtp) = 0;
   virtual void end() = 0;    // waits for the step; throws the group's failure (a peer's error)
   virtual void abort() = 0;  // this rank failed mid-step: the peers' collectives throw instead of waiting
 };

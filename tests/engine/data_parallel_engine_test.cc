@@ -26,7 +26,6 @@ TEST_F(EngineTest, DataParallelRanksGenerateWhatOneModelDoes) {
   EngineConfig ec;
   ec.num_kv_blocks = 12;  // per rank: 768 tokens
   ec.max_model_len = 512;
-  ec.data_parallel_size = 2;
   Engine engine(*pair.model, ec);
   // Two waves: six prompts at once (two share a 130-token prefix), then the shared prefix again.
   const std::vector<int> shared = prompt(130, 9);
@@ -74,7 +73,6 @@ TEST_F(EngineTest, DataParallelRanksUnderMemoryPressureGenerateWhatOneModelDoes)
   EngineConfig ec;
   ec.num_kv_blocks = 6;
   ec.max_model_len = 384;
-  ec.data_parallel_size = 2;
   Engine engine(*pair.model, ec);
   std::vector<std::vector<int>> ps;
   for (int i = 0; i < 10; ++i) ps.push_back(prompt(30 + (i * 53) % 170, 50 + i));
@@ -91,20 +89,22 @@ TEST_F(EngineTest, DataParallelRanksUnderMemoryPressureGenerateWhatOneModelDoes)
   EXPECT_EQ(st.kv_blocks_used, 0);
 }
 
-TEST_F(EngineTest, DataParallelNeedsDataParallelPeers) {
-  // A replicated group is not a data-parallel one: its ranks each step the whole batch.
-  ExpertParallelPair replicated(cfg_, *ckpt_, 2048);
+// The engine takes its caches from the model's step peers: one cache over replicated ranks (each rank
+// holds a copy), one a rank over data-parallel ranks.
+TEST_F(EngineTest, DataParallelCachesFollowTheStepPeers) {
   EngineConfig ec;
   ec.num_kv_blocks = 8;
   ec.max_model_len = 256;
-  ec.data_parallel_size = 2;
-  try {
+  ExpertParallelPair replicated(cfg_, *ckpt_, 2048);
+  {
     Engine e(*replicated.model, ec);
-    ADD_FAILURE() << "an engine over replicated ranks took data_parallel_size 2";
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("needs the model's data-parallel step peers"), std::string::npos)
-        << err.what();
+    EXPECT_EQ(e.stats().kv_blocks_total, 8);
+    EXPECT_TRUE(e.stats().kv_blocks_used_by_rank.empty());
   }
+  ExpertParallelPair dp(cfg_, *ckpt_, 2048, {}, true);
+  Engine e(*dp.model, ec);
+  EXPECT_EQ(e.stats().kv_blocks_total, 16);
+  EXPECT_EQ(e.stats().kv_blocks_used_by_rank, (std::vector<int>{0, 0}));
 }
 
 }  // namespace

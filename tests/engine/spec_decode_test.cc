@@ -203,7 +203,6 @@ TEST_F(SpecDecodeTest, SpeculationRunsDataParallel) {
   Model& rank0 = *pair.model;
   auto dp = [](EngineConfig ec) {
     ec.num_kv_blocks = 32;  // a rank
-    ec.data_parallel_size = 2;
     return ec;
   };
   EngineStats st;

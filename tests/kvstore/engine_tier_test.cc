@@ -105,7 +105,6 @@ TEST_F(EngineTier, DataParallelRanksSaveAndLoadTheBlocksTheyHold) {
   ExpertParallelPair pair(cfg_, *ckpt_, 2048, {}, true);
   kv::TieredStore store(store_config(64));
   EngineConfig ec = small_pool(&store);  // 8 blocks a rank
-  ec.data_parallel_size = 2;
   Engine e(*pair.model, ec);
   Collector c;
   const auto pairwise = [&](const std::string& x, const std::vector<int>& px, const std::string& y,

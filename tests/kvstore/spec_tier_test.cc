@@ -182,7 +182,7 @@ TEST_F(SpecTier, BlocksOfAcceptedDraftsAreSavedAndServeAHit) {
   store.step_done(true);
 }
 
-// ExpertParallelPeers::load_blocks writes every layer of a block image into each peer's caches, the
+// ExpertParallelPeers::copy_blocks writes every layer of a block image into each peer's caches, the
 // MTP layer's slice (at the image's end) into its MTP cache.
 TEST_F(SpecTier, PeersLoadEveryLayerOfTheImage) {
   const SpecConfig spec = config(0, nullptr).speculative;
@@ -203,7 +203,7 @@ TEST_F(SpecTier, PeersLoadEveryLayerOfTheImage) {
   ExpertParallelPeers peers(cfg_, *ckpt_, model_->max_positions(), group, sharding,
                             cpu_peer_ops(2, CpuOptions{1}));
   const KvBlockCopy copy{2, image.data()};
-  peers.load_blocks({&copy, 1}, 4, true);
+  EXPECT_EQ(peers.copy_blocks({&copy, 1}, false, 4, true).size(), 1u);  // the caller loads it too
   std::vector<Tensor> got = peers.kv_of(1).layers;
   got.insert(got.end(), peers.mtp_kv_of(1).layers.begin(), peers.mtp_kv_of(1).layers.end());
   ASSERT_EQ(got.size(), layers.size());
