@@ -53,15 +53,23 @@ struct TwoRanksOnOneGpu {
   ~TwoRanksOnOneGpu() { m0->set_step_peers(nullptr); }
 };
 
-TEST(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+// dsv3-tiny, and one model of it on the GPU: what both tests compare against.
+class GpuExpertParallel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+    single = std::make_unique<CudaOps>();
+    one = load_model(cfg, ckpt, *single, 1024);
+  }
   const std::string dir = source_dir() + "/tests/fixtures/dsv3-tiny";
   const ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
-  Checkpoint ckpt(dir);
-  CudaOps single;
-  auto one = load_model(cfg, ckpt, single, 1024);
+  Checkpoint ckpt{dir};
+  std::unique_ptr<CudaOps> single;
+  std::unique_ptr<Model> one;
+};
 
+TEST_F(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
   TwoRanksOnOneGpu two(cfg, ckpt, false);
   Model* m0 = two.m0.get();
   ExpertParallelPeers& peers = *two.peers;
@@ -103,14 +111,7 @@ TEST(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
 // only its own sequences in its own cache (block ids of its range), the other serving its expert rows
 // (an idle rank in the decode steps where it has none); every step's last-row logits against one
 // model holding every sequence in one cache.
-TEST(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = source_dir() + "/tests/fixtures/dsv3-tiny";
-  const ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
-  Checkpoint ckpt(dir);
-  CudaOps single;
-  auto one = load_model(cfg, ckpt, single, 1024);
+TEST_F(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
   TwoRanksOnOneGpu two(cfg, ckpt, true);
   CudaOps& rank0 = two.rank0;
   Model* m0 = two.m0.get();
@@ -123,7 +124,7 @@ TEST(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
   std::vector<std::vector<int>> plans = {{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {1, 3}, {0, 2, 4}};
   KvCache kv_one = one->make_kv_cache(2 * P), kv0 = m0->make_kv_cache(P);
   std::vector<int> len(lens.size(), 0);
-  single.bind_thread();
+  single->bind_thread();
   for (size_t step = 0; step < plans.size(); ++step) {
     Batch b;
     for (int s : plans[step]) {
@@ -139,7 +140,7 @@ TEST(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
     }
     const size_t R = b.logit_rows.size();
     std::vector<float> want(R * size_t(V)), got(R * size_t(V));
-    single.bind_thread();
+    single->bind_thread();
     one->forward(b, kv_one, want.data());
     rank0.bind_thread();
     m0->forward(b, kv0, got.data());

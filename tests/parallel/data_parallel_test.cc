@@ -128,13 +128,7 @@ std::vector<std::vector<std::vector<float>>> drive_dp(Model& m, KvCache& kv,
 TEST(DataParallelPeers, EveryRankStepsOnlyItsSequencesAndTheLogitsEqualOneModel) {
   const ModelConfig cfg = ModelConfig::from_file(kDpTinyDir + "/config.json");
   Checkpoint ckpt(kDpTinyDir);
-  std::mt19937 rng(11);
-  std::uniform_int_distribution<int> tok(2, cfg.vocab_size - 1);
-  std::vector<std::vector<int>> prompts;
-  for (int n : {5, 17, 1, 9, 12, 3, 30}) {
-    prompts.emplace_back();
-    for (int i = 0; i < n; ++i) prompts.back().push_back(tok(rng));
-  }
+  const auto prompts = test::random_prompts(cfg.vocab_size, 11, {5, 17, 1, 9, 12, 3, 30});
   const int P = 32;  // blocks per rank
   for (int n : {2, 3}) {
     // Sequence s on rank s % n, at its own 4 blocks of that rank's range.
@@ -198,13 +192,7 @@ TEST(DataParallelPeers, EveryRankStepsOnlyItsSequencesAndTheLogitsEqualOneModel)
 TEST(DataParallelPeers, LiveEplbRebalancesAndTheLogitsStayOneModels) {
   const ModelConfig cfg = ModelConfig::from_file(kDpTinyDir + "/config.json");
   Checkpoint ckpt(kDpTinyDir);
-  std::mt19937 rng(13);
-  std::uniform_int_distribution<int> tok(2, cfg.vocab_size - 1);
-  std::vector<std::vector<int>> prompts;
-  for (int n : {9, 30, 4, 17}) {
-    prompts.emplace_back();
-    for (int i = 0; i < n; ++i) prompts.back().push_back(tok(rng));
-  }
+  const auto prompts = test::random_prompts(cfg.vocab_size, 13, {9, 30, 4, 17});
   const int P = 32;
   const std::vector<int> first = {0, P, 4, P + 4};  // sequences 0, 2 on rank 0; 1, 3 on rank 1
   std::vector<DpPlan> plans(6);

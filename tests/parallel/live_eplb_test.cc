@@ -186,14 +186,7 @@ std::vector<std::vector<std::vector<float>>> run_group(const ModelConfig& cfg, C
 }
 
 std::vector<std::vector<int>> some_prompts(int vocab) {
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int> tok(2, vocab - 1);
-  std::vector<std::vector<int>> prompts;
-  for (int n : {5, 17, 1, 9, 12, 3, 30, 2}) {
-    prompts.emplace_back();
-    for (int i = 0; i < n; ++i) prompts.back().push_back(tok(rng));
-  }
-  return prompts;
+  return test::random_prompts(vocab, 5, {5, 17, 1, 9, 12, 3, 30, 2});
 }
 
 TEST(LiveEplb, ModelLogitsAcrossARebalanceEqualOneRank) {

@@ -26,13 +26,7 @@ const std::string kDir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv2-
 TEST(ModelExpertParallel, Dsv2LiteTinyLogitsEqualOneRank) {
   const ModelConfig cfg = ModelConfig::from_file(kDir + "/config.json");
   Checkpoint ckpt(kDir);
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int> tok(2, cfg.vocab_size - 1);
-  std::vector<std::vector<int>> prompts;
-  for (int n : {5, 17, 1, 9, 12, 3, 30, 2}) {
-    prompts.emplace_back();
-    for (int i = 0; i < n; ++i) prompts.back().push_back(tok(rng));
-  }
+  const auto prompts = test::random_prompts(cfg.vocab_size, 5, {5, 17, 1, 9, 12, 3, 30, 2});
   CpuOps ref_ops(CpuOptions{1});
   auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
   const auto ref = test::run_steps(*ref_model, prompts, 2);

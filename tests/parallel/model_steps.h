@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
+#include <random>
 #include <vector>
 
 #include "model/model.h"
@@ -40,6 +42,19 @@ inline std::vector<std::vector<std::vector<float>>> run_steps(Model& m,
     if (between) between();
   }
   return out;
+}
+
+// Prompts of the given lengths, ids drawn uniformly from [2, vocab) with `seed`.
+inline std::vector<std::vector<int>> random_prompts(int vocab, unsigned seed,
+                                                    std::initializer_list<int> lengths) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> tok(2, vocab - 1);
+  std::vector<std::vector<int>> prompts;
+  for (int n : lengths) {
+    prompts.emplace_back();
+    for (int i = 0; i < n; ++i) prompts.back().push_back(tok(rng));
+  }
+  return prompts;
 }
 
 // Whether `a` equals the reference `b` within `rel` of b's largest magnitude (max |a - b| <= rel
