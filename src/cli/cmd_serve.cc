@@ -96,9 +96,9 @@ void inject_rank_failure(ModelArgs& ma) {
   if (!v || !*v) return;
   int rank = 0;
   unsigned long long at = 0;
-  BELUGA_CHECK(std::sscanf(v, "%d:%llu", &rank, &at) == 2 && rank >= 1 && rank < ma.expert_parallel_size,
+  BELUGA_CHECK(std::sscanf(v, "%d:%llu", &rank, &at) == 2 && rank >= 1 && rank < group_ranks(ma),
                "BELUGA_TEST_FAIL_RANK must be RANK:STEP with 1 <= RANK < --expert-parallel-size");
-  log::warn("serve", "test mode: expert-parallel rank ", rank, " fails from its step ", at, " on");
+  log::warn("serve", "test mode: thread rank ", rank, " fails from its step ", at, " on");
   ma.ep_fault = {rank, at};
 }
 

@@ -38,7 +38,8 @@ KvOptions open_kv_tiers(const KvFlags& f, const LoadedModel& m, const SpecConfig
   // With MTP drafting the image carries the MTP layer too: another layout, another fingerprint.
   sc.block_bytes = kv_block_image_bytes(*m.model, spec);
   sc.fingerprint = kv::model_fingerprint(read_file(m.config_path), m.weights_digest, m.ops->act_dtype(),
-                                         sc.block_bytes / kKvBlockSize, kKvBlockSize);
+                                         sc.block_bytes / kKvBlockSize, kKvBlockSize,
+                                         m.model->step_peers() ? m.model->step_peers()->cache_shards() : 1);
   sc.host_bytes = size_t(host_gb * double(size_t(1) << 30));
   sc.disk_dir = disk_dir;
   sc.disk_bytes = size_t(disk_gb * double(size_t(1) << 30));

@@ -80,6 +80,11 @@ ModelArgs parse_model_args(const Args& args) {
     ma.expert_parallel_size = dp;
     ma.data_parallel = true;
   }
+  ma.tensor_parallel_size = int(args.get_int("tensor-parallel-size", 1));
+  BELUGA_CHECK(ma.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1");
+  BELUGA_CHECK(ma.tensor_parallel_size == 1 || ma.expert_parallel_size == 1,
+               "--tensor-parallel-size splits a dense model's heads; --expert-parallel-size and "
+               "--data-parallel-size split a DeepSeek model's experts: one or the other");
   if (args.has("eplb") || args.has("eplb-redundant-experts") || args.has("eplb-interval") ||
       args.has("eplb-window")) {
     LiveEplbOptions o;
@@ -99,41 +104,60 @@ ModelArgs parse_model_args(const Args& args) {
 
 namespace {
 
-// Rank 0's model through `src` and, with ep_size > 1, the thread ranks' group, sharding, live
-// placement and peers; the sampler and the eager flag as asked.
-void load_ranks(LoadedModel& m, const ModelArgs& ma, int ep_size, WeightSource& src,
-                InjectedRankFault fault) {
-  if (ep_size > 1) {
-    const int n = ep_size;
+// The thread ranks 1 .. n-1's backends: on the CPU each a CpuOps of its own; on CUDA rank r on
+// device r (modulo the devices present: ranks sharing a GPU are for tests), or on ma's
+// ep_peer_devices. `transport` gets how the group's buffers move (device copies on CUDA).
+std::vector<std::unique_ptr<Ops>> peer_backends(LoadedModel& m, const ModelArgs& ma, int n,
+                                                LocalTransport& transport) {
+  if (ma.device == "cpu") return cpu_peer_ops(n, ma.cpu);
+  std::vector<std::unique_ptr<Ops>> peer_ops;
+#ifdef BELUGA_WITH_CUDA
+  const int devices = CudaOps::device_count();
+  if (devices < n)
+    log::warn("model", n, " thread ranks over ", devices, devices == 1 ? " GPU" : " GPUs",
+              ": ranks share GPUs (no speed-up; for tests)");
+  transport.copy = &CudaOps::copy_between;
+  transport.ready.push_back([ops = m.ops.get()] { ops->synchronize(); });
+  m.ep_devices = {static_cast<CudaOps&>(*m.ops).device_index()};
+  for (int r = 1; r < n; ++r) {
+    CudaOptions co;
+    co.device = size_t(r - 1) < ma.ep_peer_devices.size() ? ma.ep_peer_devices[size_t(r - 1)] : r % devices;
+    m.ep_devices.push_back(co.device);
+    co.deterministic = ma.deterministic;
+    peer_ops.push_back(std::make_unique<CudaOps>(co));
+    transport.ready.push_back([ops = peer_ops.back().get()] { ops->synchronize(); });
+  }
+  m.ops->bind_thread();  // rank 0 loads next
+#endif
+  return peer_ops;
+}
+
+// Rank 0's model through `src` and, with `ranks` > 1, the thread ranks' group and peers: expert
+// parallel (with its sharding and live placement) or, with ma.tensor_parallel_size > 1, tensor
+// parallel; the sampler and the eager flag as asked.
+void load_ranks(LoadedModel& m, const ModelArgs& ma, int ranks, WeightSource& src, InjectedRankFault fault) {
+  const int n = ranks;
+  const bool tensor = ma.tensor_parallel_size > 1;
+  if (n > 1 && tensor) {
+    LocalTransport transport;
+    std::vector<std::unique_ptr<Ops>> peer_ops = peer_backends(m, ma, n, transport);
+    m.ep_group = std::make_unique<LocalGroup>(n, std::move(transport));
+    const int max_positions = ma.max_model_len;
+    auto load = [&](int r, Ops& ops, WeightSource& from) {
+      const TensorParallelism tp{&m.ep_group->communicator(r)};
+      return beluga::load_model(m.cfg, from, ops, max_positions, nullptr, &tp);
+    };
+    m.model = load(0, *m.ops, src);
+    m.ep_peers = std::make_unique<ExpertParallelPeers>(
+        *m.ep_group, std::move(peer_ops), [&](int r, Ops& ops) { return load(r, ops, *m.weights); }, nullptr,
+        fault, false, true);
+    m.ops->bind_thread();  // the peers bound their devices to this thread while they loaded
+    m.model->set_step_peers(m.ep_peers.get());
+  } else if (n > 1) {
     BELUGA_CHECK(m.cfg.n_routed_experts >= n, "--expert-parallel-size ", n, " needs at least ", n,
                  " routed experts; the model has ", m.cfg.n_routed_experts);
-    // Thread ranks: on the CPU each with its own CpuOps; on CUDA rank r on device r (modulo the
-    // devices present: ranks sharing a GPU are for tests), exchanging through device copies.
-    std::vector<std::unique_ptr<Ops>> peer_ops;
     LocalTransport transport;
-    if (ma.device == "cpu") {
-      peer_ops = cpu_peer_ops(n, ma.cpu);
-    } else {
-#ifdef BELUGA_WITH_CUDA
-      const int devices = CudaOps::device_count();
-      if (devices < n)
-        log::warn("model", "--expert-parallel-size ", n, " over ", devices, devices == 1 ? " GPU" : " GPUs",
-                  ": ranks share GPUs (no speed-up; for tests)");
-      transport.copy = &CudaOps::copy_between;
-      transport.ready.push_back([ops = m.ops.get()] { ops->synchronize(); });
-      m.ep_devices = {static_cast<CudaOps&>(*m.ops).device_index()};
-      for (int r = 1; r < n; ++r) {
-        CudaOptions co;
-        co.device =
-            size_t(r - 1) < ma.ep_peer_devices.size() ? ma.ep_peer_devices[size_t(r - 1)] : r % devices;
-        m.ep_devices.push_back(co.device);
-        co.deterministic = ma.deterministic;
-        peer_ops.push_back(std::make_unique<CudaOps>(co));
-        transport.ready.push_back([ops = peer_ops.back().get()] { ops->synchronize(); });
-      }
-      m.ops->bind_thread();  // rank 0 loads next
-#endif
-    }
+    std::vector<std::unique_ptr<Ops>> peer_ops = peer_backends(m, ma, n, transport);
     m.ep_group = std::make_unique<LocalGroup>(n, std::move(transport));
     if (ma.eplb) {
       m.ep_live = std::make_unique<LiveExpertPlacement>(deepseek_moe_layers(m.cfg, *m.weights),
@@ -200,7 +224,11 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
                     Progress::Unit::kBytes, progress_out);
   ProgressSource counted(*m.weights, progress);
   kv::FingerprintingSource recorded(counted);  // the KV tiers' model fingerprint
-  load_ranks(m, ma, ma.expert_parallel_size, recorded, ma.ep_fault);
+  if (ma.tensor_parallel_size > 1) {
+    const std::string why = tensor_parallel_refusal(m.cfg, ma.tensor_parallel_size);
+    BELUGA_CHECK(why.empty(), why);
+  }
+  load_ranks(m, ma, group_ranks(ma), recorded, ma.ep_fault);
   progress.finish();
   m.weights_digest = recorded.digest();
   m.config_path = ma.config_path;
@@ -219,7 +247,7 @@ void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size, st
   m.ep_group.reset();
   m.ep_devices.clear();
   ModelArgs again = ma;
-  again.expert_parallel_size = ep_size;
+  (ma.tensor_parallel_size > 1 ? again.tensor_parallel_size : again.expert_parallel_size) = ep_size;
   again.ep_peer_devices = std::move(peer_devices);
   if (ep_size == 1) again.eplb.reset();  // nothing to balance
   const auto t0 = std::chrono::steady_clock::now();

@@ -62,6 +62,9 @@ struct ModelArgs {
   // --data-parallel-size N: the expert_parallel_size (= N) ranks are attention data parallel, each
   // stepping its own sequences (model/data_parallel_split.h), not the whole batch.
   bool data_parallel = false;
+  // --tensor-parallel-size N: a dense model's heads and MLP split over N thread ranks
+  // (model.h: TensorParallelism), every rank stepping every batch; not with expert parallelism.
+  int tensor_parallel_size = 1;
   // --eplb (or any --eplb-* option), with expert_parallel_size > 1: live EPLB (parallel/live_placement.h)
   // with these knobs; unset: the contiguous layout, fixed, exactly as without it.
   std::optional<LiveEplbOptions> eplb;
@@ -75,13 +78,18 @@ struct ModelArgs {
   bool progress_lines = false;
 };
 ModelArgs parse_model_args(const Args& args);
+// The thread ranks the model runs over (expert, data or tensor parallel; 1: one model).
+inline int group_ranks(const ModelArgs& ma) {
+  return ma.tensor_parallel_size > 1 ? ma.tensor_parallel_size : ma.expert_parallel_size;
+}
 // The attention form a command runs: `asked` (--mla-mode), or absorbed for every step under
 // --deterministic (an expanded/absorbed choice by query length would depend on the batch).
 MlaMode mla_mode_for(const ModelArgs& ma, MlaMode asked);
 // Reads the config and loads the weights.
 LoadedModel load_model_dir(const ModelArgs& ma);
 // After a rank failed (cli/serving_engine.h): rank 0's model, the group, its sharding, live
-// placement and peers are rebuilt over `ep_size` ranks (1: one model with every expert, no EPLB),
+// placement and peers are rebuilt over `ep_size` ranks of the same kind (expert or tensor parallel;
+// 1: one model with every expert and head, no EPLB),
 // ranks 1.. on `peer_devices` (CUDA; their first ep_size - 1); the backend, the weights (their
 // source stays open) and the config stay.
 void reload_expert_parallel(LoadedModel& m, const ModelArgs& ma, int ep_size, std::vector<int> peer_devices);

@@ -18,7 +18,7 @@ ServingEngine::ServingEngine(LoadedModel& m, const ModelArgs& ma, EngineConfig e
       ecfg_(std::move(ecfg)),
       engine_(std::make_unique<Engine>(*m.model, ecfg_)),
       handle_(engine_->max_model_len()),
-      ranks_(ma.expert_parallel_size) {
+      ranks_(group_ranks(ma)) {
   handle_.bring_up(engine_.get());
   if (m_.ep_peers) {
     watch_failures();
@@ -60,8 +60,12 @@ void ServingEngine::run() {
     // The ranks left: on GPUs the failed rank's device goes (rank 0 keeps the backend's own).
     std::vector<int> devices = m_.ep_devices;
     if (size_t(f.rank) < devices.size()) devices.erase(devices.begin() + f.rank);
-    const int next = healthy_group_size(ranks_ - 1, m_.cfg.n_routed_experts, ma_.eplb.has_value());
-    const std::string cause = str("expert-parallel rank ", f.rank, " of ", ranks_, " failed (", f.cause, ")");
+    const int next = ma_.tensor_parallel_size > 1
+                         ? healthy_tensor_group_size(
+                               ranks_ - 1, {m_.cfg.num_heads, m_.cfg.num_kv_heads, m_.cfg.intermediate_size})
+                         : healthy_group_size(ranks_ - 1, m_.cfg.n_routed_experts, ma_.eplb.has_value());
+    const std::string cause = str(ma_.tensor_parallel_size > 1 ? "tensor" : "expert", "-parallel rank ",
+                                  f.rank, " of ", ranks_, " failed (", f.cause, ")");
     if (f.rank == 0 && !m_.ep_devices.empty()) {
       // Rank 0's GPU holds the backend the KV tiers and the sampler were made with: no restart here.
       give_up(cause, "rank 0's GPU cannot be replaced in place; restart the process without it");
@@ -97,9 +101,8 @@ void ServingEngine::run() {
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.2f",
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    log::info("serve", "serving again over ", next,
-              next == 1 ? " expert-parallel rank" : " expert-parallel ranks", " (restart ", restarts_, ", ",
-              secs, " s)");
+    log::info("serve", "serving again over ", next, ma_.tensor_parallel_size > 1 ? " tensor" : " expert",
+              next == 1 ? "-parallel rank" : "-parallel ranks", " (restart ", restarts_, ", ", secs, " s)");
     if (!m_.ep_peers) return;  // one rank: nothing left to fail over
   }
 }

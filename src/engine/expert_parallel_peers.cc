@@ -6,25 +6,41 @@
 
 namespace beluga {
 
-ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions,
-                                         LocalGroup& group, const ExpertSharding& sharding,
-                                         std::vector<std::unique_ptr<Ops>> ops, LiveExpertPlacement* live,
-                                         InjectedRankFault fault, bool data_parallel)
-    : group_(group), live_(live), fault_(fault), data_parallel_(data_parallel) {
-  BELUGA_CHECK(int(ops.size()) == group.size() - 1, "expert parallelism: ", ops.size(), " backends for ",
+ExpertParallelPeers::ExpertParallelPeers(LocalGroup& group, std::vector<std::unique_ptr<Ops>> ops,
+                                         const RankLoader& load, LiveExpertPlacement* live,
+                                         InjectedRankFault fault, bool data_parallel, bool tensor_parallel)
+    : group_(group),
+      live_(live),
+      fault_(fault),
+      data_parallel_(data_parallel),
+      tensor_parallel_(tensor_parallel),
+      kind_(tensor_parallel ? "tensor-parallel" : "expert-parallel") {
+  BELUGA_CHECK(int(ops.size()) == group.size() - 1, "thread ranks: ", ops.size(), " backends for ",
                group.size() - 1, " peer ranks");
+  BELUGA_CHECK(!(data_parallel && tensor_parallel),
+               "thread ranks: data parallel or tensor parallel, not both");
   for (int r = 1; r < group.size(); ++r) {
     auto p = std::make_unique<Peer>();
     p->rank = r;
     p->ops = std::move(ops[size_t(r - 1)]);
     p->ops->bind_thread();  // its weights go to its device
-    p->ep = std::make_unique<ExpertParallelism>(
-        ExpertParallelism{&group.communicator(r), &sharding, !data_parallel, live});
-    p->model = load_model(cfg, src, *p->ops, max_positions, p->ep.get());
+    p->model = load(r, *p->ops);
     peers_.push_back(std::move(p));
   }
   for (auto& p : peers_) p->thread = std::thread([this, q = p.get()] { run(*q); });
 }
+
+ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions,
+                                         LocalGroup& group, const ExpertSharding& sharding,
+                                         std::vector<std::unique_ptr<Ops>> ops, LiveExpertPlacement* live,
+                                         InjectedRankFault fault, bool data_parallel)
+    : ExpertParallelPeers(
+          group, std::move(ops),
+          [&](int r, Ops& o) {
+            const ExpertParallelism ep{&group.communicator(r), &sharding, !data_parallel, live};
+            return load_model(cfg, src, o, max_positions, &ep);
+          },
+          live, fault, data_parallel) {}
 
 ExpertParallelPeers::~ExpertParallelPeers() {
   {
@@ -63,7 +79,7 @@ void ExpertParallelPeers::on_failure(std::function<void(const RankFailure&)> f) 
 void ExpertParallelPeers::throw_if_down() const {
   // A failed group stays failed: every later job fails at once, with the first failure's cause.
   if (const auto f = failure())
-    throw Unavailable(str("expert-parallel rank ", f->rank, " failed (", f->cause, "); the group is down"));
+    throw Unavailable(str(kind_, " rank ", f->rank, " failed (", f->cause, "); the group is down"));
 }
 
 void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::function<void()>& set_job) {
@@ -166,6 +182,20 @@ void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
 std::span<const KvBlockCopy> ExpertParallelPeers::copy_blocks(std::span<const KvBlockCopy> copies,
                                                               bool to_host, int num_blocks, bool with_mtp) {
   throw_if_down();
+  if (tensor_parallel_) {
+    // Each rank's cache holds its own heads: rank r's slice of an image starts r slices in (every
+    // rank's slice is as long as the caller's: same layers, same number of heads).
+    if (copies.empty()) return copies;
+    const size_t slice = peers_[0]->model->kv_bytes_per_token() * kKvBlockSize;
+    rank_copies_.resize(size_t(group_.size()));
+    for (int r = 1; r < group_.size(); ++r) {
+      auto& mine = rank_copies_[size_t(r)];
+      mine.clear();
+      for (const KvBlockCopy& c : copies) mine.push_back({c.block, c.host + size_t(r) * slice});
+    }
+    run_copies(to_host, num_blocks, with_mtp);
+    return copies;  // the caller's slice is each image's first
+  }
   if (!data_parallel_) {
     // Every rank holds the same blocks: the peers load each image too; a save reads the caller's.
     if (!to_host && !copies.empty()) {
@@ -206,8 +236,7 @@ void ExpertParallelPeers::run_copies(bool to_host, int num_blocks, bool with_mtp
 void ExpertParallelPeers::wait_done() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ == int(peers_.size()); });
-  if (const auto f = failure())
-    throw Unavailable(str("expert-parallel rank ", f->rank, " failed: ", f->cause));
+  if (const auto f = failure()) throw Unavailable(str(kind_, " rank ", f->rank, " failed: ", f->cause));
   for (auto& p : peers_)
     if (p->error) std::rethrow_exception(p->error);
 }
@@ -240,7 +269,7 @@ void ExpertParallelPeers::run(Peer& p) {
         step(p);
       } catch (...) {
         p.error = std::current_exception();
-        p.ep->comm->abort();
+        group_.communicator(p.rank).abort();
         note_failure(p.rank, p.error);
       }
     }
@@ -255,7 +284,7 @@ void ExpertParallelPeers::step(Peer& p) {
     ensure_caches(p, load_mtp_);
     std::vector<Tensor> layers = p.kv.layers;  // the image's layers (kv_connector.h)
     if (load_mtp_) layers.insert(layers.end(), p.mtp_kv.layers.begin(), p.mtp_kv.layers.end());
-    if (!data_parallel_)
+    if (!data_parallel_ && !tensor_parallel_)
       p.ops->kv_blocks_from_host(layers, loads_);
     else if (to_host_)
       p.ops->kv_blocks_to_host(layers, rank_copies_[size_t(p.rank)]);

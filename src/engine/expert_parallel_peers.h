@@ -48,9 +48,17 @@ struct InjectedRankFault {
 
 class ExpertParallelPeers final : public StepPeers {
  public:
-  // Loads ranks 1 .. group.size()-1 from `src` (which may be dropped after), rank r on ops[r - 1]
-  // (bound to the calling thread while it loads: rebind rank 0's after). Rank 0's model must be
-  // loaded with replicated_tokens = !data_parallel.
+  // Rank r's model on its backend (its group's communicator is group.communicator(r)).
+  using RankLoader = std::function<std::unique_ptr<Model>(int rank, Ops& ops)>;
+  // Loads ranks 1 .. group.size()-1 with `load`, rank r on ops[r - 1] (bound to the calling thread
+  // while it loads: rebind rank 0's after). Replicated ranks (not `data_parallel`) step every batch
+  // rank 0 steps: expert parallel with replicated tokens, or tensor parallel (each rank's cache then
+  // holds its own heads: a block's image is the ranks' slices in rank order, cache_shards()).
+  ExpertParallelPeers(LocalGroup& group, std::vector<std::unique_ptr<Ops>> ops, const RankLoader& load,
+                      LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {},
+                      bool data_parallel = false, bool tensor_parallel = false);
+  // Expert parallel: rank r loads the experts of its slots of `sharding` from `src` (which may be
+  // dropped after). Rank 0's model must be loaded with replicated_tokens = !data_parallel.
   ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
                       const ExpertSharding& sharding, std::vector<std::unique_ptr<Ops>> ops,
                       LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {},
@@ -74,6 +82,7 @@ class ExpertParallelPeers final : public StepPeers {
   std::span<const KvBlockCopy> copy_blocks(std::span<const KvBlockCopy> copies, bool to_host, int num_blocks,
                                            bool with_mtp) override;
   int ranks() const override { return group_.size(); }
+  int cache_shards() const override { return tensor_parallel_ ? group_.size() : 1; }
   void end() override;
   void abort() override;
   // Rank r's (1 .. group size - 1) caches, between steps (tests).
@@ -83,7 +92,6 @@ class ExpertParallelPeers final : public StepPeers {
  private:
   struct Peer {
     std::unique_ptr<Ops> ops;
-    std::unique_ptr<ExpertParallelism> ep;
     std::unique_ptr<Model> model;
     KvCache kv;
     // MTP steps: the last forward's final hidden states, the MTP step's input rows and its output
@@ -120,6 +128,8 @@ class ExpertParallelPeers final : public StepPeers {
   // Splits `b` into parts_ and starts the peers on them (data parallel).
   const RankPart& post_parts(const PartOutputs& out, int num_blocks, Job job);
   const bool data_parallel_;
+  const bool tensor_parallel_;
+  const char* kind_;             // the group's kind in error messages ("expert-parallel", "tensor-parallel")
   std::vector<RankPart> parts_;  // kPart, kMtpPart: every rank's part of the step (rank 0's first)
   PartOutputs part_out_;         // kPart, kMtpPart: where the parts' rows go
   // Where each token row of the last forward and of the last MTP step went: its rank and its row
@@ -139,7 +149,7 @@ class ExpertParallelPeers final : public StepPeers {
   std::span<const KvBlockCopy> loads_;                 // kLoad, replicated: the caller's images (it waits)
   bool load_mtp_ = false;                              // kLoad: the images end with the MTP layer's slice
   bool to_host_ = false;                               // kLoad: saves (data parallel), not loads
-  std::vector<std::vector<KvBlockCopy>> rank_copies_;  // kLoad, data parallel: each rank's, local ids
+  std::vector<std::vector<KvBlockCopy>> rank_copies_;  // kLoad, data or tensor parallel: each rank's
   bool keep_hidden_ = false;                           // a forward: keep its final hidden states
   bool chained_ = false;                               // an MTP step: its inputs from the last MTP output
   std::vector<int32_t> rows_;                          // an MTP step's input rows

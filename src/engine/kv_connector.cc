@@ -19,7 +19,8 @@ const char* kv_tier_name(KvTier t) {
 
 size_t kv_block_image_bytes(const Model& m, const SpecConfig& spec) {
   const bool mtp = spec.enabled() && spec.method == SpecConfig::Method::kMtp;
-  return (m.kv_bytes_per_token() + (mtp ? m.mtp_kv_bytes_per_token() : 0)) * kKvBlockSize;
+  const size_t shards = m.step_peers() ? size_t(m.step_peers()->cache_shards()) : 1;
+  return (m.kv_bytes_per_token() + (mtp ? m.mtp_kv_bytes_per_token() : 0)) * kKvBlockSize * shards;
 }
 
 }  // namespace beluga

@@ -65,7 +65,7 @@ BlockHash FingerprintingSource::digest() const {
 }
 
 BlockHash model_fingerprint(const std::string& config_json, const BlockHash& tensors, DType kv_dtype,
-                            size_t kv_bytes_per_token, int block_size) {
+                            size_t kv_bytes_per_token, int block_size, int cache_shards) {
   const auto j = nlohmann::json::parse(config_json, nullptr, false);
   const std::string canon = j.is_discarded() ? config_json : j.dump();
   XXH3_state_t st;
@@ -76,6 +76,10 @@ BlockHash model_fingerprint(const std::string& config_json, const BlockHash& ten
   XXH3_128bits_update(&st, &tensors, sizeof(tensors));
   const uint64_t layout[3] = {uint64_t(kv_dtype), uint64_t(kv_bytes_per_token), uint64_t(block_size)};
   XXH3_128bits_update(&st, layout, sizeof(layout));
+  if (cache_shards != 1) {  // one shard hashes as before: stored images stay valid
+    const uint64_t shards = uint64_t(cache_shards);
+    XXH3_128bits_update(&st, &shards, sizeof(shards));
+  }
   return digest_of(st);
 }
 

@@ -33,8 +33,10 @@ class FingerprintingSource : public WeightSource {
 };
 
 // `config_json`: the model's config.json (parsed and dumped again, so formatting does not matter).
+// `cache_shards`: the ranks whose slices a block's image holds in rank order (tensor parallel: its
+// ranks; StepPeers::cache_shards), so images of different splits never mix.
 BlockHash model_fingerprint(const std::string& config_json, const BlockHash& tensors, DType kv_dtype,
-                            size_t kv_bytes_per_token, int block_size);
+                            size_t kv_bytes_per_token, int block_size, int cache_shards = 1);
 
 // The key of a block in the tiers: the engine's chained block hash extended with the fingerprint.
 BlockHash tier_key(const BlockHash& block, const BlockHash& fingerprint);

@@ -1,8 +1,11 @@
 // Dense decoder-only transformers: Llama (llama3 rope scaling), Qwen2 (q/k/v bias), Qwen3 (per-head
-// q/k RMSNorm, tied embeddings). GQA over a paged cache of K and V per KV head.
+// q/k RMSNorm, tied embeddings). GQA over a paged cache of K and V per KV head. Tensor parallel
+// (model.h: TensorParallelism): a rank holds heads [H r / N, H (r + 1) / N) with their KV heads and
+// its part of the MLP, and sums the o and down products over the group.
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/rope.h"
+#include "parallel/tensor_parallel.h"
 #include "util/error.h"
 
 namespace beluga {
@@ -18,10 +21,24 @@ struct Layer {
 
 class DenseModel final : public Model {
  public:
-  DenseModel(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) : Model(cfg, ops) {
+  DenseModel(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
+             const TensorParallelism* tp)
+      : Model(cfg, ops), tp_(tp ? tp->comm : nullptr) {
     const auto& c = cfg_;
     const int64_t D = c.hidden_size, H = c.num_heads, KVH = c.num_kv_heads, hd = c.head_dim,
                   I = c.intermediate_size;
+    const int part = tp_ ? tp_->rank() : 0, parts = tp_ ? tp_->size() : 1;
+    heads_ = H / parts;
+    kv_heads_ = KVH / parts;
+    // Its collectives are planned on the host between the ranks' products: no graph holds a step.
+    if (tp_) always_eager_ = enforce_eager_ = true;
+    // Column parallel (this rank's output rows) and row parallel (its input columns).
+    auto column = [&](const std::string& name, int64_t out, int64_t in) {
+      return load_linear_part(src, name, out, in, 0, part, parts);
+    };
+    auto row = [&](const std::string& name, int64_t out, int64_t in) {
+      return load_linear_part(src, name, out, in, 1, part, parts);
+    };
     embed_ = ops.upload(src.get("model.embed_tokens.weight", {c.vocab_size, D}));
     n_params_ += int64_t(c.vocab_size) * D;
     for (int l = 0; l < c.num_layers; ++l) {
@@ -29,10 +46,10 @@ class DenseModel final : public Model {
       Layer L;
       L.input_norm = load_vector(src, p + "input_layernorm.weight", D);
       L.post_norm = load_vector(src, p + "post_attention_layernorm.weight", D);
-      L.q = load_linear(src, p + "self_attn.q_proj", H * hd, D);
-      L.k = load_linear(src, p + "self_attn.k_proj", KVH * hd, D);
-      L.v = load_linear(src, p + "self_attn.v_proj", KVH * hd, D);
-      L.o = load_linear(src, p + "self_attn.o_proj", D, H * hd);
+      L.q = column(p + "self_attn.q_proj", H * hd, D);
+      L.k = column(p + "self_attn.k_proj", KVH * hd, D);
+      L.v = column(p + "self_attn.v_proj", KVH * hd, D);
+      L.o = row(p + "self_attn.o_proj", D, H * hd);
       if (c.qkv_bias)
         BELUGA_CHECK(!L.q.bias.empty() && !L.k.bias.empty() && !L.v.bias.empty(), p,
                      "self_attn: q/k/v biases missing");
@@ -40,8 +57,8 @@ class DenseModel final : public Model {
         L.q_norm = load_vector(src, p + "self_attn.q_norm.weight", hd);
         L.k_norm = load_vector(src, p + "self_attn.k_norm.weight", hd);
       }
-      L.mlp = {load_linear(src, p + "mlp.gate_proj", I, D), load_linear(src, p + "mlp.up_proj", I, D),
-               load_linear(src, p + "mlp.down_proj", D, I)};
+      L.mlp = {column(p + "mlp.gate_proj", I, D), column(p + "mlp.up_proj", I, D),
+               row(p + "mlp.down_proj", D, I)};
       layers_.push_back(std::move(L));
     }
     final_norm_ = load_vector(src, "model.norm.weight", D);
@@ -67,8 +84,13 @@ class DenseModel final : public Model {
     return {layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm};
   }
 
+  std::vector<KvTensorShape> kv_layout() const override {
+    return std::vector<KvTensorShape>(size_t(cfg_.num_layers), {kKvBlockSize, 2 * kv_heads_ * cfg_.head_dim});
+  }
+
   void feed_forward(int l, const NormedInput& in, Tensor out) override {
     run_mlp(ops_, layers_[size_t(l)].mlp, in, out);
+    if (tp_) all_reduce_sum(ops_, *tp_, out);
   }
 
   Tensor attention(int l, const NormedInput& in, const AttnMeta& meta, const Tensor& pos, Tensor cache,
@@ -76,7 +98,7 @@ class DenseModel final : public Model {
     const auto& c = cfg_;
     const Layer& L = layers_[size_t(l)];
     const Tensor& x = in.out;
-    const int64_t T = x.shape[0], H = c.num_heads, KVH = c.num_kv_heads, hd = c.head_dim;
+    const int64_t T = x.shape[0], H = heads_, KVH = kv_heads_, hd = c.head_dim;
     const float eps = float(c.rms_norm_eps);
     Tensor q = ops_.scratch(ops_.act_dtype(), {T, H * hd});
     ops_.norm_linear(q, in, L.q);
@@ -97,16 +119,20 @@ class DenseModel final : public Model {
     ops_.gqa_attention(o, q3, cache, meta, int(KVH), float(c.attention_scale()));
     Tensor out = ops_.scratch(ops_.act_dtype(), {T, c.hidden_size});
     ops_.linear(out, merge_heads(o), L.o);
+    if (tp_) all_reduce_sum(ops_, *tp_, out);
     return out;
   }
 
   std::vector<Layer> layers_;
+  Communicator* tp_;          // the tensor-parallel group (null: every head here)
+  int64_t heads_, kv_heads_;  // this rank's
 };
 
 }  // namespace
 
-std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions) {
-  return std::make_unique<DenseModel>(cfg, src, ops, max_positions);
+std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
+                                  const TensorParallelism* tp) {
+  return std::make_unique<DenseModel>(cfg, src, ops, max_positions, tp);
 }
 
 }  // namespace beluga

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "model/mtp.h"
 #include "model/rope.h"
 #include "model/stacked_weight.h"
+#include "parallel/tensor_parallel.h"
 #include "util/error.h"
 
 namespace beluga {
@@ -14,42 +16,85 @@ std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, 
                                      const ExpertParallelism* ep);
 std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops,
                                         int max_positions);
-std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions);
+std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
+                                  const TensorParallelism* tp);
 
 Model::Model(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {}
 
 std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
-                                  const ExpertParallelism* ep) {
+                                  const ExpertParallelism* ep, const TensorParallelism* tp) {
   if (max_positions <= 0)
     max_positions = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096, 32768);
   BELUGA_CHECK(!ep || (cfg.is_mla() && cfg.arch != Arch::kDeepseekV4 && cfg.n_routed_experts > 0),
                "expert parallelism needs a DeepSeek V2/V3 mixture-of-experts model");
+  if (tp) {
+    BELUGA_CHECK(tp->comm, "tensor parallelism: no communicator");
+    const std::string why = tensor_parallel_refusal(cfg, tp->comm->size());
+    BELUGA_CHECK(why.empty(), why);
+  }
   if (cfg.arch == Arch::kDeepseekV4) return make_deepseek_v4(cfg, src, ops, max_positions);
   if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions, ep);
-  return make_dense(cfg, src, ops, max_positions);
+  return make_dense(cfg, src, ops, max_positions, tp);
+}
+
+std::string tensor_parallel_refusal(const ModelConfig& cfg, int ranks) {
+  if (ranks <= 1) return "";
+  if (cfg.is_mla())
+    return "--tensor-parallel-size: dense Llama/Qwen models only in this build (DeepSeek models split over "
+           "--data-parallel-size / --expert-parallel-size ranks)";
+  for (const auto& [what, n] : {std::pair<const char*, int64_t>{"attention heads", cfg.num_heads},
+                                {"KV heads", cfg.num_kv_heads},
+                                {"intermediate size", cfg.intermediate_size}})
+    if (n % ranks != 0)
+      return str("--tensor-parallel-size ", ranks, " must divide the model's ", what, " (", n, ")");
+  return "";
 }
 
 Weight Model::load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in,
                           int64_t* params) {
+  return load_linear_part(src, prefix, out, in, 0, 0, 1, params);
+}
+
+Weight Model::load_linear_part(WeightSource& src, const std::string& prefix, int64_t out, int64_t in, int dim,
+                               int part, int parts, int64_t* params) {
   int64_t& n_params = params ? *params : n_params_;
+  const bool split = parts > 1;
+  // A column slice is a copy (a row slice a view of the mapping), uploaded into memory of its own:
+  // the CPU backend's upload() keeps the host pointer.
+  auto upload_slice = [&](const Tensor& t, bool copied) {
+    if (!copied) return ops_.upload(t);
+    Tensor d = ops_.alloc_persistent(t.dtype, {t.shape[0], t.shape[1]});
+    ops_.copy_from_host(d, t.data);
+    return d;
+  };
   Weight w;
   Tensor host = src.get(prefix + ".weight", {out, in});
+  int64_t granule = 1;
+  std::vector<std::byte> buf, scale_buf;
   if (host.dtype == DType::kF8E4M3) {
     const int64_t bn = cfg_.fp8_block_n, bk = cfg_.fp8_block_k;
     Tensor s = src.get(prefix + ".weight_scale_inv", {(out + bn - 1) / bn, (in + bk - 1) / bk}, DType::kF32);
     BELUGA_CHECK(s.dtype == DType::kF32, prefix, ".weight_scale_inv must be F32, got ", s.describe());
-    w.scale = ops_.upload(s);
+    granule = dim == 0 ? bn : bk;
+    if (split) s = scale_slice(s, dim, dim == 0 ? out : in, part, parts, granule, scale_buf);
+    w.scale = upload_slice(s, split && dim == 1);
     w.block_n = int(bn);
     w.block_k = int(bk);
   } else {
     BELUGA_CHECK(host.dtype == DType::kBF16 || host.dtype == DType::kF32, prefix,
                  ".weight: unsupported dtype ", host.describe());
   }
-  w.w = ops_.upload(host);
+  if (split) host = host_slice(host, dim, part, parts, buf, granule);
+  w.w = upload_slice(host, split && dim == 1);
   Tensor bias = src.find(prefix + ".bias", {out});
   if (!bias.empty()) {
     BELUGA_CHECK(bias.dtype == DType::kBF16 || bias.dtype == DType::kF32, prefix, ".bias: unsupported dtype");
-    w.bias = ops_.upload(bias);
+    if (split && dim == 0) {
+      const SliceRange r = tensor_part(out, part, parts);
+      bias = bias.rows(r.begin, r.end);
+    }
+    // Row parallel: the ranks' outputs are summed, so one rank adds the bias.
+    if (!split || dim == 0 || part == 0) w.bias = ops_.upload(bias);
     n_params += out;
   }
   n_params += out * in;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/ops.h"
@@ -86,6 +87,10 @@ class StepPeers {
                                                    int num_blocks, bool with_mtp) = 0;
   // The group's ranks, the caller's included.
   virtual int ranks() const = 0;
+  // The ranks whose caches each hold a slice of every block (tensor parallel: all, each its own
+  // heads; else 1): a block's image is their slices in rank order, and copy_blocks moves each
+  // rank's slice at its offset (rank r: r / cache_shards() of the image).
+  virtual int cache_shards() const { return 1; }
   // Attention data parallel (model/data_parallel_split.h): true when each rank steps only the
   // sequences whose blocks it holds, `num_blocks` of them a rank. begin_parts() splits `b`, starts
   // every peer on its part, writing its rows into `out`, and returns the caller's part (valid until
@@ -213,6 +218,11 @@ class Model {
   // Counts the parameters into *params (null: the model's; a reload after load counts none).
   Weight load_linear(WeightSource& src, const std::string& prefix, int64_t out, int64_t in,
                      int64_t* params = nullptr);
+  // Part `part` of `parts` of a linear layer (parallel/tensor_parallel.h): `dim` 0 its rows (column
+  // parallel; the bias split likewise), 1 its columns (row parallel; the bias on part 0 alone, as the
+  // parts' outputs are summed). FP8 parts must fall on the scale blocks. Counts the whole layer.
+  Weight load_linear_part(WeightSource& src, const std::string& prefix, int64_t out, int64_t in, int dim,
+                          int part, int parts, int64_t* params = nullptr);
   // beluga::load_stacked (stacked_weight.h) with the config's FP8 blocks, counting the parameters.
   Weight load_stacked(WeightSource& src, const std::vector<std::string>& prefixes,
                       const std::vector<int64_t>& outs, int64_t in);
@@ -286,11 +296,28 @@ struct ExpertParallelism {
   LiveExpertPlacement* live = nullptr;
 };
 
+// This rank's place in a tensor-parallel group (Megatron's split, `comm` outlives the model): the
+// attention heads, the KV heads and the dense MLP's intermediate size are split into comm->size()
+// equal parts, rank r holding part r. q, k, v, gate and up are loaded by rows (column parallel), o
+// and down by columns (row parallel), and each of those outputs is summed over the group
+// (parallel/tensor_parallel.h, rank order: the same bits on every rank); embeddings, norms and the
+// head are replicated. Every rank steps the same batch with a KV cache of its own heads
+// (kv_bytes_per_token() is one rank's), and its steps are eager (host-planned collectives).
+// Dense Llama/Qwen models.
+struct TensorParallelism {
+  Communicator* comm = nullptr;
+};
+
 // Builds the model for `cfg` from `src` (a checkpoint or dummy weights) on `ops`.
 // `max_positions` bounds the rope tables (0: the config's max_position_embeddings, capped at 32768).
-// `ep`: this rank's expert-parallel group (null: the model holds every expert).
+// `ep`: this rank's expert-parallel group (null: the model holds every expert); `tp`: its
+// tensor-parallel group (null: every head).
 std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions = 0,
-                                  const ExpertParallelism* ep = nullptr);
+                                  const ExpertParallelism* ep = nullptr,
+                                  const TensorParallelism* tp = nullptr);
+
+// Why `cfg` cannot be split over `ranks` tensor-parallel ranks ("" when it can).
+std::string tensor_parallel_refusal(const ModelConfig& cfg, int ranks);
 
 // The MoE layers a DeepSeek V2/V3 model loads from `src`: the config's, then the MTP module's decoder
 // layer (model.layers.{num_hidden_layers}) when the checkpoint holds the module.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <memory>
 
+#include "../common/tensor_parallel_pair.h"
 #include "backend/cpu/cpu_ops.h"
 #include "engine/generator.h"
 #include "golden_test_support.h"
@@ -139,6 +140,25 @@ TEST_P(Fixture, HiddenStatesMatchLayerByLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Fixture,
                          ::testing::Values("dsv3-tiny", "dsv3-tiny-fp8", "dsv2-lite-tiny", "qwen3-tiny"));
+
+// Tensor parallel (`--tensor-parallel-size 2`): qwen3-tiny's heads, KV heads and MLP split over two
+// CPU thread ranks, each with a cache of its own heads, against transformers' logits (every prompt,
+// prefill) and greedy tokens (decode through the split caches), within the bounds one model meets.
+TEST(TensorParallelGolden, QwenOverTwoRanksMatchesTransformers) {
+  const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/qwen3-tiny";
+  Loaded l;
+  l.cfg = ModelConfig::from_file(dir + "/config.json");
+  l.ckpt = std::make_unique<Checkpoint>(dir);
+  l.ref = std::make_unique<SafetensorsFile>(dir + "/reference.safetensors");
+  test::TensorParallelGroup tp(l.cfg, *l.ckpt, 1024);
+  l.model = std::move(tp.model);
+  EXPECT_EQ(l.model->kv_bytes_per_token(),
+            size_t(l.cfg.num_layers) * l.cfg.kv_entry_dim() / 2 * sizeof(float))
+      << "each rank caches its own half of the KV heads";
+  check_logits(l, MlaMode::kAuto);
+  check_greedy(l);
+  tp.model = std::move(l.model);  // the group's destructor detaches its peers from rank 0
+}
 
 // DeepSeek-V4 (hybrid attention, hyper-connections, hash MoE): logits at every position of each
 // prompt, and greedy continuations decoded step by step through the hybrid cache (window rows,

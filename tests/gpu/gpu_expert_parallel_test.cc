@@ -154,5 +154,69 @@ TEST_F(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
   EXPECT_FALSE(peers.failure());
 }
 
+// Tensor parallel on two ranks of one GPU (`--tensor-parallel-size 2` on a GPU): qwen3-tiny's heads
+// and MLP split, each rank's partial o and down products summed through the device-copy transport
+// (BF16 activations summed in F32); every prompt's logits against one model on the GPU, and greedy
+// tokens where the reference's margin is clear.
+TEST(GpuTensorParallel, TwoRanksOnOneGpuMatchOneModel) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = source_dir() + "/tests/fixtures/qwen3-tiny";
+  const ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
+  Checkpoint ckpt{dir};
+  CudaOps single;
+  const auto one = load_model(cfg, ckpt, single, 1024);
+  CudaOps rank0;
+  std::vector<std::unique_ptr<Ops>> peer_ops;
+  peer_ops.push_back(std::make_unique<CudaOps>());
+  LocalTransport t;
+  t.copy = &CudaOps::copy_between;
+  t.ready = {[&] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
+  LocalGroup group(2, std::move(t));
+  auto load = [&](int r, Ops& o) {
+    const TensorParallelism tp{&group.communicator(r)};
+    return load_model(cfg, ckpt, o, 1024, nullptr, &tp);
+  };
+  rank0.bind_thread();
+  auto m0 = load(0, rank0);
+  ExpertParallelPeers peers(group, std::move(peer_ops), load, nullptr, {}, false, true);
+  rank0.bind_thread();
+  m0->set_step_peers(&peers);
+  EXPECT_FALSE(m0->replays_graphs());
+
+  SafetensorsFile ref(dir + "/reference.safetensors");
+  const int V = cfg.vocab_size;
+  for (int i = 0; ref.find("prompt_" + std::to_string(i)); ++i) {
+    const std::string s = std::to_string(i);
+    const TensorInfo& pi = ref.get("prompt_" + s);
+    const int64_t* p64 = static_cast<const int64_t*>(pi.data);
+    const std::vector<int> prompt(p64, p64 + pi.nbytes / 8);
+    single.bind_thread();
+    Generator g_one(*one);
+    const std::vector<float> a = g_one.prompt_logits(prompt);
+    GenerateParams gp;
+    gp.max_tokens = 12;
+    const auto want = g_one.generate({prompt}, gp)[0];
+    rank0.bind_thread();
+    Generator g_tp(*m0);
+    const std::vector<float> b = g_tp.prompt_logits(prompt);
+    const auto got = g_tp.generate({prompt}, gp)[0];
+    ASSERT_EQ(a.size(), b.size());
+    double worst = 0;
+    for (size_t r = 0; r < prompt.size(); ++r)
+      worst = std::max(
+          worst, rel_l2(std::vector<float>(b.begin() + int64_t(r) * V, b.begin() + int64_t(r + 1) * V),
+                        std::vector<float>(a.begin() + int64_t(r) * V, a.begin() + int64_t(r + 1) * V)));
+    EXPECT_LE(worst, 2e-2) << "prompt " << i;
+    std::printf("  TP2 on one GPU, prompt %d: rows %zu, rel L2 to one model max %.5f\n", i, prompt.size(),
+                worst);
+    const float* margin = static_cast<const float*>(ref.get("margin_" + s).data);
+    for (size_t k = 0; k < got.size() && k < want.size() && margin[k] >= 0.5f; ++k)
+      ASSERT_EQ(got[k], want[k]) << "prompt " << i << " step " << k;
+  }
+  EXPECT_FALSE(peers.failure());
+  m0->set_step_peers(nullptr);
+}
+
 }  // namespace
 }  // namespace beluga

@@ -1,7 +1,9 @@
 // The engine with a KV tier below its device pool (dsv3-tiny fixture, CPU): a prefix evicted from a
 // small device pool is loaded back from the host tier, the greedy output is the cold run's, and the
 // loaded tokens count as cached.
+#include "../common/tensor_parallel_pair.h"
 #include "../engine/engine_test_support.h"
+#include "engine/kv_connector.h"
 #include "kvstore/tiered_store.h"
 
 #include <unistd.h>
@@ -128,6 +130,61 @@ TEST_F(EngineTier, DataParallelRanksSaveAndLoadTheBlocksTheyHold) {
   EXPECT_EQ(c.cached["b2"], 6 * kKvBlockSize);
   EXPECT_GE(store.stats().host.hits, 3 + 5) << "every block but each head came from the tier";
   EXPECT_GE(e.stats().prefix_cache_hits_below, (3 + 5) * kKvBlockSize);
+}
+
+// Tensor parallel (qwen3-tiny over two CPU thread ranks, each caching its own KV heads) over the
+// host tier: a block's image is rank 0's slice then rank 1's, each saved from and loaded into its
+// own rank's cache, so a prefix evicted from the device pool and loaded back decodes to one model's
+// greedy tokens (a rank left without its slice, or given the other's, would not).
+class TensorParallelTier : public ModelFixture {
+ protected:
+  void SetUp() override { load_fixture(std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/qwen3-tiny", 2048); }
+  std::vector<int> prompt(int n, int seed) const {
+    std::vector<int> p(size_t(n), 0);
+    for (int i = 0; i < n; ++i) p[size_t(i)] = 2 + (i * 131 + seed * 977) % (cfg_.vocab_size - 2);
+    return p;
+  }
+};
+
+TEST_F(TensorParallelTier, EachRankSavesAndLoadsItsSliceOfABlock) {
+  const std::vector<int> a = prompt(300, 1), b = prompt(420, 2);
+  GenerateParams g;
+  g.max_tokens = 12;
+  const std::vector<int> want = Generator(*model_).generate({a}, g)[0];
+  test::TensorParallelGroup tp(cfg_, *ckpt_, 2048);
+  ASSERT_EQ(tp.model->kv_bytes_per_token() * 2, model_->kv_bytes_per_token());
+  kv::StoreConfig sc;
+  sc.block_bytes = kv_block_image_bytes(*tp.model, SpecConfig{});
+  EXPECT_EQ(sc.block_bytes, model_->kv_bytes_per_token() * kKvBlockSize) << "both ranks' slices";
+  sc.fingerprint = {42, 7};
+  sc.host_bytes = 64 * sc.block_bytes;
+  kv::TieredStore store(sc);
+  EngineConfig ec;
+  ec.num_kv_blocks = 8;  // a rank: the second prompt evicts the first's cached blocks
+  ec.max_model_len = 512;
+  ec.kv_connector = &store;
+  Engine e(*tp.model, ec);
+  Collector c;
+  size_t n = 0;
+  for (const auto& [id, p] : {std::pair{"a", a}, {"b", b}, {"a2", a}}) {
+    EngineRequest r = greedy(id, p, 12, c);
+    r.sampling.logprobs = 5;  // the tiny model's greedy tokens hardly depend on the context; these do
+    ASSERT_EQ(e.submit(std::move(r)), SubmitStatus::kOk);
+    ASSERT_TRUE(c.wait(++n));
+  }
+  EXPECT_EQ(c.tokens["a"][0], want);
+  EXPECT_EQ(c.tokens["a2"][0], want) << "both ranks' slices loaded back from the host tier";
+  const auto& cold = c.logprobs["a"][0];
+  const auto& warm = c.logprobs["a2"][0];
+  ASSERT_EQ(cold.size(), 12u);
+  ASSERT_EQ(warm.size(), 12u);
+  for (size_t k = 0; k < cold.size(); ++k)
+    for (size_t j = 0; j < cold[k].top.size(); ++j)
+      EXPECT_NEAR(warm[k].top[j].second, cold[k].top[j].second, 1e-4f)
+          << "token " << k << " alternative " << j;
+  EXPECT_EQ(c.cached["a2"], 4 * kKvBlockSize);
+  EXPECT_EQ(store.stats().host.hits, 3);
+  EXPECT_EQ(e.stats().prefix_cache_hits_below, 3 * kKvBlockSize);
 }
 
 // Blocks filled by decode steps launched early (before the step ahead of them was applied: their

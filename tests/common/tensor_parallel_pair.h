@@ -1,0 +1,34 @@
+// A model split over CPU thread ranks by tensor parallelism (model.h: TensorParallelism), the way
+// `beluga serve --tensor-parallel-size N` loads it: rank 0's model (`model`, which steps the group)
+// and ranks 1.. as its step peers, each with one CPU thread.
+#pragma once
+
+#include <memory>
+
+#include "engine/expert_parallel_peers.h"
+#include "model/model.h"
+#include "parallel/local_communicator.h"
+
+namespace beluga::test {
+
+struct TensorParallelGroup {
+  LocalGroup group;
+  CpuOps ops{CpuOptions{1}};
+  std::unique_ptr<Model> model;
+  std::unique_ptr<ExpertParallelPeers> peers;
+  TensorParallelGroup(const ModelConfig& cfg, WeightSource& w, int max_positions, int ranks = 2,
+                      InjectedRankFault fault = {})
+      : group(ranks) {
+    auto load = [&](int r, Ops& o) {
+      const TensorParallelism tp{&group.communicator(r)};
+      return load_model(cfg, w, o, max_positions, nullptr, &tp);
+    };
+    model = load(0, ops);
+    peers = std::make_unique<ExpertParallelPeers>(group, cpu_peer_ops(ranks, CpuOptions{1}), load, nullptr,
+                                                  fault, false, true);
+    model->set_step_peers(peers.get());
+  }
+  ~TensorParallelGroup() { model->set_step_peers(nullptr); }
+};
+
+}  // namespace beluga::test

@@ -1,0 +1,114 @@
+// Tensor parallelism's pieces (parallel/tensor_parallel.h), the split it refuses
+// (tensor_parallel_refusal), the size a group restarts with (healthy_tensor_group_size), and a
+// split model's logits against one model's, steps and decode included (qwen3-tiny over 2 CPU ranks;
+// tests/golden holds the check against transformers).
+#include "parallel/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "../common/tensor_parallel_pair.h"
+#include "backend/cpu/cpu_ops.h"
+#include "model_steps.h"
+#include "parallel/healthy_group.h"
+#include "run_ranks.h"
+#include "util/error.h"
+
+namespace beluga {
+namespace {
+
+TEST(TensorPart, SplitsEvenlyAndRefusesAnUnevenSplit) {
+  EXPECT_EQ(tensor_part(12, 0, 3).begin, 0);
+  EXPECT_EQ(tensor_part(12, 2, 3).begin, 8);
+  EXPECT_EQ(tensor_part(12, 2, 3).end, 12);
+  EXPECT_THROW(tensor_part(10, 0, 3), Error);
+  EXPECT_THROW(tensor_part(12, 3, 3), Error);
+}
+
+// A [4, 6] tensor valued 10 r + c: rows are views of it, columns copies.
+TEST(TensorPart, HostSlicesTakeRowsAndColumns) {
+  std::vector<float> v(24);
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 6; ++c) v[size_t(r * 6 + c)] = float(10 * r + c);
+  const Tensor t = Tensor::make(v.data(), DType::kF32, {4, 6});
+  std::vector<std::byte> buf;
+  const Tensor rows = host_slice(t, 0, 1, 2, buf);
+  ASSERT_EQ(rows.shape[0], 2);
+  EXPECT_EQ(rows.ptr<float>(), v.data() + 12) << "a row part is a view";
+  const Tensor cols = host_slice(t, 1, 2, 3, buf);
+  ASSERT_EQ(cols.shape[0], 4);
+  ASSERT_EQ(cols.shape[1], 2);
+  ASSERT_TRUE(cols.is_contiguous());
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 2; ++c) EXPECT_EQ(cols.ptr<float>()[r * 2 + c], float(10 * r + 4 + c));
+  // FP8 parts fall on whole scale blocks: 6 columns in blocks of 3 split in 2, not in 3.
+  EXPECT_NO_THROW(host_slice(t, 1, 1, 2, buf, 3));
+  EXPECT_THROW(host_slice(t, 1, 1, 3, buf, 3), Error);
+  // The scale tensor's part: weight columns [3, 6) of 6 in blocks of 3 are scale column 1.
+  std::vector<float> s = {1, 2, 3, 4};  // [2, 2]
+  const Tensor sc = scale_slice(Tensor::make(s.data(), DType::kF32, {2, 2}), 1, 6, 1, 2, 3, buf);
+  ASSERT_EQ(sc.shape[1], 1);
+  EXPECT_EQ(sc.ptr<float>()[0], 2);
+  EXPECT_EQ(sc.ptr<float>()[1], 4);
+}
+
+// Every rank gets the same sum of the ranks' tensors.
+TEST(TensorPart, AllReduceSumsOverTheRanks) {
+  test::run_ranks(3, [](Communicator& c) {
+    CpuOps ops(CpuOptions{1});
+    std::vector<float> v = {float(c.rank()), 1.0f, 0.5f * float(c.rank() + 1), -2.0f};
+    all_reduce_sum(ops, c, Tensor::make(v.data(), DType::kF32, {2, 2}));
+    EXPECT_EQ(v, (std::vector<float>{3.0f, 3.0f, 3.0f, -6.0f})) << "rank " << c.rank();
+  });
+}
+
+TEST(TensorParallelRefusal, NamesWhatDoesNotSplit) {
+  const std::string fx = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/";
+  const ModelConfig qwen = ModelConfig::from_file(fx + "qwen3-tiny/config.json");  // 4 heads, 2 KV heads
+  EXPECT_EQ(tensor_parallel_refusal(qwen, 1), "");
+  EXPECT_EQ(tensor_parallel_refusal(qwen, 2), "");
+  EXPECT_NE(tensor_parallel_refusal(qwen, 4).find("KV heads (2)"), std::string::npos);
+  EXPECT_NE(tensor_parallel_refusal(qwen, 3).find("attention heads (4)"), std::string::npos);
+  const ModelConfig ds = ModelConfig::from_file(fx + "dsv3-tiny/config.json");
+  EXPECT_NE(tensor_parallel_refusal(ds, 2).find("dense Llama/Qwen models only"), std::string::npos);
+  CpuOps ops(CpuOptions{1});
+  DummyWeights w;
+  LocalGroup g(4);
+  const TensorParallelism tp{&g.communicator(0)};
+  EXPECT_THROW(load_model(qwen, w, ops, 256, nullptr, &tp), Error);
+}
+
+TEST(TensorParallelRestart, TheLargestSizeThatDividesEverySplit) {
+  EXPECT_EQ(healthy_tensor_group_size(3, {32, 8, 14336}), 2);
+  EXPECT_EQ(healthy_tensor_group_size(7, {32, 8, 14336}), 4);
+  EXPECT_EQ(healthy_tensor_group_size(1, {32, 8, 14336}), 1);
+  EXPECT_EQ(healthy_tensor_group_size(5, {12, 6, 30}), 3);
+  EXPECT_EQ(healthy_tensor_group_size(0, {4}), 0);
+}
+
+// Prompts of several lengths (each within its one cache block) and 6 decode steps: the split model's
+// logits at every step equal one model's up to float rounding (the ranks' partial products are
+// summed in another order than one GEMM's), and each rank's cache holds different values (its own
+// heads' K and V).
+TEST(TensorParallelModel, TwoRanksLogitsEqualOneModel) {
+  const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/qwen3-tiny";
+  const ModelConfig cfg = ModelConfig::from_file(dir + "/config.json");
+  Checkpoint ckpt(dir);
+  CpuOps ops(CpuOptions{1});
+  const auto one = load_model(cfg, ckpt, ops, 512);
+  const auto prompts = test::random_prompts(cfg.vocab_size, 3, {1, 12, 50, 5});
+  const auto want = test::run_steps(*one, prompts, 6);
+  test::TensorParallelGroup tp(cfg, ckpt, 512);
+  const auto got = test::run_steps(*tp.model, prompts, 6);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s)
+    for (size_t step = 0; step < want[s].size(); ++step)
+      EXPECT_TRUE(test::logits_close(got[s][step], want[s][step])) << "sequence " << s << " step " << step;
+  const Tensor& mine = tp.model->make_kv_cache(1).layers[0];
+  EXPECT_EQ(mine.shape[2], cfg.kv_entry_dim() / 2);
+}
+
+}  // namespace
+}  // namespace beluga
