@@ -208,12 +208,16 @@ int bench_model(int argc, char** argv) {
   const ModelConfig& c = m.cfg;
 
   std::printf(
-      "beluga bench model: %s (%s), %.1f M parameters, load %.2f s, %d threads, kernels %s, activations "
-      "%s%s\n",
-      m.dir.c_str(), arch_name(c.arch), double(m.model->num_parameters()) / 1e6, m.load_seconds,
+      "beluga bench model: %s (%s), %.1f M parameters, load %.2f s, %d rank(s) x %d threads, kernels %s, "
+      "activations %s%s\n",
+      m.dir.c_str(), arch_name(c.arch), double(m.model->num_parameters()) / 1e6, m.load_seconds, group_ranks(ma),
       m.cpu->threads(), m.cpu->kernels().name, dtype.c_str(), ma.cpu.deterministic ? ", deterministic" : "");
-  const double bw = measure_read_bandwidth(*m.cpu);
-  const double peak = measure_gemm_peak(*m.cpu);
+  // The floor of every thread the model's ranks run on together.
+  CpuOptions floor_opt = ma.cpu;
+  floor_opt.threads = m.cpu->threads() * group_ranks(ma);
+  CpuOps floor_ops(floor_opt);
+  const double bw = measure_read_bandwidth(floor_ops);
+  const double peak = measure_gemm_peak(floor_ops);
   std::printf(
       "machine floor: streaming read %.1f GB/s; GEMM kernel peak %.1f GFLOP/s (bf16 weights, M=256 "
       "N=K=1024)\n",
@@ -258,9 +262,12 @@ int bench_model(int argc, char** argv) {
   const double E = c.n_routed_experts, k = c.num_experts_per_tok;
   const double experts_touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, B)) : 0;
   const double avg_ctx = P + G / 2.0;
+  // A tensor-parallel group's ranks each cache their own heads: the group reads all of them.
+  const StepPeers* peers = m.model->step_peers();
+  const double kv_group_bytes = double(m.model->kv_bytes_per_token()) * (peers ? peers->cache_shards() : 1);
   const double decode_bytes = bytes_per_param * (cost.dense_params + cost.head_params +
                                                  cost.moe_layers * experts_touched * cost.expert_params) +
-                              double(B) * kv_read_per_seq(c, avg_ctx, double(m.model->kv_bytes_per_token())) +
+                              double(B) * kv_read_per_seq(c, avg_ctx, kv_group_bytes) +
                               B * c.hidden_size * 2.0;
   const double decode_floor = decode_bytes / bw;
   // FLOPs of prefill: 2 per active weight per token, plus attention (QK and PV over the causal half).

@@ -105,6 +105,13 @@ Tensor DummyWeights::get(const std::string& name, const std::vector<int64_t>& sh
   int64_t n = 1;
   for (auto d : shape) n *= d;
   const DType dt = (hint == DType::kF32) ? DType::kF32 : DType::kBF16;
+  // The same tensor asked again (each thread rank loads its part of it) is the one made before:
+  // its bytes are held and counted once, as a checkpoint's are.
+  if (auto it = made_.find(name); it != made_.end()) {
+    const Tensor& t = it->second;
+    if (t.dtype == dt && t.ndim == int(shape.size()) && std::equal(shape.begin(), shape.end(), t.shape.begin()))
+      return t;
+  }
   auto buf = std::make_unique<unsigned char[]>(size_t(n) * dtype_size(dt));
   uint64_t h = seed_;
   for (char c : name) h = mix64(h ^ uint64_t(uint8_t(c)));
@@ -134,6 +141,7 @@ Tensor DummyWeights::get(const std::string& name, const std::vector<int64_t>& sh
   Tensor t = Tensor::make(buf.get(), dt, shape.data(), int(shape.size()));
   bytes_ += t.nbytes();
   buffers_.push_back(std::move(buf));
+  made_[name] = t;
   return t;
 }
 

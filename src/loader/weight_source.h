@@ -59,6 +59,7 @@ class DummyWeights : public WeightSource {
   uint64_t seed_;
   size_t bytes_ = 0;
   std::vector<std::unique_ptr<unsigned char[]>> buffers_;
+  std::map<std::string, Tensor> made_;  // by name: the tensor get() made last
 };
 
 }  // namespace beluga
