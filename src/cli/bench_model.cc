@@ -210,8 +210,9 @@ int bench_model(int argc, char** argv) {
   std::printf(
       "beluga bench model: %s (%s), %.1f M parameters, load %.2f s, %d rank(s) x %d threads, kernels %s, "
       "activations %s%s\n",
-      m.dir.c_str(), arch_name(c.arch), double(m.model->num_parameters()) / 1e6, m.load_seconds, group_ranks(ma),
-      m.cpu->threads(), m.cpu->kernels().name, dtype.c_str(), ma.cpu.deterministic ? ", deterministic" : "");
+      m.dir.c_str(), arch_name(c.arch), double(m.model->num_parameters()) / 1e6, m.load_seconds,
+      group_ranks(ma), m.cpu->threads(), m.cpu->kernels().name, dtype.c_str(),
+      ma.cpu.deterministic ? ", deterministic" : "");
   // The floor of every thread the model's ranks run on together.
   CpuOptions floor_opt = ma.cpu;
   floor_opt.threads = m.cpu->threads() * group_ranks(ma);
@@ -265,10 +266,10 @@ int bench_model(int argc, char** argv) {
   // A tensor-parallel group's ranks each cache their own heads: the group reads all of them.
   const StepPeers* peers = m.model->step_peers();
   const double kv_group_bytes = double(m.model->kv_bytes_per_token()) * (peers ? peers->cache_shards() : 1);
-  const double decode_bytes = bytes_per_param * (cost.dense_params + cost.head_params +
-                                                 cost.moe_layers * experts_touched * cost.expert_params) +
-                              double(B) * kv_read_per_seq(c, avg_ctx, kv_group_bytes) +
-                              B * c.hidden_size * 2.0;
+  const double decode_bytes =
+      bytes_per_param *
+          (cost.dense_params + cost.head_params + cost.moe_layers * experts_touched * cost.expert_params) +
+      double(B) * kv_read_per_seq(c, avg_ctx, kv_group_bytes) + B * c.hidden_size * 2.0;
   const double decode_floor = decode_bytes / bw;
   // FLOPs of prefill: 2 per active weight per token, plus attention (QK and PV over the causal half).
   const double active = cost.dense_params + cost.head_params + cost.moe_layers * k * cost.expert_params;

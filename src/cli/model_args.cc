@@ -142,15 +142,22 @@ void load_ranks(LoadedModel& m, const ModelArgs& ma, int ranks, WeightSource& sr
     LocalTransport transport;
     std::vector<std::unique_ptr<Ops>> peer_ops = peer_backends(m, ma, n, transport);
     m.ep_group = std::make_unique<LocalGroup>(n, std::move(transport));
+    // A DeepSeek model's routed experts split over the same ranks (each steps every token), its
+    // latent cache is every rank's; a dense model's ranks cache their own KV heads.
+    const bool mla = m.cfg.is_mla();
+    if (mla)
+      m.ep_sharding = std::make_unique<ExpertSharding>(ExpertSharding::contiguous(m.cfg.n_routed_experts, n));
     const int max_positions = ma.max_model_len;
     auto load = [&](int r, Ops& ops, WeightSource& from) {
-      const TensorParallelism tp{&m.ep_group->communicator(r)};
-      return beluga::load_model(m.cfg, from, ops, max_positions, nullptr, &tp);
+      Communicator* comm = &m.ep_group->communicator(r);
+      const TensorParallelism tp{comm};
+      const ExpertParallelism ep{comm, m.ep_sharding.get(), true};
+      return beluga::load_model(m.cfg, from, ops, max_positions, mla ? &ep : nullptr, &tp);
     };
     m.model = load(0, *m.ops, src);
     m.ep_peers = std::make_unique<ExpertParallelPeers>(
-        *m.ep_group, std::move(peer_ops), [&](int r, Ops& ops) { return load(r, ops, *m.weights); }, nullptr,
-        fault, false, true);
+        *m.ep_group, std::move(peer_ops), [&](int r, Ops& ops) { return load(r, ops, *m.weights); },
+        mla ? RankSplit::kTensorReplicatedCache : RankSplit::kTensorShardedCache, nullptr, fault);
     m.ops->bind_thread();  // the peers bound their devices to this thread while they loaded
     m.model->set_step_peers(m.ep_peers.get());
   } else if (n > 1) {

@@ -62,7 +62,8 @@ void ServingEngine::run() {
     if (size_t(f.rank) < devices.size()) devices.erase(devices.begin() + f.rank);
     const int next = ma_.tensor_parallel_size > 1
                          ? healthy_tensor_group_size(
-                               ranks_ - 1, {m_.cfg.num_heads, m_.cfg.num_kv_heads, m_.cfg.intermediate_size})
+                               ranks_ - 1, {m_.cfg.num_heads, m_.cfg.is_mla() ? 1 : m_.cfg.num_kv_heads,
+                                            m_.cfg.intermediate_size})
                          : healthy_group_size(ranks_ - 1, m_.cfg.n_routed_experts, ma_.eplb.has_value());
     const std::string cause = str(ma_.tensor_parallel_size > 1 ? "tensor" : "expert", "-parallel rank ",
                                   f.rank, " of ", ranks_, " failed (", f.cause, ")");

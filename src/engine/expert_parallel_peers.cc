@@ -7,18 +7,18 @@
 namespace beluga {
 
 ExpertParallelPeers::ExpertParallelPeers(LocalGroup& group, std::vector<std::unique_ptr<Ops>> ops,
-                                         const RankLoader& load, LiveExpertPlacement* live,
-                                         InjectedRankFault fault, bool data_parallel, bool tensor_parallel)
+                                         const RankLoader& load, RankSplit split, LiveExpertPlacement* live,
+                                         InjectedRankFault fault)
     : group_(group),
       live_(live),
       fault_(fault),
-      data_parallel_(data_parallel),
-      tensor_parallel_(tensor_parallel),
-      kind_(tensor_parallel ? "tensor-parallel" : "expert-parallel") {
+      data_parallel_(split == RankSplit::kDataParallel),
+      sharded_caches_(split == RankSplit::kTensorShardedCache),
+      kind_(split == RankSplit::kTensorReplicatedCache || split == RankSplit::kTensorShardedCache
+                ? "tensor-parallel"
+                : "expert-parallel") {
   BELUGA_CHECK(int(ops.size()) == group.size() - 1, "thread ranks: ", ops.size(), " backends for ",
                group.size() - 1, " peer ranks");
-  BELUGA_CHECK(!(data_parallel && tensor_parallel),
-               "thread ranks: data parallel or tensor parallel, not both");
   for (int r = 1; r < group.size(); ++r) {
     auto p = std::make_unique<Peer>();
     p->rank = r;
@@ -40,7 +40,7 @@ ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& s
             const ExpertParallelism ep{&group.communicator(r), &sharding, !data_parallel, live};
             return load_model(cfg, src, o, max_positions, &ep);
           },
-          live, fault, data_parallel) {}
+          data_parallel ? RankSplit::kDataParallel : RankSplit::kExpertReplicated, live, fault) {}
 
 ExpertParallelPeers::~ExpertParallelPeers() {
   {
@@ -182,7 +182,7 @@ void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
 std::span<const KvBlockCopy> ExpertParallelPeers::copy_blocks(std::span<const KvBlockCopy> copies,
                                                               bool to_host, int num_blocks, bool with_mtp) {
   throw_if_down();
-  if (tensor_parallel_) {
+  if (sharded_caches_) {
     // Each rank's cache holds its own heads: rank r's slice of an image starts r slices in (every
     // rank's slice is as long as the caller's: same layers, same number of heads).
     if (copies.empty()) return copies;
@@ -284,7 +284,7 @@ void ExpertParallelPeers::step(Peer& p) {
     ensure_caches(p, load_mtp_);
     std::vector<Tensor> layers = p.kv.layers;  // the image's layers (kv_connector.h)
     if (load_mtp_) layers.insert(layers.end(), p.mtp_kv.layers.begin(), p.mtp_kv.layers.end());
-    if (!data_parallel_ && !tensor_parallel_)
+    if (!data_parallel_ && !sharded_caches_)
       p.ops->kv_blocks_from_host(layers, loads_);
     else if (to_host_)
       p.ops->kv_blocks_to_host(layers, rank_copies_[size_t(p.rank)]);

@@ -46,17 +46,24 @@ struct InjectedRankFault {
   uint64_t at_step = 0;
 };
 
+// How a group's ranks split the model's work (docs/parallelism.md).
+enum class RankSplit {
+  kExpertReplicated,       // experts split; every rank steps every token with the same cache
+  kDataParallel,           // experts split; each rank steps its own sequences in its own blocks
+  kTensorReplicatedCache,  // heads split, the same cache on every rank (DeepSeek: the latent)
+  kTensorShardedCache,     // heads split, each rank caching its own KV heads (dense models)
+};
+
 class ExpertParallelPeers final : public StepPeers {
  public:
   // Rank r's model on its backend (its group's communicator is group.communicator(r)).
   using RankLoader = std::function<std::unique_ptr<Model>(int rank, Ops& ops)>;
   // Loads ranks 1 .. group.size()-1 with `load`, rank r on ops[r - 1] (bound to the calling thread
-  // while it loads: rebind rank 0's after). Replicated ranks (not `data_parallel`) step every batch
-  // rank 0 steps: expert parallel with replicated tokens, or tensor parallel (each rank's cache then
-  // holds its own heads: a block's image is the ranks' slices in rank order, cache_shards()).
+  // while it loads: rebind rank 0's after). All but data-parallel ranks step every batch rank 0
+  // steps; with kTensorShardedCache a block's image is the ranks' slices in rank order
+  // (cache_shards()).
   ExpertParallelPeers(LocalGroup& group, std::vector<std::unique_ptr<Ops>> ops, const RankLoader& load,
-                      LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {},
-                      bool data_parallel = false, bool tensor_parallel = false);
+                      RankSplit split, LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {});
   // Expert parallel: rank r loads the experts of its slots of `sharding` from `src` (which may be
   // dropped after). Rank 0's model must be loaded with replicated_tokens = !data_parallel.
   ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
@@ -82,7 +89,7 @@ class ExpertParallelPeers final : public StepPeers {
   std::span<const KvBlockCopy> copy_blocks(std::span<const KvBlockCopy> copies, bool to_host, int num_blocks,
                                            bool with_mtp) override;
   int ranks() const override { return group_.size(); }
-  int cache_shards() const override { return tensor_parallel_ ? group_.size() : 1; }
+  int cache_shards() const override { return sharded_caches_ ? group_.size() : 1; }
   void end() override;
   void abort() override;
   // Rank r's (1 .. group size - 1) caches, between steps (tests).
@@ -128,7 +135,7 @@ class ExpertParallelPeers final : public StepPeers {
   // Splits `b` into parts_ and starts the peers on them (data parallel).
   const RankPart& post_parts(const PartOutputs& out, int num_blocks, Job job);
   const bool data_parallel_;
-  const bool tensor_parallel_;
+  const bool sharded_caches_;
   const char* kind_;             // the group's kind in error messages ("expert-parallel", "tensor-parallel")
   std::vector<RankPart> parts_;  // kPart, kMtpPart: every rank's part of the step (rank 0's first)
   PartOutputs part_out_;         // kPart, kMtpPart: where the parts' rows go

@@ -1,7 +1,10 @@
 // DeepSeek V2/V3: MLA attention over a latent KV cache, and MoE feed-forward layers.
 // MLA runs expanded (k_nope and v rebuilt from the cached latents: cheaper for long query chunks) or
 // absorbed (W_UK folded into the query, W_UV applied after attention: cheaper for decode). Both read
-// the same cache, so a sequence can switch between them from step to step.
+// the same cache, so a sequence can switch between them from step to step. Tensor parallel
+// (model.h: TensorParallelism, with expert parallelism over the same ranks): a rank holds its part of
+// the attention heads (q, kv_b by rows; o by columns, summed) and of the dense MLP layers, the whole
+// latent cache (every rank writes the same), and the routed experts of its slots.
 #include <cmath>
 #include <cstring>
 
@@ -10,6 +13,7 @@
 #include "model/rope.h"
 #include "parallel/live_placement.h"
 #include "parallel/shard_weight_source.h"
+#include "parallel/tensor_parallel.h"
 #include "util/error.h"
 
 namespace beluga {
@@ -54,9 +58,13 @@ bool has_mtp_module(const ModelConfig& c, WeightSource& src) {
 class DeepseekModel final : public Model {
  public:
   DeepseekModel(const ModelConfig& cfg, WeightSource& all, Ops& ops, int max_positions,
-                const ExpertParallelism* ep)
-      : Model(cfg, ops) {
+                const ExpertParallelism* ep, const TensorParallelism* tp)
+      : Model(cfg, ops), tp_(tp ? tp->comm : nullptr), heads_(cfg.num_heads / (tp ? tp->comm->size() : 1)) {
     const auto& c = cfg_;
+    BELUGA_CHECK(!tp_ || (ep && ep->comm == tp_ && ep->replicated_tokens),
+                 "tensor parallel: a DeepSeek model's "
+                 "routed experts split over the same ranks, every rank stepping every token");
+    const int part = tp_ ? tp_->rank() : 0, parts = tp_ ? tp_->size() : 1;
     // Expert parallel: this rank's experts only (the source refuses the others').
     std::unique_ptr<ShardWeightSource> shard;
     std::vector<int> held;  // logical experts in slot order
@@ -97,16 +105,21 @@ class DeepseekModel final : public Model {
       L.post_norm = load_vector(src, p + "post_attention_layernorm.weight", D);
       MlaWeights& a = L.attn;
       const std::string kv_a = p + "self_attn.kv_a_proj_with_mqa";
+      // Tensor parallel: this rank's heads (rows of q and kv_b, columns of o); the latent's
+      // projection (kv_a) and q's low-rank input (q_a) are every rank's.
+      const int64_t Hl = heads_;
       if (c.q_lora_rank > 0) {
         a.q_kva = load_stacked(src, {p + "self_attn.q_a_proj", kv_a}, {c.q_lora_rank, r + rope}, D);
         a.q_a_norm = load_vector(src, p + "self_attn.q_a_layernorm.weight", c.q_lora_rank);
-        a.q_b = load_linear(src, p + "self_attn.q_b_proj", H * (nope + rope), c.q_lora_rank);
+        a.q_b =
+            load_linear_part(src, p + "self_attn.q_b_proj", H * (nope + rope), c.q_lora_rank, 0, part, parts);
       } else {
-        a.q_kva = load_stacked(src, {p + "self_attn.q_proj", kv_a}, {H * (nope + rope), r + rope}, D);
+        RowPartSource q_part(src, p + "self_attn.q_proj", H * (nope + rope), part, parts, c.fp8_block_n);
+        a.q_kva = load_stacked(q_part, {p + "self_attn.q_proj", kv_a}, {Hl * (nope + rope), r + rope}, D);
       }
       a.kv_a_norm = load_vector(src, p + "self_attn.kv_a_layernorm.weight", r);
-      a.kv_b = load_linear(src, p + "self_attn.kv_b_proj", H * (nope + v), r);
-      a.o_proj = load_linear(src, p + "self_attn.o_proj", D, H * v);
+      a.kv_b = load_linear_part(src, p + "self_attn.kv_b_proj", H * (nope + v), r, 0, part, parts);
+      a.o_proj = load_linear_part(src, p + "self_attn.o_proj", D, H * v, 1, part, parts);
       absorb(a);
       L.is_moe = c.is_moe_layer(l);
       if (L.is_moe) {
@@ -132,8 +145,9 @@ class DeepseekModel final : public Model {
         }
       } else {
         const int64_t I = c.intermediate_size;
-        L.mlp = {load_linear(src, p + "mlp.gate_proj", I, D), load_linear(src, p + "mlp.up_proj", I, D),
-                 load_linear(src, p + "mlp.down_proj", D, I)};
+        L.mlp = {load_linear_part(src, p + "mlp.gate_proj", I, D, 0, part, parts),
+                 load_linear_part(src, p + "mlp.up_proj", I, D, 0, part, parts),
+                 load_linear_part(src, p + "mlp.down_proj", D, I, 1, part, parts)};
       }
       layers_.push_back(std::move(L));
     }
@@ -186,7 +200,7 @@ class DeepseekModel final : public Model {
   // BF16/F32 keep their dtype; FP8 is dequantized to F32 (the reference dequantizes too).
   void absorb(MlaWeights& a) {
     const auto& c = cfg_;
-    const int64_t H = c.num_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, r = c.kv_lora_rank;
+    const int64_t H = heads_, nope = c.qk_nope_head_dim, v = c.v_head_dim, r = c.kv_lora_rank;
     const Tensor& kvb = a.kv_b.w;
     const DType dt = kvb.dtype == DType::kF8E4M3 ? DType::kF32 : kvb.dtype;
     const int64_t rows = H * (nope + v);
@@ -256,10 +270,12 @@ class DeepseekModel final : public Model {
 
   void feed_forward(int l, const NormedInput& in, Tensor out) override {
     const Layer& L = layers_[size_t(l)];
-    if (L.is_moe)
+    if (L.is_moe) {
       moe(l, L, in, out);
-    else
+    } else {
       run_mlp(ops_, L.mlp, in, out);
+      if (tp_) all_reduce_sum(ops_, *tp_, out);
+    }
   }
 
   Tensor attention(int l, const NormedInput& in, const AttnMeta& meta, const Tensor& pos, Tensor cache,
@@ -268,7 +284,7 @@ class DeepseekModel final : public Model {
     const Layer& L = layers_[size_t(l)];
     Ops& ops = ops_;
     const DType act = ops.act_dtype();
-    const int64_t T = in.out.shape[0], H = c.num_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+    const int64_t T = in.out.shape[0], H = heads_, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
                   v = c.v_head_dim, r = c.kv_lora_rank;
     const MlaWeights& a = L.attn;
     const int64_t qw = c.q_lora_rank > 0 ? c.q_lora_rank : H * (nope + rope);
@@ -335,6 +351,7 @@ class DeepseekModel final : public Model {
     }
     Tensor out = ops.scratch(act, {T, c.hidden_size});
     ops.linear(out, merge_heads(o), a.o_proj);
+    if (tp_) all_reduce_sum(ops_, *tp_, out);
     return out;
   }
 
@@ -369,13 +386,15 @@ class DeepseekModel final : public Model {
   bool ep_replicated_ = false;
   LiveExpertPlacement* live_ = nullptr;  // live EPLB: the placement the MoE layers read
   int ep_rank_ = 0;
+  Communicator* tp_;  // the tensor-parallel group (null: every head here)
+  int64_t heads_;     // this rank's attention heads
 };
 
 }  // namespace
 
 std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
-                                     const ExpertParallelism* ep) {
-  return std::make_unique<DeepseekModel>(cfg, src, ops, max_positions, ep);
+                                     const ExpertParallelism* ep, const TensorParallelism* tp) {
+  return std::make_unique<DeepseekModel>(cfg, src, ops, max_positions, ep, tp);
 }
 
 std::vector<int> deepseek_moe_layers(const ModelConfig& cfg, WeightSource& src) {

@@ -13,7 +13,7 @@
 namespace beluga {
 
 std::unique_ptr<Model> make_deepseek(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
-                                     const ExpertParallelism* ep);
+                                     const ExpertParallelism* ep, const TensorParallelism* tp);
 std::unique_ptr<Model> make_deepseek_v4(const ModelConfig& cfg, WeightSource& src, Ops& ops,
                                         int max_positions);
 std::unique_ptr<Model> make_dense(const ModelConfig& cfg, WeightSource& src, Ops& ops, int max_positions,
@@ -33,17 +33,20 @@ std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops
     BELUGA_CHECK(why.empty(), why);
   }
   if (cfg.arch == Arch::kDeepseekV4) return make_deepseek_v4(cfg, src, ops, max_positions);
-  if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions, ep);
+  if (cfg.is_mla()) return make_deepseek(cfg, src, ops, max_positions, ep, tp);
   return make_dense(cfg, src, ops, max_positions, tp);
 }
 
 std::string tensor_parallel_refusal(const ModelConfig& cfg, int ranks) {
   if (ranks <= 1) return "";
-  if (cfg.is_mla())
-    return "--tensor-parallel-size: dense Llama/Qwen models only in this build (DeepSeek models split over "
-           "--data-parallel-size / --expert-parallel-size ranks)";
+  if (cfg.arch == Arch::kDeepseekV4) return "--tensor-parallel-size: DeepSeek-V4 is not split in this build";
+  if (cfg.is_mla() && cfg.n_routed_experts < ranks)
+    return str("--tensor-parallel-size ", ranks,
+               " splits the routed experts over the same ranks: the model has ", cfg.n_routed_experts);
+  // A DeepSeek model's latent cache is every rank's: only the query heads and the dense MLP split.
+  const int64_t kv_heads = cfg.is_mla() ? ranks : cfg.num_kv_heads;
   for (const auto& [what, n] : {std::pair<const char*, int64_t>{"attention heads", cfg.num_heads},
-                                {"KV heads", cfg.num_kv_heads},
+                                {"KV heads", kv_heads},
                                 {"intermediate size", cfg.intermediate_size}})
     if (n % ranks != 0)
       return str("--tensor-parallel-size ", ranks, " must divide the model's ", what, " (", n, ")");

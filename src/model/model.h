@@ -303,7 +303,9 @@ struct ExpertParallelism {
 // (parallel/tensor_parallel.h, rank order: the same bits on every rank); embeddings, norms and the
 // head are replicated. Every rank steps the same batch with a KV cache of its own heads
 // (kv_bytes_per_token() is one rank's), and its steps are eager (host-planned collectives).
-// Dense Llama/Qwen models.
+// Dense Llama/Qwen models; DeepSeek V2/V3 split their query heads (q or q_b, kv_b by rows, o by
+// columns) and dense MLP layers, keep the whole latent cache on every rank (the same entries), and
+// need expert parallelism over the same ranks with replicated tokens (`ep`, same communicator).
 struct TensorParallelism {
   Communicator* comm = nullptr;
 };

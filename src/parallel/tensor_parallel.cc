@@ -45,6 +45,40 @@ Tensor scale_slice(const Tensor& scale, int dim, int64_t full, int part, int par
   return dim == 0 ? scale.rows(b0, b1) : copy_cols(scale, b0, b1, buf);
 }
 
+Tensor RowPartSource::part_of(const std::string& name, const std::vector<int64_t>& shape, DType hint,
+                              bool required) {
+  auto get = [&](const std::string& n, const std::vector<int64_t>& full, DType h) {
+    return required ? inner_.get(n, full, h) : inner_.find(n, full, h);
+  };
+  if (name == prefix_ + ".weight") {
+    BELUGA_CHECK(shape.size() == 2, name, ": a 2-D part expected");
+    Tensor full = get(name, {rows_, shape[1]}, hint);
+    if (full.empty()) return full;
+    return host_slice(full, 0, part_, parts_, unused_, full.dtype == DType::kF8E4M3 ? block_ : 1);
+  }
+  if (name == prefix_ + ".weight_scale_inv") {
+    BELUGA_CHECK(shape.size() == 2, name, ": a 2-D part expected");
+    Tensor full = get(name, {(rows_ + block_ - 1) / block_, shape[1]}, hint);
+    if (full.empty()) return full;
+    return scale_slice(full, 0, rows_, part_, parts_, block_, unused_);
+  }
+  if (name == prefix_ + ".bias") {
+    Tensor full = get(name, {rows_}, hint);
+    if (full.empty()) return full;
+    const SliceRange r = tensor_part(rows_, part_, parts_);
+    return full.rows(r.begin, r.end);
+  }
+  return required ? inner_.get(name, shape, hint) : inner_.find(name, shape, hint);
+}
+
+Tensor RowPartSource::get(const std::string& name, const std::vector<int64_t>& shape, DType hint) {
+  return part_of(name, shape, hint, true);
+}
+
+Tensor RowPartSource::find(const std::string& name, const std::vector<int64_t>& shape, DType hint) {
+  return part_of(name, shape, hint, false);
+}
+
 void all_reduce_sum(Ops& ops, Communicator& comm, Tensor x) {
   BELUGA_CHECK(x.ndim == 2 && x.stride[1] == 1 && x.stride[0] == x.shape[1],
                "tensor parallel: a contiguous [rows, width] tensor to sum, got ", x.describe());

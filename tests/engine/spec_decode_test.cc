@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "../common/tensor_parallel_pair.h"
 #include "backend/cpu/cpu_ops.h"
 #include "demo_model_test.h"
 #include "engine/engine.h"
@@ -212,6 +213,20 @@ TEST_F(SpecDecodeTest, SpeculationRunsDataParallel) {
   EXPECT_GT(st.spec_accepted_tokens, 0);
   EXPECT_EQ(st.spec_draft_tokens, one.spec_draft_tokens);
   EXPECT_EQ(st.spec_accepted_per_position, one.spec_accepted_per_position);
+}
+
+// The same on two tensor-parallel ranks (the query heads and dense MLP split, the MoE's experts over
+// the same ranks, every rank's MTP layer split likewise): greedy output as one model's, with the
+// drafts accepted as one model accepts them (the ranks' sums are float rounding away).
+TEST_F(SpecDecodeTest, SpeculationRunsTensorParallel) {
+  auto reqs = [&](Collector& c) { return parallel_requests(c, true); };
+  const Outcome base = run(config(0), reqs);
+  test::TensorParallelGroup tp(cfg_, *ckpt_, 1024);
+  EngineStats st;
+  EXPECT_EQ(run(config(3), reqs, &st, tp.model.get()).tokens, base.tokens) << "mtp";
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+  EXPECT_EQ(run(config(2, 64, "fixed", "ngram"), reqs, &st, tp.model.get()).tokens, base.tokens) << "ngram";
+  EXPECT_GT(st.spec_accepted_tokens, 0);
 }
 
 // Cost gating switches between speculating and plain decode steps as its measurements say (it tries

@@ -141,24 +141,33 @@ TEST_P(Fixture, HiddenStatesMatchLayerByLayer) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Fixture,
                          ::testing::Values("dsv3-tiny", "dsv3-tiny-fp8", "dsv2-lite-tiny", "qwen3-tiny"));
 
-// Tensor parallel (`--tensor-parallel-size 2`): qwen3-tiny's heads, KV heads and MLP split over two
-// CPU thread ranks, each with a cache of its own heads, against transformers' logits (every prompt,
-// prefill) and greedy tokens (decode through the split caches), within the bounds one model meets.
-TEST(TensorParallelGolden, QwenOverTwoRanksMatchesTransformers) {
-  const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/qwen3-tiny";
+// Tensor parallel (`--tensor-parallel-size 2`): a checkpoint split over two CPU thread ranks against
+// transformers' logits (every prompt, prefill) and greedy tokens (decode through the split caches),
+// within the bounds one model meets. qwen3-tiny: heads, KV heads and MLP split, each rank caching its
+// own KV heads. dsv3-tiny (q_a / q_b) and dsv2-lite-tiny (one q projection, stacked with kv_a): the
+// query heads and the dense MLP layer split, the latent cache whole on each rank, the routed experts
+// over the same ranks.
+class TensorParallelGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TensorParallelGolden, TwoRanksMatchTransformers) {
+  const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
   Loaded l;
   l.cfg = ModelConfig::from_file(dir + "/config.json");
   l.ckpt = std::make_unique<Checkpoint>(dir);
   l.ref = std::make_unique<SafetensorsFile>(dir + "/reference.safetensors");
   test::TensorParallelGroup tp(l.cfg, *l.ckpt, 1024);
   l.model = std::move(tp.model);
-  EXPECT_EQ(l.model->kv_bytes_per_token(),
-            size_t(l.cfg.num_layers) * l.cfg.kv_entry_dim() / 2 * sizeof(float))
-      << "each rank caches its own half of the KV heads";
-  check_logits(l, MlaMode::kAuto);
+  const size_t one = size_t(l.cfg.num_layers) * size_t(l.cfg.kv_entry_dim()) * sizeof(float);
+  EXPECT_EQ(l.model->kv_bytes_per_token(), l.cfg.is_mla() ? one : one / 2)
+      << "a dense model's ranks cache half the KV heads each, a DeepSeek model's the whole latent";
+  check_logits(l, MlaMode::kExpanded);
+  if (l.cfg.is_mla()) check_logits(l, MlaMode::kAbsorbed);
   check_greedy(l);
   tp.model = std::move(l.model);  // the group's destructor detaches its peers from rank 0
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGolden,
+                         ::testing::Values("qwen3-tiny", "dsv3-tiny", "dsv2-lite-tiny"));
 
 // DeepSeek-V4 (hybrid attention, hyper-connections, hash MoE): logits at every position of each
 // prompt, and greedy continuations decoded step by step through the hybrid cache (window rows,

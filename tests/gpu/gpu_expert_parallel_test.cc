@@ -179,7 +179,7 @@ TEST(GpuTensorParallel, TwoRanksOnOneGpuMatchOneModel) {
   };
   rank0.bind_thread();
   auto m0 = load(0, rank0);
-  ExpertParallelPeers peers(group, std::move(peer_ops), load, nullptr, {}, false, true);
+  ExpertParallelPeers peers(group, std::move(peer_ops), load, RankSplit::kTensorShardedCache);
   rank0.bind_thread();
   m0->set_step_peers(&peers);
   EXPECT_FALSE(m0->replays_graphs());

@@ -71,13 +71,46 @@ TEST(TensorParallelRefusal, NamesWhatDoesNotSplit) {
   EXPECT_EQ(tensor_parallel_refusal(qwen, 2), "");
   EXPECT_NE(tensor_parallel_refusal(qwen, 4).find("KV heads (2)"), std::string::npos);
   EXPECT_NE(tensor_parallel_refusal(qwen, 3).find("attention heads (4)"), std::string::npos);
+  // DeepSeek: the query heads and the dense MLP split, the latent does not (no KV-head condition);
+  // the routed experts split over the same ranks.
   const ModelConfig ds = ModelConfig::from_file(fx + "dsv3-tiny/config.json");
-  EXPECT_NE(tensor_parallel_refusal(ds, 2).find("dense Llama/Qwen models only"), std::string::npos);
+  EXPECT_EQ(tensor_parallel_refusal(ds, 2), "");
+  EXPECT_EQ(tensor_parallel_refusal(ds, 4), "");
+  EXPECT_NE(tensor_parallel_refusal(ds, 3).find("attention heads (4)"), std::string::npos);
+  ModelConfig few = ds;
+  few.n_routed_experts = 1;
+  EXPECT_NE(tensor_parallel_refusal(few, 2).find("routed experts"), std::string::npos);
+  const ModelConfig v4 = ModelConfig::from_file(fx + "dsv4-tiny/config.json");
+  EXPECT_NE(tensor_parallel_refusal(v4, 2).find("DeepSeek-V4"), std::string::npos);
+  // An FP8 checkpoint's parts must fall on its 128-wide scale blocks: dsv3-tiny-fp8's 4 heads of 48
+  // query rows split in two do not.
+  {
+    const std::string dir = fx + "dsv3-tiny-fp8";
+    const ModelConfig f8 = ModelConfig::from_file(dir + "/config.json");
+    Checkpoint ckpt(dir);
+    test::TensorParallelGroup* none = nullptr;
+    EXPECT_THROW(none = new test::TensorParallelGroup(f8, ckpt, 256), Error);
+    delete none;
+  }
   CpuOps ops(CpuOptions{1});
   DummyWeights w;
   LocalGroup g(4);
   const TensorParallelism tp{&g.communicator(0)};
   EXPECT_THROW(load_model(qwen, w, ops, 256, nullptr, &tp), Error);
+}
+
+// A rank's part of one linear among others a loader stacks: rows [r out / N, ...) of that linear,
+// its bias likewise; every other tensor as the source has it.
+TEST(TensorPart, RowPartSourceHandsOutOneLinearsRows) {
+  DummyWeights w;
+  const Tensor full = w.get("l.q.weight", {8, 4}, DType::kBF16);
+  const Tensor other = w.get("l.k.weight", {8, 4}, DType::kBF16);
+  RowPartSource part(w, "l.q", 8, 1, 2, 128);
+  const Tensor q = part.get("l.q.weight", {4, 4});
+  ASSERT_EQ(q.shape[0], 4);
+  EXPECT_EQ(q.data, full.rows(4, 8).data);
+  EXPECT_EQ(part.get("l.k.weight", {8, 4}).data, other.data);
+  EXPECT_TRUE(part.find("l.q.bias", {4}).empty()) << "the dummy source has no biases";
 }
 
 TEST(TensorParallelRestart, TheLargestSizeThatDividesEverySplit) {
