@@ -34,11 +34,12 @@ FlagGroup model_options() {
         "prefix for it, else the freest; host sampling; KV tiers and MTP steps on each block's and "
         "sequence's rank; DeepSeek V2/V3; default 1"},
        {"tensor-parallel-size", "N",
-        "a dense Llama/Qwen model's attention heads, KV heads and MLP split over N thread ranks (Megatron: "
-        "q/k/v and gate/up by rows, o and down by columns, their outputs summed), each stepping every batch "
-        "with a KV cache of its own heads (--num-kv-blocks / --kv-cache-mb per rank); N must divide the "
-        "heads, KV heads and intermediate size; CPU, CUDA: rank r on GPU r, eager steps; a failed rank "
-        "restarts the instance over the ranks left; default 1"},
+        "attention heads and MLP split over N thread ranks (Megatron: q/k/v and gate/up by rows, o and down "
+        "by columns, their outputs summed), each stepping every batch; Llama/Qwen: each rank caches its own "
+        "KV heads (--num-kv-blocks / --kv-cache-mb per rank); DeepSeek V2/V3: the query heads and dense "
+        "layers split, the latent cache on every rank, the routed experts over the same ranks; N must divide "
+        "the heads (and KV heads) and the intermediate size; CPU, CUDA: rank r on GPU r, eager steps; a "
+        "failed rank restarts the instance over the ranks left; default 1"},
        {"eplb", "",
         "live expert-parallel load balancing with --expert-parallel-size: each MoE layer's routed tokens "
         "are counted per expert and DeepSeek's EPLB moves and replicates experts between steps (one info "
