@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Attention data parallelism against replicated expert parallelism on CPU thread ranks: the model
-# (default the built-in demo) served as one rank, as N expert-parallel ranks that each step the whole
-# batch (--expert-parallel-size N: attention and dense layers replicated, routed experts split) and as
-# N data-parallel ranks that each step only their own sequences (--data-parallel-size N: a KV cache
-# per rank, routed experts split), each loaded by `beluga bench serve` (greedy, ignore_eos) at the given
+# Attention data parallelism against replicated expert parallelism and tensor parallelism on CPU
+# thread ranks: the model (default the built-in demo) served as one rank, as N expert-parallel ranks
+# that each step the whole batch (--expert-parallel-size N: attention and dense layers replicated,
+# routed experts split), as N data-parallel ranks that each step only their own sequences
+# (--data-parallel-size N: a KV cache per rank, routed experts split) and as N tensor-parallel ranks
+# (--tensor-parallel-size N: heads and dense layers split, routed experts split), each loaded by `beluga bench serve` (greedy, ignore_eos) at the given
 # concurrencies. Every configuration gets the same cores: CORES threads for one rank, CORES / N a rank.
 # usage: [BELUGA=build/beluga] [RANKS=2] [CORES=$(nproc)] [CONCURRENCIES="1 8"] [PROMPTS_PER_SLOT=4] \
 #        [INPUT_LEN=128] [OUTPUT_LEN=64] [KV_MB=256] [MODEL=DIR] [LOAD=dummy] [TOKENIZER=DIR] \
-#        [RESULTS=DIR] [SERVE_ARGS="..."] bench/parallel_cpu.sh
+#        [RESULTS=DIR] [SERVE_ARGS="..."] [CONFIGS="one ep2 dp2 tp2"] bench/parallel_cpu.sh
 # SERVE_ARGS: more `beluga serve` flags for every configuration (e.g. --speculative-config '{...}').
 # Prints a table of output tok/s per configuration and concurrency (and the ratio to one rank); each
 # point's `bench serve --out` JSON stays in RESULTS (default: a temporary directory).
@@ -32,12 +33,13 @@ log=$(mktemp)
 results=${RESULTS:-$(mktemp -d)}
 mkdir -p "$results"
 trap 'rm -f "$log"; if [ -z "${RESULTS:-}" ]; then rm -rf "$results"; fi' EXIT
-configs="one ep$RANKS dp$RANKS"
+configs=${CONFIGS:-"one ep$RANKS dp$RANKS tp$RANKS"}
 for cfg in $configs; do
   case $cfg in
     one) args=(--threads "$CORES") ;;
     ep*) args=(--threads "$per_rank" --expert-parallel-size "$RANKS") ;;
     dp*) args=(--threads "$per_rank" --data-parallel-size "$RANKS") ;;
+    tp*) args=(--threads "$per_rank" --tensor-parallel-size "$RANKS") ;;
   esac
   # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
   eval "extra=(${SERVE_ARGS:-})"
