@@ -123,7 +123,7 @@ TEST(TensorParallelRestart, TheLargestSizeThatDividesEverySplit) {
 
 // Prompts of several lengths (each within its one cache block) and 6 decode steps: the split model's
 // logits at every step equal one model's up to float rounding (the ranks' partial products are
-// summed in another order than one GEMM's), and each rank's cache holds different values (its own
+// summed in another order than one GEMM's), and a rank's cache entry is half one model's (its own KV
 // heads' K and V).
 TEST(TensorParallelModel, TwoRanksLogitsEqualOneModel) {
   const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/qwen3-tiny";
@@ -139,8 +139,8 @@ TEST(TensorParallelModel, TwoRanksLogitsEqualOneModel) {
   for (size_t s = 0; s < want.size(); ++s)
     for (size_t step = 0; step < want[s].size(); ++step)
       EXPECT_TRUE(test::logits_close(got[s][step], want[s][step])) << "sequence " << s << " step " << step;
-  const Tensor& mine = tp.model->make_kv_cache(1).layers[0];
-  EXPECT_EQ(mine.shape[2], cfg.kv_entry_dim() / 2);
+  const KvCache mine = tp.model->make_kv_cache(1);
+  EXPECT_EQ(mine.layers[0].shape[2], cfg.kv_entry_dim() / 2);
 }
 
 }  // namespace
