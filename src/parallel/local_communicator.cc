@@ -58,7 +58,11 @@ class LocalCommunicator final : public Communicator {
   void all_reduce_sum(float* data, size_t n) override {
     post({data, nullptr, nullptr, n});
     std::string error;
-    std::vector<float> sum(n, 0.0f), staged(g_.transport_.copy ? n : 0);
+    // Reused: tensor parallelism sums twice a layer.
+    sum_.assign(n, 0.0f);
+    std::vector<float>& sum = sum_;
+    std::vector<float>& staged = staged_;
+    staged.resize(g_.transport_.copy ? n : 0);
     for (int p = 0; p < g_.size_; ++p) {
       const LocalGroup::Post& src = g_.posts_[size_t(p)];
       if (src.bytes != n) {
@@ -96,6 +100,7 @@ class LocalCommunicator final : public Communicator {
   }
   LocalGroup& g_;
   int rank_;
+  std::vector<float> sum_, staged_;  // all_reduce_sum's
 };
 
 LocalGroup::LocalGroup(int size, LocalTransport transport)
