@@ -155,7 +155,7 @@ void load_ranks(LoadedModel& m, const ModelArgs& ma, int ranks, WeightSource& sr
       return beluga::load_model(m.cfg, from, ops, max_positions, mla ? &ep : nullptr, &tp);
     };
     m.model = load(0, *m.ops, src);
-    m.ep_peers = std::make_unique<ExpertParallelPeers>(
+    m.ep_peers = std::make_unique<ThreadRankPeers>(
         *m.ep_group, std::move(peer_ops), [&](int r, Ops& ops) { return load(r, ops, *m.weights); },
         mla ? RankSplit::kTensorReplicatedCache : RankSplit::kTensorShardedCache, nullptr, fault);
     m.ops->bind_thread();  // the peers bound their devices to this thread while they loaded
@@ -177,9 +177,9 @@ void load_ranks(LoadedModel& m, const ModelArgs& ma, int ranks, WeightSource& sr
     const ExpertParallelism ep{&m.ep_group->communicator(0), m.ep_sharding.get(), !ma.data_parallel,
                                m.ep_live.get()};
     m.model = beluga::load_model(m.cfg, src, *m.ops, ma.max_model_len, &ep);
-    m.ep_peers = std::make_unique<ExpertParallelPeers>(m.cfg, *m.weights, m.model->max_positions(),
-                                                       *m.ep_group, *m.ep_sharding, std::move(peer_ops),
-                                                       m.ep_live.get(), fault, ma.data_parallel);
+    m.ep_peers = std::make_unique<ThreadRankPeers>(m.cfg, *m.weights, m.model->max_positions(), *m.ep_group,
+                                                   *m.ep_sharding, std::move(peer_ops), m.ep_live.get(),
+                                                   fault, ma.data_parallel);
     m.ops->bind_thread();  // the peers bound their devices to this thread while they loaded
     m.model->set_step_peers(m.ep_peers.get());
   } else {

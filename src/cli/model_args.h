@@ -10,7 +10,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "cli/args.h"
 #include "engine/block_manager.h"
-#include "engine/expert_parallel_peers.h"
+#include "engine/thread_rank_peers.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
 
@@ -27,7 +27,7 @@ struct LoadedModel {
   std::unique_ptr<Ops> ops;
   CpuOps* cpu = nullptr;  // ops, when the backend is the CPU's (null on other devices)
   std::string device = "cpu";
-  std::unique_ptr<ExpertParallelPeers> ep_peers;
+  std::unique_ptr<ThreadRankPeers> ep_peers;
   std::vector<int> ep_devices;  // CUDA: each rank's GPU (rank 0's first); empty on the CPU
   std::unique_ptr<Model> model;
   // --eplb: the group's live placement (declared after the models: destroyed first, it waits for a

@@ -7,7 +7,7 @@
 #include <memory>
 #include <optional>
 
-#include "engine/expert_parallel_peers.h"
+#include "engine/thread_rank_peers.h"
 #include "model/model.h"
 #include "parallel/local_communicator.h"
 #include "parallel/shard.h"
@@ -19,7 +19,7 @@ struct TensorParallelGroup {
   std::optional<ExpertSharding> sharding;
   CpuOps ops{CpuOptions{1}};
   std::unique_ptr<Model> model;
-  std::unique_ptr<ExpertParallelPeers> peers;
+  std::unique_ptr<ThreadRankPeers> peers;
   TensorParallelGroup(const ModelConfig& cfg, WeightSource& w, int max_positions, int ranks = 2,
                       InjectedRankFault fault = {})
       : group(ranks) {
@@ -30,7 +30,7 @@ struct TensorParallelGroup {
       return load_model(cfg, w, o, max_positions, sharding ? &ep : nullptr, &tp);
     };
     model = load(0, ops);
-    peers = std::make_unique<ExpertParallelPeers>(
+    peers = std::make_unique<ThreadRankPeers>(
         group, cpu_peer_ops(ranks, CpuOptions{1}), load,
         cfg.is_mla() ? RankSplit::kTensorReplicatedCache : RankSplit::kTensorShardedCache, nullptr, fault);
     model->set_step_peers(peers.get());

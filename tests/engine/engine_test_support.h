@@ -16,8 +16,8 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
-#include "engine/expert_parallel_peers.h"
 #include "engine/generator.h"
+#include "engine/thread_rank_peers.h"
 #include "loader/weight_source.h"
 #include "parallel/local_communicator.h"
 #include "parallel/shard.h"
@@ -26,23 +26,23 @@
 namespace beluga::engine_test {
 
 // A two-rank CPU expert-parallel group over checkpoint `w`: the engine runs on `model` (rank 0), the
-// other rank steps with it (ExpertParallelPeers; `fault`: rank 1 fails as it says).
+// other rank steps with it (ThreadRankPeers; `fault`: rank 1 fails as it says).
 struct ExpertParallelPair {
   LocalGroup group{2};
   ExpertSharding sharding;
   ExpertParallelism ep;
   CpuOps ops{CpuOptions{1}};
   std::unique_ptr<Model> model;
-  std::unique_ptr<ExpertParallelPeers> peers;
+  std::unique_ptr<ThreadRankPeers> peers;
   // `data_parallel`: attention data parallel (each rank steps its own sequences), else replicated.
   ExpertParallelPair(const ModelConfig& cfg, WeightSource& w, int max_positions, InjectedRankFault fault = {},
                      bool data_parallel = false)
       : sharding(ExpertSharding::contiguous(cfg.n_routed_experts, 2)),
         ep{&group.communicator(0), &sharding, !data_parallel},
         model(load_model(cfg, w, ops, max_positions, &ep)),
-        peers(std::make_unique<ExpertParallelPeers>(cfg, w, model->max_positions(), group, sharding,
-                                                    cpu_peer_ops(2, CpuOptions{1}), nullptr, fault,
-                                                    data_parallel)) {
+        peers(std::make_unique<ThreadRankPeers>(cfg, w, model->max_positions(), group, sharding,
+                                                cpu_peer_ops(2, CpuOptions{1}), nullptr, fault,
+                                                data_parallel)) {
     model->set_step_peers(peers.get());
   }
   ~ExpertParallelPair() { model->set_step_peers(nullptr); }

@@ -1,4 +1,4 @@
-// A failed rank of a CPU expert-parallel group (ExpertParallelPeers): the step it fails in fails its
+// A failed rank of a CPU expert-parallel group (ThreadRankPeers): the step it fails in fails its
 // requests with the rank and the cause, the failure is reported once (the rank that failed first,
 // not the ranks whose collectives threw because of it), and the group stays down: every later step
 // fails at once with the same cause; those requests are marked unavailable (the instance's failure: a

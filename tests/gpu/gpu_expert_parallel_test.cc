@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "engine/expert_parallel_peers.h"
 #include "engine/generator.h"
+#include "engine/thread_rank_peers.h"
 #include "gpu_test_support.h"
 #include "loader/safetensors.h"
 #include "loader/weight_source.h"
@@ -32,7 +32,7 @@ struct TwoRanksOnOneGpu {
   ExpertSharding sharding;
   ExpertParallelism ep;
   std::unique_ptr<Model> m0;
-  std::unique_ptr<ExpertParallelPeers> peers;
+  std::unique_ptr<ThreadRankPeers> peers;
   TwoRanksOnOneGpu(const ModelConfig& cfg, WeightSource& w, bool data_parallel)
       : sharding(ExpertSharding::contiguous(cfg.n_routed_experts, 2)) {
     std::vector<std::unique_ptr<Ops>> peer_ops;
@@ -44,9 +44,9 @@ struct TwoRanksOnOneGpu {
     ep = {&group->communicator(0), &sharding, !data_parallel};
     rank0.bind_thread();
     m0 = load_model(cfg, w, rank0, 1024, &ep);
-    peers = std::make_unique<ExpertParallelPeers>(cfg, w, m0->max_positions(), *group, sharding,
-                                                  std::move(peer_ops), nullptr, InjectedRankFault{},
-                                                  data_parallel);
+    peers =
+        std::make_unique<ThreadRankPeers>(cfg, w, m0->max_positions(), *group, sharding, std::move(peer_ops),
+                                          nullptr, InjectedRankFault{}, data_parallel);
     rank0.bind_thread();
     m0->set_step_peers(peers.get());
   }
@@ -72,7 +72,7 @@ class GpuExpertParallel : public ::testing::Test {
 TEST_F(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
   TwoRanksOnOneGpu two(cfg, ckpt, false);
   Model* m0 = two.m0.get();
-  ExpertParallelPeers& peers = *two.peers;
+  ThreadRankPeers& peers = *two.peers;
   EXPECT_FALSE(m0->replays_graphs());  // the exchanges are planned on the host
 
   SafetensorsFile ref(dir + "/reference.safetensors");
@@ -115,7 +115,7 @@ TEST_F(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
   TwoRanksOnOneGpu two(cfg, ckpt, true);
   CudaOps& rank0 = two.rank0;
   Model* m0 = two.m0.get();
-  ExpertParallelPeers& peers = *two.peers;
+  ThreadRankPeers& peers = *two.peers;
 
   const int P = 16, V = cfg.vocab_size;  // blocks a rank
   const std::vector<int> lens = {5, 70, 1, 33, 12};
@@ -179,7 +179,7 @@ TEST(GpuTensorParallel, TwoRanksOnOneGpuMatchOneModel) {
   };
   rank0.bind_thread();
   auto m0 = load(0, rank0);
-  ExpertParallelPeers peers(group, std::move(peer_ops), load, RankSplit::kTensorShardedCache);
+  ThreadRankPeers peers(group, std::move(peer_ops), load, RankSplit::kTensorShardedCache);
   rank0.bind_thread();
   m0->set_step_peers(&peers);
   EXPECT_FALSE(m0->replays_graphs());

@@ -11,9 +11,9 @@
 #include "../engine/demo_model_test.h"
 #include "engine/block_manager.h"
 #include "engine/engine.h"
-#include "engine/expert_parallel_peers.h"
 #include "engine/kv_connector.h"
 #include "engine/spec_config.h"
+#include "engine/thread_rank_peers.h"
 #include "kvstore/tiered_store.h"
 #include "parallel/local_communicator.h"
 #include "parallel/shard.h"
@@ -182,7 +182,7 @@ TEST_F(SpecTier, BlocksOfAcceptedDraftsAreSavedAndServeAHit) {
   store.step_done(true);
 }
 
-// ExpertParallelPeers::copy_blocks writes every layer of a block image into each peer's caches, the
+// ThreadRankPeers::copy_blocks writes every layer of a block image into each peer's caches, the
 // MTP layer's slice (at the image's end) into its MTP cache.
 TEST_F(SpecTier, PeersLoadEveryLayerOfTheImage) {
   const SpecConfig spec = config(0, nullptr).speculative;
@@ -200,8 +200,8 @@ TEST_F(SpecTier, PeersLoadEveryLayerOfTheImage) {
   ops_->kv_block_to_host(layers, 1, image.data());
   LocalGroup group(2);
   const ExpertSharding sharding = ExpertSharding::contiguous(cfg_.n_routed_experts, 2);
-  ExpertParallelPeers peers(cfg_, *ckpt_, model_->max_positions(), group, sharding,
-                            cpu_peer_ops(2, CpuOptions{1}));
+  ThreadRankPeers peers(cfg_, *ckpt_, model_->max_positions(), group, sharding,
+                        cpu_peer_ops(2, CpuOptions{1}));
   const KvBlockCopy copy{2, image.data()};
   EXPECT_EQ(peers.copy_blocks({&copy, 1}, false, 4, true).size(), 1u);  // the caller loads it too
   std::vector<Tensor> got = peers.kv_of(1).layers;

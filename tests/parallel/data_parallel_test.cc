@@ -1,5 +1,5 @@
 // Attention data parallelism over thread ranks: split_by_rank against hand-checked splits, and
-// dsv2-lite-tiny stepped through ExpertParallelPeers in data-parallel mode (rank 0's model given the
+// dsv2-lite-tiny stepped through ThreadRankPeers in data-parallel mode (rank 0's model given the
 // whole step with the engine's block ids, each rank computing only its sequences in its own cache)
 // against one model with every sequence in one cache: the logits (and greedy ids) of every step,
 // including steps where a rank has no sequence and only serves the others' expert rows. Tolerance as
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "engine/expert_parallel_peers.h"
+#include "engine/thread_rank_peers.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/data_parallel_split.h"
@@ -164,8 +164,8 @@ TEST(DataParallelPeers, EveryRankStepsOnlyItsSequencesAndTheLogitsEqualOneModel)
       CpuOps ops(CpuOptions{1});
       const ExpertParallelism ep{&group.communicator(0), &sharding, false};
       auto model = load_model(cfg, ckpt, ops, 256, &ep);
-      ExpertParallelPeers peers(cfg, ckpt, model->max_positions(), group, sharding,
-                                cpu_peer_ops(n, CpuOptions{1}), nullptr, {}, true);
+      ThreadRankPeers peers(cfg, ckpt, model->max_positions(), group, sharding,
+                            cpu_peer_ops(n, CpuOptions{1}), nullptr, {}, true);
       model->set_step_peers(&peers);
       KvCache kv = model->make_kv_cache(P);  // rank 0's range only
       std::vector<std::vector<int>> ids(prompts.size());
@@ -215,8 +215,8 @@ TEST(DataParallelPeers, LiveEplbRebalancesAndTheLogitsStayOneModels) {
   CpuOps ops(CpuOptions{1});
   const ExpertParallelism ep{&group.communicator(0), &sharding, false, &live};
   auto model = load_model(cfg, ckpt, ops, 256, &ep);
-  ExpertParallelPeers peers(cfg, ckpt, model->max_positions(), group, sharding,
-                            cpu_peer_ops(2, CpuOptions{1}), &live, {}, true);
+  ThreadRankPeers peers(cfg, ckpt, model->max_positions(), group, sharding, cpu_peer_ops(2, CpuOptions{1}),
+                        &live, {}, true);
   model->set_step_peers(&peers);
   KvCache kv = model->make_kv_cache(P);
   const auto got = drive_dp(*model, kv, prompts, first, plans, false, nullptr);
@@ -233,8 +233,7 @@ TEST(DataParallelPeers, ReplicatedStepsAndMtpStepsAreRefused) {
   Checkpoint ckpt(kDpTinyDir);
   LocalGroup group(2);
   const ExpertSharding sharding = ExpertSharding::contiguous(cfg.n_routed_experts, 2);
-  ExpertParallelPeers peers(cfg, ckpt, 256, group, sharding, cpu_peer_ops(2, CpuOptions{1}), nullptr, {},
-                            true);
+  ThreadRankPeers peers(cfg, ckpt, 256, group, sharding, cpu_peer_ops(2, CpuOptions{1}), nullptr, {}, true);
   Batch b;
   b.tokens = {3};
   b.seqs = {{0, 1, {0}}};

@@ -7,7 +7,7 @@
 //    output is unchanged by the switch (each token's result within float rounding of the same
 //    tokens' result before it).
 //  - ModelLogitsAcrossARebalanceEqualOneRank: dsv2-lite-tiny with EP=2 as `serve --eplb` runs it
-//    (rank 0's model plus ExpertParallelPeers, one redundant slot per rank, a rebalance every two
+//    (rank 0's model plus ThreadRankPeers, one redundant slot per rank, a rebalance every two
 //    steps, prepared in the background and at the boundary): every step's logits, before and after
 //    the rebalances, equal the single-rank model's within the tolerance of
 //    model_expert_parallel_test.cc (1e-5 of max |logit|) with the same argmax; the rebalances
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "engine/expert_parallel_peers.h"
+#include "engine/thread_rank_peers.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/model.h"
@@ -159,7 +159,7 @@ TEST(LiveEplb, SkewedRoutingRebalanceLowersRankLoad) {
 
 const std::string kDir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv2-lite-tiny";
 
-// The group as `serve --expert-parallel-size n` builds it: rank 0's model stepping ExpertParallelPeers.
+// The group as `serve --expert-parallel-size n` builds it: rank 0's model stepping ThreadRankPeers.
 std::vector<std::vector<std::vector<float>>> run_group(const ModelConfig& cfg, Checkpoint& ckpt, int n,
                                                        LiveExpertPlacement* live,
                                                        const std::vector<std::vector<int>>& prompts,
@@ -170,8 +170,8 @@ std::vector<std::vector<std::vector<float>>> run_group(const ModelConfig& cfg, C
   CpuOps ops(CpuOptions{1});
   const ExpertParallelism ep{&group.communicator(0), &sharding, true, live};
   auto model = load_model(cfg, ckpt, ops, 256, &ep);
-  ExpertParallelPeers peers(cfg, ckpt, model->max_positions(), group, sharding,
-                            cpu_peer_ops(group.size(), CpuOptions{1}), live);
+  ThreadRankPeers peers(cfg, ckpt, model->max_positions(), group, sharding,
+                        cpu_peer_ops(group.size(), CpuOptions{1}), live);
   model->set_step_peers(&peers);
   // With a background preparation, wait for it after each step, so the next step boundary switches
   // to it: the preparation still runs on its own thread, but how many rebalances land within the run

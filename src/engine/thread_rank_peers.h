@@ -1,17 +1,20 @@
-// ExpertParallelPeers: ranks 1 .. N-1 of an expert-parallel group of thread ranks (over a LocalGroup),
-// each with its own backend (CPU, or a CUDA device: its thread binds it), model (its experts only,
-// replicated tokens) and KV cache,
-// stepping every batch that rank 0's model steps (Model::set_step_peers). Rank 0 is the caller's
-// model, so the engine and the generator run unchanged on top of it; the KV cache is kept on every
-// rank (each writes the same blocks), so the prefix cache's block reuse stays valid, and blocks loaded
-// from the KV tiers go into every rank's cache (copy_blocks; saves read rank 0's, the same).
+// ThreadRankPeers: ranks 1 .. N-1 of a group of thread ranks (over a LocalGroup), each with its own
+// backend (CPU, or a CUDA device: its thread binds it), model (its part: its experts, its heads) and
+// KV cache, stepping with rank 0's model (Model::set_step_peers). Rank 0 is the caller's model, so the
+// engine and the generator run unchanged on top of it. How the ranks split the work (RankSplit):
+// - Expert parallel, replicated tokens: every rank steps every batch and keeps the same KV cache (each
+//   writes the same blocks), so the prefix cache's block reuse stays valid; blocks loaded from the KV
+//   tiers go into every rank's cache (copy_blocks; saves read rank 0's, the same).
+// - Attention data parallel: each rank holds only its own range of the engine's cache blocks and steps
+//   only the sequences there (model/data_parallel_split.h, begin_parts); the MoE layers exchange every
+//   rank's own tokens; KV-tier copies go to the rank holding each block (copy_blocks); an MTP step's
+//   rows read the hidden states their own rank kept (begin_mtp_parts).
+// - Tensor parallel: every rank steps every batch with its heads; a dense model's ranks each cache
+//   their own KV heads (a block's image is their slices in rank order), a DeepSeek model's the same
+//   latent cache (as replicated expert parallelism).
 // A rank that fails aborts the group for good: the step throws on rank 0 (naming the rank that failed
 // first and its error), and so does every later step, at once. failure() and on_failure() tell the
-// owner, which restarts the instance with the ranks left (cli/expert_group_restart.h).
-// Attention data parallel (`data_parallel`): each rank holds only its own range of the engine's cache
-// blocks and steps only the sequences there (model/data_parallel_split.h, begin_parts); the MoE
-// layers exchange every rank's own tokens; KV-tier copies go to the rank holding each block
-// (copy_blocks); an MTP step's rows read the hidden states their own rank kept (begin_mtp_parts).
+// owner, which restarts the instance with the ranks left (cli/serving_engine.h).
 // With live EPLB (`live`, shared with rank 0's model), begin() and end() are the group's step
 // boundary: no rank steps there, so end() closes the step's statistics (and may start a rebalance's
 // preparation) and the next begin() switches every rank to a prepared placement before any runs.
@@ -54,7 +57,7 @@ enum class RankSplit {
   kTensorShardedCache,     // heads split, each rank caching its own KV heads (dense models)
 };
 
-class ExpertParallelPeers final : public StepPeers {
+class ThreadRankPeers final : public StepPeers {
  public:
   // Rank r's model on its backend (its group's communicator is group.communicator(r)).
   using RankLoader = std::function<std::unique_ptr<Model>(int rank, Ops& ops)>;
@@ -62,15 +65,15 @@ class ExpertParallelPeers final : public StepPeers {
   // while it loads: rebind rank 0's after). All but data-parallel ranks step every batch rank 0
   // steps; with kTensorShardedCache a block's image is the ranks' slices in rank order
   // (cache_shards()).
-  ExpertParallelPeers(LocalGroup& group, std::vector<std::unique_ptr<Ops>> ops, const RankLoader& load,
-                      RankSplit split, LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {});
+  ThreadRankPeers(LocalGroup& group, std::vector<std::unique_ptr<Ops>> ops, const RankLoader& load,
+                  RankSplit split, LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {});
   // Expert parallel: rank r loads the experts of its slots of `sharding` from `src` (which may be
   // dropped after). Rank 0's model must be loaded with replicated_tokens = !data_parallel.
-  ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
-                      const ExpertSharding& sharding, std::vector<std::unique_ptr<Ops>> ops,
-                      LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {},
-                      bool data_parallel = false);
-  ~ExpertParallelPeers() override;
+  ThreadRankPeers(const ModelConfig& cfg, WeightSource& src, int max_positions, LocalGroup& group,
+                  const ExpertSharding& sharding, std::vector<std::unique_ptr<Ops>> ops,
+                  LiveExpertPlacement* live = nullptr, InjectedRankFault fault = {},
+                  bool data_parallel = false);
+  ~ThreadRankPeers() override;
 
   // The group's failure, once a rank failed (thread-safe).
   std::optional<RankFailure> failure() const;

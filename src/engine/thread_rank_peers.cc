@@ -1,4 +1,4 @@
-#include "engine/expert_parallel_peers.h"
+#include "engine/thread_rank_peers.h"
 
 #include <algorithm>
 
@@ -6,9 +6,9 @@
 
 namespace beluga {
 
-ExpertParallelPeers::ExpertParallelPeers(LocalGroup& group, std::vector<std::unique_ptr<Ops>> ops,
-                                         const RankLoader& load, RankSplit split, LiveExpertPlacement* live,
-                                         InjectedRankFault fault)
+ThreadRankPeers::ThreadRankPeers(LocalGroup& group, std::vector<std::unique_ptr<Ops>> ops,
+                                 const RankLoader& load, RankSplit split, LiveExpertPlacement* live,
+                                 InjectedRankFault fault)
     : group_(group),
       live_(live),
       fault_(fault),
@@ -30,11 +30,11 @@ ExpertParallelPeers::ExpertParallelPeers(LocalGroup& group, std::vector<std::uni
   for (auto& p : peers_) p->thread = std::thread([this, q = p.get()] { run(*q); });
 }
 
-ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& src, int max_positions,
-                                         LocalGroup& group, const ExpertSharding& sharding,
-                                         std::vector<std::unique_ptr<Ops>> ops, LiveExpertPlacement* live,
-                                         InjectedRankFault fault, bool data_parallel)
-    : ExpertParallelPeers(
+ThreadRankPeers::ThreadRankPeers(const ModelConfig& cfg, WeightSource& src, int max_positions,
+                                 LocalGroup& group, const ExpertSharding& sharding,
+                                 std::vector<std::unique_ptr<Ops>> ops, LiveExpertPlacement* live,
+                                 InjectedRankFault fault, bool data_parallel)
+    : ThreadRankPeers(
           group, std::move(ops),
           [&](int r, Ops& o) {
             const ExpertParallelism ep{&group.communicator(r), &sharding, !data_parallel, live};
@@ -42,7 +42,7 @@ ExpertParallelPeers::ExpertParallelPeers(const ModelConfig& cfg, WeightSource& s
           },
           data_parallel ? RankSplit::kDataParallel : RankSplit::kExpertReplicated, live, fault) {}
 
-ExpertParallelPeers::~ExpertParallelPeers() {
+ThreadRankPeers::~ThreadRankPeers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -51,12 +51,12 @@ ExpertParallelPeers::~ExpertParallelPeers() {
   for (auto& p : peers_) p->thread.join();
 }
 
-std::optional<RankFailure> ExpertParallelPeers::failure() const {
+std::optional<RankFailure> ThreadRankPeers::failure() const {
   std::lock_guard<std::mutex> lock(failure_mu_);
   return failure_;
 }
 
-void ExpertParallelPeers::note_failure(int rank, const std::exception_ptr& error) {
+void ThreadRankPeers::note_failure(int rank, const std::exception_ptr& error) {
   if (group_.failed_rank() != rank) return;  // this rank's error follows from another's
   RankFailure f{rank, "unknown error"};
   try {
@@ -71,18 +71,18 @@ void ExpertParallelPeers::note_failure(int rank, const std::exception_ptr& error
   if (on_failure_) on_failure_(f);
 }
 
-void ExpertParallelPeers::on_failure(std::function<void(const RankFailure&)> f) {
+void ThreadRankPeers::on_failure(std::function<void(const RankFailure&)> f) {
   std::lock_guard<std::mutex> lock(failure_mu_);
   on_failure_ = std::move(f);
 }
 
-void ExpertParallelPeers::throw_if_down() const {
+void ThreadRankPeers::throw_if_down() const {
   // A failed group stays failed: every later job fails at once, with the first failure's cause.
   if (const auto f = failure())
     throw Unavailable(str(kind_, " rank ", f->rank, " failed (", f->cause, "); the group is down"));
 }
 
-void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::function<void()>& set_job) {
+void ThreadRankPeers::post(const Batch& b, int num_blocks, const std::function<void()>& set_job) {
   throw_if_down();
   // Every rank waits for this step's job (rank 0 begins its own layers after this returns).
   if (live_) live_->before_step();
@@ -98,7 +98,7 @@ void ExpertParallelPeers::post(const Batch& b, int num_blocks, const std::functi
   cv_.notify_all();
 }
 
-void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden) {
+void ThreadRankPeers::begin(const Batch& b, int num_blocks, bool keep_hidden) {
   BELUGA_CHECK(!data_parallel_,
                "attention data parallel: a step is split into the ranks' parts (begin_parts)");
   post(b, num_blocks, [&] {
@@ -107,8 +107,7 @@ void ExpertParallelPeers::begin(const Batch& b, int num_blocks, bool keep_hidden
   });
 }
 
-void ExpertParallelPeers::begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows,
-                                    bool chained) {
+void ThreadRankPeers::begin_mtp(const Batch& b, int num_blocks, std::span<const int32_t> rows, bool chained) {
   BELUGA_CHECK(!data_parallel_, "attention data parallel: no MTP steps in this build");
   post(b, num_blocks, [&] {
     job_ = Job::kMtp;
@@ -117,7 +116,7 @@ void ExpertParallelPeers::begin_mtp(const Batch& b, int num_blocks, std::span<co
   });
 }
 
-const RankPart& ExpertParallelPeers::post_parts(const PartOutputs& out, int num_blocks, Job job) {
+const RankPart& ThreadRankPeers::post_parts(const PartOutputs& out, int num_blocks, Job job) {
   // Under the lock: the peers read parts_ only once the step count moves.
   part_out_ = out;
   num_blocks_ = num_blocks;
@@ -129,7 +128,7 @@ const RankPart& ExpertParallelPeers::post_parts(const PartOutputs& out, int num_
   return parts_[0];
 }
 
-std::mutex& ExpertParallelPeers::split_step(const Batch& b, int num_blocks) {
+std::mutex& ThreadRankPeers::split_step(const Batch& b, int num_blocks) {
   BELUGA_CHECK(data_parallel_, "a step split into parts: the ranks step replicated tokens");
   throw_if_down();
   if (live_) live_->before_step();
@@ -139,24 +138,24 @@ std::mutex& ExpertParallelPeers::split_step(const Batch& b, int num_blocks) {
   return mu_;
 }
 
-void ExpertParallelPeers::note_homes(std::vector<RowHome>& homes, size_t rows) const {
+void ThreadRankPeers::note_homes(std::vector<RowHome>& homes, size_t rows) const {
   homes.assign(rows, {});
   for (size_t r = 0; r < parts_.size(); ++r)
     for (size_t t = 0; t < parts_[r].token_rows.size(); ++t)
       homes[size_t(parts_[r].token_rows[t])] = {int(r), int(t)};
 }
 
-const RankPart& ExpertParallelPeers::begin_parts(const Batch& b, int num_blocks, const PartOutputs& out,
-                                                 bool keep_hidden) {
+const RankPart& ThreadRankPeers::begin_parts(const Batch& b, int num_blocks, const PartOutputs& out,
+                                             bool keep_hidden) {
   std::lock_guard<std::mutex> lock(split_step(b, num_blocks));
   note_homes(forward_rows_, b.tokens.size());
   keep_hidden_ = keep_hidden;
   return post_parts(out, num_blocks, Job::kPart);
 }
 
-const RankPart& ExpertParallelPeers::begin_mtp_parts(const Batch& b, int num_blocks,
-                                                     std::span<const int32_t> hidden_rows, bool chained,
-                                                     const PartOutputs& out) {
+const RankPart& ThreadRankPeers::begin_mtp_parts(const Batch& b, int num_blocks,
+                                                 std::span<const int32_t> hidden_rows, bool chained,
+                                                 const PartOutputs& out) {
   std::lock_guard<std::mutex> lock(split_step(b, num_blocks));
   BELUGA_CHECK(hidden_rows.empty() || hidden_rows.size() == b.tokens.size(), "an MTP step's ",
                hidden_rows.size(), " hidden rows for ", b.tokens.size(), " tokens");
@@ -174,13 +173,13 @@ const RankPart& ExpertParallelPeers::begin_mtp_parts(const Batch& b, int num_blo
   return post_parts(out, num_blocks, Job::kMtpPart);
 }
 
-void ExpertParallelPeers::ensure_caches(Peer& p, bool mtp) const {
+void ThreadRankPeers::ensure_caches(Peer& p, bool mtp) const {
   if (p.kv.num_blocks != num_blocks_) p.kv = p.model->make_kv_cache(num_blocks_);
   if (mtp && p.mtp_kv.num_blocks != num_blocks_) p.mtp_kv = p.model->make_mtp_kv_cache(num_blocks_);
 }
 
-std::span<const KvBlockCopy> ExpertParallelPeers::copy_blocks(std::span<const KvBlockCopy> copies,
-                                                              bool to_host, int num_blocks, bool with_mtp) {
+std::span<const KvBlockCopy> ThreadRankPeers::copy_blocks(std::span<const KvBlockCopy> copies, bool to_host,
+                                                          int num_blocks, bool with_mtp) {
   throw_if_down();
   if (sharded_caches_) {
     // Each rank's cache holds its own heads: rank r's slice of an image starts r slices in (every
@@ -218,7 +217,7 @@ std::span<const KvBlockCopy> ExpertParallelPeers::copy_blocks(std::span<const Kv
   return rank_copies_[0];
 }
 
-void ExpertParallelPeers::run_copies(bool to_host, int num_blocks, bool with_mtp) {
+void ThreadRankPeers::run_copies(bool to_host, int num_blocks, bool with_mtp) {
   // Between steps, on the peers' own threads (a GPU rank's copies run where its device is bound).
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -233,7 +232,7 @@ void ExpertParallelPeers::run_copies(bool to_host, int num_blocks, bool with_mtp
   wait_done();
 }
 
-void ExpertParallelPeers::wait_done() {
+void ThreadRankPeers::wait_done() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ == int(peers_.size()); });
   if (const auto f = failure()) throw Unavailable(str(kind_, " rank ", f->rank, " failed: ", f->cause));
@@ -241,19 +240,19 @@ void ExpertParallelPeers::wait_done() {
     if (p->error) std::rethrow_exception(p->error);
 }
 
-void ExpertParallelPeers::end() {
+void ThreadRankPeers::end() {
   wait_done();
   // Rank 0's layers are done too (Model::with_peers ends them first): the step is closed everywhere.
   if (live_) live_->after_step();
 }
 
-void ExpertParallelPeers::abort() {
+void ThreadRankPeers::abort() {
   // Called while rank 0's step unwinds (Model::with_peers): its exception is the current one.
   group_.communicator(0).abort();
   note_failure(0, std::current_exception());
 }
 
-void ExpertParallelPeers::run(Peer& p) {
+void ThreadRankPeers::run(Peer& p) {
   p.ops->bind_thread();
   uint64_t seen = 0;
   for (;;) {
@@ -279,7 +278,7 @@ void ExpertParallelPeers::run(Peer& p) {
   }
 }
 
-void ExpertParallelPeers::step(Peer& p) {
+void ThreadRankPeers::step(Peer& p) {
   if (job_ == Job::kLoad) {
     ensure_caches(p, load_mtp_);
     std::vector<Tensor> layers = p.kv.layers;  // the image's layers (kv_connector.h)
