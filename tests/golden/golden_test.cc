@@ -166,6 +166,33 @@ TEST_P(TensorParallelGolden, TwoRanksMatchTransformers) {
   tp.model = std::move(l.model);  // the group's destructor detaches its peers from rank 0
 }
 
+// Expert parallel (`--expert-parallel-size 2`, replicated tokens: each rank routes half of every
+// step's tokens, a 300-token prompt's rows 0-149 on rank 0 and 150-299 on rank 1) against
+// transformers, as one model is.
+class ExpertParallelGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExpertParallelGolden, TwoRanksMatchTransformers) {
+  const std::string dir = std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
+  Loaded l;
+  l.cfg = ModelConfig::from_file(dir + "/config.json");
+  l.ckpt = std::make_unique<Checkpoint>(dir);
+  l.ref = std::make_unique<SafetensorsFile>(dir + "/reference.safetensors");
+  LocalGroup group(2);
+  const ExpertSharding sharding = ExpertSharding::contiguous(l.cfg.n_routed_experts, 2);
+  CpuOps ops(CpuOptions{1});
+  const ExpertParallelism ep{&group.communicator(0), &sharding, true};
+  l.model = load_model(l.cfg, *l.ckpt, ops, 1024, &ep);
+  ThreadRankPeers peers(l.cfg, *l.ckpt, 1024, group, sharding, cpu_peer_ops(2, CpuOptions{1}));
+  l.model->set_step_peers(&peers);
+  check_logits(l, MlaMode::kExpanded);
+  check_logits(l, MlaMode::kAbsorbed);
+  check_greedy(l);
+  l.model->set_step_peers(nullptr);
+  l.model.reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ExpertParallelGolden, ::testing::Values("dsv3-tiny", "dsv2-lite-tiny"));
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGolden,
                          ::testing::Values("qwen3-tiny", "dsv3-tiny", "dsv2-lite-tiny"));
 

@@ -90,10 +90,16 @@ TEST_F(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
     for (size_t r = 0; r < prompt.size(); ++r)
       err.push_back(rel_l2(std::vector<float>(b.begin() + int64_t(r) * V, b.begin() + int64_t(r + 1) * V),
                            std::vector<float>(a.begin() + int64_t(r) * V, a.begin() + int64_t(r + 1) * V)));
+    const size_t worst_row = size_t(std::max_element(err.begin(), err.end()) - err.begin());
+    // A near-tie in a BF16 router may send a row's token to another expert (H100 run of session 37:
+    // one row of the 300-token prompt, rel L2 0.98; on the CPU in F32 every row of every prompt is
+    // within 1e-6 of one rank, ExpertParallelGolden): a few such rows, not more.
+    const size_t off = size_t(std::count_if(err.begin(), err.end(), [](double e) { return e > 0.1; }));
+    EXPECT_LE(off, std::max<size_t>(1, err.size() / 100)) << "prompt " << i;
     std::sort(err.begin(), err.end());
     const double median = err[err.size() / 2], worst = err.back();
     EXPECT_LE(median, 2e-2) << "prompt " << i;
-    EXPECT_LE(worst, 0.5) << "prompt " << i;  // a near-tie may route a token to another expert
+    std::printf("  (rows off by > 0.1: %zu; the worst is row %zu)\n", off, worst_row);
     std::printf("  EP2 on one GPU, prompt %d: rows %zu, rel L2 to one rank median %.5f max %.5f\n", i,
                 err.size(), median, worst);
     GenerateParams gp;
