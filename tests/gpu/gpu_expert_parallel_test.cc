@@ -23,6 +23,24 @@ namespace {
 
 using namespace gpu_test;
 
+// Reference prompt i of a fixture's reference.safetensors (empty once there is none).
+std::vector<int> reference_prompt(const SafetensorsFile& ref, int i) {
+  const TensorInfo* t = ref.find("prompt_" + std::to_string(i));
+  if (!t) return {};
+  const int64_t* p = static_cast<const int64_t*>(t->data);
+  return std::vector<int>(p, p + t->nbytes / 8);
+}
+
+// Each row's rel L2 of `got` [rows, V] against `want`.
+std::vector<double> row_errors(const std::vector<float>& got, const std::vector<float>& want, int V) {
+  std::vector<double> err;
+  for (size_t r = 0; r < want.size() / size_t(V); ++r)
+    err.push_back(
+        rel_l2(std::vector<float>(got.begin() + int64_t(r) * V, got.begin() + int64_t(r + 1) * V),
+               std::vector<float>(want.begin() + int64_t(r) * V, want.begin() + int64_t(r + 1) * V)));
+  return err;
+}
+
 // An expert-parallel group of two thread ranks on one GPU, each with its own CudaOps and stream,
 // exchanging through CudaOps::copy_between as --expert-parallel-size / --data-parallel-size do on GPUs:
 // rank 0's model stepping the peer.
@@ -80,16 +98,11 @@ TEST_F(GpuExpertParallel, TwoRanksOnOneGpuMatchOneRank) {
   const int V = cfg.vocab_size;
   for (int i = 0; ref.find("prompt_" + std::to_string(i)); ++i) {
     const std::string s = std::to_string(i);
-    const TensorInfo& pi = ref.get("prompt_" + s);
-    const int64_t* p64 = static_cast<const int64_t*>(pi.data);
-    const std::vector<int> prompt(p64, p64 + pi.nbytes / 8);
+    const std::vector<int> prompt = reference_prompt(ref, i);
     const std::vector<float> a = g_one.prompt_logits(prompt, MlaMode::kAbsorbed);
     const std::vector<float> b = g_ep.prompt_logits(prompt, MlaMode::kAbsorbed);
     ASSERT_EQ(a.size(), b.size());
-    std::vector<double> err;
-    for (size_t r = 0; r < prompt.size(); ++r)
-      err.push_back(rel_l2(std::vector<float>(b.begin() + int64_t(r) * V, b.begin() + int64_t(r + 1) * V),
-                           std::vector<float>(a.begin() + int64_t(r) * V, a.begin() + int64_t(r + 1) * V)));
+    std::vector<double> err = row_errors(b, a, V);
     const size_t worst_row = size_t(std::max_element(err.begin(), err.end()) - err.begin());
     // A near-tie in a BF16 router may send a row's token to another expert (H100 run of session 37:
     // one row of the 300-token prompt, rel L2 0.98; on the CPU in F32 every row of every prompt is
@@ -194,9 +207,7 @@ TEST(GpuTensorParallel, TwoRanksOnOneGpuMatchOneModel) {
   const int V = cfg.vocab_size;
   for (int i = 0; ref.find("prompt_" + std::to_string(i)); ++i) {
     const std::string s = std::to_string(i);
-    const TensorInfo& pi = ref.get("prompt_" + s);
-    const int64_t* p64 = static_cast<const int64_t*>(pi.data);
-    const std::vector<int> prompt(p64, p64 + pi.nbytes / 8);
+    const std::vector<int> prompt = reference_prompt(ref, i);
     single.bind_thread();
     Generator g_one(*one);
     const std::vector<float> a = g_one.prompt_logits(prompt);
@@ -208,11 +219,8 @@ TEST(GpuTensorParallel, TwoRanksOnOneGpuMatchOneModel) {
     const std::vector<float> b = g_tp.prompt_logits(prompt);
     const auto got = g_tp.generate({prompt}, gp)[0];
     ASSERT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (size_t r = 0; r < prompt.size(); ++r)
-      worst = std::max(
-          worst, rel_l2(std::vector<float>(b.begin() + int64_t(r) * V, b.begin() + int64_t(r + 1) * V),
-                        std::vector<float>(a.begin() + int64_t(r) * V, a.begin() + int64_t(r + 1) * V)));
+    const std::vector<double> err = row_errors(b, a, V);
+    const double worst = *std::max_element(err.begin(), err.end());
     EXPECT_LE(worst, 2e-2) << "prompt " << i;
     std::printf("  TP2 on one GPU, prompt %d: rows %zu, rel L2 to one model max %.5f\n", i, prompt.size(),
                 worst);
