@@ -83,8 +83,8 @@ ModelArgs parse_model_args(const Args& args) {
   ma.tensor_parallel_size = int(args.get_int("tensor-parallel-size", 1));
   BELUGA_CHECK(ma.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1");
   BELUGA_CHECK(ma.tensor_parallel_size == 1 || ma.expert_parallel_size == 1,
-               "--tensor-parallel-size splits a dense model's heads; --expert-parallel-size and "
-               "--data-parallel-size split a DeepSeek model's experts: one or the other");
+               "--tensor-parallel-size, or --expert-parallel-size / --data-parallel-size: one or the other "
+               "(tensor parallelism splits a DeepSeek model's experts over its own ranks)");
   if (args.has("eplb") || args.has("eplb-redundant-experts") || args.has("eplb-interval") ||
       args.has("eplb-window")) {
     LiveEplbOptions o;
@@ -204,6 +204,8 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
   BELUGA_CHECK(file_exists(ma.config_path), "no config.json at ", ma.config_path);
   m.cfg = ModelConfig::from_file(ma.config_path);
   m.device = ma.device;
+  if (const std::string why = tensor_parallel_refusal(m.cfg, ma.tensor_parallel_size); !why.empty())
+    fail(why);
   BELUGA_CHECK(!ma.deterministic || ma.device == "cpu" || m.cfg.arch != Arch::kDeepseekV4,
                "--deterministic on CUDA covers DeepSeek V2/V3 and Llama/Qwen; DeepSeek-V4's step ops are not "
                "batch invariant there yet (docs/deterministic.md)");
@@ -231,10 +233,6 @@ LoadedModel load_model_dir(const ModelArgs& ma) {
                     Progress::Unit::kBytes, progress_out);
   ProgressSource counted(*m.weights, progress);
   kv::FingerprintingSource recorded(counted);  // the KV tiers' model fingerprint
-  if (ma.tensor_parallel_size > 1) {
-    const std::string why = tensor_parallel_refusal(m.cfg, ma.tensor_parallel_size);
-    BELUGA_CHECK(why.empty(), why);
-  }
   load_ranks(m, ma, group_ranks(ma), recorded, ma.ep_fault);
   progress.finish();
   m.weights_digest = recorded.digest();

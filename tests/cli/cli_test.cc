@@ -77,6 +77,31 @@ TEST(Cli, GenerateExpertParallelMatchesOneRank) {
   EXPECT_NE(dense.out.find("routed experts"), std::string::npos) << dense.out;
 }
 
+// --tensor-parallel-size N: the same greedy tokens as one model for a DeepSeek model (dsv2-lite-tiny:
+// query heads and the dense layer split, experts over the same ranks) and a dense one (qwen3-tiny),
+// and a refusal naming what does not divide (qwen3-tiny's 2 KV heads over 4 ranks) or the flags
+// that do not go together.
+TEST(Cli, GenerateTensorParallelMatchesOneModel) {
+  for (const std::string model : {"dsv2-lite-tiny", "qwen3-tiny"}) {
+    const std::string cmd =
+        "generate " + kFixtures + model + " --prompt-ids 5,9,200,31,7 --max-tokens 12 --threads 1";
+    CmdResult one = run_beluga(cmd);
+    ASSERT_EQ(one.code, 0) << one.out;
+    const auto expect = nlohmann::json::parse(one.out)["output_tokens"].get<std::vector<int>>();
+    CmdResult r = run_beluga(cmd + " --tensor-parallel-size 2");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["output_tokens"].get<std::vector<int>>(), expect) << model;
+  }
+  CmdResult kv = run_beluga("generate " + kFixtures + "qwen3-tiny --prompt-ids 1,2 --tensor-parallel-size 4");
+  EXPECT_NE(kv.code, 0);
+  EXPECT_NE(kv.out.find("must divide the model's KV heads (2)"), std::string::npos) << kv.out;
+  CmdResult both =
+      run_beluga("generate " + kFixtures +
+                 "dsv2-lite-tiny --prompt-ids 1,2 --tensor-parallel-size 2 --data-parallel-size 2");
+  EXPECT_NE(both.code, 0);
+  EXPECT_NE(both.out.find("one or the other"), std::string::npos) << both.out;
+}
+
 // --eplb on the thread ranks (one redundant slot a rank, a plan every 2 steps over the last 4): the
 // same greedy tokens as one rank while the placement changes under the steps, and an info line per
 // plan (switched to, or dropped where it would not lower the imbalance).
