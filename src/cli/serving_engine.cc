@@ -126,10 +126,11 @@ std::string ServingEngine::metrics(const std::string& model_name) const {
     restarts = restarts_;
   }
   const std::string label = "{model_name=\"" + model_name + "\"}";
-  return "# HELP beluga_expert_parallel_ranks Expert-parallel ranks the model runs over.\n"
+  return "# HELP beluga_expert_parallel_ranks Thread ranks the model runs over (expert, data or tensor "
+         "parallel).\n"
          "# TYPE beluga_expert_parallel_ranks gauge\nbeluga_expert_parallel_ranks" +
          label + " " + std::to_string(ranks) +
-         "\n# HELP beluga_engine_restarts_total Restarts of the engine after an expert-parallel rank "
+         "\n# HELP beluga_engine_restarts_total Restarts of the engine after a thread rank "
          "failed.\n"
          "# TYPE beluga_engine_restarts_total counter\nbeluga_engine_restarts_total" +
          label + " " + std::to_string(restarts) + "\n";
