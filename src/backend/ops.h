@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct ExpertWeights {
   // > 0: gate x clamped to <= limit and up x to [-limit, limit] before silu(gate) * up (DeepSeek-V4).
   // CUDA applies it in every expert kernel's gate-up epilogue (graph-safe, as the plain SwiGLU).
   float swiglu_limit = 0;
+  // The device memory these weights live in when they are not the backend's (a live EPLB reload:
+  // freed when the last placement holding the expert goes); null: the backend's or the checkpoint's.
+  std::shared_ptr<void> owner = nullptr;
 };
 
 // Positions of the step's tokens in the paged KV cache (vLLM V1 style: all tokens flattened).
@@ -131,6 +135,13 @@ class Ops {
   virtual Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) = 0;
   // Makes a host tensor available to the device (weights). The CPU backend returns the same view.
   virtual Tensor upload(const Tensor& host) = 0;
+  // The same into memory of its own, freed with the returned owner (null when nothing was allocated:
+  // the CPU's view), from any thread (the caller's device binding is left as it was): weights that
+  // replace others while the backend steps (live EPLB's moved experts).
+  virtual std::shared_ptr<void> upload_owned(const Tensor& host, Tensor* out) {
+    *out = upload(host);
+    return nullptr;
+  }
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;
   virtual void copy_from_host(Tensor dst, const void* src) = 0;
   // Copies `src` to `dst` behind the ops queued before it and returns at once; the bytes are there

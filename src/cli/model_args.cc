@@ -94,9 +94,11 @@ ModelArgs parse_model_args(const Args& args) {
     BELUGA_CHECK(o.redundant_per_rank >= 0 && o.interval_steps >= 0 && o.window_steps >= 1,
                  "--eplb-redundant-experts and --eplb-interval must be >= 0, --eplb-window >= 1");
     BELUGA_CHECK(ma.expert_parallel_size > 1, "--eplb balances the ranks of --expert-parallel-size N > 1");
-    // On GPUs a rebalance must copy the moved experts into each device's spare slots before the switch
-    // (on the CPU a slot is a view of the checkpoint's mapping): not built.
-    BELUGA_CHECK(ma.device == "cpu", "--eplb runs on the CPU ranks only in this build");
+    // On GPUs a rebalance uploads the moved experts from the checkpoint on its preparing thread (each
+    // into memory of its own); the GPU's dummy weights are made by rank 0's backend, which that thread
+    // must not drive while the ranks step.
+    BELUGA_CHECK(ma.device == "cpu" || ma.load_format != "dummy",
+                 "--eplb on CUDA loads moved experts from a checkpoint: not with --load-format dummy");
     ma.eplb = o;
   }
   return ma;

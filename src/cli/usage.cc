@@ -43,7 +43,8 @@ FlagGroup model_options() {
        {"eplb", "",
         "live expert-parallel load balancing with --expert-parallel-size: each MoE layer's routed tokens "
         "are counted per expert and DeepSeek's EPLB moves and replicates experts between steps (one info "
-        "line per rebalance; CPU ranks); implied by the --eplb-* options below; off: the contiguous layout, "
+        "line per rebalance; on CUDA from a checkpoint, not dummy weights); implied by the --eplb-* options "
+        "below; off: the contiguous layout, "
         "fixed"},
        {"eplb-redundant-experts", "R",
         "with --eplb: extra expert slots per rank for replicas of hot experts "

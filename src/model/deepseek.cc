@@ -153,7 +153,8 @@ class DeepseekModel final : public Model {
     }
     if (live_)
       live_->attach(
-          ep_rank_, [this](WeightSource& from, int l, int e) { return load_expert(from, l, e, nullptr); },
+          ep_rank_,
+          [this](WeightSource& from, int l, int e) { return load_expert(from, l, e, nullptr); },
           std::move(live_experts));
     if (mtp) n_params_ = main_params;
     final_norm_ = load_vector(src, "model.norm.weight", D);
@@ -192,8 +193,18 @@ class DeepseekModel final : public Model {
     int64_t* n = params ? params : &none;
     const int64_t D = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
     const std::string ep = "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + ".";
-    return {load_linear(src, ep + "gate_proj", I, D, n), load_linear(src, ep + "up_proj", I, D, n),
-            load_linear(src, ep + "down_proj", D, I, n)};
+    if (params) {
+      return {load_linear(src, ep + "gate_proj", I, D, n), load_linear(src, ep + "up_proj", I, D, n),
+              load_linear(src, ep + "down_proj", D, I, n)};
+    }
+    // A reload replaces an expert while the rank serves: into memory the expert owns (the backend's
+    // own allocations are neither thread-safe nor ever freed), freed with the last placement holding it.
+    auto owners = std::make_shared<std::vector<std::shared_ptr<void>>>();
+    ExpertWeights w{load_linear_part(src, ep + "gate_proj", I, D, 0, 0, 1, n, owners.get()),
+                    load_linear_part(src, ep + "up_proj", I, D, 0, 0, 1, n, owners.get()),
+                    load_linear_part(src, ep + "down_proj", D, I, 0, 0, 1, n, owners.get())};
+    if (!owners->empty()) w.owner = owners;
+    return w;
   }
 
   // Splits W_kvb [H*(nope+v), r] into W_UK^T [H, r, nope] and W_UV [H, v, r] for the absorbed form.

@@ -59,13 +59,20 @@ Weight Model::load_linear(WeightSource& src, const std::string& prefix, int64_t 
 }
 
 Weight Model::load_linear_part(WeightSource& src, const std::string& prefix, int64_t out, int64_t in, int dim,
-                               int part, int parts, int64_t* params) {
+                               int part, int parts, int64_t* params, std::vector<std::shared_ptr<void>>* owners) {
   int64_t& n_params = params ? *params : n_params_;
   const bool split = parts > 1;
+  BELUGA_CHECK(!owners || !split || dim == 0, prefix, ": owned uploads of column parts are not supported");
+  auto upload = [&](const Tensor& t) {
+    if (!owners) return ops_.upload(t);
+    Tensor d;
+    if (auto owner = ops_.upload_owned(t, &d)) owners->push_back(std::move(owner));
+    return d;
+  };
   // A column slice is a copy (a row slice a view of the mapping), uploaded into memory of its own:
   // the CPU backend's upload() keeps the host pointer.
   auto upload_slice = [&](const Tensor& t, bool copied) {
-    if (!copied) return ops_.upload(t);
+    if (!copied) return upload(t);
     Tensor d = ops_.alloc_persistent(t.dtype, {t.shape[0], t.shape[1]});
     ops_.copy_from_host(d, t.data);
     return d;
@@ -97,7 +104,7 @@ Weight Model::load_linear_part(WeightSource& src, const std::string& prefix, int
       bias = bias.rows(r.begin, r.end);
     }
     // Row parallel: the ranks' outputs are summed, so one rank adds the bias.
-    if (!split || dim == 0 || part == 0) w.bias = ops_.upload(bias);
+    if (!split || dim == 0 || part == 0) w.bias = upload(bias);
     n_params += out;
   }
   n_params += out * in;

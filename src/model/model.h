@@ -221,8 +221,11 @@ class Model {
   // Part `part` of `parts` of a linear layer (parallel/tensor_parallel.h): `dim` 0 its rows (column
   // parallel; the bias split likewise), 1 its columns (row parallel; the bias on part 0 alone, as the
   // parts' outputs are summed). FP8 parts must fall on the scale blocks. Counts the whole layer.
+  // `owners` (row parts and whole layers only): upload into memory of its own (Ops::upload_owned),
+  // its owners appended.
   Weight load_linear_part(WeightSource& src, const std::string& prefix, int64_t out, int64_t in, int dim,
-                          int part, int parts, int64_t* params = nullptr);
+                          int part, int parts, int64_t* params = nullptr,
+                          std::vector<std::shared_ptr<void>>* owners = nullptr);
   // beluga::load_stacked (stacked_weight.h) with the config's FP8 blocks, counting the parameters.
   Weight load_stacked(WeightSource& src, const std::vector<std::string>& prefixes,
                       const std::vector<int64_t>& outs, int64_t in);

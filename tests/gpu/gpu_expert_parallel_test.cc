@@ -10,11 +10,13 @@
 #include <cstdio>
 #include <memory>
 
+#include "../parallel/model_steps.h"
 #include "engine/generator.h"
 #include "engine/thread_rank_peers.h"
 #include "gpu_test_support.h"
 #include "loader/safetensors.h"
 #include "loader/weight_source.h"
+#include "parallel/live_placement.h"
 #include "parallel/local_communicator.h"
 #include "parallel/shard.h"
 
@@ -171,6 +173,66 @@ TEST_F(GpuExpertParallel, TwoDataParallelRanksOnOneGpuMatchOneModel) {
     }
   }
   EXPECT_FALSE(peers.failure());
+}
+
+// Live EPLB on two expert-parallel ranks of one GPU (`--expert-parallel-size 2 --eplb` on a GPU): a plan
+// every 2 steps over the last 4, one redundant slot a rank, prepared at the boundary and on a
+// background thread; the moved experts are uploaded into memory of their own (Ops::upload_owned) and
+// the old ones freed with the placement that held them. Every step's logits against one model's on
+// the GPU, through the rebalances.
+TEST_F(GpuExpertParallel, LiveEplbMovesExpertsOnTheGpuAndMatchesOneModel) {
+  const std::string dir2 = source_dir() + "/tests/fixtures/dsv2-lite-tiny";
+  const ModelConfig cfg2 = ModelConfig::from_file(dir2 + "/config.json");
+  Checkpoint ckpt2{dir2};
+  single->bind_thread();
+  const auto one2 = load_model(cfg2, ckpt2, *single, 256);
+  const auto prompts = test::random_prompts(cfg2.vocab_size, 5, {5, 17, 1, 9, 12, 3, 30, 2});
+  const auto want = test::run_steps(*one2, prompts, 12);
+  for (bool background : {false, true}) {
+    LiveEplbOptions opt;
+    opt.redundant_per_rank = 1;
+    opt.interval_steps = 2;
+    opt.window_steps = 4;
+    opt.background = background;
+    LiveExpertPlacement live(deepseek_moe_layers(cfg2, ckpt2), cfg2.n_routed_experts, 2, opt);
+    live.set_source(&ckpt2);
+    CudaOps rank0;
+    std::vector<std::unique_ptr<Ops>> peer_ops;
+    peer_ops.push_back(std::make_unique<CudaOps>());
+    LocalTransport t;
+    t.copy = &CudaOps::copy_between;
+    t.ready = {[&] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
+    LocalGroup group(2, std::move(t));
+    const ExpertSharding sharding = live.initial_sharding();
+    const ExpertParallelism ep{&group.communicator(0), &sharding, true, &live};
+    rank0.bind_thread();
+    auto m0 = load_model(cfg2, ckpt2, rank0, 256, &ep);
+    ThreadRankPeers peers(cfg2, ckpt2, m0->max_positions(), group, sharding, std::move(peer_ops), &live);
+    rank0.bind_thread();
+    m0->set_step_peers(&peers);
+    const auto got = test::run_steps(*m0, prompts, 12, [&] {
+      if (background) live.join();
+    });
+    m0->set_step_peers(nullptr);
+    live.join();
+    EXPECT_EQ(live.rebalances() + live.skipped(), 6) << "background " << background;
+    EXPECT_GT(live.moved_slots_total(), 0) << "background " << background;
+    int off = 0;
+    double worst = 0;
+    for (size_t s = 0; s < prompts.size(); ++s)
+      for (size_t step = 0; step < want[s].size(); ++step) {
+        const double e = rel_l2(got[s][step], want[s][step]);
+        worst = std::max(worst, e);
+        off += e > 0.1;
+        EXPECT_LE(e, 0.5) << "background " << background << " sequence " << s << " step " << step;
+      }
+    EXPECT_LE(off, 2) << "background " << background << ": rows off by > 0.1 (a BF16 router's near-ties)";
+    std::printf(
+        "  EP2 + live EPLB on one GPU (background %d): %lld rebalances, %lld slots moved, %d of %zu "
+        "rows off by > 0.1, worst rel L2 %.5f\n",
+        int(background), (long long)live.rebalances(), (long long)live.moved_slots_total(), off,
+        prompts.size() * want[0].size(), worst);
+  }
 }
 
 // Tensor parallel on two ranks of one GPU (`--tensor-parallel-size 2` on a GPU): qwen3-tiny's heads

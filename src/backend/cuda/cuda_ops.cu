@@ -411,6 +411,39 @@ Tensor CudaOps::upload(const Tensor& host) {
   return t;
 }
 
+std::shared_ptr<void> CudaOps::upload_owned(const Tensor& host, Tensor* out) {
+  if (host.device == Device::kCuda) {  // produced on the device (CudaDummyWeights): the backend's
+    *out = host;
+    return nullptr;
+  }
+  BELUGA_CHECK(host.is_contiguous(), "upload: tensor must be contiguous, got ", host.describe());
+  // From any thread (live EPLB's preparing thread, or the one stepping another rank): this backend's
+  // device for the call, the caller's binding restored after it.
+  const int dev = device_;
+  int prev = dev;
+  BELUGA_CUDA_CHECK(cudaGetDevice(&prev));
+  BELUGA_CUDA_CHECK(cudaSetDevice(dev));
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, std::max<size_t>(host.nbytes(), 1));
+  // Not on the backend's stream: the caller's thread may be another than the one stepping.
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(p, host.data, host.nbytes(), cudaMemcpyHostToDevice, cudaStreamPerThread);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+  if (err != cudaSuccess && p) cudaFree(p);
+  cudaSetDevice(prev);
+  BELUGA_CUDA_CHECK(err);
+  *out = Tensor::make(p, host.dtype, host.shape.data(), host.ndim, Device::kCuda);
+  return std::shared_ptr<void>(p, [dev](void* q) {
+    // Freed on its own device from whichever thread drops the last owner (cudaFree waits for the
+    // device, so no queued step still reads it).
+    int prev = 0;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = dev;
+    cudaSetDevice(dev);
+    cudaFree(q);
+    cudaSetDevice(prev);
+  });
+}
+
 void CudaOps::copy_to_host(const Tensor& src, void* dst) {
   Prof prof_scope(this, "copy_to_host");
   BELUGA_CHECK(src.is_contiguous(), "copy_to_host: tensor must be contiguous, got ", src.describe());

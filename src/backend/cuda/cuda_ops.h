@@ -72,6 +72,7 @@ class CudaOps final : public Ops {
   }
   Tensor alloc_persistent(DType dtype, std::initializer_list<int64_t> shape) override;
   Tensor upload(const Tensor& host) override;
+  std::shared_ptr<void> upload_owned(const Tensor& host, Tensor* out) override;
   void copy_to_host(const Tensor& src, void* dst) override;
   void copy_from_host(Tensor dst, const void* src) override;
   void copy_to_host_async(const Tensor& src, void* dst) override;
