@@ -141,6 +141,18 @@ TEST(Cli, DeterministicOnCudaRefusesDeepseekV4) {
       << r.out;
 }
 
+// --eplb on CUDA loads the moved experts from a checkpoint on its preparing thread; the GPU's dummy
+// weights (made by rank 0's backend) are refused before anything loads.
+TEST(Cli, LiveEplbOnCudaRefusesDummyWeights) {
+  CmdResult r = run_beluga("generate " + kFixtures +
+                           "dsv2-lite-tiny --prompt-ids 1,2 --device cuda --load-format dummy "
+                           "--expert-parallel-size 2 --eplb");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(r.out.find("not with --load-format dummy") != std::string::npos ||
+              r.out.find("not available in this build") != std::string::npos)
+      << r.out;
+}
+
 // Dummy weights for a V4 shape (the hash layers' token -> experts table included): the model
 // loads and decodes; inspect reports the hybrid cache's bytes per token.
 TEST(Cli, DeepseekV4DummyWeightsRun) {
