@@ -348,6 +348,9 @@ struct beluga::CudaOps::ExpertTable {
   // The weights' own data pointers (gate, up, down of each expert): tables are cached by the address of
   // the expert list, so a different weight set at that address must not reuse them.
   std::vector<const void*> sources;
+  // A graph recorded with this table holds its device pointers: it must never change. An eager-only
+  // table (expert-parallel ranks, whose placement live EPLB rewrites) is rebuilt instead.
+  bool captured = false;
   ExpertTable() = default;
   ExpertTable(const ExpertTable&) = delete;
   ExpertTable& operator=(const ExpertTable&) = delete;

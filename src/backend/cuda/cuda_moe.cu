@@ -355,16 +355,24 @@ const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights>
     const ExpertWeights& x = int(i / 3) < E ? experts[i / 3] : *shared;
     return (i % 3 == 0 ? x.gate : i % 3 == 1 ? x.up : x.down).w.data;
   };
+  const bool capture = capturing(S(stream_));
   auto it = expert_tables_.find(key);
   if (it != expert_tables_.end()) {
-    // A graph captured earlier holds this table's device pointers, so it is not rebuilt in place.
     const std::vector<const void*>& had = it->second->sources;
     bool same = had.size() == size_t(3) * ne;
     for (size_t i = 0; same && i < had.size(); ++i) same = had[i] == source(i);
-    BELUGA_CHECK(same,
-                 "moe_experts: another weight set now lives at the address of one whose expert table this "
-                 "backend cached; expert weights must outlive the backend");
-    return *it->second;
+    if (same) {
+      it->second->captured = it->second->captured || capture;
+      return *it->second;
+    }
+    // A graph captured earlier holds this table's device pointers, so it is not rebuilt under it.
+    BELUGA_CHECK(!it->second->captured && !capture,
+                 "moe_experts: another weight set now lives at the address of one whose expert table a "
+                 "recorded graph holds; expert weights must outlive the backend");
+    // Eager steps only (a live EPLB placement's new expert list at a freed list's address): rebuilt.
+    // Its device pointers may still be read by work queued before: wait for it.
+    BELUGA_CUDA_CHECK(cudaStreamSynchronize(S(stream_)));
+    expert_tables_.erase(it);
   }
   auto t = std::make_unique<ExpertTable>();
   t->sources.resize(size_t(3) * ne);
@@ -402,6 +410,7 @@ const CudaOps::ExpertTable& CudaOps::expert_table(std::span<const ExpertWeights>
   t->inter = reinterpret_cast<const int*>(static_cast<char*>(t->dev) + pbytes);
   t->ne = ne;
   t->d = int(D);
+  t->captured = capture;
   return *expert_tables_.emplace(key, std::move(t)).first->second;
 }
 
