@@ -33,6 +33,15 @@ std::vector<int> reference_prompt(const SafetensorsFile& ref, int i) {
   return std::vector<int>(p, p + t->nbytes / 8);
 }
 
+// Two thread ranks' transport on GPUs (as the CLI builds it): device copies, each rank's queued work
+// finished before its buffers are read.
+LocalTransport two_rank_transport(Ops& rank0, Ops& rank1) {
+  LocalTransport t;
+  t.copy = &CudaOps::copy_between;
+  t.ready = {[&rank0] { rank0.synchronize(); }, [&rank1] { rank1.synchronize(); }};
+  return t;
+}
+
 // Each row's rel L2 of `got` [rows, V] against `want`.
 std::vector<double> row_errors(const std::vector<float>& got, const std::vector<float>& want, int V) {
   std::vector<double> err;
@@ -57,10 +66,7 @@ struct TwoRanksOnOneGpu {
       : sharding(ExpertSharding::contiguous(cfg.n_routed_experts, 2)) {
     std::vector<std::unique_ptr<Ops>> peer_ops;
     peer_ops.push_back(std::make_unique<CudaOps>());
-    LocalTransport t;
-    t.copy = &CudaOps::copy_between;
-    t.ready = {[this] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
-    group = std::make_unique<LocalGroup>(2, std::move(t));
+    group = std::make_unique<LocalGroup>(2, two_rank_transport(rank0, *peer_ops[0]));
     ep = {&group->communicator(0), &sharding, !data_parallel};
     rank0.bind_thread();
     m0 = load_model(cfg, w, rank0, 1024, &ep);
@@ -199,10 +205,7 @@ TEST_F(GpuExpertParallel, LiveEplbMovesExpertsOnTheGpuAndMatchesOneModel) {
     CudaOps rank0;
     std::vector<std::unique_ptr<Ops>> peer_ops;
     peer_ops.push_back(std::make_unique<CudaOps>());
-    LocalTransport t;
-    t.copy = &CudaOps::copy_between;
-    t.ready = {[&] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
-    LocalGroup group(2, std::move(t));
+    LocalGroup group(2, two_rank_transport(rank0, *peer_ops[0]));
     const ExpertSharding sharding = live.initial_sharding();
     const ExpertParallelism ep{&group.communicator(0), &sharding, true, &live};
     rank0.bind_thread();
@@ -250,10 +253,7 @@ TEST(GpuTensorParallel, TwoRanksOnOneGpuMatchOneModel) {
   CudaOps rank0;
   std::vector<std::unique_ptr<Ops>> peer_ops;
   peer_ops.push_back(std::make_unique<CudaOps>());
-  LocalTransport t;
-  t.copy = &CudaOps::copy_between;
-  t.ready = {[&] { rank0.synchronize(); }, [p = peer_ops[0].get()] { p->synchronize(); }};
-  LocalGroup group(2, std::move(t));
+  LocalGroup group(2, two_rank_transport(rank0, *peer_ops[0]));
   auto load = [&](int r, Ops& o) {
     const TensorParallelism tp{&group.communicator(r)};
     return load_model(cfg, ckpt, o, 1024, nullptr, &tp);
