@@ -116,6 +116,7 @@ class DeepseekModel final : public Model {
       } else {
         RowPartSource q_part(src, p + "self_attn.q_proj", H * (nope + rope), part, parts, c.fp8_block_n);
         a.q_kva = load_stacked(q_part, {p + "self_attn.q_proj", kv_a}, {Hl * (nope + rope), r + rope}, D);
+        n_params_ += (H - Hl) * (nope + rope) * D;  // the whole layer counts, as load_linear_part's parts do
       }
       a.kv_a_norm = load_vector(src, p + "self_attn.kv_a_layernorm.weight", r);
       a.kv_b = load_linear_part(src, p + "self_attn.kv_b_proj", H * (nope + v), r, 0, part, parts);
