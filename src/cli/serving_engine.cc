@@ -61,9 +61,7 @@ void ServingEngine::run() {
     std::vector<int> devices = m_.ep_devices;
     if (size_t(f.rank) < devices.size()) devices.erase(devices.begin() + f.rank);
     const int next = ma_.tensor_parallel_size > 1
-                         ? healthy_tensor_group_size(
-                               ranks_ - 1, {m_.cfg.num_heads, m_.cfg.is_mla() ? 1 : m_.cfg.num_kv_heads,
-                                            m_.cfg.intermediate_size})
+                         ? tensor_parallel_restart_size(m_.cfg, ranks_ - 1)
                          : healthy_group_size(ranks_ - 1, m_.cfg.n_routed_experts, ma_.eplb.has_value());
     const std::string cause = str(ma_.tensor_parallel_size > 1 ? "tensor" : "expert", "-parallel rank ",
                                   f.rank, " of ", ranks_, " failed (", f.cause, ")");

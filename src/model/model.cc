@@ -37,6 +37,12 @@ std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops
   return make_dense(cfg, src, ops, max_positions, tp);
 }
 
+int tensor_parallel_restart_size(const ModelConfig& cfg, int healthy_ranks) {
+  int n = healthy_ranks;
+  while (n > 1 && !tensor_parallel_refusal(cfg, n).empty()) --n;
+  return std::max(n, 0);
+}
+
 std::string tensor_parallel_refusal(const ModelConfig& cfg, int ranks) {
   if (ranks <= 1) return "";
   if (cfg.arch == Arch::kDeepseekV4) return "--tensor-parallel-size: DeepSeek-V4 is not split in this build";
@@ -59,7 +65,8 @@ Weight Model::load_linear(WeightSource& src, const std::string& prefix, int64_t 
 }
 
 Weight Model::load_linear_part(WeightSource& src, const std::string& prefix, int64_t out, int64_t in, int dim,
-                               int part, int parts, int64_t* params, std::vector<std::shared_ptr<void>>* owners) {
+                               int part, int parts, int64_t* params,
+                               std::vector<std::shared_ptr<void>>* owners) {
   int64_t& n_params = params ? *params : n_params_;
   const bool split = parts > 1;
   BELUGA_CHECK(!owners || !split || dim == 0, prefix, ": owned uploads of column parts are not supported");
@@ -86,8 +93,8 @@ Weight Model::load_linear_part(WeightSource& src, const std::string& prefix, int
     // An owned weight on a device is made BF16 here, the bits the device's one-time conversion gives
     // (value * block scale, rounded to nearest even): that conversion is cached by the weight's
     // address, which a freed and reused expert's memory would alias.
-    BELUGA_CHECK(host.dtype == DType::kF32 || host.dtype == DType::kF8E4M3, prefix, ".weight: unsupported dtype ",
-                 host.describe());
+    BELUGA_CHECK(host.dtype == DType::kF32 || host.dtype == DType::kF8E4M3, prefix,
+                 ".weight: unsupported dtype ", host.describe());
     BELUGA_CHECK(host.is_contiguous(), prefix, ".weight must be contiguous");
     const int64_t bn = cfg_.fp8_block_n, bk = cfg_.fp8_block_k, kb = (in + bk - 1) / bk;
     Tensor s;

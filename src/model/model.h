@@ -323,6 +323,9 @@ std::unique_ptr<Model> load_model(const ModelConfig& cfg, WeightSource& src, Ops
 
 // Why `cfg` cannot be split over `ranks` tensor-parallel ranks ("" when it can).
 std::string tensor_parallel_refusal(const ModelConfig& cfg, int ranks);
+// The tensor-parallel group an instance restarts with after ranks failed: the largest size not above
+// the healthy ranks that the model splits over (1 always does; 0 when no rank is healthy).
+int tensor_parallel_restart_size(const ModelConfig& cfg, int healthy_ranks);
 
 // The MoE layers a DeepSeek V2/V3 model loads from `src`: the config's, then the MTP module's decoder
 // layer (model.layers.{num_hidden_layers}) when the checkpoint holds the module.

@@ -1,5 +1,5 @@
 // Tensor parallelism's pieces (parallel/tensor_parallel.h), the split it refuses
-// (tensor_parallel_refusal), the size a group restarts with (healthy_tensor_group_size), and a
+// (tensor_parallel_refusal), the size a group restarts with (tensor_parallel_restart_size), and a
 // split model's logits against one model's, steps and decode included (qwen3-tiny over 2 CPU ranks;
 // tests/golden holds the check against transformers).
 #include "parallel/tensor_parallel.h"
@@ -12,7 +12,6 @@
 #include "../common/tensor_parallel_pair.h"
 #include "backend/cpu/cpu_ops.h"
 #include "model_steps.h"
-#include "parallel/healthy_group.h"
 #include "run_ranks.h"
 #include "util/error.h"
 
@@ -113,12 +112,24 @@ TEST(TensorPart, RowPartSourceHandsOutOneLinearsRows) {
   EXPECT_TRUE(part.find("l.q.bias", {4}).empty()) << "the dummy source has no biases";
 }
 
+// The size a group restarts with is the largest the model still splits over (tensor_parallel_refusal).
 TEST(TensorParallelRestart, TheLargestSizeThatDividesEverySplit) {
-  EXPECT_EQ(healthy_tensor_group_size(3, {32, 8, 14336}), 2);
-  EXPECT_EQ(healthy_tensor_group_size(7, {32, 8, 14336}), 4);
-  EXPECT_EQ(healthy_tensor_group_size(1, {32, 8, 14336}), 1);
-  EXPECT_EQ(healthy_tensor_group_size(5, {12, 6, 30}), 3);
-  EXPECT_EQ(healthy_tensor_group_size(0, {4}), 0);
+  ModelConfig c =
+      ModelConfig::from_file(std::string(BELUGA_SOURCE_DIR) + "/bench/configs/llama-3-8b-shape/config.json");
+  ASSERT_EQ(c.num_heads, 32);
+  ASSERT_EQ(c.num_kv_heads, 8);
+  EXPECT_EQ(tensor_parallel_restart_size(c, 3), 2);
+  EXPECT_EQ(tensor_parallel_restart_size(c, 7), 4);
+  EXPECT_EQ(tensor_parallel_restart_size(c, 1), 1);
+  EXPECT_EQ(tensor_parallel_restart_size(c, 0), 0);
+  c.num_heads = 12;
+  c.num_kv_heads = 6;
+  c.intermediate_size = 30;
+  EXPECT_EQ(tensor_parallel_restart_size(c, 5), 3);
+  // DeepSeek: only the query heads and the dense layers split (the latent does not).
+  const ModelConfig ds =
+      ModelConfig::from_file(std::string(BELUGA_SOURCE_DIR) + "/tests/fixtures/dsv3-tiny/config.json");
+  EXPECT_EQ(tensor_parallel_restart_size(ds, 3), 2);
 }
 
 // Prompts of several lengths (each within its one cache block) and 6 decode steps: the split model's
