@@ -195,13 +195,8 @@ TEST_F(GpuExpertParallel, LiveEplbMovesExpertsOnTheGpuAndMatchesOneModel) {
   const auto prompts = test::random_prompts(cfg2.vocab_size, 5, {5, 17, 1, 9, 12, 3, 30, 2});
   const auto want = test::run_steps(*one2, prompts, 12);
   for (bool background : {false, true}) {
-    LiveEplbOptions opt;
-    opt.redundant_per_rank = 1;
-    opt.interval_steps = 2;
-    opt.window_steps = 4;
-    opt.background = background;
-    LiveExpertPlacement live(deepseek_moe_layers(cfg2, ckpt2), cfg2.n_routed_experts, 2, opt);
-    live.set_source(&ckpt2);
+    const auto live_ptr = test::frequent_eplb(cfg2, ckpt2, background);
+    LiveExpertPlacement& live = *live_ptr;
     CudaOps rank0;
     std::vector<std::unique_ptr<Ops>> peer_ops;
     peer_ops.push_back(std::make_unique<CudaOps>());

@@ -203,13 +203,8 @@ TEST(DataParallelPeers, LiveEplbRebalancesAndTheLogitsStayOneModels) {
   KvCache ref_kv = ref_model->make_kv_cache(2 * P);
   const auto ref = drive_dp(*ref_model, ref_kv, prompts, first, plans, false, nullptr);
 
-  LiveEplbOptions opt;
-  opt.redundant_per_rank = 1;
-  opt.interval_steps = 2;
-  opt.window_steps = 4;
-  opt.background = false;
-  LiveExpertPlacement live(deepseek_moe_layers(cfg, ckpt), cfg.n_routed_experts, 2, opt);
-  live.set_source(&ckpt);
+  const auto live_ptr = test::frequent_eplb(cfg, ckpt, false);
+  LiveExpertPlacement& live = *live_ptr;
   LocalGroup group(2);
   const ExpertSharding sharding = live.initial_sharding();
   CpuOps ops(CpuOptions{1});

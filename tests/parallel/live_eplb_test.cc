@@ -198,13 +198,8 @@ TEST(LiveEplb, ModelLogitsAcrossARebalanceEqualOneRank) {
   auto ref_model = load_model(cfg, ckpt, ref_ops, 256);
   const auto ref = test::run_steps(*ref_model, prompts, decode);
   for (bool background : {false, true}) {
-    LiveEplbOptions opt;
-    opt.redundant_per_rank = 1;
-    opt.interval_steps = 2;
-    opt.window_steps = 4;
-    opt.background = background;
-    LiveExpertPlacement live(deepseek_moe_layers(cfg, ckpt), cfg.n_routed_experts, 2, opt);
-    live.set_source(&ckpt);
+    const auto live_ptr = test::frequent_eplb(cfg, ckpt, background);
+    LiveExpertPlacement& live = *live_ptr;
     const auto got = run_group(cfg, ckpt, 2, &live, prompts, decode);
     // 13 steps, one plan every 2: 6 plans, each switched to at the next boundary (background) or at
     // once; a plan that would not lower the imbalance is dropped.

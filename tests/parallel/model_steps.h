@@ -8,10 +8,12 @@
 #include <cmath>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "model/model.h"
+#include "parallel/live_placement.h"
 
 namespace beluga::test {
 
@@ -70,6 +72,22 @@ inline ::testing::AssertionResult logits_close(const std::vector<float>& a, cons
   }
   if (diff <= rel * mx) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "max |diff| " << diff << " of max |logit| " << mx;
+}
+
+// The live-EPLB tests' placement over 2 ranks of `cfg` (experts loaded again from `src`): one
+// redundant slot a rank, a plan every 2 closed steps over the last 4, prepared at the step boundary or
+// (`background`) on its own thread.
+inline std::unique_ptr<LiveExpertPlacement> frequent_eplb(const ModelConfig& cfg, WeightSource& src,
+                                                          bool background) {
+  LiveEplbOptions opt;
+  opt.redundant_per_rank = 1;
+  opt.interval_steps = 2;
+  opt.window_steps = 4;
+  opt.background = background;
+  auto live =
+      std::make_unique<LiveExpertPlacement>(deepseek_moe_layers(cfg, src), cfg.n_routed_experts, 2, opt);
+  live->set_source(&src);
+  return live;
 }
 
 }  // namespace beluga::test
