@@ -2,6 +2,9 @@
 // beluga_test_process.
 #include "http_client.h"
 
+#include <chrono>
+#include <thread>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -186,6 +189,14 @@ double metric_value(const std::string& page, const std::string& name) {
     pos += name.size();
   }
   return -1;
+}
+
+int wait_for_health(int port, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int health = 0;
+  while (std::chrono::steady_clock::now() < end && (health = http_get(port, "/health").status) != 200)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return health;
 }
 
 }  // namespace beluga::server::testing

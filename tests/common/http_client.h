@@ -49,6 +49,9 @@ inline HttpReply http_get(int port, const std::string& target,
                           std::chrono::seconds timeout = std::chrono::seconds(30)) {
   return http_request(port, Verb::get, target, "", {}, timeout);
 }
+// GET /health's status once it is 200, or the last one after `seconds` (a loading or restarting
+// instance answers 503).
+int wait_for_health(int port, double seconds);
 inline HttpReply http_post(int port, const std::string& target, const nlohmann::json& body,
                            const std::vector<std::pair<std::string, std::string>>& headers = {}) {
   return http_request(port, Verb::post, target, body.dump(), headers);

@@ -307,14 +307,7 @@ TEST(Fault, OversizeFanOutIsA400AndFailingStepsFailOnlyTheirRequests) {
   EXPECT_EQ(metric_value(page, "beluga_kv_blocks_used"), 0) << page;
 }
 
-// /health's status once it is 200, or the last one after `seconds` (a restarting instance answers 503).
-int wait_for_health(int port, double seconds) {
-  const auto t0 = Clock::now();
-  int health = 0;
-  while (seconds_since(t0) < seconds && (health = get(port, "/health").status) != 200)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  return health;
-}
+using beluga::server::testing::wait_for_health;
 
 // `--expert-parallel-size 2` with rank 1 failing from its 6th step (BELUGA_TEST_FAIL_RANK): the request
 // that meets the failure gets a 503 naming the rank, the instance restarts itself over the one

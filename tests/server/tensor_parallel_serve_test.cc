@@ -59,10 +59,7 @@ TEST(TensorParallelServe, GreedyTextMetricsAndARestartAfterARankFails) {
   const auto hit = post(port, Json{{"prompt", prompt}, {"max_tokens", 30}, {"ignore_eos", true}});
   EXPECT_EQ(hit.status, 503) << hit.body;
   EXPECT_NE(hit.body.find("tensor-parallel rank 1 failed"), std::string::npos) << hit.body;
-  int health = 0;
-  for (int i = 0; i < 600 && (health = get(port, "/health").status) != 200; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_EQ(health, 200) << srv.log();
+  ASSERT_EQ(server::testing::wait_for_health(port, 60), 200) << srv.log();
   const std::string after_page = get(port, "/metrics").body;
   EXPECT_EQ(metric_value(after_page, "beluga_expert_parallel_ranks"), 1) << after_page;
   EXPECT_EQ(metric_value(after_page, "beluga_engine_restarts_total"), 1) << after_page;
