@@ -154,8 +154,7 @@ class DeepseekModel final : public Model {
     }
     if (live_)
       live_->attach(
-          ep_rank_,
-          [this](WeightSource& from, int l, int e) { return load_expert(from, l, e, nullptr); },
+          ep_rank_, [this](WeightSource& from, int l, int e) { return load_expert(from, l, e, nullptr); },
           std::move(live_experts));
     if (mtp) n_params_ = main_params;
     final_norm_ = load_vector(src, "model.norm.weight", D);
@@ -233,8 +232,7 @@ class DeepseekModel final : public Model {
         else if (kvb.dtype == DType::kBF16)
           x = bf16_to_f32(reinterpret_cast<const uint16_t*>(raw.data())[idx]);
         else
-          x = f8e4m3_to_f32(raw[idx]) *
-              scale[(i / a.kv_b.block_n) * a.kv_b.scale.shape[1] + k / a.kv_b.block_k];
+          x = fp8_block_value(raw.data(), scale.data(), i, k, r, a.kv_b.block_n, a.kv_b.block_k);
         full[idx] = x;
       }
     auto store = [&](std::vector<float>& vals, std::initializer_list<int64_t> shape) {

@@ -96,20 +96,19 @@ Weight Model::load_linear_part(WeightSource& src, const std::string& prefix, int
     BELUGA_CHECK(host.dtype == DType::kF32 || host.dtype == DType::kF8E4M3, prefix,
                  ".weight: unsupported dtype ", host.describe());
     BELUGA_CHECK(host.is_contiguous(), prefix, ".weight must be contiguous");
-    const int64_t bn = cfg_.fp8_block_n, bk = cfg_.fp8_block_k, kb = (in + bk - 1) / bk;
+    const int64_t bn = cfg_.fp8_block_n, bk = cfg_.fp8_block_k;
     Tensor s;
     if (host.dtype == DType::kF8E4M3) {
-      s = src.get(prefix + ".weight_scale_inv", {(out + bn - 1) / bn, kb}, DType::kF32);
+      s = src.get(prefix + ".weight_scale_inv", {(out + bn - 1) / bn, (in + bk - 1) / bk}, DType::kF32);
       BELUGA_CHECK(s.dtype == DType::kF32 && s.is_contiguous(), prefix, ".weight_scale_inv must be F32");
     }
     bf16.resize(size_t(out * in));
     for (int64_t n = 0; n < out; ++n)
       for (int64_t k = 0; k < in; ++k) {
-        const int64_t i = n * in + k;
-        const float v = host.dtype == DType::kF32 ? host.ptr<const float>()[i]
-                                                  : f8e4m3_to_f32(host.ptr<const uint8_t>()[i]) *
-                                                        s.ptr<const float>()[(n / bn) * kb + k / bk];
-        bf16[size_t(i)] = f32_to_bf16(v);
+        const float v = host.dtype == DType::kF32 ? host.ptr<const float>()[n * in + k]
+                                                  : fp8_block_value(host.ptr<const uint8_t>(),
+                                                                    s.ptr<const float>(), n, k, in, bn, bk);
+        bf16[size_t(n * in + k)] = f32_to_bf16(v);
       }
     host = Tensor::make(bf16.data(), DType::kBF16, {out, in});
   }

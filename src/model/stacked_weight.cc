@@ -65,8 +65,7 @@ Weight load_stacked(WeightSource& src, Ops& ops, const std::vector<std::string>&
       const uint8_t* q = static_cast<const uint8_t*>(wsrc);
       float* f = reinterpret_cast<float*>(dst);
       for (int64_t n = 0; n < outs[i]; ++n)
-        for (int64_t k = 0; k < in; ++k)
-          f[n * in + k] = f8e4m3_to_f32(q[n * in + k]) * s[(n / bn) * kblocks + k / bk];
+        for (int64_t k = 0; k < in; ++k) f[n * in + k] = fp8_block_value(q, s, n, k, in, bn, bk);
     }
     if (fp8) std::memcpy(svals.data() + size_t(row / bn * kblocks), s, sc[i].nbytes());
     if (!bias[i].empty()) {

@@ -49,4 +49,11 @@ inline float f8e4m3_to_f32(uint8_t b) {
   return (b & 0x80) ? -mag : mag;
 }
 
+// Element (n, k) of a block-scaled FP8 matrix of `cols` columns: q[n, k] times its [bn x bk] block's
+// scale (scale: [ceil(rows / bn), ceil(cols / bk)], row-major), the value its product computes with.
+inline float fp8_block_value(const uint8_t* q, const float* scale, int64_t n, int64_t k, int64_t cols,
+                             int64_t bn, int64_t bk) {
+  return f8e4m3_to_f32(q[n * cols + k]) * scale[(n / bn) * ((cols + bk - 1) / bk) + k / bk];
+}
+
 }  // namespace beluga
